@@ -1,0 +1,37 @@
+# Every target installs what it needs into .venv itself (idempotent).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# A CPU build of torch that lies on this disk; a bare `torch` would pull a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: test chat bench install install-test install-models clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.torch: | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	touch $@
+
+$(VENV)/.installed-%: pyproject.toml $(VENV)/.torch
+	$(PIP) install -q -e ".[$*]"
+	touch $@
+
+install: $(VENV)/.installed-test
+install-test: $(VENV)/.installed-test
+install-models: $(VENV)/.installed-models
+
+test: install-test install-models
+	$(PY) -m pytest -q
+
+chat: install-models
+	$(PY) infer.py
+
+bench: install-models $(VENV)/.installed-bench
+	$(PY) -m specchat.bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

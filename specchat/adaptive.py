@@ -1,0 +1,64 @@
+"""Auto gamma: pick the draft length that maximises the expected speedup from measured alpha and c.
+
+alpha is estimated as a geometric acceptance rate: accepted / (accepted + rejections), which is the
+maximum-likelihood estimate when each draft position is accepted independently with probability
+alpha until the first rejection. Both alpha and c decay, so the choice follows the text.
+When no gamma beats target-only, it drafts nothing, probing with gamma 1 now and then.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specchat.config import GAMMA_MAX
+from specchat.metrics import leviathan_speedup
+
+
+@dataclass
+class AutoGamma:
+    accepted: float = 3.0      # prior: alpha about 0.75, worth a few steps of evidence
+    rejections: float = 1.0
+    drafter_s: float = 0.0     # decayed sums of timed forwards, for c
+    drafter_n: float = 0.0
+    target_s: float = 0.0
+    target_n: float = 0.0
+    decay: float = 0.9
+    probe_every: int = 8
+    max_gamma: int = GAMMA_MAX
+    _idle_steps: int = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejections)
+
+    @property
+    def cost_ratio(self) -> float:
+        if self.drafter_n == 0 or self.target_n == 0 or self.target_s == 0:
+            return 0.25  # prior until both models have been timed
+        return (self.drafter_s / self.drafter_n) / (self.target_s / self.target_n)
+
+    def choose(self) -> int:
+        best_gamma, best = 0, 1.0
+        for gamma in range(1, self.max_gamma + 1):
+            speedup = leviathan_speedup(self.alpha, gamma, self.cost_ratio)
+            if speedup > best * 1.01:
+                best_gamma, best = gamma, speedup
+        if best_gamma == 0:
+            self._idle_steps += 1
+            if self._idle_steps >= self.probe_every:
+                self._idle_steps = 0
+                return 1
+        return best_gamma
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.accepted = self.accepted * self.decay + accepted
+        self.rejections = self.rejections * self.decay + (1 if accepted < drafted else 0)
+
+    def observe_cost(self, which: str, seconds: float) -> None:
+        if which == "drafter":
+            self.drafter_s = self.drafter_s * self.decay + seconds
+            self.drafter_n = self.drafter_n * self.decay + 1
+        else:
+            self.target_s = self.target_s * self.decay + seconds
+            self.target_n = self.target_n * self.decay + 1

@@ -1,0 +1,274 @@
+"""Settings: frozen dataclasses, TOML loading, `section.key=value` overrides, validation.
+
+Every bad key or value raises ConfigError with one line naming the key and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = ("none", "4bit", "8bit")
+MODES = ("spec", "target", "drafter")
+COMPARE = ("off", "on", "drafter")
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    source: str = ""                # hub id, local dir, .gguf file, or bundled:<name>
+    dtype: str = "auto"
+    quantization: str = "none"
+    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    device_map: str = ""            # "" (one device) or "auto" (spread over GPUs via accelerate)
+    max_memory: dict = field(default_factory=dict)  # e.g. {0 = "20GiB", 1 = "20GiB"}
+    trust_remote_code: bool = False
+    revision: str = ""
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0            # 0 = off
+    top_p: float = 1.0        # 1 = off
+    greedy: bool = False      # greedy regardless of temperature
+    seed: int = 0             # -1 = a fresh random seed each reply
+    max_new_tokens: int = 256
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    gamma: int = 4            # drafted tokens per step; 0 = target-only; -1 = auto
+    mode: str = "spec"        # spec | target | drafter
+    compare: str = "off"      # off | on | drafter
+    extra_eos: tuple = ()     # extra stop strings (each must be a single token)
+
+
+@dataclass(frozen=True)
+class UIConfig:
+    color: bool = True
+    show_rejected: bool = False
+    system_prompt: str = "You are a helpful assistant."
+    context_limit: int = 0    # 0 = the target's own maximum
+
+
+@dataclass(frozen=True)
+class Config:
+    target: ModelConfig = ModelConfig()
+    drafter: ModelConfig = ModelConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    speculation: SpeculationConfig = SpeculationConfig()
+    ui: UIConfig = UIConfig()
+
+
+GAMMA_AUTO = -1
+GAMMA_MAX = 16
+
+
+def _one_of(allowed):
+    return lambda v: None if v in allowed else f"one of {', '.join(allowed)}"
+
+
+def _int_range(lo, hi):
+    return lambda v: None if lo <= v <= hi else f"an integer from {lo} to {hi}"
+
+
+def _check_device(v: str):
+    ok = v in ("auto", "cpu", "cuda", "mps") or (v.startswith("cuda:") and v[5:].isdigit())
+    return None if ok else "auto, cpu, cuda, cuda:N or mps"
+
+
+VALIDATORS = {
+    ("model", "dtype"): _one_of(DTYPES),
+    ("model", "quantization"): _one_of(QUANTIZATIONS),
+    ("model", "device"): _check_device,
+    ("model", "device_map"): _one_of(("", "auto")),
+    ("sampling", "temperature"): lambda v: None if 0.0 <= v <= 5.0 else "a number from 0 to 5 (0 = greedy)",
+    ("sampling", "top_k"): _int_range(0, 1_000_000),
+    ("sampling", "top_p"): lambda v: None if 0.0 < v <= 1.0 else "a number in (0, 1]",
+    ("sampling", "seed"): _int_range(-1, 2**63 - 1),
+    ("sampling", "max_new_tokens"): _int_range(1, 1_000_000),
+    ("speculation", "gamma"): lambda v: None if v == GAMMA_AUTO or 0 <= v <= GAMMA_MAX
+    else f"an integer from 0 to {GAMMA_MAX}, or auto",
+    ("speculation", "mode"): _one_of(MODES),
+    ("speculation", "compare"): _one_of(COMPARE),
+    ("ui", "context_limit"): _int_range(0, 10_000_000),
+}
+
+
+def _validator(section: str, key: str):
+    kind = "model" if section in ("target", "drafter") else section
+    return VALIDATORS.get((kind, key))
+
+
+def _section_fields(cfg: Config, section: str) -> dict[str, dataclasses.Field]:
+    if section not in {f.name for f in dataclasses.fields(Config)}:
+        raise ConfigError(f"unknown section '{section}'{_suggest(section, sections())}; "
+                          f"sections are {', '.join(sections())}")
+    return {f.name: f for f in dataclasses.fields(getattr(cfg, section))}
+
+
+def sections() -> list[str]:
+    return [f.name for f in dataclasses.fields(Config)]
+
+
+def all_keys() -> list[str]:
+    """Every `section.key` a user may set."""
+    cfg = Config()
+    return [f"{s}.{k}" for s in sections() for k in _section_fields(cfg, s)]
+
+
+def _suggest(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def parse_value(text: str, current: Any, key: str) -> Any:
+    """Turn the text a user typed into the type of the current value."""
+    text = text.strip()
+    if key == "speculation.gamma" and text.lower() == "auto":
+        return GAMMA_AUTO
+    if key == "sampling.seed" and text.lower() == "random":
+        return -1
+    try:
+        if isinstance(current, bool):
+            return _parse_bool(text)
+        if isinstance(current, int):
+            return int(text)
+        if isinstance(current, float):
+            return float(text)
+        if isinstance(current, tuple):
+            return tuple(s for s in (p.strip() for p in text.split(",")) if s)
+        if isinstance(current, dict):
+            raise ConfigError(f"{key} can only be set in a config file (a TOML table)")
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        kind = type(current).__name__
+        raise ConfigError(f"{key} must be {_KIND_WORDS.get(kind, kind)}, got '{text}'") from None
+    return text
+
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "on/off (true/false)"}
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _coerce_toml(value: Any, current: Any, key: str) -> Any:
+    """TOML values already carry types; check they fit and widen int to float."""
+    if isinstance(current, bool) != isinstance(value, bool):
+        raise ConfigError(f"{key} must be {_KIND_WORDS['bool'] if isinstance(current, bool) else type(current).__name__}, got {value!r}")
+    if isinstance(current, float) and isinstance(value, int):
+        return float(value)
+    if isinstance(current, tuple) and isinstance(value, list):
+        return tuple(value)
+    if key == "speculation.gamma" and value == "auto":
+        return GAMMA_AUTO
+    if type(value) is not type(current):
+        want = _KIND_WORDS.get(type(current).__name__, type(current).__name__)
+        raise ConfigError(f"{key} must be {want}, got {value!r}")
+    return value
+
+
+def with_value(cfg: Config, key: str, value: Any) -> Config:
+    """A copy of cfg with `section.key` set to an already-typed value, validated."""
+    section, name = _split_key(key)
+    fields = _section_fields(cfg, section)
+    if name not in fields:
+        raise ConfigError(f"unknown key '{key}'{_suggest(name, fields)}; "
+                          f"{section} keys are {', '.join(fields)}")
+    check = _validator(section, name)
+    problem = check(value) if check else None
+    if problem:
+        shown = "auto" if key == "speculation.gamma" and value == GAMMA_AUTO else value
+        raise ConfigError(f"{key} must be {problem}, got {shown!r}")
+    new_section = dataclasses.replace(getattr(cfg, section), **{name: value})
+    return dataclasses.replace(cfg, **{section: new_section})
+
+
+def get_value(cfg: Config, key: str) -> Any:
+    section, name = _split_key(key)
+    fields = _section_fields(cfg, section)
+    if name not in fields:
+        raise ConfigError(f"unknown key '{key}'{_suggest(name, fields)}; "
+                          f"{section} keys are {', '.join(fields)}")
+    return getattr(getattr(cfg, section), name)
+
+
+def set_from_text(cfg: Config, key: str, text: str) -> Config:
+    """Apply one `section.key=value` as typed by a user."""
+    return with_value(cfg, key, parse_value(text, get_value(cfg, key), key))
+
+
+def _split_key(key: str) -> tuple[str, str]:
+    if key.count(".") != 1:
+        raise ConfigError(f"'{key}' is not a key: write section.key, e.g. sampling.temperature "
+                          f"(sections: {', '.join(sections())})")
+    section, name = key.split(".")
+    return section, name
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like section.key=value")
+        key, text = item.split("=", 1)
+        cfg = set_from_text(cfg, key.strip(), text)
+    return cfg
+
+
+def from_mapping(data: dict, base: Config | None = None) -> Config:
+    cfg = base or Config()
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"'{section}' must be a [section] table; sections are {', '.join(sections())}")
+        _section_fields(cfg, section)
+        for name, value in table.items():
+            key = f"{section}.{name}"
+            cfg = with_value(cfg, key, _coerce_toml(value, get_value(cfg, key), key))
+    return cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a TOML file (default: the bundled pair) and apply `section.key=value` overrides."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    if not path.exists() and not path.is_absolute() and (CONFIG_DIR / path.name).exists():
+        path = CONFIG_DIR / path.name
+    if not path.exists():
+        raise ConfigError(f"config file {path} not found; bundled configs: "
+                          f"{', '.join(p.name for p in sorted(CONFIG_DIR.glob('*.toml')))}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML ({err})") from None
+    return apply_overrides(from_mapping(data), overrides or [])
+
+
+def as_flat_dict(cfg: Config) -> dict[str, Any]:
+    """`section.key` -> value, in declaration order, for /config and transcripts."""
+    return {key: get_value(cfg, key) for key in all_keys()}

@@ -1,0 +1,46 @@
+"""What the engine tells the UI. The engine never prints; the UI never touches tensors."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Union
+
+from specchat.metrics import ReplyStats
+
+
+class Origin(str, Enum):
+    DRAFTED = "drafted"      # proposed by the drafter and accepted by the target
+    CORRECTED = "corrected"  # the target's resample after a rejected draft
+    BONUS = "bonus"          # the target's own token after every draft was accepted
+    TARGET = "target"        # target-only mode
+    DRAFTER = "drafter"      # drafter-only mode
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str  # the text delta this token adds; all deltas concatenated == tokenizer.decode(ids)
+    origin: Origin
+
+
+@dataclass(frozen=True)
+class Rejected:
+    ids: tuple[int, ...]  # drafts the target refused, in order
+    text: str             # their decoded text, for a UI that shows them struck through
+
+
+@dataclass(frozen=True)
+class StepDone:
+    drafted: int
+    accepted: int
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    stats: ReplyStats
+    text: str         # the whole reply, tokenizer.decode(ids)
+    ids: tuple[int, ...]
+    stop_reason: str  # "eos" | "max_tokens" | "cancelled"
+
+
+Event = Union[Token, Rejected, StepDone, ReplyDone]

@@ -1,0 +1,129 @@
+"""Reply metrics, defined once.
+
+acceptance rate = accepted drafts / drafted tokens
+tokens/step     = new tokens / target forward passes (includes the corrected or bonus token)
+tok/s           = generated tokens / wall time (never prompt tokens or characters)
+c               = mean drafter forward time / mean target forward time
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Expected walltime improvement (Leviathan et al. 2023, eq. 1): (1-a^(g+1)) / ((1-a)(g*c+1))."""
+    if gamma <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        expected_tokens = gamma + 1.0
+    else:
+        expected_tokens = (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+    return expected_tokens / (gamma * c + 1.0)
+
+
+@dataclass
+class ReplyStats:
+    mode: str = "spec"
+    gamma: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    draft_steps: int = 0  # steps that drafted at least one token
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    wall_s: float = 0.0
+    ttft_s: float = 0.0
+    target_time_s: float = 0.0   # summed over timed (non-prefill) target forwards
+    drafter_time_s: float = 0.0  # summed over timed (non-prefill) drafter forwards
+    target_timed: int = 0
+    drafter_timed: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
+    per_position_drafted: list[int] = field(default_factory=list)   # index i: position i+1
+    per_position_accepted: list[int] = field(default_factory=list)
+    accepted_histogram: dict[int, int] = field(default_factory=dict)  # accepted length -> steps
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def cost_ratio(self) -> float:
+        """c: mean drafter forward time / mean target forward time (0 when unmeasured)."""
+        if not self.drafter_timed or not self.target_timed or self.target_time_s <= 0:
+            return 0.0
+        return (self.drafter_time_s / self.drafter_timed) / (self.target_time_s / self.target_timed)
+
+    @property
+    def per_position_rate(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
+
+    @property
+    def mean_gamma(self) -> float:
+        """Drafts per drafting step: gamma itself, or its average under auto gamma."""
+        return self.drafted / self.draft_steps if self.draft_steps else 0.0
+
+    @property
+    def predicted_speedup(self) -> float:
+        """Leviathan et al.'s bound from the measured alpha and c at the gamma actually used."""
+        return leviathan_speedup(self.acceptance_rate, round(self.mean_gamma), self.cost_ratio)
+
+    def to_dict(self) -> dict:
+        plain = {k: v for k, v in self.__dict__.items()}
+        plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
+        for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "cost_ratio",
+                     "per_position_rate", "mean_gamma", "predicted_speedup"):
+            plain[name] = getattr(self, name)
+        return plain
+
+
+class StatsRecorder:
+    """Collects one reply's counters and timings while the engine runs."""
+
+    def __init__(self, mode: str, gamma: int, prompt_tokens: int, reused_tokens: int):
+        self.stats = ReplyStats(mode=mode, gamma=gamma, prompt_tokens=prompt_tokens,
+                                reused_tokens=reused_tokens)
+        self._start = time.perf_counter()
+        self._first_token_at: float | None = None
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        s = self.stats
+        s.drafted += drafted
+        s.accepted += accepted
+        if drafted:
+            s.draft_steps += 1
+            s.accepted_histogram[accepted] = s.accepted_histogram.get(accepted, 0) + 1
+        while len(s.per_position_drafted) < drafted:
+            s.per_position_drafted.append(0)
+            s.per_position_accepted.append(0)
+        for i in range(drafted):
+            s.per_position_drafted[i] += 1
+            s.per_position_accepted[i] += 1 if i < accepted else 0
+
+    def record_tokens(self, n: int) -> None:
+        if n and self._first_token_at is None:
+            self._first_token_at = time.perf_counter()
+        self.stats.new_tokens += n
+
+    def record_forward(self, which: str, seconds: float, timed: bool = True) -> None:
+        """Count one forward pass; `timed=False` counts it without using its time for c (prefill)."""
+        s = self.stats
+        setattr(s, f"{which}_forwards", getattr(s, f"{which}_forwards") + 1)
+        if timed:
+            setattr(s, f"{which}_time_s", getattr(s, f"{which}_time_s") + seconds)
+            setattr(s, f"{which}_timed", getattr(s, f"{which}_timed") + 1)
+
+    def finish(self) -> ReplyStats:
+        end = time.perf_counter()
+        self.stats.wall_s = end - self._start
+        self.stats.ttft_s = (self._first_token_at or end) - self._start
+        return self.stats

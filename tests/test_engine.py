@@ -1,0 +1,96 @@
+"""The engine's exactness: greedy speculative == greedy target-only == transformers generate()."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from conftest import make_engine, prompt_ids
+from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.events import Origin, Rejected, ReplyDone, StepDone, Token
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
+PROMPTS = ["def reverse(lst):", "The quick brown", "Hello, how are you"]
+
+
+def run(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
+    events = list(engine.stream(ids, sampling, SpeculationConfig(gamma=gamma, mode=mode), cancel))
+    done = events[-1]
+    assert isinstance(done, ReplyDone)
+    return events, done
+
+
+def hf_greedy(model, ids, n):
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+@pytest.mark.parametrize("text", PROMPTS)
+def test_greedy_speculative_equals_target_only_and_transformers(target, unrelated_drafter_model,
+                                                                 tokenizer, gamma, text):
+    ids = prompt_ids(tokenizer, text)
+    reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
+    _, target_only = run(make_engine(target, None, tokenizer), ids, mode="target")
+    _, spec = run(make_engine(target, unrelated_drafter_model, tokenizer), ids, gamma=gamma)
+    assert list(target_only.ids) == reference
+    assert list(spec.ids) == reference
+    assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.9  # the drafter is unrelated
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
+def test_drafter_equal_to_target_accepts_every_draft(target, tokenizer, gamma):
+    ids = prompt_ids(tokenizer, PROMPTS[0])
+    n = (gamma + 1) * 4
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=n)
+    _, done = run(make_engine(target, target, tokenizer), ids, sampling=sampling, gamma=gamma)
+    assert list(done.ids) == hf_greedy(target, ids, n)
+    assert done.stats.acceptance_rate == 1.0
+    assert done.stats.tokens_per_step == gamma + 1
+    assert done.stats.accepted_histogram == {gamma: 4}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_exact_for_other_seeds_and_auto_gamma(tokenizer, seed):
+    from conftest import build_model
+    target = build_model(len(tokenizer), seed=10 + seed, layers=2)
+    drafter = build_model(len(tokenizer), seed=20 + seed, layers=1, hidden=32)
+    ids = prompt_ids(tokenizer, PROMPTS[seed])
+    reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
+    _, auto = run(make_engine(target, drafter, tokenizer), ids, gamma=GAMMA_AUTO)
+    assert list(auto.ids) == reference
+
+
+def test_gamma_zero_equals_target_only(target, unrelated_drafter_model, tokenizer):
+    ids = prompt_ids(tokenizer, PROMPTS[1])
+    events, done = run(make_engine(target, unrelated_drafter_model, tokenizer), ids, gamma=0)
+    assert list(done.ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)
+    assert done.stats.drafted == 0
+    assert {e.origin for e in events if isinstance(e, Token)} == {Origin.TARGET}
+
+
+def test_origins_and_rejections_are_reported(target, unrelated_drafter_model, tokenizer):
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    events, done = run(engine, prompt_ids(tokenizer, PROMPTS[0]), gamma=4)
+    tokens = [e for e in events if isinstance(e, Token)]
+    steps = [e for e in events if isinstance(e, StepDone)]
+    rejected = [e for e in events if isinstance(e, Rejected)]
+    assert [t.id for t in tokens] == list(done.ids)
+    assert sum(s.accepted for s in steps) == done.stats.accepted
+    assert sum(t.origin == Origin.DRAFTED for t in tokens) == done.stats.accepted
+    assert {t.origin for t in tokens} <= {Origin.DRAFTED, Origin.CORRECTED, Origin.BONUS, Origin.TARGET}
+    # gamma shrinks to 0 only when one token is left to the limit: a plain target step
+    assert [i for i, t in enumerate(tokens) if t.origin == Origin.TARGET] in ([], [len(tokens) - 1])
+    assert rejected and all(0 < len(r.ids) <= 4 for r in rejected)
+    # every step ends with exactly one token from the target
+    from_target = (Origin.CORRECTED, Origin.BONUS, Origin.TARGET)
+    assert sum(t.origin in from_target for t in tokens) == len(steps)
+
+
+def test_drafter_only_mode_matches_drafter_greedy(target, unrelated_drafter_model, tokenizer):
+    ids = prompt_ids(tokenizer, PROMPTS[2])
+    events, done = run(make_engine(target, unrelated_drafter_model, tokenizer), ids, mode="drafter")
+    assert list(done.ids) == hf_greedy(unrelated_drafter_model, ids, GREEDY.max_new_tokens)
+    assert {e.origin for e in events if isinstance(e, Token)} == {Origin.DRAFTER}
