@@ -1,0 +1,2 @@
+from specchat.cli import main
+raise SystemExit(main())

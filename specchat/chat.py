@@ -1,0 +1,211 @@
+"""ChatSession: the conversation, the chat template, the context budget and each reply's record.
+
+The prompt is re-rendered from the whole history every turn with the tokenizer's chat template.
+The rendering of earlier turns never changes, so the new prompt ids extend the ids the engine
+already holds and the engine reuses its KV caches for that common prefix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specchat.config import Config, as_flat_dict
+from specchat.events import Origin, ReplyDone, Token
+from specchat.metrics import ReplyStats
+from specchat.render import stats_line
+
+# compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
+# specchat/compare.py provides it; without it, compare mode only records the setting.
+CompareFn = Callable[["ChatSession", list[int], ReplyDone, threading.Event], Iterable[Any]]
+
+
+class ChatError(ValueError):
+    """A message for the user (one line) about something a chat turn cannot do."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Something the session tells the user during a reply, e.g. that old turns were dropped."""
+    text: str
+
+
+@dataclass
+class ReplyRecord:
+    user: str
+    text: str
+    stats: ReplyStats
+    stop_reason: str
+    tokens: list[Token] = field(default_factory=list)
+
+    @property
+    def cut(self) -> bool:
+        return self.stop_reason == "cancelled"
+
+
+@dataclass
+class SessionTotals:
+    replies: int = 0
+    new_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_forwards: int = 0
+    wall_s: float = 0.0
+
+    def add(self, stats: ReplyStats) -> None:
+        self.replies += 1
+        self.new_tokens += stats.new_tokens
+        self.drafted += stats.drafted
+        self.accepted += stats.accepted
+        self.target_forwards += stats.target_forwards
+        self.wall_s += stats.wall_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class ChatSession:
+    def __init__(self, engine, tokenizer, config: Config, model_context_limit: int,
+                 compare_fn: CompareFn | None = None, has_drafter: bool = True):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config
+        self.model_context_limit = model_context_limit
+        self.compare_fn = compare_fn
+        self.has_drafter = has_drafter
+        self.messages: list[dict[str, str]] = []  # user/assistant turns; the system prompt is separate
+        self.records: list[ReplyRecord] = []
+        self.totals = SessionTotals()
+        self.last_prompt_ids: list[int] = []
+
+    # ----- settings and state ----------------------------------------------------------------
+    @property
+    def system_prompt(self) -> str:
+        return self.config.ui.system_prompt
+
+    @property
+    def context_limit(self) -> int:
+        """Tokens the prompt plus the reply may use: the model's window, or less if configured."""
+        wanted = self.config.ui.context_limit
+        return min(wanted, self.model_context_limit) if wanted else self.model_context_limit
+
+    @property
+    def context_used(self) -> int:
+        return len(self.engine.ids)
+
+    @property
+    def last_stats(self) -> ReplyStats | None:
+        return self.records[-1].stats if self.records else None
+
+    def reset(self) -> None:
+        """Forget the conversation (the session totals stay)."""
+        self.messages.clear()
+        self.records.clear()
+        self.last_prompt_ids = []
+        self.engine.reset()
+
+    # ----- prompt ----------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of system prompt + messages + the assistant's generation prompt."""
+        conversation = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        encoded = self.tokenizer.apply_chat_template(conversation + messages, add_generation_prompt=True,
+                                                     tokenize=True, return_dict=True)
+        return list(encoded["input_ids"])
+
+    def fit_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], int]:
+        """Render, dropping the oldest user/assistant pairs until the reply fits; (ids, turns dropped)."""
+        budget = self.context_limit - self.config.sampling.max_new_tokens
+        dropped = 0
+        ids = self.render(messages)
+        while len(ids) > budget and len(messages) > 1:
+            messages = messages[2:]
+            dropped += 1
+            ids = self.render(messages)
+        if len(ids) > budget:
+            raise ChatError(f"the message needs {len(ids)} prompt tokens but only {max(budget, 0)} fit "
+                            f"(context {self.context_limit} minus max {self.config.sampling.max_new_tokens} "
+                            f"new tokens); shorten it or lower /max")
+        return ids, dropped
+
+    # ----- a turn ----------------------------------------------------------------------------
+    def check_mode(self) -> None:
+        mode = self.config.speculation.mode
+        if mode != "target" and not self.has_drafter:
+            raise ChatError(f"mode '{mode}' needs a drafter model, and none is loaded; use /mode target")
+
+    def reply(self, text: str, cancel: threading.Event | None = None) -> Iterator[Any]:
+        """Stream one reply to `text`: Notice, then the engine's events, then any compare output."""
+        self.check_mode()
+        cancel = cancel or threading.Event()
+        wanted = self.messages + [{"role": "user", "content": text}]
+        prompt_ids, dropped = self.fit_prompt(wanted)
+        if dropped:
+            del self.messages[:2 * dropped]
+            yield Notice(f"context full: dropped the oldest {_turns(dropped)} "
+                         f"to fit {self.context_limit} tokens")
+        self.last_prompt_ids = prompt_ids
+        done, tokens = None, []
+        for event in self.engine.stream(prompt_ids, self.config.sampling, self.config.speculation, cancel):
+            if isinstance(event, Token):
+                tokens.append(event)
+            elif isinstance(event, ReplyDone):
+                done = event
+            yield event
+        self._record(text, done, tokens)
+        if self.compare_fn and self.config.speculation.compare != "off" and done.stop_reason != "cancelled":
+            yield from self.compare_fn(self, prompt_ids, done, cancel)
+
+    def _record(self, user: str, done: ReplyDone, tokens: list[Token]) -> None:
+        self.messages.append({"role": "user", "content": user})
+        self.messages.append({"role": "assistant", "content": done.text})
+        self.records.append(ReplyRecord(user, done.text, done.stats, done.stop_reason, tokens))
+        self.totals.add(done.stats)
+
+
+    # ----- transcript ------------------------------------------------------------------------
+    def transcript(self) -> dict[str, Any]:
+        return {
+            "system": self.system_prompt,
+            "config": {k: v if not isinstance(v, tuple) else list(v) for k, v in as_flat_dict(self.config).items()},
+            "turns": [{"user": r.user, "reply": r.text, "cut": r.cut, "stop_reason": r.stop_reason,
+                       "stats_line": stats_line(r.stats, r.stop_reason).strip(), "stats": r.stats.to_dict()}
+                      for r in self.records],
+            "totals": dataclasses.asdict(self.totals),
+        }
+
+    def save(self, path_text: str) -> Path:
+        """Write the transcript as Markdown or JSON, chosen by the file extension."""
+        path = Path(path_text).expanduser()
+        writers = {".md": transcript_markdown, ".json": lambda t: json.dumps(t, indent=2, ensure_ascii=False)}
+        if path.suffix.lower() not in writers:
+            raise ChatError(f"cannot save to '{path}': the name must end in .md or .json")
+        try:
+            path.write_text(writers[path.suffix.lower()](self.transcript()) + "\n", encoding="utf-8")
+        except OSError as err:
+            raise ChatError(f"cannot save to '{path}': {err.strerror or err}") from None
+        return path
+
+
+def transcript_markdown(transcript: dict[str, Any]) -> str:
+    lines = ["# specchat transcript", "", f"**system:** {transcript['system']}", ""]
+    for turn in transcript["turns"]:
+        lines += ["## you", "", turn["user"], "", "## assistant", "",
+                  turn["reply"] + (" ✂ [cut]" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
+    return "\n".join(lines).rstrip()
+
+
+def _turns(n: int) -> str:
+    return "turn" if n == 1 else f"{n} turns"

@@ -1,0 +1,166 @@
+"""`python infer.py [--config FILE] [--prompt TEXT] [--json] [--no-color] [section.key=value ...]`
+
+Parses arguments, loads the model pair with a progress bar, then runs the chat (or one reply).
+Every error a user can cause ends in one line on stderr and a non-zero exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from specchat import render
+from specchat.chat import ChatError, ChatSession, CompareFn
+from specchat.commands import build_registry
+from specchat.config import ConfigError, load_config, with_value
+from specchat.drafters import ModelDrafter
+from specchat.engine import Engine
+from specchat.events import ReplyDone, Token
+from specchat.repl import Repl, history_path, open_history, sigint_sets
+
+Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.models.load_pair)
+
+
+class UsageError(Exception):
+    """Bad command-line arguments."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise UsageError(f"{message} (try --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="specchat", description="Terminal chat with exact speculative decoding.")
+    parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
+    parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit (stdin works too)")
+    parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
+    parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    return parser
+
+
+def default_loader(cfg, progress):
+    try:
+        from specchat.models import load_pair
+    except ImportError as err:
+        raise ChatError(f"model loading is unavailable: {err}") from None
+    return load_pair(cfg, progress)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions whose message is meant for the user: shown as one line, no traceback."""
+    errors: list[type[BaseException]] = [UsageError, ConfigError, ChatError]
+    try:
+        from specchat.models import ModelLoadError
+        errors.append(ModelLoadError)
+    except ImportError:
+        pass  # specchat.models not installed: default_loader's ImportError says so
+    return tuple(errors)
+
+
+def load_with_progress(cfg, load: Loader, console: Console):
+    """Call the loader, drawing its progress(message, fraction|None) reports as a rich bar."""
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("loading models", total=None)
+
+        def report(message: str, fraction: float | None = None) -> None:
+            progress.update(task, description=message, total=None if fraction is None else 1.0,
+                            completed=fraction or 0.0)
+        return load(cfg, report)
+
+
+def build_engine(pair) -> Engine:
+    drafter = ModelDrafter(pair.drafter, pair.vocab_size) if pair.drafter is not None else None
+    return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size)
+
+
+def read_config(args) -> object:
+    cfg = load_config(args.config, args.overrides)
+    if args.no_color:
+        cfg = with_value(cfg, "ui.color", False)
+    return cfg
+
+
+def one_shot_text(args, stdin: TextIO) -> str | None:
+    """The one-shot prompt: --prompt, or stdin when it is not a terminal; None means interactive."""
+    if args.prompt is not None:
+        text = args.prompt
+    elif not stdin.isatty():
+        text = stdin.read()
+    else:
+        return None
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    return text.strip()
+
+
+def run_once(session: ChatSession, text: str, renderer: render.Renderer, as_json: bool, out: TextIO) -> int:
+    """Answer one prompt: a streamed reply and its stats line, or one JSON object."""
+    done, tokens = None, []
+    with sigint_sets(threading.Event()) as cancel:
+        for event in session.reply(text, cancel):
+            if isinstance(event, Token):
+                tokens.append(event)
+            done = event if isinstance(event, ReplyDone) else done
+            if not as_json:
+                renderer.event(event)
+    if as_json:
+        json.dump({"prompt_ids": session.last_prompt_ids, "text": done.text,
+                   "tokens": [{"id": t.id, "text": t.text, "origin": t.origin.value} for t in tokens],
+                   "stop_reason": done.stop_reason, "stats": done.stats.to_dict()}, out, ensure_ascii=False)
+        out.write("\n")
+    return 0
+
+
+def start_session(cfg, pair, compare: CompareFn | None) -> ChatSession:
+    if cfg.speculation.mode != "target" and pair.drafter is None:
+        raise ConfigError(f"speculation.mode is '{cfg.speculation.mode}' but no drafter was loaded; "
+                          f"set drafter.source or speculation.mode=target")
+    return ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit, compare_fn=compare,
+                       has_drafter=pair.drafter is not None)
+
+
+def run(args, load: Loader, compare: CompareFn | None, stdin: TextIO, stdout: TextIO, stderr: TextIO,
+        history=None) -> int:
+    cfg = read_config(args)
+    prompt = one_shot_text(args, stdin)
+    color = render.color_wanted(cfg.ui.color, stdout)
+    renderer = render.Renderer(render.make_console(color, stdout), cfg.ui.show_rejected)
+    status = render.make_console(render.color_wanted(cfg.ui.color, stderr), stderr)
+    pair = load_with_progress(cfg, load, status)
+    session = start_session(cfg, pair, compare)
+    if prompt is not None:
+        return run_once(session, prompt, renderer, args.json, stdout)
+    renderer.info(render.banner(pair))
+    renderer.info(render.legend(cfg.speculation.mode, renderer.color, cfg.ui.show_rejected))
+    if history is None:
+        history, problem = open_history(history_path())
+        if problem:
+            renderer.note(problem)
+    return Repl(session, build_registry(), renderer, history).run()
+
+
+def main(argv: list[str] | None = None, load: Loader | None = None, compare: CompareFn | None = None,
+         stdin: TextIO | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Entry point of `python infer.py` and the `specchat` script; returns the exit status."""
+    stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
+    try:
+        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        return run(args, load or default_loader, compare, stdin, stdout, stderr)
+    except user_errors() as err:
+        stderr.write(f"specchat: error: {err}\n")
+        return 2 if isinstance(err, (UsageError, ConfigError)) else 1
+    except KeyboardInterrupt:
+        stderr.write("specchat: interrupted\n")
+        return 130
+    except SystemExit as done:  # --help
+        return done.code if isinstance(done.code, int) else 0

@@ -1,0 +1,268 @@
+"""Slash-commands: one registry gives dispatch, /help and tab-completion.
+
+A handler takes the ChatSession and the argument text and returns an Outcome. Settings change only
+through specchat.config (with_value / set_from_text), so a bad value is refused with one line naming
+what is allowed, and nothing changes.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prompt_toolkit.completion import NestedCompleter, PathCompleter
+from rich.table import Table
+
+from specchat import render
+from specchat.chat import ChatError, ChatSession
+from specchat.config import ConfigError, all_keys, as_flat_dict, get_value, set_from_text, with_value
+
+KEYS_HELP = "keys: Esc-Enter new line · Ctrl-C cancels a reply · F2 / Ctrl-T toggles compare · Ctrl-D quits"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    message: Any = None  # a str or a rich renderable
+    error: bool = False
+    quit: bool = False
+
+
+Handler = Callable[[ChatSession, str], Outcome]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    args: str
+    help: str
+    handler: Handler
+    complete: Any = None          # NestedCompleter value: dict, set, Completer or None
+    aliases: tuple[str, ...] = ()
+
+
+def fail(message: str) -> Outcome:
+    return Outcome(message, error=True)
+
+
+class Registry:
+    def __init__(self, commands: list[Command]):
+        help_command = Command("help", "[COMMAND]", "list commands, or describe one", self._help,
+                               {f"{c.name}": None for c in commands})
+        self.commands = [help_command, *commands]
+        self._by_name: dict[str, Command] = {}
+        for command in self.commands:
+            for name in (command.name, *command.aliases):
+                self._by_name[name] = command
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def find(self, name: str) -> Command | None:
+        return self._by_name.get(name.lstrip("/").lower())
+
+    def suggest(self, name: str) -> str | None:
+        close = difflib.get_close_matches(name.lstrip("/").lower(), self.names(), n=1, cutoff=0.5)
+        return close[0] if close else None
+
+    def run(self, session: ChatSession, line: str) -> Outcome:
+        """Run one input line that starts with '/'."""
+        name, _, arg = line.strip().partition(" ")
+        command = self.find(name)
+        if command is None:
+            guess = self.suggest(name)
+            hint = f" — did you mean /{guess}?" if guess else ""
+            return fail(f"unknown command {name}{hint} (/help lists every command)")
+        try:
+            return command.handler(session, arg.strip())
+        except (ConfigError, ChatError) as err:
+            return fail(f"/{command.name}: {err}")
+
+    def _help(self, session: ChatSession, arg: str) -> Outcome:
+        if not arg:
+            return Outcome(render.group(self.help_table(), render.Text(KEYS_HELP)))
+        command = self.find(arg)
+        if command is None:
+            return fail(f"/help: no command {arg} (/help lists every command)")
+        return Outcome(f"/{command.name} {command.args} — {command.help}".replace("  —", " —"))
+
+    def help_table(self) -> Table:
+        rows = []
+        for command in self.commands:
+            names = ", ".join(f"/{n}" for n in (command.name, *command.aliases))
+            rows.append((f"{names} {command.args}".rstrip(), command.help))
+        return render.as_table(rows, ("command", "what it does"))
+
+    def completion_tree(self) -> dict[str, Any]:
+        return {f"/{name}": command.complete for name, command in self._by_name.items()}
+
+    def completer(self) -> NestedCompleter:
+        return NestedCompleter.from_nested_dict(self.completion_tree())
+
+
+# ----- settings helpers -----------------------------------------------------------------------------
+def shown(key: str, value: Any) -> str:
+    if key == "speculation.gamma":
+        return render.gamma_text(value)
+    if key == "sampling.seed" and value == -1:
+        return "random"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def apply_setting(session: ChatSession, key: str, text: str) -> Outcome:
+    """Set one key from user text; the session keeps its old config if the value is bad."""
+    session.config = set_from_text(session.config, key, text)
+    return Outcome(f"{key} = {shown(key, get_value(session.config, key))}")
+
+
+def show_or_set(session: ChatSession, name: str, key: str, args: str, arg: str) -> Outcome:
+    """No argument shows the current value; an argument sets it."""
+    if not arg:
+        return Outcome(f"{key} is {shown(key, get_value(session.config, key))} (usage: /{name} {args})")
+    return apply_setting(session, key, arg)
+
+
+def setting_command(name: str, key: str, args: str, help_text: str, complete: Any = None) -> Command:
+    def handler(session: ChatSession, arg: str) -> Outcome:
+        return show_or_set(session, name, key, args, arg)
+    return Command(name, args, help_text, handler, complete)
+
+
+# ----- handlers ------------------------------------------------------------------------------------
+def cmd_quit(session: ChatSession, arg: str) -> Outcome:
+    return Outcome(quit=True)
+
+
+def cmd_temp(session: ChatSession, arg: str) -> Outcome:
+    if not arg:
+        return Outcome(f"sampling.temperature is {session.config.sampling.temperature} (usage: /temp X, 0 = greedy)")
+    config = set_from_text(session.config, "sampling.temperature", arg)
+    temperature = config.sampling.temperature
+    if temperature > 0:
+        config = with_value(config, "sampling.greedy", False)
+    session.config = config
+    return Outcome("temperature 0: greedy decoding" if temperature == 0 else f"sampling at temperature {temperature}")
+
+
+def cmd_greedy(session: ChatSession, arg: str) -> Outcome:
+    session.config = with_value(session.config, "sampling.greedy", True)
+    return Outcome("greedy decoding (argmax); /sample switches back to sampling")
+
+
+def cmd_sample(session: ChatSession, arg: str) -> Outcome:
+    config = with_value(session.config, "sampling.greedy", False)
+    if config.sampling.temperature == 0:
+        config = with_value(config, "sampling.temperature", 0.7)
+    session.config = config
+    s = config.sampling
+    return Outcome(f"sampling at temperature {s.temperature}, top-k {s.top_k or 'off'}, top-p {s.top_p}")
+
+
+def cmd_mode(session: ChatSession, arg: str) -> Outcome:
+    if arg and arg != "target" and not session.has_drafter:
+        return fail(f"/mode: '{arg}' needs a drafter model, and none is loaded; only target is possible")
+    return show_or_set(session, "mode", "speculation.mode", "spec|target|drafter", arg)
+
+
+def cmd_compare(session: ChatSession, arg: str) -> Outcome:
+    outcome = show_or_set(session, "compare", "speculation.compare", "on|off|drafter", arg)
+    if arg and session.compare_fn is None and session.config.speculation.compare != "off":
+        return Outcome(f"{outcome.message} (recorded; this build has no side-by-side runner yet)")
+    return outcome
+
+
+def cmd_show(session: ChatSession, arg: str) -> Outcome:
+    subject, _, value = arg.partition(" ")
+    if subject != "rejected":
+        return fail("/show: usage /show rejected on|off")
+    if not value:
+        return Outcome(f"ui.show_rejected is {shown('ui.show_rejected', session.config.ui.show_rejected)}")
+    if value.strip().lower() not in ("on", "off"):
+        return fail(f"/show rejected: must be on or off, got '{value.strip()}'")
+    return apply_setting(session, "ui.show_rejected", value)
+
+
+def cmd_stats(session: ChatSession, arg: str) -> Outcome:
+    if not session.records:
+        return Outcome("no reply yet: /stats describes the last reply")
+    return Outcome(render.stats_detail(session.records[-1], session.totals))
+
+
+def cmd_system(session: ChatSession, arg: str) -> Outcome:
+    if not arg:
+        return Outcome(f"system prompt: {session.system_prompt!r} (usage: /system TEXT)")
+    session.config = with_value(session.config, "ui.system_prompt", arg)
+    return Outcome("system prompt set; it applies from the next reply")
+
+
+def cmd_reset(session: ChatSession, arg: str) -> Outcome:
+    session.reset()
+    return Outcome("conversation cleared (settings and session totals kept)")
+
+
+def cmd_history(session: ChatSession, arg: str) -> Outcome:
+    if not session.messages:
+        return Outcome("no messages yet")
+    rows = [("system", session.system_prompt)]
+    rows += [(m["role"], m["content"]) for m in session.messages]
+    return Outcome(render.as_table(rows, ("role", "message")))
+
+
+def cmd_save(session: ChatSession, arg: str) -> Outcome:
+    if not arg:
+        return fail("/save: usage /save PATH.md or /save PATH.json")
+    path = session.save(arg)
+    return Outcome(f"saved {len(session.records)} replies to {path}")
+
+
+def cmd_config(session: ChatSession, arg: str) -> Outcome:
+    rows = [(key, shown(key, value)) for key, value in as_flat_dict(session.config).items()]
+    rows.append(("(context)", f"{session.context_used}/{session.context_limit} tokens used"))
+    return Outcome(render.as_table(rows, ("setting", "value")))
+
+
+def cmd_set(session: ChatSession, arg: str) -> Outcome:
+    key, _, value = arg.replace("=", " ", 1).partition(" ")
+    if not key or not value.strip():
+        return fail("/set: usage /set section.key VALUE (e.g. /set sampling.top_k 40; /config lists keys)")
+    if key.split(".")[0] in ("target", "drafter") and key in all_keys():
+        return fail(f"/set: {key} is a model setting, read once at start-up; restart with "
+                    f"`python infer.py {key}={value.strip()}`")
+    if key == "speculation.mode":
+        return cmd_mode(session, value.strip())
+    return apply_setting(session, key, value)
+
+
+def build_registry() -> Registry:
+    on_off = {"on": None, "off": None}
+    return Registry([
+        Command("quit", "", "leave specchat (also Ctrl-D)", cmd_quit, aliases=("exit",)),
+        setting_command("gamma", "speculation.gamma", "N|auto",
+                        "drafted tokens per step, 0-16 (0 = target-only steps; auto adapts to α and c)",
+                        {"auto": None, **{str(n): None for n in (1, 2, 3, 4, 6, 8)}}),
+        Command("temp", "X", "sampling temperature, 0-5 (0 = greedy)", cmd_temp),
+        setting_command("top_k", "sampling.top_k", "N", "keep the N most likely tokens (0 = off)"),
+        setting_command("top_p", "sampling.top_p", "X", "nucleus sampling mass in (0, 1] (1 = off)"),
+        Command("greedy", "", "always take the most likely token", cmd_greedy),
+        Command("sample", "", "sample with the temperature/top-k/top-p settings", cmd_sample),
+        setting_command("max", "sampling.max_new_tokens", "N", "most new tokens per reply"),
+        setting_command("seed", "sampling.seed", "N|random", "sampling seed (random = fresh each reply)",
+                        {"random": None, "0": None}),
+        Command("mode", "spec|target|drafter", "who writes: speculative, the target alone, the drafter alone",
+                cmd_mode, {"spec": None, "target": None, "drafter": None}),
+        Command("compare", "on|off|drafter", "also run each prompt target-only (or drafter-only) side by side",
+                cmd_compare, {**on_off, "drafter": None}),
+        Command("show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show,
+                {"rejected": on_off}),
+        Command("stats", "", "the last reply in detail, and session totals", cmd_stats),
+        Command("system", "TEXT", "set the system prompt (no text: show it)", cmd_system),
+        Command("reset", "", "forget the conversation", cmd_reset),
+        Command("history", "", "show the conversation", cmd_history),
+        Command("save", "PATH", "save the transcript with each reply's stats (.md or .json)", cmd_save,
+                PathCompleter(expanduser=True)),
+        Command("config", "", "every current setting", cmd_config),
+        Command("set", "KEY VALUE", "set any config key, e.g. /set sampling.top_k 40", cmd_set,
+                {key: None for key in all_keys()}),
+    ])

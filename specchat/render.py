@@ -1,0 +1,270 @@
+"""Everything the user sees, drawn with rich: coloured tokens, legend, banner, stats, tables.
+
+Plain mode (not a terminal, --no-color, NO_COLOR) uses a Console without a colour system, so no
+escape code is ever written; rejected drafts then appear as ~~text~~.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from specchat.config import GAMMA_AUTO
+from specchat.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.metrics import ReplyStats
+
+STYLES = {
+    Origin.DRAFTED: "green",
+    Origin.CORRECTED: "bold red",
+    Origin.BONUS: "bold cyan",
+    Origin.TARGET: "magenta",
+    Origin.DRAFTER: "yellow",
+}
+REJECTED_STYLE = "dim strike"
+LABELS = {
+    Origin.DRAFTED: "drafted+accepted",
+    Origin.CORRECTED: "target-corrected",
+    Origin.BONUS: "target-bonus",
+    Origin.TARGET: "target-only",
+    Origin.DRAFTER: "drafter-only",
+}
+MODE_ORIGINS = {
+    "spec": (Origin.DRAFTED, Origin.CORRECTED, Origin.BONUS),
+    "target": (Origin.TARGET,),
+    "drafter": (Origin.DRAFTER,),
+}
+NOTE_STYLE = "dim"
+ERROR_STYLE = "bold red"
+
+
+def color_wanted(flag: bool, stream: TextIO, environ=os.environ) -> bool:
+    """Colour only when asked for, the stream is a terminal, and NO_COLOR is unset (no-color.org)."""
+    return flag and not environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
+
+
+def make_console(color: bool, file: TextIO | None = None) -> Console:
+    file = file or sys.stdout
+    if color:
+        return Console(file=file, highlight=False, emoji=False, force_terminal=True)
+    is_tty = bool(getattr(file, "isatty", lambda: False)())
+    return Console(file=file, highlight=False, emoji=False, color_system=None, force_terminal=False,
+                   width=None if is_tty else 100)
+
+
+class Renderer:
+    """Draws events and messages on one rich Console."""
+
+    def __init__(self, console: Console, show_rejected: bool = False):
+        self.console = console
+        self.show_rejected = show_rejected
+        self.at_line_start = True
+        self._color_console = console if console.color_system is not None else None
+        self._plain_console = make_console(False, console.file) if self._color_console else console
+
+    @property
+    def color(self) -> bool:
+        return self.console.color_system is not None
+
+    def set_color(self, wanted: bool) -> None:
+        """Switch colour off or back on (on only if the output could show it to begin with)."""
+        self.console = self._color_console if wanted and self._color_console else self._plain_console
+
+    # ----- streaming ---------------------------------------------------------------------------
+    def event(self, event: Any) -> None:
+        """Draw one item of a reply stream (engine events, notices, compare output)."""
+        if isinstance(event, Token):
+            self._write(Text(event.text, style=STYLES[event.origin] if self.color else ""))
+        elif isinstance(event, Rejected):
+            self._rejected(event)
+        elif isinstance(event, ReplyDone):
+            self._end_reply(event)
+        elif isinstance(event, StepDone):
+            return
+        elif hasattr(event, "text") and not hasattr(event, "__rich__"):
+            self.note(event.text)
+        else:
+            self.console.print(event)
+
+    def _write(self, text: Text) -> None:
+        if text.plain:
+            self.console.print(text, end="", soft_wrap=True)
+            self.at_line_start = text.plain.endswith("\n")
+
+    def _rejected(self, event: Rejected) -> None:
+        if not self.show_rejected or not event.text:
+            return
+        if self.color:
+            self._write(Text(event.text, style=REJECTED_STYLE))
+        else:
+            self._write(Text(f"~~{event.text}~~"))
+
+    def _end_reply(self, done: ReplyDone) -> None:
+        if done.stop_reason == "cancelled":
+            self._write(Text(" ✂ [cut]", style="bold yellow" if self.color else ""))
+        self.newline()
+        self.console.print(stats_line(done.stats, done.stop_reason), style=NOTE_STYLE if self.color else "",
+                           soft_wrap=True)
+
+    def newline(self) -> None:
+        if not self.at_line_start:
+            self.console.print()
+            self.at_line_start = True
+
+    # ----- messages ----------------------------------------------------------------------------
+    def note(self, message: str) -> None:
+        self.newline()
+        self.console.print(Text(message, style=NOTE_STYLE if self.color else ""), soft_wrap=True)
+
+    def info(self, message: Any) -> None:
+        self.newline()
+        self.console.print(message if not isinstance(message, str) else Text(message))
+
+    def error(self, message: str) -> None:
+        self.newline()
+        self.console.print(Text(message, style=ERROR_STYLE if self.color else ""), soft_wrap=True)
+
+
+# ----- one-line texts ------------------------------------------------------------------------------
+def gamma_text(gamma: int, mean_gamma: float | None = None) -> str:
+    if gamma == GAMMA_AUTO:
+        return f"auto (≈{mean_gamma:.1f})" if mean_gamma else "auto"
+    return str(gamma)
+
+
+def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | None = None) -> str:
+    """` 96 tok · 9.8 tok/s · ttft 0.31 s · accepted 71/88 drafts (81%) · 3.4 tok/step · γ 4`"""
+    parts = [f" {stats.new_tokens} tok", f"{stats.tokens_per_s:.1f} tok/s", f"ttft {stats.ttft_s:.2f} s"]
+    if stats.mode == "spec":
+        parts.append(f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%})")
+        parts.append(f"{stats.tokens_per_step:.1f} tok/step")
+        parts.append(f"γ {gamma_text(stats.gamma, stats.mean_gamma)}")
+    else:
+        parts.append(f"{stats.mode} only")
+    if speedup is not None:
+        parts.append(f"{speedup:.1f}× vs target")
+    if stop_reason == "cancelled":
+        parts.append("cancelled")
+    elif stop_reason == "max_tokens":
+        parts.append("hit max tokens (/max)")
+    return " · ".join(parts)
+
+
+def legend(mode: str, color: bool, show_rejected: bool = False) -> Text:
+    text = Text("legend: ")
+    for origin in MODE_ORIGINS[mode]:
+        text.append(LABELS[origin], style=STYLES[origin] if color else "")
+        text.append("  ")
+    if show_rejected and mode == "spec":
+        text.append("rejected" if color else "~~rejected~~", style=REJECTED_STYLE if color else "")
+        text.append("  ")
+    text.append(" /help for commands", style=NOTE_STYLE if color else "")
+    return text
+
+
+def model_facts_text(role: str, facts) -> str:
+    quant = f"{facts.quantization}→{facts.dtype}" if facts.quantization not in ("", "none") else facts.dtype
+    return (f"{role} {facts.name} ({_human(facts.params)} params, {quant}, {facts.device}, "
+            f"{facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
+
+
+def banner(pair) -> Text:
+    text = Text("specchat", style="bold")
+    text.append(" · " + model_facts_text("target", pair.target_facts))
+    if pair.drafter_facts is not None:
+        text.append("\n         · " + model_facts_text("drafter", pair.drafter_facts))
+    else:
+        text.append("\n         · no drafter (target-only)")
+    return text
+
+
+def _human(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def as_table(rows: list[tuple[str, str]], headers: tuple[str, str], title: str | None = None) -> Table:
+    table = Table(title=title, show_header=True, header_style="bold", box=None, pad_edge=False)
+    table.add_column(headers[0], style="cyan", no_wrap=True)
+    table.add_column(headers[1], overflow="fold")
+    for left, right in rows:
+        table.add_row(left, right)
+    return table
+
+
+def group(*items) -> Group:
+    return Group(*items)
+
+
+# ----- /stats ------------------------------------------------------------------------------------
+def _bar(fraction: float, width: int = 24) -> str:
+    full = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * full + "·" * (width - full)
+
+
+def histogram_table(stats: ReplyStats) -> Table:
+    """Steps by how many of their drafts were accepted."""
+    rows = []
+    most = max(stats.accepted_histogram.values(), default=0)
+    for length in range(max(stats.accepted_histogram, default=-1) + 1):
+        count = stats.accepted_histogram.get(length, 0)
+        rows.append((f"{length} accepted", f"{_bar(count / most if most else 0)} {count} steps"))
+    return as_table(rows, ("drafts kept", "steps"), title="accepted length per step")
+
+
+def per_position_table(stats: ReplyStats) -> Table:
+    """Acceptance of the i-th draft of a step, given that it was drafted."""
+    rows = []
+    for i, (accepted, drafted) in enumerate(zip(stats.per_position_accepted, stats.per_position_drafted)):
+        rate = accepted / drafted if drafted else 0.0
+        rows.append((f"position {i + 1}", f"{_bar(rate)} {rate:.0%} ({accepted}/{drafted})"))
+    return as_table(rows, ("draft", "acceptance"), title="acceptance by draft position")
+
+
+def measured_speedup(stats: ReplyStats) -> float:
+    """tok/s over the rate of one target forward per token (what target-only decoding would reach)."""
+    if not stats.target_timed or stats.target_time_s <= 0:
+        return 0.0
+    return stats.tokens_per_s * (stats.target_time_s / stats.target_timed)
+
+
+def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
+    rows = [
+        ("tokens", f"{stats.new_tokens} new · {stats.prompt_tokens} prompt "
+                   f"({stats.reused_tokens} reused from the previous turn's cache)"),
+        ("time", f"{stats.wall_s:.2f} s · ttft {stats.ttft_s:.2f} s · {stats.tokens_per_s:.1f} tok/s"),
+        ("acceptance", f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%}) "
+                       f"· γ {gamma_text(stats.gamma, stats.mean_gamma)}"),
+        ("steps", f"{stats.target_forwards} target forwards · {stats.drafter_forwards} drafter forwards "
+                  f"· {stats.tokens_per_step:.2f} tok/step"),
+        ("cost c", f"{stats.cost_ratio:.3f} (drafter forward ÷ target forward)"),
+        ("speedup", f"measured {measured_speedup(stats):.2f}× (vs one target forward per token) "
+                    f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α "
+                    f"{stats.acceptance_rate:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
+        ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)"}
+         .get(stop_reason, stop_reason)),
+    ]
+    return as_table(rows, ("last reply", f"mode {stats.mode}"))
+
+
+def totals_table(totals) -> Table:
+    rows = [("replies", str(totals.replies)),
+            ("tokens", f"{totals.new_tokens} in {totals.wall_s:.1f} s · {totals.tokens_per_s:.1f} tok/s"),
+            ("acceptance", f"accepted {totals.accepted}/{totals.drafted} drafts ({totals.acceptance_rate:.0%})"
+                           f" · {totals.tokens_per_step:.2f} tok/step")]
+    return as_table(rows, ("session", "total"))
+
+
+def stats_detail(record, totals) -> Group:
+    """The /stats view: the last reply in detail, its charts, and the session totals."""
+    stats = record.stats
+    parts: list[Any] = [reply_summary(stats, record.stop_reason), Text("")]
+    if stats.drafted:
+        parts += [histogram_table(stats), Text(""), per_position_table(stats), Text("")]
+    parts.append(totals_table(totals))
+    return Group(*parts)

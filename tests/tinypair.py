@@ -1,0 +1,53 @@
+"""A LoadedPair-shaped bundle of the tiny conftest models, so the CLI and REPL run without real models."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conftest import build_model, build_tokenizer
+
+
+@dataclass
+class Facts:
+    name: str
+    source: str = "tiny"
+    params: int = 0
+    dtype: str = "float32"
+    quantization: str = "none"
+    device: str = "cpu"
+    memory_bytes: int = 0
+    load_s: float = 0.0
+
+
+@dataclass
+class TinyPair:
+    target: object
+    drafter: object
+    tokenizer: object
+    eos_ids: set
+    vocab_size: int
+    context_limit: int
+    target_facts: Facts
+    drafter_facts: Facts | None
+    progress_calls: list = field(default_factory=list)
+
+
+def tiny_pair(tokenizer=None, target=None, drafter=None, with_drafter=True, context_limit=1024) -> TinyPair:
+    tokenizer = tokenizer or build_tokenizer()
+    target = target or build_model(len(tokenizer), seed=1, layers=3)
+    if with_drafter and drafter is None:
+        drafter = build_model(len(tokenizer), seed=2, layers=1, hidden=32)
+    params = sum(p.numel() for p in target.parameters())
+    return TinyPair(target, drafter if with_drafter else None, tokenizer,
+                    {tokenizer.convert_tokens_to_ids("<|im_end|>")}, len(tokenizer), context_limit,
+                    Facts("tiny-target", params=params), Facts("tiny-drafter") if with_drafter else None)
+
+
+def loader(pair: TinyPair):
+    """A load(cfg, progress) function that reports progress and returns `pair`."""
+    def load(cfg, progress=None):
+        if progress:
+            progress("building tiny models", 0.5)
+            progress("ready", 1.0)
+        pair.progress_calls.append(cfg)
+        return pair
+    return load
