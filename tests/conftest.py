@@ -1,6 +1,8 @@
 """Tiny random models and a tiny byte-level BPE tokenizer, built offline from a config."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -60,6 +62,17 @@ def target(tokenizer):
 @pytest.fixture(scope="session")
 def unrelated_drafter_model(tokenizer):
     return build_model(len(tokenizer), seed=2, layers=1, hidden=32)
+
+
+@pytest.fixture(scope="session")
+def similar_drafter_model(target):
+    """The target with a noisy output head: agrees often, not always (mixed accept/reject steps)."""
+    drafter = copy.deepcopy(target)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        head = drafter.lm_head.weight
+        head.add_(torch.randn(head.shape, generator=generator) * head.std() * 0.6)
+    return drafter
 
 
 def make_engine(target, drafter_model, tokenizer, eos_ids=()) -> Engine:

@@ -1,0 +1,95 @@
+"""Statistical exactness: sampled speculative output follows the target's own distribution.
+
+The exact joint distribution of the first two tokens is enumerated from the target's logits
+(after temperature, top-k and top-p). Over N seeded runs, each cell's empirical frequency must lie
+within z standard errors of its probability (z = 4.5 with a Bonferroni-sized family, so a correct
+engine fails with probability < 1e-3), and no token outside the support may appear.
+A verifier without the residual resample must fail the same check.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+import specchat.engine
+from conftest import make_engine, prompt_ids
+from specchat.config import SamplingConfig, SpeculationConfig
+from specchat.events import ReplyDone
+from specchat.sampling import probs_from_logits, sample
+from specchat.verify import Verdict
+
+SAMPLING = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2)
+RUNS = 3000
+Z = 4.5
+
+
+@torch.inference_mode()
+def exact_first_two(target, ids, sampling) -> dict[tuple[int, int], float]:
+    def next_probs(seq):
+        return probs_from_logits(target(torch.tensor([seq])).logits[0, -1:], sampling)[0]
+    joint = {}
+    p1 = next_probs(ids)
+    for a in torch.nonzero(p1).flatten().tolist():
+        p2 = next_probs(ids + [a])
+        for b in torch.nonzero(p2).flatten().tolist():
+            joint[(a, b)] = float(p1[a] * p2[b])
+    return joint
+
+
+def empirical_first_two(engine, ids, gamma) -> Counter:
+    counts = Counter()
+    for seed in range(RUNS):
+        sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed})
+        done = [e for e in engine.stream(ids, sampling, SpeculationConfig(gamma=gamma))][-1]
+        assert isinstance(done, ReplyDone) and len(done.ids) == 2
+        counts[tuple(done.ids)] += 1
+    return counts
+
+
+def worst_deviation(joint, counts) -> float:
+    """Largest |freq - p| in units of the allowed bound; > 1 fails. Cells outside the support count as inf."""
+    if set(counts) - set(joint):
+        return math.inf
+    worst = 0.0
+    for cell, p in joint.items():
+        bound = Z * math.sqrt(p * (1 - p) / RUNS) + 1.0 / RUNS
+        worst = max(worst, abs(counts.get(cell, 0) / RUNS - p) / bound)
+    return worst
+
+
+def broken_verify_sampled(drafts, q, p, generator):
+    """Wrong on purpose: after a rejection it samples from p instead of norm(max(0, p - q))."""
+    gamma = drafts.shape[0]
+    rows = torch.arange(gamma)
+    u = torch.rand(gamma, generator=generator)
+    rejected = (u * q[rows, drafts] > p[rows, drafts]).tolist()
+    accepted = rejected.index(True) if True in rejected else gamma
+    return Verdict(accepted, int(sample(p[accepted:accepted + 1], generator)))
+
+
+@pytest.fixture(scope="module")
+def setting(target, similar_drafter_model, tokenizer):
+    ids = prompt_ids(tokenizer, "The quick brown")
+    return ids, exact_first_two(target, ids, SAMPLING)
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_sampled_speculative_matches_target_distribution(setting, target, similar_drafter_model,
+                                                         tokenizer, gamma):
+    ids, joint = setting
+    assert 4 <= len(joint) <= 36  # top-k/top-p really cut the support
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = empirical_first_two(engine, ids, gamma)
+    assert worst_deviation(joint, counts) <= 1.0
+
+
+def test_the_check_catches_a_verifier_without_residual_resampling(setting, target, similar_drafter_model,
+                                                                  tokenizer, monkeypatch):
+    ids, joint = setting
+    monkeypatch.setattr(specchat.engine, "verify_sampled", broken_verify_sampled)
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = empirical_first_two(engine, ids, gamma=1)
+    assert worst_deviation(joint, counts) > 1.0

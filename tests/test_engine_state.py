@@ -1,0 +1,105 @@
+"""Caches, stop rules, cancel, multi-turn reuse and streamed text."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from conftest import make_engine, prompt_ids
+from specchat.config import SamplingConfig, SpeculationConfig
+from specchat.detok import Detokenizer
+from specchat.events import ReplyDone, StepDone, Token
+from test_engine import GREEDY, hf_greedy, run
+
+
+@pytest.mark.parametrize("drafter", ["unrelated_drafter_model", "similar_drafter_model"])
+def test_caches_hold_the_committed_sequence_after_every_step(target, drafter, tokenizer, request):
+    engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
+    ids = prompt_ids(tokenizer, "for i in range")
+    steps, lag = 0, 1
+    for event in engine.stream(ids, GREEDY, SpeculationConfig(gamma=4)):
+        if isinstance(event, StepDone):
+            steps += 1
+            committed = len(engine.ids)
+            assert engine.target_seen == committed - 1
+            # the drafter lags one more token only after a step whose drafts were all accepted
+            # (and falls one further behind in a step that drafts nothing)
+            lag = (2 if event.accepted == event.drafted else 1) if event.drafted else lag + 1
+            assert engine.drafter.seen == committed - lag
+    assert steps > 3
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 7, 11])
+@pytest.mark.parametrize("gamma", [4, 8])
+def test_max_new_tokens_is_exact(target, tokenizer, limit, gamma):
+    engine = make_engine(target, target, tokenizer)  # every draft accepted: the limit bites mid-draft
+    ids = prompt_ids(tokenizer, "The quick brown")
+    _, done = run(engine, ids, SamplingConfig(temperature=0.0, max_new_tokens=limit), gamma=gamma)
+    assert len(done.ids) == limit
+    assert done.stop_reason == "max_tokens"
+    assert list(done.ids) == hf_greedy(target, ids, limit)
+    assert engine.target_seen == len(engine.ids) - 1
+
+
+def test_eos_stops_and_drops_tokens_after_it(target, unrelated_drafter_model, tokenizer):
+    ids = prompt_ids(tokenizer, "Hello, how are you")
+    reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
+    eos = reference[6]
+    first = reference.index(eos)
+    engine = make_engine(target, unrelated_drafter_model, tokenizer, eos_ids={eos})
+    _, done = run(engine, ids, gamma=8)
+    assert list(done.ids) == reference[:first + 1]
+    assert done.stop_reason == "eos"
+    assert engine.target_seen == len(engine.ids) - 1
+
+
+def test_cancel_stops_within_a_step_and_the_next_reply_is_exact(target, unrelated_drafter_model, tokenizer):
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    ids = prompt_ids(tokenizer, "def reverse(lst):")
+    cancel = threading.Event()
+    steps_after_cancel = 0
+    for event in engine.stream(ids, GREEDY, SpeculationConfig(gamma=4), cancel):
+        if isinstance(event, StepDone):
+            steps_after_cancel += cancel.is_set()
+            cancel.set()
+        if isinstance(event, ReplyDone):
+            done = event
+    assert done.stop_reason == "cancelled" and steps_after_cancel == 0
+    assert list(done.ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)[:len(done.ids)]
+    assert engine.target_seen == len(engine.ids) - 1
+    other = prompt_ids(tokenizer, "The quick brown fox")
+    _, again = run(engine, other, gamma=4)
+    assert list(again.ids) == hf_greedy(target, other, GREEDY.max_new_tokens)
+
+
+def test_follow_up_turn_reuses_both_caches_and_stays_exact(target, unrelated_drafter_model, tokenizer):
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    first = prompt_ids(tokenizer, "Hello, how are you")
+    _, turn1 = run(engine, first, gamma=4)
+    follow_up = first + list(turn1.ids) + prompt_ids(tokenizer, " and the fox?")
+    _, turn2 = run(engine, follow_up, gamma=4)
+    assert turn2.stats.reused_tokens == len(first) + len(turn1.ids)
+    assert list(turn2.ids) == hf_greedy(target, follow_up, GREEDY.max_new_tokens)
+    edited = first[:3] + prompt_ids(tokenizer, " lazy dog")  # history edited: reuse only the prefix
+    _, turn3 = run(engine, edited, gamma=4)
+    assert turn3.stats.reused_tokens == 3
+    assert list(turn3.ids) == hf_greedy(target, edited, GREEDY.max_new_tokens)
+
+
+def test_detokenizer_holds_split_multibyte_characters(tokenizer):
+    text = "é 日本 ok ünïcode"
+    ids = tokenizer.encode(text)
+    assert len(ids) > len(text.split())  # multi-byte characters really are split over tokens
+    detok = Detokenizer(tokenizer)
+    deltas = [detok.push(i) for i in ids]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) + detok.flush() == tokenizer.decode(ids) == text
+
+
+def test_streamed_text_equals_decode_of_the_reply(target, unrelated_drafter_model, tokenizer):
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=60, seed=3)
+    events, done = run(engine, prompt_ids(tokenizer, "日本 é"), sampling=sampling, gamma=3)
+    streamed = "".join(e.text for e in events if isinstance(e, Token))
+    assert streamed == done.text == tokenizer.decode(list(done.ids), skip_special_tokens=True)
+    assert "\ufffd" not in streamed or "\ufffd" in done.text
