@@ -1,0 +1,96 @@
+"""Sampling transforms, the verifier's rules, the metrics and auto gamma."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specchat.adaptive import AutoGamma
+from specchat.config import SamplingConfig
+from specchat.metrics import StatsRecorder, leviathan_speedup
+from specchat.sampling import make_generator, probs_from_logits
+from specchat.verify import residual, verify_greedy, verify_sampled
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+
+
+def test_greedy_is_one_hot_argmax():
+    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=0.0))
+    assert probs.tolist() == [[1.0, 0, 0, 0, 0, 0]]
+
+
+def test_temperature_top_k_top_p_and_no_in_place_edit():
+    before = LOGITS.clone()
+    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=0.5, top_k=4, top_p=0.9))[0]
+    assert torch.equal(LOGITS, before)
+    scaled = torch.softmax(LOGITS[0, :4] / 0.5, dim=-1)  # top-k keeps 4
+    # top-p: keep the smallest prefix whose mass reaches 0.9
+    keep = int((torch.cumsum(scaled, 0) - scaled < 0.9).sum())
+    expected = torch.zeros(6)
+    expected[:keep] = scaled[:keep] / scaled[:keep].sum()
+    assert torch.allclose(probs, expected, atol=1e-6)
+    assert keep < 4
+
+
+def test_top_p_always_keeps_the_most_likely_token():
+    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=0.01))[0]
+    assert probs[0] == 1.0 and probs[1:].sum() == 0
+
+
+def test_verify_greedy_accepts_the_matching_prefix():
+    logits = torch.full((4, 5), -1.0)
+    for row, best in enumerate([3, 1, 4, 2]):
+        logits[row, best] = 1.0
+    assert verify_greedy(torch.tensor([3, 1, 0]), logits).__dict__ == {"accepted": 2, "next_token": 4}
+    assert verify_greedy(torch.tensor([3, 1, 4]), logits).__dict__ == {"accepted": 3, "next_token": 2}
+    assert verify_greedy(torch.tensor([0, 1, 4]), logits).__dict__ == {"accepted": 0, "next_token": 3}
+
+
+def test_verify_sampled_accepts_when_p_covers_q_and_resamples_from_the_residual():
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+    q_same = torch.tensor([[0.5, 0.5, 0.0]])
+    verdict = verify_sampled(torch.tensor([1]), q_same, p, make_generator(0))
+    assert verdict.accepted == 1 and verdict.next_token == 2  # bonus from p[1]
+    q_elsewhere = torch.tensor([[0.0, 0.0, 1.0]])  # p(x)=0: always rejected
+    for seed in range(20):
+        verdict = verify_sampled(torch.tensor([2]), q_elsewhere, p, make_generator(seed))
+        assert verdict.accepted == 0 and verdict.next_token in (0, 1)
+
+
+def test_residual_is_normalised_positive_part():
+    r = residual(torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.5, 0.3]))
+    assert torch.allclose(r, torch.tensor([1.0, 0.0, 0.0]))
+    same = torch.tensor([0.2, 0.8])
+    assert torch.equal(residual(same, same), same)
+
+
+def test_leviathan_bound():
+    assert leviathan_speedup(0.0, 4, 0.0) == 1.0
+    assert leviathan_speedup(1.0, 4, 0.0) == 5.0
+    assert leviathan_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.4))
+
+
+def test_recorder_counts_positions_and_histogram():
+    rec = StatsRecorder("spec", 3, prompt_tokens=5, reused_tokens=0)
+    rec.record_step(3, 1)
+    rec.record_step(3, 3)
+    rec.record_tokens(2 + 4)
+    stats = rec.finish()
+    assert stats.acceptance_rate == 4 / 6
+    assert stats.per_position_rate == [1.0, 0.5, 0.5]
+    assert stats.accepted_histogram == {1: 1, 3: 1}
+    assert stats.mean_gamma == 3
+
+
+def test_auto_gamma_grows_with_acceptance_and_backs_off_to_zero():
+    auto = AutoGamma()
+    for _ in range(30):
+        auto.observe_cost("drafter", 0.01)
+        auto.observe_cost("target", 0.1)
+        auto.observe(8, 8)
+    high = auto.choose()
+    for _ in range(80):
+        auto.observe(high, 0)
+    assert high >= 6
+    assert auto.choose() == 0  # nothing pays: target-only steps...
+    picks = [auto.choose() for _ in range(auto.probe_every)]
+    assert 1 in picks  # ...with an occasional probe so it can recover
