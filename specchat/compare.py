@@ -1,0 +1,109 @@
+"""Comparison mode: rerun a reply target-only (and drafter-only) with the same prompt, seed and sampling.
+
+The reruns use engines of their own (own KV caches on the same loaded models), so the chat's history
+and caches are never disturbed; each rerun engine reuses its own cache across turns like the chat's.
+A greedy difference is explained: the first differing position and the target's top-2 logit margin
+there, so a near tie in low precision can be told from a bug.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from specchat import kvcache
+from specchat.drafters import ModelDrafter
+from specchat.engine import Engine
+from specchat.events import ReplyDone
+from specchat.metrics import ReplyStats
+
+NEAR_TIE = 0.05  # a top-2 logit margin below this is a near tie in bf16/fp16 arithmetic
+
+
+@dataclass(frozen=True)
+class Run:
+    label: str        # "speculative" | "target-only" | "drafter-only"
+    text: str
+    ids: tuple[int, ...]
+    stats: ReplyStats
+
+
+@dataclass(frozen=True)
+class Divergence:
+    position: int       # index in the reply of the first differing token
+    spec_token: str
+    other_token: str
+    margin: float       # target's top-1 minus top-2 logit at that position
+
+    @property
+    def near_tie(self) -> bool:
+        return self.margin < NEAR_TIE
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    spec: Run
+    others: tuple[Run, ...]
+    greedy: bool
+    divergence: Divergence | None  # only for greedy runs whose target-only text differs
+
+    @property
+    def target(self) -> Run:
+        return self.others[0]
+
+    @property
+    def identical(self) -> bool:
+        return self.spec.ids == self.target.ids
+
+    @property
+    def speedup(self) -> float:
+        base = self.target.stats.tokens_per_s
+        return self.spec.stats.tokens_per_s / base if base else 0.0
+
+
+class Comparer:
+    """The compare_fn a ChatSession calls after each reply when compare mode is on."""
+
+    def __init__(self, target, tokenizer, drafter, eos_ids, vocab_size: int):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.target_engine = Engine(target, tokenizer, None, eos_ids, vocab_size)
+        self.drafter_engine = (Engine(target, tokenizer, ModelDrafter(drafter, vocab_size), eos_ids, vocab_size)
+                               if drafter is not None else None)
+
+    def __call__(self, session, prompt_ids: list[int], done: ReplyDone,
+                 cancel: threading.Event) -> Iterator[CompareReport]:
+        cfg = session.config
+        runs = [self._rerun(self.target_engine, "target", prompt_ids, cfg, cancel)]
+        if cfg.speculation.compare == "drafter" and self.drafter_engine is not None:
+            runs.append(self._rerun(self.drafter_engine, "drafter", prompt_ids, cfg, cancel))
+        if any(r is None for r in runs):
+            return  # cancelled during a rerun: nothing fair to show
+        spec = Run(f"{cfg.speculation.mode}", done.text, done.ids, done.stats)
+        greedy = cfg.sampling.is_greedy
+        divergence = None
+        if greedy and spec.ids != runs[0].ids:
+            divergence = self.explain(prompt_ids, spec.ids, runs[0].ids)
+        yield CompareReport(spec, tuple(runs), greedy, divergence)
+
+    def _rerun(self, engine: Engine, mode: str, prompt_ids, cfg, cancel) -> Run | None:
+        speculation = dataclasses.replace(cfg.speculation, mode=mode)
+        final = None
+        for event in engine.stream(prompt_ids, cfg.sampling, speculation, cancel):
+            final = event if isinstance(event, ReplyDone) else final
+        if final is None or final.stop_reason == "cancelled":
+            return None
+        return Run(f"{mode}-only", final.text, final.ids, final.stats)
+
+    def explain(self, prompt_ids: list[int], a: tuple[int, ...], b: tuple[int, ...]) -> Divergence:
+        position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        context = list(prompt_ids) + list(a[:position])
+        logits = kvcache.forward(self.target, kvcache.new_cache(self.target), context, keep=1)[0]
+        top2 = torch.topk(logits.float(), 2).values.tolist()
+        return Divergence(position, self._piece(a, position), self._piece(b, position), top2[0] - top2[1])
+
+    def _piece(self, ids: tuple[int, ...], position: int) -> str:
+        return self.tokenizer.decode([ids[position]]) if position < len(ids) else "(end)"

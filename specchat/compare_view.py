@@ -1,0 +1,70 @@
+"""Draw a CompareReport: the replies side by side (stacked when the terminal is narrow), with speed."""
+from __future__ import annotations
+
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.table import Table
+from rich.text import Text
+
+from specchat.compare import CompareReport, Run
+
+SIDE_BY_SIDE_MIN_WIDTH = 100
+
+
+def run_summary(run: Run) -> str:
+    s = run.stats
+    line = f"{s.new_tokens} tok · {s.tokens_per_s:.1f} tok/s · ttft {s.ttft_s:.2f} s"
+    if s.drafted:
+        line += f" · accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%})"
+    return line
+
+
+def verdict_line(report: CompareReport) -> str:
+    speed = f"speedup {report.speedup:.2f}× vs target-only"
+    if report.identical:
+        return f"{speed} · texts identical"
+    if not report.greedy:
+        return f"{speed} · texts differ (expected when sampling: same distribution, different draws)"
+    d = report.divergence
+    why = ("a near tie, so low-precision arithmetic can flip it" if d.near_tie
+           else "not a near tie: this looks like a bug, please report it")
+    return (f"{speed} · texts differ from token {d.position}: {d.spec_token!r} vs {d.other_token!r}; "
+            f"target top-2 logit margin {d.margin:.3f} ({why})")
+
+
+class CompareView:
+    """Styles are dropped by rich itself on a console without colour (plain mode)."""
+
+    def __init__(self, report: CompareReport):
+        self.report = report
+
+    def _runs(self) -> list[Run]:
+        return [self.report.spec, *self.report.others]
+
+    def _side_by_side(self) -> Table:
+        table = Table(expand=True, show_lines=False, header_style="bold")
+        for run in self._runs():
+            table.add_column(run.label, ratio=1, overflow="fold")
+        table.add_row(*[Text(run.text) for run in self._runs()])
+        table.add_row(*[Text(run_summary(run), style="dim") for run in self._runs()])
+        return table
+
+    def _stacked(self) -> Group:
+        parts = []
+        for run in self._runs():
+            parts += [Text(f"── {run.label} ──", style="bold"), Text(run.text),
+                      Text(run_summary(run), style="dim")]
+        return Group(*parts)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = options.max_width >= SIDE_BY_SIDE_MIN_WIDTH
+        yield self._side_by_side() if wide else self._stacked()
+        style = "bold green" if self.report.identical else "bold yellow"
+        yield Text(verdict_line(self.report), style=style)
+
+
+def view_compare_fn(comparer):
+    """Adapt a Comparer (which yields data) into the ChatSession's compare_fn (which yields renderables)."""
+    def compare_fn(session, prompt_ids, done, cancel):
+        for report in comparer(session, prompt_ids, done, cancel):
+            yield CompareView(report)
+    return compare_fn

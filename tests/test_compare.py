@@ -1,0 +1,90 @@
+"""Comparison mode: target-only reruns beside the reply, without touching the chat's state."""
+from __future__ import annotations
+
+import dataclasses
+import io
+
+import torch
+from rich.console import Console
+
+from conftest import make_engine
+from specchat.chat import ChatSession
+from specchat.compare import Comparer, CompareReport
+from specchat.compare_view import CompareView, view_compare_fn
+from specchat.config import Config, with_value
+
+
+def session_with_compare(target, drafter, tokenizer, compare="on", temperature=0.0):
+    cfg = with_value(Config(), "speculation.compare", compare)
+    cfg = with_value(cfg, "sampling.max_new_tokens", 24)
+    cfg = with_value(cfg, "sampling.temperature", temperature)
+    comparer = Comparer(target, tokenizer, drafter, eos_ids={2}, vocab_size=len(tokenizer))
+    session = ChatSession(make_engine(target, drafter, tokenizer, eos_ids={2}), tokenizer, cfg, 1024,
+                          compare_fn=comparer)
+    return session, comparer
+
+
+def reports(events):
+    return [e for e in events if isinstance(e, CompareReport)]
+
+
+def test_greedy_compare_is_identical_and_leaves_the_chat_untouched(target, similar_drafter_model, tokenizer):
+    session, _ = session_with_compare(target, similar_drafter_model, tokenizer)
+    [report] = reports(list(session.reply("Hello, how are you")))
+    first_prompt = list(session.last_prompt_ids)
+    assert report.identical and report.greedy and report.divergence is None
+    assert report.target.label == "target-only" and report.target.stats.drafted == 0
+    assert report.speedup > 0
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    [report2] = reports(list(session.reply("and the fox?")))
+    assert report2.identical
+    # the chat's own cache was reused past the first prompt: the reruns did not replace it
+    assert session.records[-1].stats.reused_tokens >= len(first_prompt)
+
+
+def test_compare_drafter_adds_a_drafter_only_run(target, similar_drafter_model, tokenizer):
+    session, _ = session_with_compare(target, similar_drafter_model, tokenizer, compare="drafter")
+    [report] = reports(list(session.reply("The quick brown")))
+    assert [r.label for r in report.others] == ["target-only", "drafter-only"]
+    assert report.others[1].stats.drafted == 0 and report.others[1].stats.target_forwards == 0
+
+
+def test_sampled_compare_uses_the_same_seed(target, similar_drafter_model, tokenizer):
+    session, _ = session_with_compare(target, similar_drafter_model, tokenizer, temperature=0.9)
+    [first] = reports(list(session.reply("The quick brown")))
+    session.reset()
+    [second] = reports(list(session.reply("The quick brown")))
+    assert first.target.ids == second.target.ids and first.spec.ids == second.spec.ids
+
+
+def test_a_greedy_difference_is_explained_with_the_target_margin(target, similar_drafter_model, tokenizer):
+    _, comparer = session_with_compare(target, similar_drafter_model, tokenizer)
+    prompt = tokenizer.encode("for i in range")
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt + [40]])).logits[0, -1]
+    top2 = torch.topk(logits, 2).values
+    divergence = comparer.explain(prompt, (40, 41, 42), (40, 43))
+    assert divergence.position == 1
+    assert abs(divergence.margin - float(top2[0] - top2[1])) < 1e-4
+    assert divergence.spec_token == tokenizer.decode([41]) and divergence.other_token == tokenizer.decode([43])
+
+
+def render(report, width):
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(CompareView(report))
+    return out.getvalue()
+
+
+def test_view_is_side_by_side_when_wide_and_stacked_when_narrow(target, similar_drafter_model, tokenizer):
+    session, comparer = session_with_compare(target, similar_drafter_model, tokenizer)
+    session.compare_fn = view_compare_fn(comparer)
+    views = [e for e in session.reply("Hello") if isinstance(e, CompareView)]
+    report = views[0].report
+    wide, narrow = render(report, 140), render(report, 60)
+    header = [line for line in wide.splitlines() if "target-only" in line][0]
+    assert "spec" in header  # both labels on one line: columns
+    assert "── spec ──" in narrow and "── target-only ──" in narrow
+    assert "texts identical" in wide and "speedup" in wide
+    diverged = dataclasses.replace(report, divergence=comparer.explain(session.last_prompt_ids, (40,), (41,)),
+                                   others=(dataclasses.replace(report.target, ids=(41,)),))
+    assert "texts differ from token 0" in render(diverged, 140)
