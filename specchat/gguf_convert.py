@@ -1,0 +1,137 @@
+"""GGUF files are converted once into a plain safetensors checkpoint in the cache, keyed by the
+GGUF's sha256 and the stored dtype, so every later start loads it directly (fast, mmap-able).
+
+A conversion is written to a temporary directory and renamed into place only when complete;
+`specchat.json` inside marks a finished conversion and records the facts the banner shows.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from specchat.assets import cache_dir, file_sha256
+from specchat.devices import dtype_name
+from specchat.loaderrors import ModelLoadError, one_line
+
+META = "specchat.json"
+Progress = Callable[[str, "float | None"], None]
+
+
+def converted_dir(sha256: str, dtype: torch.dtype) -> Path:
+    return cache_dir() / "converted" / f"{sha256[:16]}-{dtype_name(dtype)}"
+
+
+def read_meta(directory: Path) -> dict:
+    return json.loads((directory / META).read_text())
+
+
+def gguf_digest(path: Path, progress: Progress | None = None) -> str:
+    """sha256 of a GGUF file, remembered per (path, size, mtime) so it is hashed once."""
+    stat = path.stat()
+    memo = cache_dir() / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:24] + ".txt")
+    stamp = f"{stat.st_size} {stat.st_mtime_ns}"
+    if memo.exists():
+        saved_stamp, _, digest = memo.read_text().strip().rpartition(" ")
+        if saved_stamp == stamp:
+            return digest
+    digest = file_sha256(path, progress)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(f"{stamp} {digest}\n")
+    return digest
+
+
+def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
+                     progress: Progress | None = None) -> Path:
+    """The converted checkpoint for `gguf` in `dtype`, converting it first if it is not cached."""
+    out = converted_dir(sha256, dtype)
+    if (out / META).exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        convert_gguf(gguf, dtype, tmp, name, progress)
+        shutil.rmtree(out, ignore_errors=True)  # a stale incomplete directory, if any
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def gguf_facts(gguf: Path) -> dict:
+    """Architecture, quantization type and chat-template presence, read from the GGUF header."""
+    from gguf import LlamaFileType
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+    try:
+        metadata, _ = read_gguf_metadata(str(gguf))
+    except Exception as err:  # a truncated or foreign file
+        raise ModelLoadError(f"{gguf} is not a readable GGUF file ({one_line(err)})") from err
+    if not metadata.get("tokenizer.chat_template"):
+        raise ModelLoadError(f"{gguf.name} carries no chat template (tokenizer.chat_template), "
+                             f"which specchat needs to format the chat; use an instruct/chat GGUF")
+    file_type = metadata.get("general.file_type")
+    quant = LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "GGUF"
+    return {"architecture": metadata.get("general.architecture", "?"), "quantization": quant}
+
+
+def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
+                 progress: Progress | None = None) -> None:
+    """Dequantize `gguf` into a safetensors checkpoint with config and tokenizer in `out`."""
+    facts = gguf_facts(gguf)
+    if progress:
+        progress(f"converting {name} from GGUF {facts['quantization']} to {dtype_name(dtype)} "
+                 f"(first start only)", None)
+    tokenizer = _gguf_tokenizer(gguf)
+    model = _gguf_model(gguf, dtype, progress)
+    save_checkpoint(model, tokenizer, out)
+    meta = {"name": name, "quantization": facts["quantization"], "dtype": dtype_name(dtype),
+            "architecture": facts["architecture"], "gguf": str(gguf)}
+    (out / META).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def _gguf_tokenizer(gguf: Path):
+    from transformers import AutoTokenizer
+    from specchat.hfquiet import quiet_transformers
+    with quiet_transformers():
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                             local_files_only=True)
+
+
+def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
+    from transformers import AutoModelForCausalLM, GgufConfig
+    from specchat.hfquiet import BarsToProgress, quiet_transformers
+    bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
+    with quiet_transformers(), contextlib.redirect_stderr(bars):
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=dtype, local_files_only=True,
+            quantization_config=GgufConfig(dequantize=True), output_loading_info=True)
+    if info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise ModelLoadError(f"{gguf.name} lacks {len(missing)} weight(s) the model needs "
+                             f"(e.g. {missing[0]}); transformers cannot use this GGUF")
+    return model.eval()
+
+
+def save_checkpoint(model, tokenizer, out: Path) -> None:
+    """Config, weights (safetensors, shared tensors stored once), generation config and tokenizer."""
+    from safetensors.torch import save_model
+    out.mkdir(parents=True)
+    config = copy.deepcopy(model.config)
+    with contextlib.suppress(AttributeError):
+        del config.quantization_config  # the saved weights are plain tensors
+    config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(out)
+
+
+def is_converted(sha256: str, dtype: torch.dtype) -> bool:
+    return (converted_dir(sha256, dtype) / META).exists()

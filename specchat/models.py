@@ -1,0 +1,224 @@
+"""Load a target/drafter pair from a Config: resolve each source, place and quantize it, check the pair.
+
+Sources: `bundled:<name>` (GGUF assembled from pip packages), a `.gguf` file (converted once
+into a cached safetensors checkpoint), a local directory, or a hub id (the ordinary
+transformers cache). Every failure is a ModelLoadError whose message is one line.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specchat.config import Config, ModelConfig
+from specchat.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
+from specchat.loaderrors import ModelLoadError, one_line
+from specchat.sources import Source, resolve_source
+from specchat.tokenizer_check import check_pair, output_width, stop_ids
+
+Progress = Callable[[str, "float | None"], None]
+OFFLINE_HINT = ("if there is no network, set HF_HUB_OFFLINE=1 to use the local hub cache, "
+                "or point the source at a local directory or .gguf file")
+# Used only for models whose tokenizer has no chat template (base models such as gpt2);
+# ModelFacts.template says so, for the banner.
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
+    "{% else %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+__all__ = ["ModelLoadError", "ModelFacts", "LoadedPair", "load_pair", "load_model"]
+
+
+@dataclass
+class ModelFacts:
+    name: str
+    source: str
+    params: int
+    dtype: str
+    quantization: str       # none | 4bit | 8bit | the GGUF's type, e.g. Q4_K_M
+    device: str             # cpu | cuda:0 | "cuda:0,cuda:1" when spread by device_map
+    memory_bytes: int
+    load_s: float
+    template: str = "own"   # own | plain (the tokenizer had none; specchat's User:/Assistant: one)
+
+
+@dataclass
+class LoadedPair:
+    target: Any
+    drafter: Any | None
+    tokenizer: Any
+    eos_ids: set[int]
+    vocab_size: int
+    context_limit: int
+    target_facts: ModelFacts
+    drafter_facts: ModelFacts | None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where from_pretrained reads a model: a local directory, or a hub id."""
+    location: str
+    local: bool
+    quantization: str  # what the checkpoint itself is: none, or a GGUF type
+
+
+def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
+    """Load the target and (when configured) the drafter, check they fit together."""
+    _check_drafter_needed(cfg)
+    target, tokenizer, target_facts = load_model(cfg.target, progress, role="target")
+    drafter, drafter_facts = None, None
+    if cfg.drafter.source:
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, role="drafter")
+        check_pair(tokenizer, drafter_tok, drafter, target_facts.name, drafter_facts.name)
+    _check_target_width(target, tokenizer, target_facts.name)
+    eos = stop_ids(tokenizer, target.generation_config.eos_token_id, cfg.speculation.extra_eos)
+    return LoadedPair(target, drafter, tokenizer, eos, len(tokenizer),
+                      context_limit(cfg, target, tokenizer), target_facts, drafter_facts)
+
+
+def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "target"):
+    """One model, eval mode, with its tokenizer and banner facts: (model, tokenizer, ModelFacts)."""
+    start = time.perf_counter()
+    source = resolve_source(mc.source)
+    device = resolve_device(mc.device)
+    dtype = resolve_dtype(mc.dtype, device)
+    kwargs = placement_kwargs(mc, role, device, dtype)
+    checkpoint = checkpoint_for(source, mc, dtype, progress)
+    _report(progress, f"loading {role} {source.name}", None)
+    model = _load_weights(checkpoint, mc, source, kwargs)
+    tokenizer, template = _load_tokenizer(checkpoint, mc, source)
+    facts = ModelFacts(source.name, mc.source, model.num_parameters(), dtype_name(dtype),
+                       _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
+                       model.get_memory_footprint(), round(time.perf_counter() - start, 2), template)
+    return model, tokenizer, facts
+
+
+def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype,
+                   progress: Progress | None) -> Checkpoint:
+    """A directory (or hub id) from_pretrained can read, converting GGUF files once if needed."""
+    from specchat import gguf_convert
+    if mc.revision and source.kind != "hub":
+        raise ModelLoadError(f"revision = {mc.revision!r} only applies to hub ids, not to {mc.source}")
+    if source.kind == "hub":
+        return Checkpoint(source.location, local=False, quantization="none")
+    if source.kind == "dir":
+        if not (Path(source.location) / "config.json").is_file():
+            raise ModelLoadError(f"{source.location} has no config.json; a model directory comes "
+                                 f"from save_pretrained (or give a .gguf file)")
+        return Checkpoint(source.location, local=True, quantization="none")
+    directory = _converted(source, dtype, progress)
+    return Checkpoint(str(directory), local=True,
+                      quantization=gguf_convert.read_meta(directory)["quantization"])
+
+
+def _converted(source: Source, dtype: torch.dtype, progress: Progress | None) -> Path:
+    from specchat import assets, gguf_convert
+    if source.kind == "bundled":
+        sha = assets.bundled_model(source.location).sha256
+        if not gguf_convert.is_converted(sha, dtype):
+            gguf = assets.bundled_gguf_path(source.location, progress)
+            gguf_convert.ensure_converted(gguf, sha, dtype, source.name, progress)
+        return gguf_convert.converted_dir(sha, dtype)
+    gguf = Path(source.location)
+    sha = gguf_convert.gguf_digest(gguf, progress)
+    return gguf_convert.ensure_converted(gguf, sha, dtype, source.name, progress)
+
+
+def _from_pretrained_kwargs(checkpoint: Checkpoint, mc: ModelConfig) -> dict:
+    kwargs: dict = {"trust_remote_code": mc.trust_remote_code}
+    if checkpoint.local:
+        kwargs["local_files_only"] = True
+    elif mc.revision:
+        kwargs["revision"] = mc.revision
+    return kwargs
+
+
+def _load_weights(checkpoint: Checkpoint, mc: ModelConfig, source: Source, placement: dict):
+    from transformers import AutoModelForCausalLM
+    from specchat.hfquiet import quiet_transformers
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                checkpoint.location, **_from_pretrained_kwargs(checkpoint, mc), **placement)
+    except ModelLoadError:
+        raise
+    except Exception as err:  # any failure inside transformers becomes one line for the user
+        raise _load_error(err, source, "the model") from err
+    return model.eval()
+
+
+def _load_tokenizer(checkpoint: Checkpoint, mc: ModelConfig, source: Source):
+    """The tokenizer, and whether its chat template is its own or specchat's plain one."""
+    from transformers import AutoTokenizer
+    from specchat.hfquiet import quiet_transformers
+    try:
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint.location,
+                                                      **_from_pretrained_kwargs(checkpoint, mc))
+    except Exception as err:  # any failure inside transformers becomes one line for the user
+        raise _load_error(err, source, "the tokenizer") from err
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer, "own"
+    tokenizer.chat_template = PLAIN_TEMPLATE
+    return tokenizer, "plain"
+
+
+def _load_error(err: Exception, source: Source, what: str) -> ModelLoadError:
+    if source.kind == "hub":
+        return ModelLoadError(f"cannot load {what} of {source.location} from the Hugging Face hub "
+                              f"({one_line(err)}); {OFFLINE_HINT}")
+    return ModelLoadError(f"cannot load {what} of {source.name} from {source.location}: "
+                          f"{one_line(err)}")
+
+
+def _quant_label(checkpoint_quant: str, bnb: str) -> str:
+    if bnb == "none":
+        return checkpoint_quant
+    return bnb if checkpoint_quant == "none" else f"{checkpoint_quant}→{bnb}"
+
+
+def _device_label(model) -> str:
+    return ",".join(sorted({str(p.device) for p in model.parameters()}))
+
+
+def context_limit(cfg: Config, target, tokenizer) -> int:
+    """ui.context_limit when set, else the target's maximum positions."""
+    if cfg.ui.context_limit > 0:
+        return cfg.ui.context_limit
+    config = target.config.get_text_config()
+    for attr in ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", 0)
+    if 0 < limit < 10_000_000:
+        return int(limit)
+    raise ModelLoadError("cannot tell the target's context length from its config; "
+                         "set ui.context_limit (e.g. ui.context_limit=2048)")
+
+
+def _check_drafter_needed(cfg: Config) -> None:
+    if cfg.drafter.source:
+        return
+    if cfg.speculation.mode != "target":
+        raise ModelLoadError(f"speculation.mode = {cfg.speculation.mode} needs a drafter: set "
+                             f"drafter.source, or use speculation.mode=target")
+    if cfg.speculation.compare == "drafter":
+        raise ModelLoadError("speculation.compare = drafter needs a drafter: set drafter.source")
+
+
+def _check_target_width(target, tokenizer, name: str) -> None:
+    if output_width(target) < len(tokenizer):
+        raise ModelLoadError(f"target {name} scores {output_width(target)} token ids but its "
+                             f"tokenizer has {len(tokenizer)}; the checkpoint is inconsistent")
+
+
+def _report(progress: Progress | None, message: str, fraction: float | None) -> None:
+    if progress is not None:
+        progress(message, fraction)
