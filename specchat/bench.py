@@ -1,0 +1,163 @@
+"""Side-by-side benchmark: specchat vs transformers generate() and assisted generation, one process.
+
+    python -m specchat.bench [--config FILE] [--prompts FILE] [--quick] [--max-new N] [key=value ...]
+
+Every method runs on the same loaded models, interleaved prompt by prompt after a warm-up, greedy
+and sampled (T=0.7, top-p 0.9). Ratios are medians of per-prompt ratios measured in the same run.
+Greedy runs also check that each method produced exactly the target-only tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specchat.bench_methods import Measurement, Method, Runner, default_methods
+from specchat.config import ConfigError, SamplingConfig, load_config
+from specchat.loaderrors import ModelLoadError
+
+PROMPTS_FILE = Path(__file__).parent / "prompts" / "bench.json"
+RESULTS_DIR = Path("bench") / "results"
+SETTINGS = {
+    "greedy": SamplingConfig(temperature=0.0),
+    "sampled": SamplingConfig(temperature=0.7, top_p=0.9),
+}
+
+
+@dataclass
+class Row:
+    setting: str
+    method: Method
+    measurements: list[Measurement] = field(default_factory=list)
+    vs_target: list[float] = field(default_factory=list)
+    vs_hf: list[float] = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m specchat.bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="model pair TOML (default: the bundled pair)")
+    parser.add_argument("--prompts", help=f"prompt set JSON (default: {PROMPTS_FILE.name} in the package)")
+    parser.add_argument("--quick", action="store_true", help="2 prompts, 64 tokens: a few minutes")
+    parser.add_argument("--max-new", type=int, default=None, help="new tokens per reply (default 128, quick 64)")
+    parser.add_argument("--settings", default="greedy,sampled", help="greedy,sampled or one of them")
+    parser.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and PNG results")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    return parser.parse_args(argv)
+
+
+def load_prompts(path: str | None, quick: bool) -> list[dict]:
+    prompts = json.loads(Path(path or PROMPTS_FILE).read_text())
+    if quick:
+        code = [p for p in prompts if p["kind"] == "code"][:1]
+        other = [p for p in prompts if p["kind"] != "code"][:1]
+        prompts = code + other
+    return prompts
+
+
+def run_bench(runner: Runner, prompts: list[dict], settings: list[str], max_new: int, progress) -> list[Row]:
+    rows = {(s, m.name): Row(s, m) for s in settings for m in runner.methods}
+    runner.warm_up(prompts[0], max_new=8)
+    for setting in settings:
+        sampling = _with(SETTINGS[setting], max_new_tokens=max_new)
+        for prompt in prompts:
+            results = {}
+            for method in runner.methods:
+                results[method.name] = runner.measure(method, prompt, sampling)
+                progress(f"{setting} · {prompt['name']} · {method.name}")
+            _add_prompt_results(rows, setting, prompt["name"], results, sampling.is_greedy)
+    return list(rows.values())
+
+
+def _with(sampling: SamplingConfig, **changes) -> SamplingConfig:
+    return SamplingConfig(**{**sampling.__dict__, **changes})
+
+
+def _add_prompt_results(rows, setting, prompt_name, results: dict[str, Measurement], greedy: bool) -> None:
+    base = results["specchat target-only"]
+    hf_best = max((m for name, m in results.items() if name.startswith("HF assisted")),
+                  key=lambda m: m.tokens_per_s, default=None)
+    for name, m in results.items():
+        row = rows[(setting, name)]
+        row.measurements.append(m)
+        row.vs_target.append(m.tokens_per_s / base.tokens_per_s)
+        if hf_best:
+            row.vs_hf.append(m.tokens_per_s / hf_best.tokens_per_s)
+        if greedy and m.ids != base.ids:
+            row.mismatches.append(prompt_name)
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarise(row: Row) -> dict:
+    ms = row.measurements
+    speculative = row.method.kind == "specchat" and row.method.mode == "spec"
+    summary = {
+        "setting": row.setting, "method": row.method.name, "gamma": row.method.gamma_label,
+        "tok_s": median([m.tokens_per_s for m in ms]),
+        "vs_target": median(row.vs_target), "vs_hf_assisted": median(row.vs_hf),
+        "alpha": median([m.alpha for m in ms]), "tokens_per_step": median([m.tokens_per_step for m in ms]),
+        "c": median([m.cost_ratio for m in ms]), "mean_gamma": median([m.mean_gamma for m in ms]),
+        "predicted": median([m.predicted for m in ms]) if speculative else None,
+        "exact": (not row.mismatches) if row.setting == "greedy" else None,
+        "mismatched_prompts": row.mismatches, "tokens": [m.new_tokens for m in ms],
+    }
+    if summary["predicted"] and summary["vs_target"]:
+        summary["of_predicted"] = summary["vs_target"] / summary["predicted"]
+    return summary
+
+
+def write_results(summaries: list[dict], meta: dict, out_dir: Path) -> tuple[Path, Path | None]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "bench.json"
+    json_path.write_text(json.dumps({"meta": meta, "rows": summaries}, indent=2) + "\n")
+    from specchat.bench_report import plot_speedups
+    png_path = plot_speedups(summaries, out_dir / "speedup.png")
+    return json_path, png_path
+
+
+def _fail(message: str) -> int:
+    print(f"specchat bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    from rich.console import Console
+    from specchat.bench_report import results_table, with_progress
+    console = Console(stderr=False)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        prompts = load_prompts(args.prompts, args.quick)
+    except (ConfigError, OSError, json.JSONDecodeError) as err:
+        return _fail(str(err))
+    max_new = args.max_new or (64 if args.quick else 128)
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if not settings or any(s not in SETTINGS for s in settings):
+        return _fail(f"--settings must name greedy and/or sampled, got '{args.settings}'")
+    try:
+        runner = Runner.load(cfg, default_methods(cfg), console)
+    except ModelLoadError as err:
+        return _fail(str(err))
+    started = time.time()
+    total = len(settings) * len(prompts) * len(runner.methods)
+    rows = with_progress(console, total, lambda tick: run_bench(runner, prompts, settings, max_new, tick))
+    summaries = [summarise(r) for r in rows]
+    meta = runner.meta() | {"prompts": [p["name"] for p in prompts], "max_new_tokens": max_new,
+                            "seconds": round(time.time() - started, 1),
+                            "command": "python -m specchat.bench " + " ".join(sys.argv[1:] if argv is None else argv)}
+    console.print(results_table(summaries, meta))
+    json_path, png_path = write_results(summaries, meta, Path(args.out))
+    console.print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""The methods the benchmark compares, each measured on the same loaded models."""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfig
+from specchat.drafters import ModelDrafter
+from specchat.engine import Engine
+from specchat.events import ReplyDone
+
+SPEC_GAMMAS = (2, 4, 6, 8, GAMMA_AUTO)
+HF_GAMMAS = (4, 8)
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    kind: str                  # "specchat" | "hf"
+    mode: str                  # "target" | "spec" | "assisted"
+    gamma: int | None = None   # None: not speculative; GAMMA_AUTO: specchat's auto gamma
+    schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
+
+    @property
+    def gamma_label(self) -> str:
+        if self.gamma is None:
+            return "—" if self.schedule == "constant" else "heuristic"
+        return "auto" if self.gamma == GAMMA_AUTO else str(self.gamma)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    ids: tuple[int, ...]
+    new_tokens: int
+    seconds: float
+    alpha: float | None = None
+    tokens_per_step: float | None = None
+    cost_ratio: float | None = None
+    mean_gamma: float | None = None
+    predicted: float | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def default_methods(cfg: Config) -> list[Method]:
+    methods = [Method("specchat target-only", "specchat", "target"),
+               Method("HF generate target-only", "hf", "target")]
+    if cfg.drafter.source:
+        methods += [Method(f"HF assisted γ{g}", "hf", "assisted", g) for g in HF_GAMMAS]
+        methods.append(Method("HF assisted default", "hf", "assisted", None, "default"))
+        methods += [Method(f"specchat γ{'auto' if g == GAMMA_AUTO else g}", "specchat", "spec", g)
+                    for g in SPEC_GAMMAS]
+    return methods
+
+
+class Runner:
+    def __init__(self, pair, methods: list[Method], system_prompt: str):
+        self.pair = pair
+        self.methods = methods
+        self.system_prompt = system_prompt
+        drafter = ModelDrafter(pair.drafter, pair.vocab_size) if pair.drafter is not None else None
+        self.engine = Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size)
+        self._assistant_defaults = copy.deepcopy(pair.drafter.generation_config) if pair.drafter else None
+
+    @classmethod
+    def load(cls, cfg: Config, methods: list[Method], console) -> "Runner":
+        from specchat.models import load_pair
+        with console.status("loading the model pair…") as status:
+            pair = load_pair(cfg, lambda message, fraction: status.update(message))
+        return cls(pair, methods, cfg.ui.system_prompt)
+
+    def meta(self) -> dict:
+        facts = [self.pair.target_facts, self.pair.drafter_facts]
+        return {"target": _facts(facts[0]), "drafter": _facts(facts[1]) if facts[1] else None,
+                "torch_threads": torch.get_num_threads()}
+
+    def prompt_ids(self, prompt: dict) -> list[int]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        encoded = self.pair.tokenizer.apply_chat_template(system + prompt["messages"], add_generation_prompt=True,
+                                                          tokenize=True, return_dict=True)
+        return list(encoded["input_ids"])
+
+    def warm_up(self, prompt: dict, max_new: int) -> None:
+        for method in self.methods:
+            self.measure(method, prompt, SamplingConfig(temperature=0.0, max_new_tokens=max_new))
+
+    def measure(self, method: Method, prompt: dict, sampling: SamplingConfig) -> Measurement:
+        ids = self.prompt_ids(prompt)
+        if method.kind == "specchat":
+            return self._specchat(method, ids, sampling)
+        return self._hf(method, ids, sampling)
+
+    def _specchat(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
+        self.engine.reset()  # every method pays its own prefill, as generate() does
+        speculation = SpeculationConfig(gamma=method.gamma or 0, mode=method.mode)
+        done = [e for e in self.engine.stream(ids, sampling, speculation) if isinstance(e, ReplyDone)][0]
+        s = done.stats
+        spec = method.mode == "spec"
+        return Measurement(done.ids, s.new_tokens, s.wall_s, s.acceptance_rate if spec else None,
+                           s.tokens_per_step, s.cost_ratio if spec else None,
+                           s.mean_gamma if spec else None, s.predicted_speedup if spec else None)
+
+    def _hf(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
+        kwargs = {}
+        if method.mode == "assisted":
+            self._configure_assistant(method)
+            kwargs["assistant_model"] = self.pair.drafter
+        device = self.pair.target.get_input_embeddings().weight.device
+        input_ids = torch.tensor([ids], device=device)
+        torch.manual_seed(sampling.seed)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.pair.target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                            generation_config=self._generation_config(sampling), **kwargs)
+        seconds = time.perf_counter() - start
+        new = tuple(out[0, len(ids):].tolist())
+        return Measurement(new, len(new), seconds)
+
+    def _generation_config(self, sampling: SamplingConfig) -> GenerationConfig:
+        eos = sorted(self.pair.eos_ids)
+        common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=eos[0])
+        if sampling.is_greedy:
+            return GenerationConfig(do_sample=False, **common)
+        return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                top_k=sampling.top_k or None, **common)
+
+    def _configure_assistant(self, method: Method) -> None:
+        config = copy.deepcopy(self._assistant_defaults)
+        if method.schedule == "constant":
+            config.num_assistant_tokens = method.gamma
+            config.num_assistant_tokens_schedule = "constant"
+            config.assistant_confidence_threshold = 0.0  # draft exactly gamma tokens, like specchat
+        self.pair.drafter.generation_config = config
+
+
+def _facts(facts) -> dict:
+    return {"name": facts.name, "params": facts.params, "dtype": facts.dtype,
+            "quantization": facts.quantization, "device": facts.device}

@@ -1,0 +1,55 @@
+"""The benchmark harness on tiny models: every method runs, greedy exactness is checked, files are written."""
+from __future__ import annotations
+
+import json
+
+from conftest import build_model
+from specchat import bench
+from specchat.bench_methods import Measurement, Method, Runner, default_methods
+from specchat.bench_report import markdown_table
+from specchat.config import Config, with_value
+from specchat.models import LoadedPair, ModelFacts
+
+PROMPTS = [{"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},
+           {"name": "chat", "kind": "chat", "messages": [{"role": "user", "content": "Hello, how are you"}]}]
+
+
+def tiny_pair(target, drafter, tokenizer) -> LoadedPair:
+    facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
+    return LoadedPair(target, drafter, tokenizer, {2}, len(tokenizer), 1024, facts, facts)
+
+
+def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_drafter_model, tokenizer, tmp_path):
+    cfg = with_value(Config(), "drafter.source", "tiny")
+    runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), default_methods(cfg), "")
+    labels = []
+    rows = bench.run_bench(runner, PROMPTS, ["greedy", "sampled"], max_new=16, progress=labels.append)
+    assert len(labels) == 2 * len(PROMPTS) * len(runner.methods)
+    summaries = [bench.summarise(r) for r in rows]
+    greedy = {s["method"]: s for s in summaries if s["setting"] == "greedy"}
+    assert set(greedy) == {m.name for m in runner.methods}
+    assert all(s["exact"] for s in greedy.values()), [s["mismatched_prompts"] for s in greedy.values()]
+    assert greedy["specchat target-only"]["vs_target"] == 1.0
+    assert 0 < greedy["specchat γ4"]["alpha"] < 1 and greedy["specchat γ4"]["predicted"] > 0
+    assert greedy["HF assisted γ4"]["alpha"] is None
+    json_path, png_path = bench.write_results(summaries, runner.meta() | {"prompts": ["code", "chat"],
+                                                                         "max_new_tokens": 16}, tmp_path)
+    assert json.loads(json_path.read_text())["rows"][0]["method"] == "specchat target-only"
+    assert png_path.stat().st_size > 10_000
+    assert markdown_table(summaries).count("\n") == len(summaries) + 1
+
+
+def test_a_greedy_mismatch_is_reported_not_hidden(tokenizer):
+    rows = {("greedy", name): bench.Row("greedy", Method(name, "hf", "target")) for name in ("specchat target-only", "x")}
+    results = {"specchat target-only": Measurement((1, 2, 3), 3, 1.0), "x": Measurement((1, 2, 4), 3, 0.5)}
+    bench._add_prompt_results(rows, "greedy", "p1", results, greedy=True)
+    summary = bench.summarise(rows[("greedy", "x")])
+    assert summary["exact"] is False and summary["mismatched_prompts"] == ["p1"]
+    assert summary["vs_target"] == 2.0
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    assert bench.main(["--settings", "fast"]) == 2
+    assert "--settings must name greedy and/or sampled" in capsys.readouterr().err
+    assert bench.main(["sampling.tempreature=1"]) == 2
+    assert "did you mean 'temperature'" in capsys.readouterr().err
