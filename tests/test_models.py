@@ -1,0 +1,277 @@
+"""Model loading: every offline source kind, the converted-GGUF cache, bitsandbytes on the CPU,
+placement arguments, pair checks and one-line errors. One slow test loads the real bundled pair."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from conftest import CHATML, SPECIALS, build_model, build_tokenizer
+from specchat import assets, devices, gguf_convert
+from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
+from specchat.drafters import ModelDrafter
+from specchat.engine import Engine
+from specchat.models import LoadedPair, ModelFacts, ModelLoadError, load_model, load_pair
+
+PROMPT = "def reverse(lst):"
+
+
+# ----- tiny checkpoints on disk -----------------------------------------------------------------
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECCHAT_CACHE", str(root))
+    return root
+
+
+def save_dir(path, model, tokenizer):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, tok):
+    model = build_model(len(tok), seed=1, layers=2)
+    return save_dir(tmp_path_factory.mktemp("target"), model, tok), model
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory, tok):
+    model = build_model(len(tok), seed=2, layers=1, hidden=32)
+    return save_dir(tmp_path_factory.mktemp("drafter"), model, tok), model
+
+
+def logits(model, tokenizer, text=PROMPT):
+    with torch.inference_mode():
+        return model(torch.tensor([tokenizer.encode(text)])).logits.float()
+
+
+def local_cfg(target: str, drafter: str = "", **model_keys) -> Config:
+    return Config(target=ModelConfig(source=target, dtype="float32", **model_keys),
+                  drafter=ModelConfig(source=drafter, dtype="float32"),
+                  speculation=SpeculationConfig(mode="spec" if drafter else "target"))
+
+
+def greedy_reply(pair: LoadedPair, mode: str, ids: list[int], n: int = 24, gamma: int = 4) -> list[int]:
+    drafter = ModelDrafter(pair.drafter, pair.vocab_size) if pair.drafter is not None else None
+    engine = Engine(pair.target, pair.tokenizer, drafter, eos_ids=pair.eos_ids,
+                    vocab_size=pair.vocab_size)
+    events = list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=n),
+                                SpeculationConfig(gamma=gamma, mode=mode)))
+    return list(events[-1].ids)
+
+
+# ----- local directories -------------------------------------------------------------------------
+def test_local_directory_loads_the_same_weights_with_facts(target_dir, tok):
+    path, original = target_dir
+    model, tokenizer, facts = load_model(ModelConfig(source=str(path), dtype="float32"))
+    assert torch.equal(logits(model, tokenizer), logits(original, tok))
+    assert not model.training
+    assert tokenizer.chat_template == CHATML
+    assert facts.name == path.name and facts.source == str(path)
+    assert facts.params == sum(p.numel() for p in original.parameters())
+    assert (facts.dtype, facts.quantization, facts.device, facts.template) == ("float32", "none", "cpu", "own")
+    assert facts.memory_bytes == original.get_memory_footprint() and facts.load_s >= 0
+
+
+def test_load_pair_from_local_directories(target_dir, drafter_dir, tok):
+    pair = load_pair(local_cfg(str(target_dir[0]), str(drafter_dir[0])))
+    assert isinstance(pair.target_facts, ModelFacts) and pair.drafter_facts.name == drafter_dir[0].name
+    ends = {tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")}
+    assert pair.eos_ids == ends
+    assert pair.vocab_size == len(tok) == 384
+    assert pair.context_limit == 1024  # the target's max_position_embeddings
+    ids = tok.encode(PROMPT)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+
+
+def test_context_limit_override_and_extra_eos(target_dir, tok):
+    cfg = replace(local_cfg(str(target_dir[0])), ui=UIConfig(context_limit=300),
+                  speculation=SpeculationConfig(mode="target", extra_eos=("def",)))
+    pair = load_pair(cfg)
+    assert pair.context_limit == 300 and pair.drafter is None and pair.drafter_facts is None
+    assert tok.convert_tokens_to_ids("def") in pair.eos_ids
+
+
+def test_multi_token_extra_eos_is_a_one_line_error(target_dir):
+    cfg = replace(local_cfg(str(target_dir[0])),
+                  speculation=SpeculationConfig(mode="target", extra_eos=("reverse the list",)))
+    with pytest.raises(ModelLoadError, match=r"extra_eos: 'reverse the list' is \d+ tokens"):
+        load_pair(cfg)
+
+
+def test_speculation_without_a_drafter_is_an_error(target_dir):
+    cfg = replace(local_cfg(str(target_dir[0])), speculation=SpeculationConfig(mode="spec"))
+    with pytest.raises(ModelLoadError, match="needs a drafter: set drafter.source"):
+        load_pair(cfg)
+
+
+def test_tokenizer_without_chat_template_gets_the_plain_one(tmp_path, tok):
+    bare = build_tokenizer()
+    bare.chat_template = None
+    path = save_dir(tmp_path / "base", build_model(len(tok), seed=3), bare)
+    _, tokenizer, facts = load_model(ModelConfig(source=str(path), dtype="float32"))
+    assert facts.template == "plain"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True)
+    assert text == "User: hi\nAssistant:"
+
+
+# ----- GGUF files and the converted-checkpoint cache ---------------------------------------------
+GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+GGUF_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight",
+                  "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+
+
+def tiny_qwen2(vocab_size: int, seed: int = 5) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=False, rms_norm_eps=1e-6,
+                         rope_theta=10000.0)
+    return Qwen2ForCausalLM(config).eval()
+
+
+def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML):
+    """A float32 GGUF (qwen2 architecture, gpt2-style BPE vocabulary) written with the gguf package."""
+    import gguf
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    _write_gguf_header(writer, model.config)
+    _write_gguf_tokenizer(writer, tokenizer, chat_template)
+    for key, value in model.state_dict().items():
+        if key.startswith("model.layers."):
+            _, _, layer, rest = key.split(".", 3)
+            name = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
+        else:
+            name = GGUF_TOP_NAMES[key]
+        writer.add_tensor(name, value.detach().numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _write_gguf_header(writer, config):
+    import gguf
+    writer.add_name("Tiny Qwen")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+
+
+def _write_gguf_tokenizer(writer, tokenizer, chat_template):
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    tokens = [t for t, _ in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])]
+    specials = {a["id"] for a in spec["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if i in specials else 1 for i in range(len(tokens))])
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]])
+    writer.add_bos_token_id(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    writer.add_eos_token_id(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    writer.add_pad_token_id(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory, tok):
+    model = tiny_qwen2(len(tok))
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-qwen.gguf", model, tok), model
+
+
+def test_gguf_file_converts_once_and_loads_from_the_cache(gguf_file, tok, cache, monkeypatch):
+    path, original = gguf_file
+    model, tokenizer, facts = load_model(ModelConfig(source=str(path), dtype="float32"))
+    assert torch.equal(logits(model, tokenizer), logits(original, tok))
+    assert tokenizer.chat_template == CHATML and len(tokenizer) == len(tok)
+    assert tokenizer.convert_ids_to_tokens(list(range(len(tok)))) == tok.convert_ids_to_tokens(list(range(len(tok))))
+    assert (facts.name, facts.quantization, facts.dtype) == ("tiny-qwen", "ALL_F32", "float32")
+    converted = list((cache / "converted").iterdir())
+    assert [d.name.endswith("-float32") for d in converted] == [True]
+    assert gguf_convert.read_meta(converted[0])["quantization"] == "ALL_F32"
+
+    def no_conversion(*args):
+        raise AssertionError("converted again although the cache holds the checkpoint")
+    monkeypatch.setattr(gguf_convert, "convert_gguf", no_conversion)
+    monkeypatch.setattr(gguf_convert, "file_sha256", no_conversion)  # the digest is remembered too
+    again, _, _ = load_model(ModelConfig(source=str(path), dtype="float32"))
+    assert torch.equal(logits(again, tokenizer), logits(original, tok))
+
+
+def test_gguf_cache_is_keyed_by_content_and_dtype(gguf_file, tok, cache, tmp_path):
+    path, _ = gguf_file
+    load_model(ModelConfig(source=str(path), dtype="float32"))
+    load_model(ModelConfig(source=str(path), dtype="bfloat16"))
+    other = write_gguf(tmp_path / "other.gguf", tiny_qwen2(len(tok), seed=6), tok)
+    load_model(ModelConfig(source=str(other), dtype="float32"))
+    names = sorted(d.name for d in (cache / "converted").iterdir())
+    assert len(names) == 3 and sum(n.endswith("-bfloat16") for n in names) == 1
+
+
+def test_gguf_without_chat_template_fails_clearly(tmp_path, tok, cache):
+    path = write_gguf(tmp_path / "bare.gguf", tiny_qwen2(len(tok)), tok, chat_template=None)
+    with pytest.raises(ModelLoadError, match="carries no chat template") as err:
+        load_model(ModelConfig(source=str(path), dtype="float32"))
+    assert "\n" not in str(err.value)
+    assert not (cache / "converted").exists() or not any((cache / "converted").iterdir())
+
+
+def test_interrupted_conversion_leaves_no_cache_entry(gguf_file, cache, monkeypatch):
+    def killed(*args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gguf_convert, "save_checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        load_model(ModelConfig(source=str(gguf_file[0]), dtype="float32"))
+    assert list((cache / "converted").iterdir()) == []
+
+
+def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache, monkeypatch, tmp_path):
+    path, original = gguf_file
+    data = path.read_bytes()
+    parts = []
+    for i, chunk in enumerate((data[:1000], data[1000:5000], data[5000:]), start=1):
+        parts.append(tmp_path / f"part{i:02d}.bin")
+        parts[-1].write_bytes(chunk)
+    fake = assets.BundledModel("Tiny-Qwen-Bundled", "fake-part", "0", 3, len(data),
+                               gguf_convert.hashlib.sha256(data).hexdigest())
+    monkeypatch.setitem(assets.BUNDLED, "tiny-qwen", fake)
+    monkeypatch.setattr(assets, "find_parts", lambda model: parts)
+    seen = []
+    model, tokenizer, facts = load_model(ModelConfig(source="bundled:tiny-qwen", dtype="float32"),
+                                         progress=lambda message, fraction: seen.append((message, fraction)))
+    assert torch.equal(logits(model, tokenizer), logits(original, tok))
+    assert facts.name == "Tiny-Qwen-Bundled" and facts.quantization == "ALL_F32"
+    assert (cache / "gguf" / fake.filename).read_bytes() == data
+    assert any(m.startswith("assembling") and f == 1.0 for m, f in seen)
+    assert any(m.startswith("converting Tiny-Qwen-Bundled") for m, _ in seen)
+    assert any(m.startswith("dequantizing") and f == 1.0 for m, f in seen)
+    monkeypatch.setattr(assets, "find_parts", lambda model: pytest.fail("assembled again"))
+    monkeypatch.setattr(gguf_convert, "convert_gguf", lambda *a: pytest.fail("converted again"))
+    load_model(ModelConfig(source="bundled:tiny-qwen", dtype="float32"))
