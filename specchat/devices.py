@@ -30,8 +30,9 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def cpu_has_fast_bf16(cpuinfo: Path = CPUINFO) -> bool:
+def cpu_has_fast_bf16(cpuinfo: Path | None = None) -> bool:
     """True when the CPU has native bf16 arithmetic (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+    cpuinfo = cpuinfo or CPUINFO
     if not cpuinfo.exists():
         return False
     flags = set()
@@ -57,7 +58,13 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def quantization_config(quantization: str, compute_dtype: torch.dtype):
-    """A BitsAndBytesConfig for 4bit (nf4, double quant) or 8bit; None for none."""
+    """A BitsAndBytesConfig for 4bit (nf4, double quant) or 8bit; None for none.
+
+    8bit is LLM.int8 *without* the fp16 outlier decomposition (llm_int8_threshold=0): the
+    decomposition picks its outlier columns from the whole batch, so a (gamma+1)-token
+    verification forward would score a token differently from a one-token forward, and greedy
+    speculative output would no longer equal target-only output. Row-wise int8 is batch-invariant.
+    """
     if quantization == "none":
         return None
     from transformers import BitsAndBytesConfig
@@ -65,7 +72,7 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                   bnb_4bit_use_double_quant=True,
                                   bnb_4bit_compute_dtype=compute_dtype)
-    return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)
 
 
 def max_memory_map(max_memory: dict) -> dict:

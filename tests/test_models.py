@@ -275,3 +275,150 @@ def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache
     monkeypatch.setattr(assets, "find_parts", lambda model: pytest.fail("assembled again"))
     monkeypatch.setattr(gguf_convert, "convert_gguf", lambda *a: pytest.fail("converted again"))
     load_model(ModelConfig(source="bundled:tiny-qwen", dtype="float32"))
+
+
+# ----- bitsandbytes on the CPU ---------------------------------------------------------------------
+@pytest.mark.parametrize("quantization, layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
+def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_dir, tok,
+                                                            quantization, layer):
+    cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]), quantization=quantization)
+    pair = load_pair(cfg)
+    assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == layer
+    assert pair.target_facts.quantization == quantization
+    assert pair.target_facts.params == sum(p.numel() for p in target_dir[1].parameters())
+    assert pair.target_facts.memory_bytes < target_dir[1].get_memory_footprint()
+    for text in (PROMPT, "The quick brown", "Hello, how are you"):
+        ids = tok.encode(text)
+        assert greedy_reply(pair, "spec", ids, n=32) == greedy_reply(pair, "target", ids, n=32)
+
+
+def test_bitsandbytes_configs_are_nf4_double_quant_with_compute_dtype():
+    four = devices.quantization_config("4bit", torch.bfloat16)
+    assert four.load_in_4bit and four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant
+    assert four.bnb_4bit_compute_dtype == torch.bfloat16
+    eight = devices.quantization_config("8bit", torch.float16)
+    assert eight.load_in_8bit and eight.llm_int8_threshold == 0.0  # batch-invariant, see devices.py
+    assert devices.quantization_config("none", torch.float32) is None
+
+
+# ----- devices, dtypes and placement ---------------------------------------------------------------
+def test_placement_for_one_device_and_for_device_map_auto():
+    one = devices.placement_kwargs(ModelConfig(), "drafter", "cpu", torch.float32)
+    assert one == {"dtype": torch.float32, "device_map": {"": "cpu"}}
+    spread = ModelConfig(device_map="auto", max_memory={"0": "20GiB", "1": "22GiB", "cpu": "64GiB"},
+                         quantization="4bit")
+    kwargs = devices.placement_kwargs(spread, "target", "cuda", torch.bfloat16)
+    assert kwargs["device_map"] == "auto"
+    assert kwargs["max_memory"] == {0: "20GiB", 1: "22GiB", "cpu": "64GiB"}
+    assert kwargs["quantization_config"].load_in_4bit and kwargs["dtype"] == torch.bfloat16
+
+
+@pytest.mark.parametrize("mc, role, message", [
+    (ModelConfig(device_map="auto"), "drafter", "drafter.device_map must be empty"),
+    (ModelConfig(max_memory={"0": "8GiB"}), "target", "target.max_memory needs target.device_map"),
+])
+def test_placement_errors(mc, role, message):
+    with pytest.raises(ModelLoadError, match=message):
+        devices.placement_kwargs(mc, role, "cpu", torch.float32)
+
+
+def test_dtype_auto_follows_the_cpu_flags(tmp_path, monkeypatch):
+    with_bf16, without = tmp_path / "a", tmp_path / "b"
+    with_bf16.write_text("processor : 0\nflags : fpu sse avx512f avx512_bf16\n")
+    without.write_text("processor : 0\nflags : fpu sse avx2\n")
+    assert devices.cpu_has_fast_bf16(with_bf16) and not devices.cpu_has_fast_bf16(without)
+    assert not devices.cpu_has_fast_bf16(tmp_path / "missing")
+    monkeypatch.setattr(devices, "CPUINFO", without)
+    assert devices.resolve_dtype("auto", "cpu") == torch.float32
+    monkeypatch.setattr(devices, "CPUINFO", with_bf16)
+    assert devices.resolve_dtype("auto", "cpu") == torch.bfloat16
+    assert devices.resolve_dtype("float16", "cpu") == torch.float16
+
+
+def test_missing_gpu_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert devices.resolve_device("auto") == "cpu"
+    with pytest.raises(ModelLoadError, match="device cuda:1 was asked for, but torch sees no CUDA GPU"):
+        devices.resolve_device("cuda:1")
+
+
+# ----- the pair check -------------------------------------------------------------------------------
+def other_tokenizer(corpus: list[str], vocab_size: int = 384) -> PreTrainedTokenizerFast:
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    raw.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+def test_drafter_with_another_vocabulary_is_refused(target_dir, tok, tmp_path):
+    theirs = other_tokenizer(["Completely different words train this other tokenizer."] * 50)
+    path = save_dir(tmp_path / "foreign", build_model(len(tok), seed=4, layers=1, hidden=32), theirs)
+    with pytest.raises(ModelLoadError) as err:
+        load_pair(local_cfg(str(target_dir[0]), str(path)))
+    message = str(err.value)
+    assert f"target {target_dir[0].name} and drafter foreign use different tokenizers" in message
+    assert "\n" not in message
+
+
+def test_drafter_with_other_special_tokens_is_refused(target_dir, tok, tmp_path):
+    theirs = build_tokenizer()
+    theirs.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
+    model = build_model(len(theirs), seed=4, layers=1, hidden=32)
+    path = save_dir(tmp_path / "extra-special", model, theirs)
+    with pytest.raises(ModelLoadError, match="disagree on the special token '<|tool|>'"):
+        load_pair(local_cfg(str(target_dir[0]), str(path)))
+
+
+def test_drafter_that_cannot_score_every_target_token_is_refused(target_dir, tok, tmp_path):
+    path = save_dir(tmp_path / "narrow", build_model(len(tok) - 10, seed=4, layers=1, hidden=32), tok)
+    with pytest.raises(ModelLoadError, match="the drafter scores 374 token ids"):
+        load_pair(local_cfg(str(target_dir[0]), str(path)))
+
+
+# ----- sources and their errors ---------------------------------------------------------------------
+@pytest.mark.parametrize("source, message", [
+    ("", "the model source is empty"),
+    ("/nonexistent/model.gguf", "does not exist"),
+    ("./no/such/dir", "does not exist"),
+    ("bundled:qwen9-huge", "unknown bundled model 'qwen9-huge'; bundled models are qwen2.5-coder-1.5b"),
+    ("what is this?", "neither a hub id"),
+])
+def test_bad_sources_are_one_line_errors(source, message):
+    with pytest.raises(ModelLoadError, match=message) as err:
+        load_model(ModelConfig(source=source))
+    assert "\n" not in str(err.value)
+
+
+def test_directory_without_config_and_non_gguf_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        load_model(ModelConfig(source=str(tmp_path)))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="is a file but not a .gguf file"):
+        load_model(ModelConfig(source=str(tmp_path / "weights.bin")))
+
+
+def test_corrupt_gguf_is_a_one_line_error(tmp_path, cache):
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF" + bytes(20))
+    with pytest.raises(ModelLoadError, match="broken.gguf is not a readable GGUF file"):
+        load_model(ModelConfig(source=str(tmp_path / "broken.gguf")))
+
+
+def test_revision_only_for_hub_ids(target_dir):
+    with pytest.raises(ModelLoadError, match="revision = 'main' only applies to hub ids"):
+        load_model(ModelConfig(source=str(target_dir[0]), revision="main"))
+
+
+def test_hub_id_without_network_says_how_to_work_offline(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never touch the network
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError) as err:
+        load_model(ModelConfig(source="specchat-tests/no-such-model-1b"))
+    message = str(err.value)
+    assert message.startswith("cannot load the model of specchat-tests/no-such-model-1b from the Hugging Face hub")
+    assert "HF_HUB_OFFLINE" in message and "local directory" in message and "\n" not in message
