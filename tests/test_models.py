@@ -422,3 +422,25 @@ def test_hub_id_without_network_says_how_to_work_offline(monkeypatch, tmp_path):
     message = str(err.value)
     assert message.startswith("cannot load the model of specchat-tests/no-such-model-1b from the Hugging Face hub")
     assert "HF_HUB_OFFLINE" in message and "local directory" in message and "\n" not in message
+
+
+# ----- the real bundled pair ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_bundled_pair_greedy_speculation_equals_target_only():
+    """Assembles and converts on the first run (minutes, float32 cache), then loads in seconds."""
+    from specchat.config import load_config
+    cfg = load_config(None, ["target.dtype=float32", "drafter.dtype=float32"])
+    pair = load_pair(cfg)
+    assert pair.target_facts.name == "Qwen2.5-Coder-1.5B-Instruct"
+    assert pair.drafter_facts.name == "Qwen2.5-Coder-0.5B-Instruct"
+    assert pair.target_facts.quantization == "Q4_K_M" and pair.target_facts.dtype == "float32"
+    assert pair.tokenizer.convert_tokens_to_ids("<|im_end|>") in pair.eos_ids
+    assert pair.context_limit == 32768 and pair.vocab_size == len(pair.tokenizer)
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Write a Python function that reverses a string."}]
+    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"]
+    spec = greedy_reply(pair, "spec", ids, n=24)
+    assert len(spec) == 24
+    assert spec == greedy_reply(pair, "target", ids, n=24)
+    assert "def" in pair.tokenizer.decode(spec)
