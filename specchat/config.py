@@ -167,7 +167,8 @@ def parse_value(text: str, current: Any, key: str) -> Any:
     return text
 
 
-_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "on/off (true/false)"}
+_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "on/off (true/false)",
+               "str": "a string", "tuple": "a list of strings", "dict": "a table"}
 
 
 def _parse_bool(text: str) -> bool:
@@ -182,10 +183,13 @@ def _parse_bool(text: str) -> bool:
 def _coerce_toml(value: Any, current: Any, key: str) -> Any:
     """TOML values already carry types; check they fit and widen int to float."""
     if isinstance(current, bool) != isinstance(value, bool):
-        raise ConfigError(f"{key} must be {_KIND_WORDS['bool'] if isinstance(current, bool) else type(current).__name__}, got {value!r}")
+        want = _KIND_WORDS.get(type(current).__name__, type(current).__name__)
+        raise ConfigError(f"{key} must be {want}, got {value!r}")
     if isinstance(current, float) and isinstance(value, int):
         return float(value)
     if isinstance(current, tuple) and isinstance(value, list):
+        if not all(isinstance(item, str) for item in value):
+            raise ConfigError(f"{key} must be {_KIND_WORDS['tuple']}, got {value!r}")
         return tuple(value)
     if key == "speculation.gamma" and value == "auto":
         return GAMMA_AUTO
