@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,27 @@ def is_verified(path: Path, size: int, sha256: str, progress: Progress | None = 
     return True
 
 
+def remove_stale_temporaries(target: Path) -> None:
+    """Delete `.{name}.{pid}.tmp` leftovers of `target` whose writing process no longer runs."""
+    for leftover in target.parent.glob(f".{target.name}.*.tmp"):
+        pid = leftover.name[len(target.name) + 2:-len(".tmp")]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by someone else
+        return True
+    return True
+
+
 def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
@@ -138,6 +160,7 @@ def assemble(parts: list[Path], dest: Path, size: int, sha256: str,
              progress: Progress | None = None) -> None:
     """Concatenate `parts` into `dest`; rename into place only when size and sha256 match."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(dest)
     _stamp_path(dest).unlink(missing_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.assets import cache_dir, file_sha256
+from specchat.assets import cache_dir, file_sha256, remove_stale_temporaries
 from specchat.devices import dtype_name
 from specchat.loaderrors import ModelLoadError, one_line
 
@@ -55,12 +55,14 @@ def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
     if (out / META).exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         convert_gguf(gguf, dtype, tmp, name, progress)
-        shutil.rmtree(out, ignore_errors=True)  # a stale incomplete directory, if any
-        os.replace(tmp, out)
+        if not (out / META).exists():  # unless another process finished first
+            shutil.rmtree(out, ignore_errors=True)  # an incomplete directory, if any
+            os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

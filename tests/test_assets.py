@@ -124,3 +124,15 @@ def test_installed_parts_are_found_through_metadata_in_order(name):
     assert sum(p.stat().st_size for p in parts) == model.size
     dist = importlib.metadata.distribution(f"{model.package}1")
     assert dist.version == model.version
+
+
+def test_leftovers_of_dead_processes_are_removed(fake, cache):
+    model, parts, data = fake
+    gguf_dir = cache / "gguf"
+    gguf_dir.mkdir(parents=True)
+    dead = gguf_dir / f".{model.filename}.999999999.tmp"
+    running = gguf_dir / f".{model.filename}.1.tmp"  # pid 1 runs: another process is writing
+    dead.write_bytes(b"half written")
+    running.write_bytes(b"being written")
+    assert assets.bundled_gguf_path("fake").read_bytes() == data
+    assert not dead.exists() and running.exists()
