@@ -434,6 +434,7 @@ def test_bundled_pair_greedy_speculation_equals_target_only():
     assert pair.target_facts.name == "Qwen2.5-Coder-1.5B-Instruct"
     assert pair.drafter_facts.name == "Qwen2.5-Coder-0.5B-Instruct"
     assert pair.target_facts.quantization == "Q4_K_M" and pair.target_facts.dtype == "float32"
+    assert pair.target_facts.template == pair.drafter_facts.template == "own"  # from the GGUF
     assert pair.tokenizer.convert_tokens_to_ids("<|im_end|>") in pair.eos_ids
     assert pair.context_limit == 32768 and pair.vocab_size == len(pair.tokenizer)
     messages = [{"role": "system", "content": "You are a helpful assistant."},
