@@ -445,3 +445,21 @@ def test_bundled_pair_greedy_speculation_equals_target_only():
     assert len(spec) == 24
     assert spec == greedy_reply(pair, "target", ids, n=24)
     assert "def" in pair.tokenizer.decode(spec)
+
+
+def test_unknown_context_length_asks_for_ui_context_limit():
+    from types import SimpleNamespace
+    from specchat.models import context_limit
+    target = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: SimpleNamespace()))
+    endless = SimpleNamespace(model_max_length=int(1e30))
+    with pytest.raises(ModelLoadError, match="set ui.context_limit"):
+        context_limit(Config(), target, endless)
+    assert context_limit(Config(), target, SimpleNamespace(model_max_length=2048)) == 2048
+    assert context_limit(Config(ui=UIConfig(context_limit=99)), target, endless) == 99
+
+
+def test_one_line_keeps_the_first_meaningful_line():
+    from specchat.loaderrors import one_line
+    assert one_line(OSError("\n  first problem  \nTraceback (most recent call last):\n ...")) == "first problem"
+    assert one_line(ValueError()) == "ValueError"
+    assert len(one_line(RuntimeError("x" * 1000))) == 240
