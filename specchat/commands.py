@@ -7,11 +7,12 @@ what is allowed, and nothing changes.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prompt_toolkit.completion import NestedCompleter, PathCompleter
+from prompt_toolkit.completion import CompleteEvent, Completer, Completion, NestedCompleter, PathCompleter
+from prompt_toolkit.document import Document
 from rich.table import Table
 
 from specchat import render
@@ -96,8 +97,29 @@ class Registry:
     def completion_tree(self) -> dict[str, Any]:
         return {f"/{name}": command.complete for name, command in self._by_name.items()}
 
-    def completer(self) -> NestedCompleter:
-        return NestedCompleter.from_nested_dict(self.completion_tree())
+    def completer(self) -> SlashCompleter:
+        helps = {f"/{name}": command.help for name, command in self._by_name.items()}
+        return SlashCompleter(self.completion_tree(), helps)
+
+
+class SlashCompleter(Completer):
+    """Completes '/name' (with its help as meta), then each command's arguments."""
+
+    def __init__(self, tree: dict[str, Any], helps: dict[str, str]):
+        self.names = list(tree)
+        self.helps = helps
+        self.arguments = NestedCompleter.from_nested_dict(tree)
+
+    def get_completions(self, document: Document, complete_event: CompleteEvent) -> Iterator[Completion]:
+        text = document.text_before_cursor.lstrip()
+        if not text.startswith("/"):
+            return
+        if " " in text:
+            yield from self.arguments.get_completions(document, complete_event)
+            return
+        for name in self.names:
+            if name.startswith(text.lower()):
+                yield Completion(name, start_position=-len(text), display_meta=self.helps.get(name, ""))
 
 
 # ----- settings helpers -----------------------------------------------------------------------------

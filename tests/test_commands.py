@@ -1,0 +1,177 @@
+"""Slash-commands: parsing, validation (bad values change nothing), help and completion from the registry."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from prompt_toolkit.completion import CompleteEvent
+from prompt_toolkit.document import Document
+from rich.console import Console
+
+from conftest import make_engine
+from specchat.chat import ChatSession
+from specchat.commands import Command, Outcome, Registry, build_registry
+from specchat.config import GAMMA_AUTO, Config, SamplingConfig, all_keys
+
+
+@pytest.fixture
+def session(target, unrelated_drafter_model, tokenizer):
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    return ChatSession(engine, tokenizer, Config(sampling=SamplingConfig(max_new_tokens=4)), 1024)
+
+
+@pytest.fixture
+def registry():
+    return build_registry()
+
+
+def plain(renderable) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("line, key, value", [
+    ("/gamma 6", "speculation.gamma", 6),
+    ("/gamma auto", "speculation.gamma", GAMMA_AUTO),
+    ("/gamma 0", "speculation.gamma", 0),
+    ("/temp 0.7", "sampling.temperature", 0.7),
+    ("/top_k 40", "sampling.top_k", 40),
+    ("/top_p 0.9", "sampling.top_p", 0.9),
+    ("/max 64", "sampling.max_new_tokens", 64),
+    ("/seed 7", "sampling.seed", 7),
+    ("/seed random", "sampling.seed", -1),
+    ("/mode target", "speculation.mode", "target"),
+    ("/mode drafter", "speculation.mode", "drafter"),
+    ("/compare on", "speculation.compare", "on"),
+    ("/compare drafter", "speculation.compare", "drafter"),
+    ("/show rejected on", "ui.show_rejected", True),
+    ("/system You are terse.", "ui.system_prompt", "You are terse."),
+    ("/set sampling.top_k 5", "sampling.top_k", 5),
+    ("/set sampling.top_k=6", "sampling.top_k", 6),
+    ("/set ui.context_limit 512", "ui.context_limit", 512),
+    ("/GAMMA 3", "speculation.gamma", 3),
+])
+def test_good_values_are_applied(session, registry, line, key, value):
+    outcome = registry.run(session, line)
+    assert not outcome.error, outcome.message
+    section, name = key.split(".")
+    assert getattr(getattr(session.config, section), name) == value
+
+
+@pytest.mark.parametrize("line, message", [
+    ("/gamma 17", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got 17"),
+    ("/gamma many", "/gamma: speculation.gamma must be an integer, got 'many'"),
+    ("/gamma -2", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got -2"),
+    ("/temp -1", "/temp: sampling.temperature must be a number from 0 to 5 (0 = greedy), got -1.0"),
+    ("/temp hot", "/temp: sampling.temperature must be a number, got 'hot'"),
+    ("/top_k -3", "/top_k: sampling.top_k must be an integer from 0 to 1000000, got -3"),
+    ("/top_p 1.5", "/top_p: sampling.top_p must be a number in (0, 1], got 1.5"),
+    ("/max 0", "/max: sampling.max_new_tokens must be an integer from 1 to 1000000, got 0"),
+    ("/seed soon", "/seed: sampling.seed must be an integer, got 'soon'"),
+    ("/mode fast", "/mode: speculation.mode must be one of spec, target, drafter, got 'fast'"),
+    ("/compare maybe", "/compare: speculation.compare must be one of off, on, drafter, got 'maybe'"),
+    ("/show rejected maybe", "/show rejected: must be on or off, got 'maybe'"),
+    ("/show accepted on", "/show: usage /show rejected on|off"),
+    ("/set sampling.tempature 1", "/set: unknown key 'sampling.tempature' (did you mean 'temperature'?)"),
+    ("/set nothing", "/set: usage /set section.key VALUE"),
+    ("/set target.dtype float32", "/set: target.dtype is a model setting, read once at start-up"),
+    ("/save notes.txt", "/save: cannot save to 'notes.txt': the name must end in .md or .json"),
+    ("/save", "/save: usage /save PATH.md or /save PATH.json"),
+    ("/gama 3", "unknown command /gama — did you mean /gamma? (/help lists every command)"),
+    ("/xyzzy", "unknown command /xyzzy (/help lists every command)"),
+])
+def test_bad_input_gets_one_line_and_changes_nothing(session, registry, line, message):
+    before = session.config
+    outcome = registry.run(session, line)
+    assert outcome.error
+    assert outcome.message.startswith(message)
+    assert "\n" not in outcome.message
+    assert session.config == before
+
+
+def test_no_argument_shows_the_current_value(session, registry):
+    assert registry.run(session, "/gamma").message == "speculation.gamma is 4 (usage: /gamma N|auto)"
+    assert registry.run(session, "/seed").message.startswith("sampling.seed is 0")
+    assert "You are a helpful assistant." in registry.run(session, "/system").message
+
+
+def test_temp_greedy_and_sample_work_together(session, registry):
+    registry.run(session, "/greedy")
+    assert session.config.sampling.is_greedy and session.config.sampling.greedy
+    registry.run(session, "/temp 0.8")
+    assert not session.config.sampling.is_greedy and session.config.sampling.temperature == 0.8
+    registry.run(session, "/temp 0")
+    assert session.config.sampling.is_greedy
+    assert registry.run(session, "/sample").message.startswith("sampling at temperature 0.7")
+    assert not session.config.sampling.is_greedy
+
+
+def test_mode_needing_a_drafter_is_refused_without_one(target, tokenizer, registry):
+    alone = ChatSession(make_engine(target, None, tokenizer), tokenizer, Config(), 1024, has_drafter=False)
+    outcome = registry.run(alone, "/mode spec")
+    assert outcome.error and "needs a drafter model" in outcome.message
+    assert not registry.run(alone, "/mode target").error
+
+
+def test_quit_and_exit(session, registry):
+    assert registry.run(session, "/quit").quit
+    assert registry.run(session, "/exit").quit
+    assert not registry.run(session, "/help").quit
+
+
+def test_help_lists_every_registered_command(session, registry):
+    text = plain(registry.run(session, "/help").message)
+    for command in registry.commands:
+        assert f"/{command.name}" in text and command.help[:30] in text
+    assert "/quit, /exit" in text and "Esc-Enter" in text
+    assert registry.run(session, "/help gamma").message.startswith("/gamma N|auto — drafted tokens")
+
+
+def test_help_and_completion_follow_the_registry(session):
+    def greet(session, arg):
+        return Outcome(f"hello {arg}")
+    registry = Registry([Command("greet", "NAME", "say hello", greet, {"world": None}, aliases=("hi",))])
+    assert registry.run(session, "/hi you").message == "hello you"
+    assert "/greet, /hi NAME" in plain(registry.help_table())
+    assert set(registry.completion_tree()) == {"/help", "/greet", "/hi"}
+    completer = registry.completer()
+    words = [c.text for c in completer.get_completions(Document("/gr"), CompleteEvent())]
+    assert words == ["/greet"]
+    words = [c.text for c in completer.get_completions(Document("/greet w"), CompleteEvent())]
+    assert words == ["world"]
+
+
+def test_builtin_completion_values(registry):
+    completer = registry.completer()
+
+    def complete(text):
+        return [c.text for c in completer.get_completions(Document(text), CompleteEvent())]
+    assert complete("/mo") == ["/mode"]
+    assert complete("/mode ") == ["spec", "target", "drafter"]
+    assert complete("/show rejected ") == ["on", "off"]
+    assert "auto" in complete("/gamma ")
+    assert set(complete("/set ")) == set(all_keys())
+
+
+def test_config_lists_every_setting(session, registry):
+    text = plain(registry.run(session, "/config").message)
+    for key in all_keys():
+        assert key in text
+    assert "0/1024 tokens used" in text
+
+
+def test_stats_history_reset_and_save(session, registry, tmp_path):
+    assert registry.run(session, "/stats").message == "no reply yet: /stats describes the last reply"
+    list(session.reply("hello"))
+    assert "accepted length per step" in plain(registry.run(session, "/stats").message)
+    assert "hello" in plain(registry.run(session, "/history").message)
+    path = tmp_path / "t.md"
+    assert registry.run(session, f"/save {path}").message == f"saved 1 replies to {path}"
+    text = path.read_text()
+    assert "## you\n\nhello" in text and " tok/s · ttft " in text
+    assert registry.run(session, "/reset").message.startswith("conversation cleared")
+    assert session.messages == [] and session.engine.ids == []
+    assert session.totals.replies == 1
+    unwritable = registry.run(session, f"/save {tmp_path}/missing/dir/t.json")
+    assert unwritable.error and "No such file or directory" in unwritable.message

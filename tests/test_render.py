@@ -1,0 +1,138 @@
+"""Rendering captured from rich Consoles: each origin's style, rejected drafts, plain mode, stats text."""
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+from rich.style import Style
+
+from specchat import render
+from specchat.chat import ReplyRecord, SessionTotals
+from specchat.config import GAMMA_AUTO
+from specchat.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.metrics import ReplyStats
+
+ESCAPE = re.compile(r"\x1b\[")
+
+
+def color_console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, force_terminal=True, color_system="truecolor", highlight=False, width=120), out
+
+
+def sample_stats(**changes) -> ReplyStats:
+    stats = ReplyStats(mode="spec", gamma=4, prompt_tokens=30, new_tokens=96, drafted=88, accepted=71,
+                       draft_steps=22, target_forwards=28, drafter_forwards=88, wall_s=9.8, ttft_s=0.31,
+                       target_time_s=2.0, drafter_time_s=0.8, target_timed=20, drafter_timed=80,
+                       per_position_drafted=[22, 22, 22, 22], per_position_accepted=[20, 18, 17, 16],
+                       accepted_histogram={0: 2, 2: 3, 4: 17})
+    for key, value in changes.items():
+        setattr(stats, key, value)
+    return stats
+
+
+def test_each_origin_is_drawn_in_its_own_style():
+    seen = {}
+    for origin in Origin:
+        console, out = color_console()
+        render.Renderer(console).event(Token(1, f"<{origin.value}>", origin))
+        expected = Style.parse(render.STYLES[origin]).render("X", color_system=console._color_system)
+        prefix = expected.split("X")[0]
+        assert prefix and out.getvalue().startswith(prefix), origin
+        assert f"<{origin.value}>" in out.getvalue()
+        seen[origin] = prefix
+    assert len(set(seen.values())) == len(Origin)  # all distinguishable
+
+
+def test_rejected_drafts_are_dim_and_struck_only_when_asked():
+    console, out = color_console()
+    renderer = render.Renderer(console, show_rejected=False)
+    renderer.event(Rejected((5, 6), "nope"))
+    assert out.getvalue() == ""
+    renderer.show_rejected = True
+    renderer.event(Rejected((5, 6), "nope"))
+    assert "\x1b[2;9m" in out.getvalue() and "nope" in out.getvalue()  # dim + strike
+
+
+def test_plain_mode_writes_no_escape_codes():
+    out = io.StringIO()
+    renderer = render.Renderer(render.make_console(False, out), show_rejected=True)
+    for origin in Origin:
+        renderer.event(Token(1, origin.value + " ", origin))
+    renderer.event(Rejected((2,), "bad"))
+    renderer.event(StepDone(4, 1))
+    renderer.event(ReplyDone(sample_stats(), "text", (1,), "cancelled"))
+    renderer.error("an error")
+    renderer.info(render.legend("spec", False, True))
+    text = out.getvalue()
+    assert not ESCAPE.search(text)
+    assert text.startswith("drafted corrected bonus target drafter ~~bad~~ ✂ [cut]\n 96 tok")
+    assert "an error" in text and "legend: drafted+accepted" in text
+
+
+def test_color_wanted_respects_flag_tty_and_no_color():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    assert render.color_wanted(True, Tty(), environ={})
+    assert not render.color_wanted(True, Tty(), environ={"NO_COLOR": "1"})
+    assert not render.color_wanted(False, Tty(), environ={})
+    assert not render.color_wanted(True, io.StringIO(), environ={})
+
+
+def test_set_color_switches_to_plain_and_back():
+    console, out = color_console()
+    renderer = render.Renderer(console)
+    renderer.set_color(False)
+    renderer.event(Token(1, "plain", Origin.BONUS))
+    renderer.set_color(True)
+    renderer.event(Token(1, "bright", Origin.BONUS))
+    assert out.getvalue().startswith("plain\x1b[")
+
+
+def test_stats_line_says_the_metrics_as_defined():
+    line = render.stats_line(sample_stats(), "eos")
+    assert line == " 96 tok · 9.8 tok/s · ttft 0.31 s · accepted 71/88 drafts (81%) · 3.4 tok/step · γ 4"
+    assert render.stats_line(sample_stats(), "eos", speedup=1.9).endswith(" · 1.9× vs target")
+    auto = render.stats_line(sample_stats(gamma=GAMMA_AUTO), "max_tokens")
+    assert "γ auto (≈4.0)" in auto and auto.endswith("hit max tokens (/max)")
+    target = render.stats_line(sample_stats(mode="target", drafted=0, accepted=0), "eos")
+    assert "target only" in target and "accepted" not in target
+
+
+def test_legend_lists_the_origins_of_the_mode():
+    assert render.legend("spec", False).plain.startswith(
+        "legend: drafted+accepted  target-corrected  target-bonus")
+    assert "target-only" in render.legend("target", False).plain
+    assert "drafter-only" in render.legend("drafter", False).plain
+
+
+def test_stats_detail_has_histogram_positions_speedups_and_totals():
+    stats = sample_stats()
+    totals = SessionTotals()
+    totals.add(stats)
+    totals.add(stats)
+    out = io.StringIO()
+    Console(file=out, width=140, color_system=None).print(
+        render.stats_detail(ReplyRecord("q", "a", stats, "eos"), totals))
+    text = out.getvalue()
+    assert "4 accepted   ████████████████████████ 17 steps" in text
+    assert "1 accepted   ························ 0 steps" in text
+    assert "position 1  " in text and "91% (20/22)" in text and "73% (16/22)" in text
+    assert f"predicted {stats.predicted_speedup:.2f}×" in text
+    assert f"measured {render.measured_speedup(stats):.2f}×" in text
+    assert "replies     2" in text and "accepted 142/176 drafts (81%)" in text
+
+
+def test_banner_names_both_models():
+    class Facts:
+        def __init__(self, name):
+            self.name, self.params, self.dtype, self.quantization = name, 1_540_000_000, "bfloat16", "Q4_K_M"
+            self.device, self.memory_bytes, self.load_s = "cpu", 3 * 2**30, 12.5
+
+    class Pair:
+        target_facts, drafter_facts = Facts("Big"), Facts("Small")
+    text = render.banner(Pair()).plain
+    assert "target Big (1.54B params, Q4_K_M→bfloat16, cpu, 3.00 GiB, loaded in 12.5 s)" in text
+    assert "drafter Small" in text

@@ -1,0 +1,155 @@
+"""A scripted REPL session with prompt_toolkit pipe input: prompt, commands, errors, cancel, /save, /quit."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+
+import pytest
+from prompt_toolkit.history import InMemoryHistory
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+
+from conftest import make_engine
+from specchat.chat import ChatSession
+from specchat.commands import build_registry
+from specchat.config import Config, SamplingConfig
+from specchat.events import Token
+from specchat.render import Renderer, make_console
+from specchat.repl import QUIT_HINT, Repl, open_history, toggle_compare, toolbar_text
+
+CONFIG = Config(sampling=SamplingConfig(max_new_tokens=12))
+
+
+class CancellingRenderer(Renderer):
+    """Presses Ctrl-C (a real SIGINT) as soon as the first token of a reply is drawn."""
+
+    def __init__(self, console, cancel_on_reply: int):
+        super().__init__(console)
+        self.cancel_on_reply = cancel_on_reply
+        self.replies_seen = 0
+        self.tokens_this_reply = 0
+
+    def event(self, event):
+        if isinstance(event, Token):
+            self.tokens_this_reply += 1
+            if self.tokens_this_reply == 1:
+                self.replies_seen += 1
+                if self.replies_seen == self.cancel_on_reply:
+                    os.kill(os.getpid(), signal.SIGINT)
+        else:
+            self.tokens_this_reply = 0 if type(event).__name__ == "ReplyDone" else self.tokens_this_reply
+        super().event(event)
+
+
+@pytest.fixture
+def session(target, unrelated_drafter_model, tokenizer):
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    return ChatSession(engine, tokenizer, CONFIG, model_context_limit=1024)
+
+
+def run_script(session, keys: str, renderer_factory=None):
+    out = io.StringIO()
+    console = make_console(False, out)
+    renderer = renderer_factory(console) if renderer_factory else Renderer(console)
+    with create_pipe_input() as pipe:
+        pipe.send_text(keys)
+        repl = Repl(session, build_registry(), renderer, InMemoryHistory(), pt_input=pipe,
+                    pt_output=DummyOutput())
+        status = repl.run()
+    return status, out.getvalue()
+
+
+def test_scripted_session(session, tmp_path):
+    saved = tmp_path / "chat.json"
+    keys = ("hello there\r"
+            "/gamma 2\r"
+            "/gama 3\r"
+            "/temp 9\r"
+            "/top_k 40\r"
+            "/mode sideways\r"
+            "/show rejected on\r"
+            "write a loop\r"
+            "/stats\r"
+            f"/save {saved}\r"
+            "/quit\r"
+            "never reached\r")
+    status, text = run_script(session, keys, lambda c: CancellingRenderer(c, cancel_on_reply=2))
+    assert status == 0
+    assert "speculation.gamma = 2" in text
+    assert "unknown command /gama — did you mean /gamma?" in text
+    assert "/temp: sampling.temperature must be a number from 0 to 5 (0 = greedy), got 9.0" in text
+    assert "sampling.top_k = 40" in text
+    assert "/mode: speculation.mode must be one of spec, target, drafter, got 'sideways'" in text
+    assert "ui.show_rejected = on" in text
+    # the bad values changed nothing; the good ones took effect
+    assert session.config.sampling.temperature == 0.0 and session.config.speculation.gamma == 2
+    assert session.config.sampling.top_k == 40 and session.config.speculation.mode == "spec"
+    # reply 1 ran to the token limit; reply 2 was cut by Ctrl-C after its first step
+    assert [r.stop_reason for r in session.records] == ["max_tokens", "cancelled"]
+    assert session.records[1].stats.new_tokens < 12
+    assert "✂ [cut]" in text and "cancelled" in text
+    assert text.count(" tok/s · ttft ") == 2
+    assert "accepted length per step" in text  # /stats ran
+    data = json.loads(saved.read_text())
+    assert [t["user"] for t in data["turns"]] == ["hello there", "write a loop"]
+    assert data["turns"][1]["cut"] is True
+    assert data["turns"][0]["stats"]["new_tokens"] == 12
+    assert f"saved 2 replies to {saved}" in text
+    assert "never reached" not in [m["content"] for m in session.messages]
+
+
+def test_ctrl_d_quits_and_ctrl_c_on_empty_prompt_hints(session):
+    status, text = run_script(session, "\x03\x04")  # Ctrl-C on an empty line, then Ctrl-D
+    assert status == 0
+    assert QUIT_HINT in text
+    assert session.records == []
+
+
+def test_ctrl_c_with_text_clears_the_line_without_sending(session):
+    status, text = run_script(session, "half a thought\x03/history\r/exit\r")
+    assert status == 0
+    assert QUIT_HINT not in text
+    assert "no messages yet" in text and session.records == []
+
+
+def test_esc_enter_makes_multiline_input(session):
+    status, _ = run_script(session, "/max 3\rfirst line\x1b\rsecond line\r/quit\r")
+    assert status == 0
+    assert session.records[0].user == "first line\nsecond line"
+    assert session.records[0].stats.new_tokens == 3
+
+
+def test_compare_toggle_key_and_toolbar(session):
+    assert session.config.speculation.compare == "off"
+    status, _ = run_script(session, "\x14/quit\r")  # Ctrl-T
+    assert status == 0
+    assert session.config.speculation.compare == "on"
+    toggle_compare(session)
+    bar = toolbar_text(session)
+    for part in ("spec", "γ 4", "greedy", "top-k off", "top-p 1", "compare off", "last α –", "ctx 0/1024"):
+        assert part in bar
+
+
+def test_toolbar_shows_last_acceptance_and_context(session):
+    list(session.reply("hi"))
+    bar = toolbar_text(session)
+    stats = session.last_stats
+    assert f"last α {stats.acceptance_rate:.0%}" in bar
+    assert f"ctx {stats.prompt_tokens + stats.new_tokens}/1024" in bar
+
+
+def test_history_file_is_created_in_the_given_place(tmp_path):
+    path = tmp_path / "state" / "specchat" / "history"
+    history, problem = open_history(path)
+    assert problem is None and path.exists()
+    history.append_string("/gamma 3")
+    assert "/gamma 3" in path.read_text()
+
+
+def test_unwritable_history_is_reported(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    history, problem = open_history(blocker / "history")
+    assert problem and "input history is not saved" in problem
