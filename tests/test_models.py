@@ -292,6 +292,13 @@ def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_
         assert greedy_reply(pair, "spec", ids, n=32) == greedy_reply(pair, "target", ids, n=32)
 
 
+def test_gguf_source_can_be_quantized_again_by_bitsandbytes(gguf_file, cache):
+    model, _, facts = load_model(ModelConfig(source=str(gguf_file[0]), dtype="float32",
+                                             quantization="4bit"))
+    assert type(model.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
+    assert facts.quantization == "ALL_F32→4bit"
+
+
 def test_bitsandbytes_configs_are_nf4_double_quant_with_compute_dtype():
     four = devices.quantization_config("4bit", torch.bfloat16)
     assert four.load_in_4bit and four.bnb_4bit_quant_type == "nf4" and four.bnb_4bit_use_double_quant
