@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specchat.bench_methods import Measurement, Method, Runner, default_methods
+from specchat.bench_turns import compare_reuse
 from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.loaderrors import ModelLoadError
 
@@ -45,6 +46,7 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="2 prompts, 64 tokens: a few minutes")
     parser.add_argument("--max-new", type=int, default=None, help="new tokens per reply (default 128, quick 64)")
     parser.add_argument("--settings", default="greedy,sampled", help="greedy,sampled or one of them")
+    parser.add_argument("--no-turns", action="store_true", help="skip the multi-turn time-to-first-token check")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and PNG results")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
@@ -131,7 +133,7 @@ def _fail(message: str) -> int:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from rich.console import Console
-    from specchat.bench_report import results_table, with_progress
+    from specchat.bench_report import results_table, turns_table, with_progress
     console = Console(stderr=False)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -150,10 +152,14 @@ def main(argv=None) -> int:
     total = len(settings) * len(prompts) * len(runner.methods)
     rows = with_progress(console, total, lambda tick: run_bench(runner, prompts, settings, max_new, tick))
     summaries = [summarise(r) for r in rows]
+    turns = [] if args.no_turns else compare_reuse(runner.pair, cfg)
     meta = runner.meta() | {"prompts": [p["name"] for p in prompts], "max_new_tokens": max_new,
                             "seconds": round(time.time() - started, 1),
                             "command": "python -m specchat.bench " + " ".join(sys.argv[1:] if argv is None else argv)}
+    meta["multi_turn"] = [t.__dict__ for t in turns]
     console.print(results_table(summaries, meta))
+    if turns:
+        console.print(turns_table(turns))
     json_path, png_path = write_results(summaries, meta, Path(args.out))
     console.print(f"wrote {json_path}" + (f" and {png_path}" if png_path else ""))
     return 0

@@ -38,6 +38,15 @@ def results_table(rows: list[dict], meta: dict) -> Table:
     return table
 
 
+def turns_table(turns) -> Table:
+    table = Table(title="multi-turn: time to first token of turn 3")
+    for name in ("KV reuse across turns", "ttft", "prompt tokens", "reused from earlier turns"):
+        table.add_column(name, justify="right")
+    for t in turns:
+        table.add_row("on" if t.reuse else "off", f"{t.ttft_s:.2f} s", str(t.prompt_tokens), str(t.reused_tokens))
+    return table
+
+
 def markdown_table(rows: list[dict]) -> str:
     """The same table as Markdown, for the README."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]

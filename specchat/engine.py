@@ -205,3 +205,10 @@ class Engine:
                 text += detok.flush()
             yield Token(token, text, origin)
         yield StepDone(step.drafted, step.accepted)
+
+
+def build_engine(pair, with_drafter: bool = True) -> Engine:
+    """An Engine (with its own caches) on a loaded pair's models."""
+    use_drafter = with_drafter and pair.drafter is not None
+    drafter = ModelDrafter(pair.drafter, pair.vocab_size) if use_drafter else None
+    return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size)

@@ -53,3 +53,11 @@ def test_bad_arguments_are_one_line_errors(capsys):
     assert "--settings must name greedy and/or sampled" in capsys.readouterr().err
     assert bench.main(["sampling.tempreature=1"]) == 2
     assert "did you mean 'temperature'" in capsys.readouterr().err
+
+
+def test_multi_turn_reuse_encodes_only_the_new_turn(target, similar_drafter_model, tokenizer):
+    from specchat.bench_turns import compare_reuse
+    with_reuse, without = compare_reuse(tiny_pair(target, similar_drafter_model, tokenizer), Config(), max_new=8)
+    assert with_reuse.prompt_tokens == without.prompt_tokens
+    assert without.reused_tokens == 0
+    assert with_reuse.reused_tokens > with_reuse.prompt_tokens // 2
