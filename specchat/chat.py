@@ -137,7 +137,7 @@ class ChatSession:
         if len(ids) > budget:
             raise ChatError(f"the message needs {len(ids)} prompt tokens but only {max(budget, 0)} fit "
                             f"(context {self.context_limit} minus max {self.config.sampling.max_new_tokens} "
-                            f"new tokens); shorten it or lower /max")
+                            f"new tokens); shorten it or lower sampling.max_new_tokens (/max)")
         return ids, dropped
 
     # ----- a turn ----------------------------------------------------------------------------

@@ -22,9 +22,12 @@ from specchat.config import ConfigError, load_config, with_value
 from specchat.drafters import ModelDrafter
 from specchat.engine import Engine
 from specchat.events import ReplyDone, Token
+from specchat.loaderrors import ModelLoadError
+from specchat.models import load_pair
 from specchat.repl import Repl, history_path, open_history, sigint_sets
 
 Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.models.load_pair)
+CompareFactory = Callable  # compare(pair) -> CompareFn
 
 
 class UsageError(Exception):
@@ -46,27 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def default_loader(cfg, progress):
-    try:
-        from specchat.models import load_pair
-    except ImportError as err:
-        raise ChatError(f"model loading is unavailable: {err}") from None
-    return load_pair(cfg, progress)
+def default_compare(pair) -> CompareFn:
+    """Compare mode's reruns on their own caches, drawn side by side (specchat.compare)."""
+    from specchat.compare import Comparer
+    from specchat.compare_view import view_compare_fn
+    return view_compare_fn(Comparer(pair.target, pair.tokenizer, pair.drafter, pair.eos_ids, pair.vocab_size))
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions whose message is meant for the user: shown as one line, no traceback."""
-    errors: list[type[BaseException]] = [UsageError, ConfigError, ChatError]
-    try:
-        from specchat.models import ModelLoadError
-        errors.append(ModelLoadError)
-    except ImportError:
-        pass  # specchat.models not installed: default_loader's ImportError says so
-    return tuple(errors)
+USER_ERRORS = (UsageError, ConfigError, ChatError, ModelLoadError)  # one line, no traceback
 
 
 def load_with_progress(cfg, load: Loader, console: Console):
-    """Call the loader, drawing its progress(message, fraction|None) reports as a rich bar."""
+    """Call the loader, drawing its progress(message, fraction|None) reports as a rich bar.
+
+    When the console is not a terminal, each distinct message is written once as a plain line.
+    """
+    if not console.is_terminal:
+        return load(cfg, PlainProgress(console))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -76,6 +75,17 @@ def load_with_progress(cfg, load: Loader, console: Console):
             progress.update(task, description=message, total=None if fraction is None else 1.0,
                             completed=fraction or 0.0)
         return load(cfg, report)
+
+
+class PlainProgress:
+    def __init__(self, console: Console):
+        self.console = console
+        self.last = ""
+
+    def __call__(self, message: str, fraction: float | None = None) -> None:
+        if message != self.last:
+            self.console.print(message, soft_wrap=True)
+            self.last = message
 
 
 def build_engine(pair) -> Engine:
@@ -121,15 +131,15 @@ def run_once(session: ChatSession, text: str, renderer: render.Renderer, as_json
     return 0
 
 
-def start_session(cfg, pair, compare: CompareFn | None) -> ChatSession:
+def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
     if cfg.speculation.mode != "target" and pair.drafter is None:
         raise ConfigError(f"speculation.mode is '{cfg.speculation.mode}' but no drafter was loaded; "
                           f"set drafter.source or speculation.mode=target")
-    return ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit, compare_fn=compare,
-                       has_drafter=pair.drafter is not None)
+    return ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit,
+                       compare_fn=compare(pair) if compare else None, has_drafter=pair.drafter is not None)
 
 
-def run(args, load: Loader, compare: CompareFn | None, stdin: TextIO, stdout: TextIO, stderr: TextIO,
+def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdout: TextIO, stderr: TextIO,
         history=None) -> int:
     cfg = read_config(args)
     prompt = one_shot_text(args, stdin)
@@ -149,14 +159,14 @@ def run(args, load: Loader, compare: CompareFn | None, stdin: TextIO, stdout: Te
     return Repl(session, build_registry(), renderer, history).run()
 
 
-def main(argv: list[str] | None = None, load: Loader | None = None, compare: CompareFn | None = None,
+def main(argv: list[str] | None = None, load: Loader = load_pair, compare: CompareFactory | None = default_compare,
          stdin: TextIO | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     """Entry point of `python infer.py` and the `specchat` script; returns the exit status."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        return run(args, load or default_loader, compare, stdin, stdout, stderr)
-    except user_errors() as err:
+        return run(args, load, compare, stdin, stdout, stderr)
+    except USER_ERRORS as err:
         stderr.write(f"specchat: error: {err}\n")
         return 2 if isinstance(err, (UsageError, ConfigError)) else 1
     except KeyboardInterrupt:

@@ -51,7 +51,7 @@ def make_console(color: bool, file: TextIO | None = None) -> Console:
     if color:
         return Console(file=file, highlight=False, emoji=False, force_terminal=True)
     is_tty = bool(getattr(file, "isatty", lambda: False)())
-    return Console(file=file, highlight=False, emoji=False, color_system=None, force_terminal=False,
+    return Console(file=file, highlight=False, emoji=False, color_system=None,
                    width=None if is_tty else 100)
 
 
@@ -174,6 +174,8 @@ def model_facts_text(role: str, facts) -> str:
 def banner(pair) -> Text:
     text = Text("specchat", style="bold")
     text.append(" · " + model_facts_text("target", pair.target_facts))
+    if getattr(pair.target_facts, "template", "own") == "plain":
+        text.append("\n         · the tokenizer has no chat template: using plain User:/Assistant: turns")
     if pair.drafter_facts is not None:
         text.append("\n         · " + model_facts_text("drafter", pair.drafter_facts))
     else:

@@ -1,0 +1,162 @@
+"""The command line: one-shot text and --json output, stdin prompts, one-line errors, and a real pty session."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from specchat.cli import main
+from specchat.loaderrors import ModelLoadError
+from tinypair import loader, tiny_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+ESCAPE = re.compile(r"\x1b\[")
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.fixture
+def pair(tokenizer, target, unrelated_drafter_model):
+    return tiny_pair(tokenizer, target, unrelated_drafter_model)
+
+
+def run_cli(argv, pair, stdin_text="", stdin=None, load=None):
+    out, err = io.StringIO(), io.StringIO()
+    status = main(argv, load=load or loader(pair), compare=None,
+                  stdin=stdin or io.StringIO(stdin_text), stdout=out, stderr=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_one_shot_prints_reply_and_stats_line(pair):
+    status, out, err = run_cli(["--prompt", "hello there", "sampling.max_new_tokens=6"], pair)
+    assert status == 0, err
+    reply, stats, rest = out.split("\n", 2) if out.count("\n") >= 2 else (*out.split("\n", 1), "")
+    assert re.fullmatch(r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · accepted \d+/\d+ drafts \(\d+%\) · "
+                        r"[\d.]+ tok/step · γ 4 · hit max tokens \(/max\)", stats), out
+    assert not ESCAPE.search(out)  # stdout is not a terminal: plain text
+    assert pair.progress_calls[-1].sampling.max_new_tokens == 6
+
+
+def test_json_output_is_one_object_with_the_exact_prompt_ids(pair, tokenizer):
+    status, out, err = run_cli(["--prompt", "hi", "--json", "sampling.max_new_tokens=5", "speculation.gamma=2"],
+                               pair)
+    assert status == 0, err
+    data = json.loads(out)
+    assert set(data) >= {"prompt_ids", "text", "tokens", "stats"}
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "hi"}],
+        add_generation_prompt=True, tokenize=False)
+    assert data["prompt_ids"] == tokenizer.encode(rendered, add_special_tokens=False)
+    assert len(data["tokens"]) == 5 == data["stats"]["new_tokens"]
+    assert "".join(t["text"] for t in data["tokens"]) == data["text"]
+    assert {t["origin"] for t in data["tokens"]} <= {"drafted", "corrected", "bonus", "target"}
+    assert data["stats"]["gamma"] == 2 and data["stats"]["prompt_tokens"] == len(data["prompt_ids"])
+
+
+def test_prompt_from_stdin_when_it_is_not_a_terminal(pair):
+    status, out, _ = run_cli(["--json", "sampling.max_new_tokens=3", "speculation.mode=target"], pair,
+                             stdin_text="  from a pipe \n")
+    assert status == 0
+    data = json.loads(out)
+    assert data["stats"]["mode"] == "target"
+    assert {t["origin"] for t in data["tokens"]} == {"target"}
+
+
+def test_target_only_pair_works_in_target_mode(tokenizer, target):
+    alone = tiny_pair(tokenizer, target, with_drafter=False)
+    status, out, err = run_cli(["--prompt", "x", "speculation.mode=target", "sampling.max_new_tokens=3"], alone)
+    assert status == 0, err
+    assert "target only" in out
+
+
+@pytest.mark.parametrize("argv, message, code", [
+    (["--prompt", "x", "sampling.tempx=1"], "specchat: error: unknown key 'sampling.tempx'", 2),
+    (["--prompt", "x", "speculation.gamma=99"], "specchat: error: speculation.gamma must be an integer from 0 to 16", 2),
+    (["--prompt", "x", "gamma"], "specchat: error: override 'gamma' must look like section.key=value", 2),
+    (["--bogus"], "specchat: error: unrecognized arguments: --bogus (try --help)", 2),
+    (["--config", "nowhere.toml"], "specchat: error: config file nowhere.toml not found", 2),
+    (["--prompt", "   "], "specchat: error: the prompt is empty", 2),
+])
+def test_errors_are_one_line_and_non_zero(pair, argv, message, code):
+    status, out, err = run_cli(argv, pair)
+    assert status == code
+    assert err.startswith(message) and err.count("\n") == 1 and "Traceback" not in err
+    assert out == ""
+
+
+def test_model_load_error_is_one_line(pair):
+    def failing(cfg, progress=None):
+        raise ModelLoadError("target bundled:nothing is not a bundled model; bundled: a, b")
+    status, out, err = run_cli(["--prompt", "x"], pair, load=failing)
+    assert status == 1
+    assert err == "specchat: error: target bundled:nothing is not a bundled model; bundled: a, b\n"
+
+
+def test_too_long_prompt_is_refused_in_one_line(tokenizer, target, unrelated_drafter_model):
+    small = tiny_pair(tokenizer, target, unrelated_drafter_model, context_limit=40)
+    status, _, err = run_cli(["--prompt", "word " * 50, "sampling.max_new_tokens=4"], small)
+    assert status == 1
+    progress_lines, error = err.rstrip("\n").rsplit("\n", 1)
+    assert progress_lines == "building tiny models\nready"
+    assert error.startswith("specchat: error: the message needs ")
+
+
+def test_no_color_env_and_flag_keep_a_terminal_plain(pair, monkeypatch):
+    out, err = Tty(), io.StringIO()
+    assert main(["--prompt", "hi", "sampling.max_new_tokens=3"], load=loader(pair), compare=None,
+                stdin=io.StringIO(), stdout=out, stderr=err) == 0
+    assert ESCAPE.search(out.getvalue())  # a terminal gets colour
+    for argv, env in ((["--no-color"], {}), ([], {"NO_COLOR": "1"})):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        out = Tty()
+        assert main(argv + ["--prompt", "hi", "sampling.max_new_tokens=3"], load=loader(pair), compare=None,
+                    stdin=io.StringIO(), stdout=out, stderr=io.StringIO()) == 0
+        assert not ESCAPE.search(out.getvalue()) and " tok/s " in out.getvalue()
+
+
+DRIVER = ("import sys; sys.path.insert(0, 'tests'); from tinypair import tiny_pair, loader; "
+          "from specchat.cli import main; raise SystemExit(main(sys.argv[1:], load=loader(tiny_pair())))")
+
+
+def test_interactive_session_in_a_real_terminal(tmp_path):
+    """pexpect drives the real CLI in a pty: banner, a reply, a command, Ctrl-C mid-reply, /quit."""
+    pexpect = pytest.importorskip("pexpect")
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="120", LINES="40",
+               NO_COLOR="1", TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+    child = pexpect.spawn(sys.executable, ["-c", DRIVER, "sampling.max_new_tokens=400", "ui.context_limit=1024"],
+                          cwd=str(ROOT), env=env, encoding="utf-8", timeout=120, dimensions=(40, 120))
+    try:
+        child.expect("specchat · target tiny-target")
+        child.expect("legend: drafted\\+accepted")
+        child.expect("you>")
+        child.send("/gamma 2\r")
+        child.expect("speculation.gamma = 2")
+        child.send("/nope\r")
+        child.expect("unknown command /nope")
+        child.send("tell me a story\r")
+        child.expect_exact("\x1b[?2004l")  # the prompt has handed the terminal over to the reply
+        child.expect(".")  # and the reply has started streaming
+        child.sendintr()  # Ctrl-C mid-reply
+        child.expect("cut")
+        child.expect(r"tok/s · ttft [\d.]+ s · accepted \d+/\d+ drafts")
+        child.expect("cancelled")
+        child.expect("you>")
+        child.send("/max 3\r")
+        child.expect("sampling.max_new_tokens = 3")
+        child.send("again\r")
+        child.expect(r" 3 tok · ")
+        child.send("/quit\r")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0
+    assert "tell me a story" in (tmp_path / "state" / "specchat" / "history").read_text()
