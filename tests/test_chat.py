@@ -1,0 +1,146 @@
+"""ChatSession: chat template, history, KV reuse across turns, context trimming, cancel, compare hook."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import pytest
+
+from conftest import make_engine
+from specchat.chat import ChatError, ChatSession, Notice
+from specchat.config import Config, SamplingConfig, with_value
+from specchat.events import ReplyDone, Token
+
+CONFIG = Config(sampling=SamplingConfig(max_new_tokens=8))
+
+
+@pytest.fixture
+def session(target, unrelated_drafter_model, tokenizer):
+    return ChatSession(make_engine(target, unrelated_drafter_model, tokenizer), tokenizer, CONFIG, 1024)
+
+
+def reply(session, text, cancel=None):
+    events = list(session.reply(text, cancel))
+    done = [e for e in events if isinstance(e, ReplyDone)]
+    assert len(done) == 1
+    return events, done[0]
+
+
+def test_prompt_is_the_chat_template_with_system_prompt(session, tokenizer):
+    reply(session, "hello")
+    expected = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "hello"}],
+        add_generation_prompt=True, tokenize=False)
+    assert session.last_prompt_ids == tokenizer.encode(expected, add_special_tokens=False)
+    assert tokenizer.decode(session.last_prompt_ids).endswith("<|im_start|>assistant\n")
+
+
+def test_history_grows_and_the_next_prompt_extends_the_last(session):
+    _, first = reply(session, "hello")
+    first_prompt = list(session.last_prompt_ids)
+    _, second = reply(session, "and again")
+    assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
+    assert session.messages[1]["content"] == first.text
+    assert session.last_prompt_ids[:len(first_prompt)] == first_prompt
+    assert second.stats.reused_tokens >= len(first_prompt) - 1  # the engine kept the first turn's KV
+    assert session.context_used == len(session.last_prompt_ids) + second.stats.new_tokens
+
+
+def test_system_prompt_change_applies_to_the_next_reply(session, tokenizer):
+    session.config = with_value(session.config, "ui.system_prompt", "You are terse.")
+    reply(session, "hi")
+    assert tokenizer.decode(session.last_prompt_ids).startswith("<|im_start|>system\nYou are terse.<|im_end|>")
+
+
+def test_oldest_turns_are_dropped_when_the_context_would_overflow(session):
+    reply(session, "first question about foxes")
+    reply(session, "second question about dogs")
+    full = session.render(session.messages + [{"role": "user", "content": "third"}])
+    # room for the last turn plus the new message, but not for all three
+    session.model_context_limit = len(full) + CONFIG.sampling.max_new_tokens - 1
+    events, _ = reply(session, "third")
+    notices = [e for e in events if isinstance(e, Notice)]
+    assert len(notices) == 1 and notices[0].text.startswith("context full: dropped the oldest turn to fit")
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == [
+        "second question about dogs", "third"]
+    assert len(session.last_prompt_ids) + CONFIG.sampling.max_new_tokens <= session.context_limit
+
+
+def test_configured_context_limit_is_capped_by_the_model(session):
+    assert session.context_limit == 1024
+    session.config = with_value(session.config, "ui.context_limit", 300)
+    assert session.context_limit == 300
+    session.config = with_value(session.config, "ui.context_limit", 5000)
+    assert session.context_limit == 1024
+
+
+def test_a_message_too_long_for_any_context_is_refused_and_history_kept(session):
+    reply(session, "hello")
+    before = list(session.messages)
+    session.config = with_value(session.config, "ui.context_limit", 60)
+    with pytest.raises(ChatError, match=r"^the message needs \d+ prompt tokens but only 52 fit"):
+        list(session.reply("word " * 100))
+    assert session.messages == before
+
+
+def test_cancel_keeps_the_partial_reply_marked_as_cut(session):
+    cancel = threading.Event()
+    events = []
+    for event in session.reply("tell me more", cancel):
+        events.append(event)
+        if isinstance(event, Token):
+            cancel.set()
+    done = events[-1]
+    assert done.stop_reason == "cancelled" and 0 < done.stats.new_tokens < CONFIG.sampling.max_new_tokens
+    assert session.records[-1].cut and session.messages[-1]["content"] == done.text
+    _, after = reply(session, "go on")  # the chat goes on, with consistent caches
+    assert after.stop_reason == "max_tokens"
+
+
+def test_mode_without_drafter_is_a_chat_error(target, tokenizer):
+    alone = ChatSession(make_engine(target, None, tokenizer), tokenizer, CONFIG, 1024, has_drafter=False)
+    with pytest.raises(ChatError, match="needs a drafter model"):
+        list(alone.reply("hi"))
+    alone.config = with_value(alone.config, "speculation.mode", "target")
+    _, done = reply(alone, "hi")
+    assert done.stats.mode == "target" and alone.messages[0]["content"] == "hi"
+
+
+def test_compare_hook_runs_only_when_compare_is_on(session):
+    calls = []
+
+    def compare_fn(chat, prompt_ids, done, cancel):
+        calls.append((list(prompt_ids), done.text))
+        yield "side by side"
+    session.compare_fn = compare_fn
+    events, _ = reply(session, "one")
+    assert calls == [] and "side by side" not in events
+    session.config = with_value(session.config, "speculation.compare", "on")
+    events, done = reply(session, "two")
+    assert calls == [(session.last_prompt_ids, done.text)]
+    assert events[-1] == "side by side"
+
+
+def test_reset_forgets_history_but_keeps_totals(session):
+    reply(session, "hello")
+    reply(session, "again")
+    session.reset()
+    assert session.messages == [] and session.records == [] and session.engine.ids == []
+    assert session.totals.replies == 2 and session.totals.new_tokens == 16
+    _, done = reply(session, "fresh")
+    assert done.stats.reused_tokens == 0
+
+
+def test_save_markdown_and_json_with_each_replys_stats(session, tmp_path):
+    _, done = reply(session, "hello")
+    session.save(str(tmp_path / "t.json"))
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["turns"][0]["stats"] == json.loads(json.dumps(done.stats.to_dict()))
+    assert data["config"]["sampling.max_new_tokens"] == 8
+    session.save(str(tmp_path / "t.md"))
+    text = (tmp_path / "t.md").read_text()
+    assert text.startswith("# specchat transcript") and "`8 tok · " in text
+    with pytest.raises(ChatError, match="must end in .md or .json"):
+        session.save(str(tmp_path / "t.txt"))
+    assert dataclasses.asdict(session.totals)["replies"] == 1
