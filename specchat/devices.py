@@ -76,8 +76,17 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
 
 
 def max_memory_map(max_memory: dict) -> dict:
-    """TOML keys are strings: "0" -> GPU 0, "cpu"/"disk" stay as they are."""
-    return {int(k) if str(k).isdigit() else str(k): str(v) for k, v in max_memory.items()}
+    """TOML keys are strings: "0" -> GPU 0, "cpu"/"disk" stay; values are "20GiB" or bytes."""
+    mapped = {}
+    for key, value in max_memory.items():
+        key = str(key)
+        if not (key.isdigit() or key in ("cpu", "disk")):
+            raise ModelLoadError(f"max_memory key {key!r} must be a GPU index (0, 1, ...), cpu or disk")
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ModelLoadError(f"max_memory[{key}] must be a size such as \"20GiB\" or a byte count, "
+                                 f"got {value!r}")
+        mapped[int(key) if key.isdigit() else key] = value
+    return mapped
 
 
 def placement_kwargs(mc: ModelConfig, role: str, device: str, dtype: torch.dtype) -> dict:

@@ -312,16 +312,20 @@ def test_bitsandbytes_configs_are_nf4_double_quant_with_compute_dtype():
 def test_placement_for_one_device_and_for_device_map_auto():
     one = devices.placement_kwargs(ModelConfig(), "drafter", "cpu", torch.float32)
     assert one == {"dtype": torch.float32, "device_map": {"": "cpu"}}
-    spread = ModelConfig(device_map="auto", max_memory={"0": "20GiB", "1": "22GiB", "cpu": "64GiB"},
+    spread = ModelConfig(device_map="auto", max_memory={"0": "20GiB", "1": 2**34, "cpu": "64GiB"},
                          quantization="4bit")
     kwargs = devices.placement_kwargs(spread, "target", "cuda", torch.bfloat16)
     assert kwargs["device_map"] == "auto"
-    assert kwargs["max_memory"] == {0: "20GiB", 1: "22GiB", "cpu": "64GiB"}
+    assert kwargs["max_memory"] == {0: "20GiB", 1: 2**34, "cpu": "64GiB"}
     assert kwargs["quantization_config"].load_in_4bit and kwargs["dtype"] == torch.bfloat16
 
 
 @pytest.mark.parametrize("mc, role, message", [
     (ModelConfig(device_map="auto"), "drafter", "drafter.device_map must be empty"),
+    (ModelConfig(device_map="auto", max_memory={"gpu0": "8GiB"}), "target",
+     "max_memory key 'gpu0' must be a GPU index"),
+    (ModelConfig(device_map="auto", max_memory={"0": 8.5}), "target",
+     r"max_memory\[0\] must be a size such as \"20GiB\" or a byte count, got 8.5"),
     (ModelConfig(max_memory={"0": "8GiB"}), "target", "target.max_memory needs target.device_map"),
 ])
 def test_placement_errors(mc, role, message):
