@@ -474,3 +474,16 @@ def test_one_line_keeps_the_first_meaningful_line():
     assert one_line(OSError("\n  first problem  \nTraceback (most recent call last):\n ...")) == "first problem"
     assert one_line(ValueError()) == "ValueError"
     assert len(one_line(RuntimeError("x" * 1000))) == 240
+
+
+def test_broken_local_checkpoints_are_one_line_errors(tmp_path, tok):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match=r"cannot load the model of junk from .*junk: ") as err:
+        load_model(ModelConfig(source=str(tmp_path / "junk")))
+    assert "\n" not in str(err.value)
+    weights_only = tmp_path / "weights-only"
+    build_model(len(tok), seed=7).save_pretrained(weights_only)
+    with pytest.raises(ModelLoadError, match="cannot load the tokenizer of weights-only from") as err:
+        load_model(ModelConfig(source=str(weights_only), dtype="float32"))
+    assert "\n" not in str(err.value)
