@@ -202,8 +202,9 @@ class ChatSession:
 def transcript_markdown(transcript: dict[str, Any]) -> str:
     lines = ["# specchat transcript", "", f"**system:** {transcript['system']}", ""]
     for turn in transcript["turns"]:
+        reply = turn["reply"] + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
         lines += ["## you", "", turn["user"], "", "## assistant", "",
-                  turn["reply"] + (" ✂ [cut]" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
+                  reply + (" ✂ [cut]" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
     return "\n".join(lines).rstrip()
 
 

@@ -215,7 +215,8 @@ def histogram_table(stats: ReplyStats) -> Table:
     most = max(stats.accepted_histogram.values(), default=0)
     for length in range(max(stats.accepted_histogram, default=-1) + 1):
         count = stats.accepted_histogram.get(length, 0)
-        rows.append((f"{length} accepted", f"{_bar(count / most if most else 0)} {count} steps"))
+        steps = "step" if count == 1 else "steps"
+        rows.append((f"{length} accepted", f"{_bar(count / most if most else 0)} {count} {steps}"))
     return as_table(rows, ("drafts kept", "steps"), title="accepted length per step")
 
 

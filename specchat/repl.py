@@ -1,7 +1,10 @@
 """The interactive loop: prompt_toolkit input, slash-commands, streamed replies, Ctrl-C handling."""
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import termios
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +52,26 @@ def sigint_sets(cancel: threading.Event) -> Iterator[threading.Event]:
         yield cancel
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def quiet_terminal(stream) -> Iterator[None]:
+    """While a reply streams, keys typed ahead (and ^C) are not echoed into it; they wait for the prompt."""
+    try:
+        fd = stream.fileno()
+        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (AttributeError, OSError, ValueError, termios.error):
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~(termios.ECHO | termios.ECHOCTL)
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 def toggle_compare(session: ChatSession) -> None:
@@ -138,7 +161,7 @@ class Repl:
 
     def reply(self, text: str) -> None:
         """Stream one reply; Ctrl-C cuts it after the current step and the chat goes on."""
-        with sigint_sets(threading.Event()) as cancel:
+        with sigint_sets(threading.Event()) as cancel, quiet_terminal(sys.stdin):
             try:
                 for event in self.session.reply(text, cancel):
                     self.renderer.event(event)
