@@ -18,7 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from specchat import render
 from specchat.chat import ChatError, ChatSession, CompareFn
 from specchat.commands import build_registry
-from specchat.config import ConfigError, load_config, with_value
+from specchat.config import Config, ConfigError, load_config, with_value
 from specchat.drafters import ModelDrafter
 from specchat.engine import Engine
 from specchat.events import ReplyDone, Token
@@ -93,7 +93,7 @@ def build_engine(pair) -> Engine:
     return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size)
 
 
-def read_config(args) -> object:
+def read_config(args) -> Config:
     cfg = load_config(args.config, args.overrides)
     if args.no_color:
         cfg = with_value(cfg, "ui.color", False)
@@ -106,6 +106,8 @@ def one_shot_text(args, stdin: TextIO) -> str | None:
         text = args.prompt
     elif not stdin.isatty():
         text = stdin.read()
+    elif args.json:
+        raise UsageError("--json answers one prompt: give --prompt TEXT or pipe the text to stdin")
     else:
         return None
     if not text.strip():
@@ -139,8 +141,7 @@ def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
                        compare_fn=compare(pair) if compare else None, has_drafter=pair.drafter is not None)
 
 
-def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdout: TextIO, stderr: TextIO,
-        history=None) -> int:
+def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     cfg = read_config(args)
     prompt = one_shot_text(args, stdin)
     color = render.color_wanted(cfg.ui.color, stdout)
@@ -152,10 +153,9 @@ def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdou
         return run_once(session, prompt, renderer, args.json, stdout)
     renderer.info(render.banner(pair))
     renderer.info(render.legend(cfg.speculation.mode, renderer.color, cfg.ui.show_rejected))
-    if history is None:
-        history, problem = open_history(history_path())
-        if problem:
-            renderer.note(problem)
+    history, problem = open_history(history_path())
+    if problem:
+        renderer.note(problem)
     return Repl(session, build_registry(), renderer, history).run()
 
 

@@ -92,6 +92,13 @@ def test_errors_are_one_line_and_non_zero(pair, argv, message, code):
     assert out == ""
 
 
+def test_json_without_a_prompt_is_refused(pair):
+    status, out, err = run_cli(["--json"], pair, stdin=Tty())
+    assert status == 2 and out == ""
+    assert err == "specchat: error: --json answers one prompt: give --prompt TEXT or pipe the text to stdin\n"
+    assert pair.progress_calls == []  # refused before loading anything
+
+
 def test_model_load_error_is_one_line(pair):
     def failing(cfg, progress=None):
         raise ModelLoadError("target bundled:nothing is not a bundled model; bundled: a, b")
