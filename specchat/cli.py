@@ -119,6 +119,8 @@ def run_once(session: ChatSession, text: str, renderer: render.Renderer, as_json
     """Answer one prompt: a streamed reply and its stats line, or one JSON object."""
     done, tokens = None, []
     with sigint_sets(threading.Event()) as cancel:
+        if not as_json:
+            renderer.begin_reply()
         for event in session.reply(text, cancel):
             if isinstance(event, Token):
                 tokens.append(event)

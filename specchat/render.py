@@ -10,6 +10,7 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console, Group
+from rich.control import Control, ControlType
 from rich.table import Table
 from rich.text import Text
 
@@ -62,6 +63,7 @@ class Renderer:
         self.console = console
         self.show_rejected = show_rejected
         self.at_line_start = True
+        self.waiting = False
         self._color_console = console if console.color_system is not None else None
         self._plain_console = make_console(False, console.file) if self._color_console else console
 
@@ -74,8 +76,22 @@ class Renderer:
         self.console = self._color_console if wanted and self._color_console else self._plain_console
 
     # ----- streaming ---------------------------------------------------------------------------
+    def begin_reply(self) -> None:
+        """On a terminal, a dim 'thinking…' holds the line until the first token replaces it."""
+        self.newline()
+        if self.console.is_terminal:
+            self.console.print(Text("thinking…", style=NOTE_STYLE if self.color else ""), end="")
+            self.waiting = True
+
+    def _stop_waiting(self) -> None:
+        if self.waiting:
+            self.console.control(Control.move_to_column(0), Control((ControlType.ERASE_IN_LINE, 2)))
+            self.waiting = False
+
     def event(self, event: Any) -> None:
         """Draw one item of a reply stream (engine events, notices, compare output)."""
+        if not isinstance(event, StepDone):
+            self._stop_waiting()
         if isinstance(event, Token):
             self._write(Text(event.text, style=STYLES[event.origin] if self.color else ""))
         elif isinstance(event, Rejected):
@@ -110,6 +126,7 @@ class Renderer:
                            soft_wrap=True)
 
     def newline(self) -> None:
+        self._stop_waiting()
         if not self.at_line_start:
             self.console.print()
             self.at_line_start = True

@@ -163,6 +163,7 @@ class Repl:
         """Stream one reply; Ctrl-C cuts it after the current step and the chat goes on."""
         with sigint_sets(threading.Event()) as cancel, quiet_terminal(sys.stdin):
             try:
+                self.renderer.begin_reply()
                 for event in self.session.reply(text, cancel):
                     self.renderer.event(event)
             except ChatError as err:

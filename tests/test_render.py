@@ -136,3 +136,22 @@ def test_banner_names_both_models():
     text = render.banner(Pair()).plain
     assert "target Big (1.54B params, Q4_K_M→bfloat16, cpu, 3.00 GiB, loaded in 12.5 s)" in text
     assert "drafter Small" in text
+
+
+def test_thinking_marker_is_erased_by_the_first_token():
+    console, out = color_console()
+    renderer = render.Renderer(console)
+    renderer.begin_reply()
+    assert "thinking…" in out.getvalue()
+    renderer.event(StepDone(4, 0))  # no visible text yet: the marker stays
+    assert not out.getvalue().endswith("\x1b[2K")
+    renderer.event(Token(1, "Hi", Origin.DRAFTED))
+    assert out.getvalue().split("thinking…", 1)[1].split("Hi")[0].endswith("\x1b[1G\x1b[2K\x1b[32m")
+
+
+def test_no_thinking_marker_when_not_a_terminal():
+    out = io.StringIO()
+    renderer = render.Renderer(render.make_console(False, out))
+    renderer.begin_reply()
+    renderer.event(Token(1, "Hi", Origin.DRAFTED))
+    assert out.getvalue() == "Hi"
