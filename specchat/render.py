@@ -77,10 +77,10 @@ class Renderer:
 
     # ----- streaming ---------------------------------------------------------------------------
     def begin_reply(self) -> None:
-        """On a terminal, a dim 'thinking…' holds the line until the first token replaces it."""
+        """On a colour terminal, a dim 'thinking…' holds the line until the first token replaces it."""
         self.newline()
-        if self.console.is_terminal:
-            self.console.print(Text("thinking…", style=NOTE_STYLE if self.color else ""), end="")
+        if self.console.is_terminal and self.color:
+            self.console.print(Text("thinking…", style=NOTE_STYLE), end="")
             self.waiting = True
 
     def _stop_waiting(self) -> None:
