@@ -227,8 +227,15 @@ def cmd_reset(session: ChatSession, arg: str) -> Outcome:
 def cmd_history(session: ChatSession, arg: str) -> Outcome:
     if not session.messages:
         return Outcome("no messages yet")
+    cut = [r.cut for r in session.records]
     rows = [("system", session.system_prompt)]
-    rows += [(m["role"], m["content"]) for m in session.messages]
+    assistant_index = sum(1 for m in session.messages if m["role"] == "assistant") - len(cut)
+    for message in session.messages:
+        text = message["content"]
+        if message["role"] == "assistant":
+            text += " ✂ [cut]" if assistant_index >= 0 and cut[assistant_index] else ""
+            assistant_index += 1
+        rows.append((message["role"], text))
     return Outcome(render.as_table(rows, ("role", "message")))
 
 

@@ -103,7 +103,7 @@ class Renderer:
         elif hasattr(event, "text") and not hasattr(event, "__rich__"):
             self.note(event.text)
         else:
-            self.console.print(event)
+            self.console.print(Text(event) if isinstance(event, str) else event)
 
     def _write(self, text: Text) -> None:
         if text.plain:
@@ -212,7 +212,7 @@ def as_table(rows: list[tuple[str, str]], headers: tuple[str, str], title: str |
     table.add_column(headers[0], style="cyan", no_wrap=True)
     table.add_column(headers[1], overflow="fold")
     for left, right in rows:
-        table.add_row(left, right)
+        table.add_row(Text(left), Text(right))  # user text is never rich markup
     return table
 
 

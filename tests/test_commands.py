@@ -166,6 +166,9 @@ def test_stats_history_reset_and_save(session, registry, tmp_path):
     list(session.reply("hello"))
     assert "accepted length per step" in plain(registry.run(session, "/stats").message)
     assert "hello" in plain(registry.run(session, "/history").message)
+    assert "[cut]" not in plain(registry.run(session, "/history").message)
+    session.records[-1].stop_reason = "cancelled"
+    assert f"{session.records[-1].text} ✂ [cut]" in plain(registry.run(session, "/history").message)
     path = tmp_path / "t.md"
     assert registry.run(session, f"/save {path}").message == f"saved 1 replies to {path}"
     text = path.read_text()

@@ -155,3 +155,14 @@ def test_no_thinking_marker_when_not_a_terminal():
     renderer.begin_reply()
     renderer.event(Token(1, "Hi", Origin.DRAFTED))
     assert out.getvalue() == "Hi"
+
+
+def test_user_text_in_tables_and_messages_is_not_markup():
+    out = io.StringIO()
+    renderer = render.Renderer(render.make_console(False, out))
+    renderer.info(render.as_table([("user", "slice with s[start:stop:step] or [bold]x[/bold]")], ("a", "b")))
+    renderer.info("a [red]message[/red]")
+    renderer.event("compare output [x]")
+    text = out.getvalue()
+    assert "s[start:stop:step] or [bold]x[/bold]" in text
+    assert "a [red]message[/red]" in text and "compare output [x]" in text
