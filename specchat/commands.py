@@ -159,13 +159,16 @@ def cmd_quit(session: ChatSession, arg: str) -> Outcome:
 
 def cmd_temp(session: ChatSession, arg: str) -> Outcome:
     if not arg:
-        return Outcome(f"sampling.temperature is {session.config.sampling.temperature} (usage: /temp X, 0 = greedy)")
+        current = session.config.sampling.temperature
+        return Outcome(f"sampling.temperature is {current} (usage: /temp X, 0 = greedy)")
     config = set_from_text(session.config, "sampling.temperature", arg)
     temperature = config.sampling.temperature
     if temperature > 0:
         config = with_value(config, "sampling.greedy", False)
     session.config = config
-    return Outcome("temperature 0: greedy decoding" if temperature == 0 else f"sampling at temperature {temperature}")
+    if temperature == 0:
+        return Outcome("temperature 0: greedy decoding")
+    return Outcome(f"sampling at temperature {temperature}")
 
 
 def cmd_greedy(session: ChatSession, arg: str) -> Outcome:
@@ -185,7 +188,11 @@ def cmd_sample(session: ChatSession, arg: str) -> Outcome:
 def cmd_mode(session: ChatSession, arg: str) -> Outcome:
     if arg and arg != "target" and not session.has_drafter:
         return fail(f"/mode: '{arg}' needs a drafter model, and none is loaded; only target is possible")
-    return show_or_set(session, "mode", "speculation.mode", "spec|target|drafter", arg)
+    outcome = show_or_set(session, "mode", "speculation.mode", "spec|target|drafter", arg)
+    if not arg:
+        return outcome
+    legend = render.legend(session.config.speculation.mode, True, session.config.ui.show_rejected)
+    return Outcome(render.group(render.Text(outcome.message), legend))
 
 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:

@@ -178,3 +178,9 @@ def test_stats_history_reset_and_save(session, registry, tmp_path):
     assert session.totals.replies == 1
     unwritable = registry.run(session, f"/save {tmp_path}/missing/dir/t.json")
     assert unwritable.error and "No such file or directory" in unwritable.message
+
+
+def test_mode_change_shows_the_new_legend(session, registry):
+    text = plain(registry.run(session, "/mode target").message)
+    assert text.startswith("speculation.mode = 'target'\nlegend: target-only")
+    assert "legend: drafter-only" in plain(registry.run(session, "/mode drafter").message)
