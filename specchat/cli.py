@@ -30,6 +30,14 @@ Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.models.load_pai
 CompareFactory = Callable  # compare(pair) -> CompareFn
 
 
+EXAMPLES = """examples:
+  specchat                                   chat with the bundled pair (/help lists commands)
+  specchat speculation.gamma=6 sampling.temperature=0.7
+  specchat --prompt "reverse a list in python" --json
+  echo "hello" | specchat --no-color
+config keys: see /config inside the chat, or specchat/configs/default.toml"""
+
+
 class UsageError(Exception):
     """Bad command-line arguments."""
 
@@ -40,7 +48,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="specchat", description="Terminal chat with exact speculative decoding.")
+    parser = OneLineParser(prog="specchat", description="Terminal chat with exact speculative decoding.",
+                           epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
     parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit (stdin works too)")
     parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")

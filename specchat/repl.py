@@ -144,7 +144,7 @@ class Repl:
             return True
         if text.startswith("/"):
             return self.command(text)
-        self.reply(line.strip("\n"))
+        self.reply(text)
         return True
 
     def command(self, text: str) -> bool:
