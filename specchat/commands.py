@@ -19,6 +19,7 @@ from specchat import render
 from specchat.chat import ChatError, ChatSession
 from specchat.config import ConfigError, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
+START_UP_KEYS = ("speculation.extra_eos",)  # used when the models load (stop ids), not per reply
 KEYS_HELP = "keys: Esc-Enter new line · Ctrl-C cancels a reply · F2 / Ctrl-T toggles compare · Ctrl-D quits"
 
 
@@ -196,6 +197,8 @@ def cmd_mode(session: ChatSession, arg: str) -> Outcome:
 
 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:
+    if arg == "drafter" and not session.has_drafter:
+        return fail("/compare: 'drafter' needs a drafter model, and none is loaded; use /compare on")
     outcome = show_or_set(session, "compare", "speculation.compare", "on|off|drafter", arg)
     if arg and session.compare_fn is None and session.config.speculation.compare != "off":
         return Outcome(f"{outcome.message} (recorded; this build has no side-by-side runner yet)")
@@ -263,12 +266,17 @@ def cmd_set(session: ChatSession, arg: str) -> Outcome:
     key, _, value = arg.replace("=", " ", 1).partition(" ")
     if not key or not value.strip():
         return fail("/set: usage /set section.key VALUE (e.g. /set sampling.top_k 40; /config lists keys)")
-    if key.split(".")[0] in ("target", "drafter") and key in all_keys():
-        return fail(f"/set: {key} is a model setting, read once at start-up; restart with "
+    if key in all_keys() and (key.split(".")[0] in ("target", "drafter") or key in START_UP_KEYS):
+        return fail(f"/set: {key} is read once, when the models load; restart with "
                     f"`python infer.py {key}={value.strip()}`")
-    if key == "speculation.mode":
-        return cmd_mode(session, value.strip())
-    return apply_setting(session, key, value)
+    if key in ("speculation.mode", "speculation.compare"):
+        return (cmd_mode if key == "speculation.mode" else cmd_compare)(session, value.strip())
+    outcome = apply_setting(session, key, value)
+    limit = session.config.ui.context_limit
+    if key == "ui.context_limit" and limit > session.model_context_limit:
+        return Outcome(f"{outcome.message} (capped at {session.model_context_limit}, "
+                       f"the limit the models were loaded with)")
+    return outcome
 
 
 def build_registry() -> Registry:

@@ -50,6 +50,7 @@ def plain(renderable) -> str:
     ("/set sampling.top_k 5", "sampling.top_k", 5),
     ("/set sampling.top_k=6", "sampling.top_k", 6),
     ("/set ui.context_limit 512", "ui.context_limit", 512),
+    ("/set speculation.compare on", "speculation.compare", "on"),
     ("/GAMMA 3", "speculation.gamma", 3),
 ])
 def test_good_values_are_applied(session, registry, line, key, value):
@@ -75,7 +76,9 @@ def test_good_values_are_applied(session, registry, line, key, value):
     ("/show accepted on", "/show: usage /show rejected on|off"),
     ("/set sampling.tempature 1", "/set: unknown key 'sampling.tempature' (did you mean 'temperature'?)"),
     ("/set nothing", "/set: usage /set section.key VALUE"),
-    ("/set target.dtype float32", "/set: target.dtype is a model setting, read once at start-up"),
+    ("/set target.dtype float32", "/set: target.dtype is read once, when the models load; restart with"),
+    ("/set speculation.extra_eos </s>", "/set: speculation.extra_eos is read once, when the models load"),
+    ("/set speculation.mode fast", "/set: speculation.mode must be one of spec, target, drafter, got 'fast'"),
     ("/save notes.txt", "/save: cannot save to 'notes.txt': the name must end in .md or .json"),
     ("/save", "/save: usage /save PATH.md or /save PATH.json"),
     ("/gama 3", "unknown command /gama — did you mean /gamma? (/help lists every command)"),
@@ -112,6 +115,14 @@ def test_mode_needing_a_drafter_is_refused_without_one(target, tokenizer, regist
     outcome = registry.run(alone, "/mode spec")
     assert outcome.error and "needs a drafter model" in outcome.message
     assert not registry.run(alone, "/mode target").error
+    assert registry.run(alone, "/compare drafter").error
+    assert not registry.run(alone, "/compare on").error
+
+
+def test_context_limit_above_the_loaded_one_says_it_is_capped(session, registry):
+    outcome = registry.run(session, "/set ui.context_limit 4096")
+    assert outcome.message == "ui.context_limit = 4096 (capped at 1024, the limit the models were loaded with)"
+    assert session.context_limit == 1024
 
 
 def test_quit_and_exit(session, registry):
