@@ -89,6 +89,7 @@ def test_scripted_session(session, tmp_path):
     # reply 1 ran to the token limit; reply 2 was cut by Ctrl-C after its first step
     assert [r.stop_reason for r in session.records] == ["max_tokens", "cancelled"]
     assert session.records[1].stats.new_tokens < 12
+    assert session.records[1].stats.target_forwards == 1  # stopped before the second step
     assert "✂ [cut]" in text and "cancelled" in text
     assert text.count(" tok/s · ttft ") == 2
     assert "accepted length per step" in text  # /stats ran
