@@ -60,6 +60,7 @@ class SpeculationConfig:
     mode: str = "spec"        # spec | target | drafter
     compare: str = "off"      # off | on | drafter
     extra_eos: tuple = ()     # extra stop strings (each must be a single token)
+    drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,8 @@ VALIDATORS = {
     else f"an integer from 0 to {GAMMA_MAX}, or auto",
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
+    ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
+    else "0 (the whole vocabulary) or an id limit of at least 256",
     ("ui", "context_limit"): _int_range(0, 10_000_000),
 }
 

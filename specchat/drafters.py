@@ -35,9 +35,12 @@ class Drafter(Protocol):
 class ModelDrafter:
     """A small causal LM with its own KV cache. It sees only tokens it has not seen yet."""
 
-    def __init__(self, model, vocab_size: int):
+    def __init__(self, model, vocab_size: int, vocab_limit: int = 0):
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
+        # Propose only ids below this (0 = all). A cheaper output head; exactness is kept because
+        # the target verifies against the q the drafter really sampled from.
+        self.vocab_limit = vocab_limit
         self.cache = kvcache.new_cache(model)
 
     def reset(self) -> None:
@@ -51,12 +54,6 @@ class ModelDrafter:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
         kvcache.crop_to(self.cache, min(self.seen, committed_len - 1))
 
-    def sync(self, ids: list[int]) -> None:
-        """Bring the cache up to ids[:-1] (a prompt prefill) so a later propose feeds one token."""
-        missing = ids[self.seen:-1]
-        if missing:
-            kvcache.forward(self.model, self.cache, missing, keep=1)
-
     def propose(self, ids: list[int], k: int, params: SamplingConfig,
                 generator: torch.Generator) -> Draft:
         tokens, probs, forwards = [], [], []
@@ -65,12 +62,28 @@ class ModelDrafter:
         step_ids = torch.tensor([feed], dtype=torch.long, device=device)  # [1, n]
         for _ in range(k):
             start = time.perf_counter()
-            logits = kvcache.forward_tensor(self.model, self.cache, step_ids, keep=1)
-            token, q = pick(logits[:, :self.vocab_size], params, generator)  # [1], [1, vocab]
+            token, q = pick(self._next_logits(step_ids), params, generator)  # [1], [1, width]
             forwards.append((step_ids.shape[1], time.perf_counter() - start))
             tokens.append(token)
             probs.append(q)
             step_ids = token.view(1, 1)
-        q_probs = torch.cat(probs) if probs and probs[0] is not None else None
+        q_probs = self._full_width(torch.cat(probs)) if probs and probs[0] is not None else None
         return Draft(torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long),
                      q_probs, forwards)
+
+    @torch.inference_mode()
+    def _next_logits(self, step_ids: torch.Tensor) -> torch.Tensor:
+        """[1, width] logits for the next token: the whole vocabulary, or only ids below vocab_limit."""
+        if not self.vocab_limit or self.vocab_limit >= self.vocab_size:
+            logits = kvcache.forward_tensor(self.model, self.cache, step_ids, keep=1)
+            return logits[:, :self.vocab_size]
+        hidden = kvcache.hidden_tensor(self.model, self.cache, step_ids)  # [1, hidden]
+        head = self.model.get_output_embeddings()
+        bias = head.bias[:self.vocab_limit] if head.bias is not None else None
+        return torch.nn.functional.linear(hidden, head.weight[:self.vocab_limit], bias)
+
+    def _full_width(self, q: torch.Tensor) -> torch.Tensor:
+        """Pad [k, width] drafter probabilities to [k, vocab_size] with zeros for ids it never proposes."""
+        if q.shape[-1] == self.vocab_size:
+            return q
+        return torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))

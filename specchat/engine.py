@@ -93,6 +93,8 @@ class Engine:
             raise
 
     def _run(self, prompt_ids, sampling, speculation, cancel) -> Iterator[Event]:
+        if self.drafter:
+            self.drafter.vocab_limit = speculation.drafter_vocab
         reused = self._adopt_prompt(prompt_ids)
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids), reused)
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
@@ -139,7 +141,7 @@ class Engine:
         feed = torch.cat([pending, drafts.view(1, -1)], dim=1)  # [1, pending + gamma]
         start = time.perf_counter()
         logits = kvcache.forward_tensor(self.target, self.cache, feed, keep=gamma + 1)
-        logits = logits[:, :self.vocab_size]  # [gamma+1, vocab]
+        logits = logits[:, :self.vocab_size].to(self.device)  # [gamma+1, vocab]; device_map may end elsewhere
         verdict = self._verify(drafts, draft, logits, sampling, generator)
         seconds = time.perf_counter() - start
         recorder.record_forward("target", seconds, timed=pending.shape[1] == 1)

@@ -36,3 +36,10 @@ def forward_tensor(model, cache: DynamicCache, input_ids: torch.Tensor, keep: in
     """Like forward, with ids already a [1, n] tensor on the model's device (no host round trip)."""
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0, -keep:]
+
+
+@torch.inference_mode()
+def hidden_tensor(model, cache: DynamicCache, input_ids: torch.Tensor) -> torch.Tensor:
+    """The decoder's final hidden state at the last position [1, hidden], skipping the output head."""
+    out = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[:, -1]

@@ -39,11 +39,12 @@ def exact_first_two(target, ids, sampling) -> dict[tuple[int, int], float]:
     return joint
 
 
-def empirical_first_two(engine, ids, gamma) -> Counter:
+def empirical_first_two(engine, ids, gamma, drafter_vocab=0) -> Counter:
     counts = Counter()
+    speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab)
     for seed in range(RUNS):
         sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed})
-        done = [e for e in engine.stream(ids, sampling, SpeculationConfig(gamma=gamma))][-1]
+        done = [e for e in engine.stream(ids, sampling, speculation)][-1]
         assert isinstance(done, ReplyDone) and len(done.ids) == 2
         counts[tuple(done.ids)] += 1
     return counts
@@ -76,13 +77,13 @@ def setting(target, similar_drafter_model, tokenizer):
     return ids, exact_first_two(target, ids, SAMPLING)
 
 
-@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("gamma,drafter_vocab", [(1, 0), (3, 0), (2, 300)])
 def test_sampled_speculative_matches_target_distribution(setting, target, similar_drafter_model,
-                                                         tokenizer, gamma):
+                                                         tokenizer, gamma, drafter_vocab):
     ids, joint = setting
     assert 4 <= len(joint) <= 36  # top-k/top-p really cut the support
     engine = make_engine(target, similar_drafter_model, tokenizer)
-    counts = empirical_first_two(engine, ids, gamma)
+    counts = empirical_first_two(engine, ids, gamma, drafter_vocab)
     assert worst_deviation(joint, counts) <= 1.0
 
 

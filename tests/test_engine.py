@@ -65,6 +65,19 @@ def test_greedy_exact_for_other_seeds_and_auto_gamma(tokenizer, seed):
     assert list(auto.ids) == reference
 
 
+@pytest.mark.parametrize("limit", [256, 300])
+def test_a_drafter_restricted_to_low_ids_stays_exact(target, similar_drafter_model, tokenizer, limit):
+    ids = prompt_ids(tokenizer, PROMPTS[0])
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    speculation = SpeculationConfig(gamma=4, drafter_vocab=limit)
+    events = list(engine.stream(ids, GREEDY, speculation))
+    done = events[-1]
+    assert list(done.ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)
+    drafted = [t.id for t in events if isinstance(t, Token) and t.origin == Origin.DRAFTED]
+    rejected = [i for e in events if isinstance(e, Rejected) for i in e.ids]
+    assert drafted and all(i < limit for i in drafted + rejected)
+
+
 def test_gamma_zero_equals_target_only(target, unrelated_drafter_model, tokenizer):
     ids = prompt_ids(tokenizer, PROMPTS[1])
     events, done = run(make_engine(target, unrelated_drafter_model, tokenizer), ids, gamma=0)
