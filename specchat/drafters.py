@@ -13,6 +13,7 @@ import torch
 
 from specchat import kvcache
 from specchat.config import SamplingConfig
+from specchat.draft_vocab import DraftVocab
 from specchat.sampling import pick
 
 
@@ -35,16 +36,23 @@ class Drafter(Protocol):
 class ModelDrafter:
     """A small causal LM with its own KV cache. It sees only tokens it has not seen yet."""
 
-    def __init__(self, model, vocab_size: int, vocab_limit: int = 0):
+    def __init__(self, model, vocab_size: int):
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
-        # Propose only ids below this (0 = all). A cheaper output head; exactness is kept because
-        # the target verifies against the q the drafter really sampled from.
-        self.vocab_limit = vocab_limit
         self.cache = kvcache.new_cache(model)
+        self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
+        self.always_ids: frozenset[int] = frozenset()
+        self._vocab: DraftVocab | None = None
+
+    def configure(self, vocab_limit: int, always_ids) -> None:
+        """Use a DraftVocab of ids below vocab_limit (+ seen ids + always_ids); 0 turns it off."""
+        if vocab_limit != self.vocab_limit or frozenset(always_ids) != self.always_ids:
+            self._vocab = None
+        self.vocab_limit, self.always_ids = vocab_limit, frozenset(always_ids)
 
     def reset(self) -> None:
         self.cache = kvcache.new_cache(self.model)
+        self._vocab = None
 
     @property
     def seen(self) -> int:
@@ -60,30 +68,33 @@ class ModelDrafter:
         feed = ids[self.seen:]  # [>=1] tokens: the newest committed one, plus any catch-up
         device = self.model.get_input_embeddings().weight.device
         step_ids = torch.tensor([feed], dtype=torch.long, device=device)  # [1, n]
+        vocab = self._draft_vocab(ids)
         for _ in range(k):
             start = time.perf_counter()
-            token, q = pick(self._next_logits(step_ids), params, generator)  # [1], [1, width]
+            position, q = pick(self._next_logits(step_ids, vocab), params, generator)  # [1], [1, width]
+            token = vocab.to_ids(position) if vocab else position
             forwards.append((step_ids.shape[1], time.perf_counter() - start))
             tokens.append(token)
             probs.append(q)
             step_ids = token.view(1, 1)
-        q_probs = self._full_width(torch.cat(probs)) if probs and probs[0] is not None else None
+        q_probs = torch.cat(probs) if probs and probs[0] is not None else None
+        if q_probs is not None and vocab:
+            q_probs = vocab.full_width(q_probs, self.vocab_size)
         return Draft(torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long),
                      q_probs, forwards)
 
-    @torch.inference_mode()
-    def _next_logits(self, step_ids: torch.Tensor) -> torch.Tensor:
-        """[1, width] logits for the next token: the whole vocabulary, or only ids below vocab_limit."""
+    def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
         if not self.vocab_limit or self.vocab_limit >= self.vocab_size:
+            return None
+        if self._vocab is None:
+            self._vocab = DraftVocab(self.model.get_output_embeddings(), self.vocab_limit, self.always_ids)
+        self._vocab.update(ids)
+        return self._vocab
+
+    @torch.inference_mode()
+    def _next_logits(self, step_ids: torch.Tensor, vocab: DraftVocab | None) -> torch.Tensor:
+        """[1, width] logits for the next token over the whole vocabulary, or over a DraftVocab."""
+        if vocab is None:
             logits = kvcache.forward_tensor(self.model, self.cache, step_ids, keep=1)
             return logits[:, :self.vocab_size]
-        hidden = kvcache.hidden_tensor(self.model, self.cache, step_ids)  # [1, hidden]
-        head = self.model.get_output_embeddings()
-        bias = head.bias[:self.vocab_limit] if head.bias is not None else None
-        return torch.nn.functional.linear(hidden, head.weight[:self.vocab_limit], bias)
-
-    def _full_width(self, q: torch.Tensor) -> torch.Tensor:
-        """Pad [k, width] drafter probabilities to [k, vocab_size] with zeros for ids it never proposes."""
-        if q.shape[-1] == self.vocab_size:
-            return q
-        return torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))
+        return vocab.logits(kvcache.hidden_tensor(self.model, self.cache, step_ids))  # [1, hidden] -> [1, width]

@@ -94,7 +94,7 @@ class Engine:
 
     def _run(self, prompt_ids, sampling, speculation, cancel) -> Iterator[Event]:
         if self.drafter:
-            self.drafter.vocab_limit = speculation.drafter_vocab
+            self.drafter.configure(speculation.drafter_vocab, self.eos_ids)
         reused = self._adopt_prompt(prompt_ids)
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids), reused)
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
