@@ -61,6 +61,7 @@ class SpeculationConfig:
     compare: str = "off"      # off | on | drafter
     extra_eos: tuple = ()     # extra stop strings (each must be a single token)
     drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
+    draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ VALIDATORS = {
     else f"an integer from 0 to {GAMMA_MAX}, or auto",
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
+    ("speculation", "draft_confidence"): lambda v: None if 0.0 <= v < 1.0 else "a probability in [0, 1) (0 = off)",
     ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
     else "0 (the whole vocabulary) or an id limit of at least 256",
     ("ui", "context_limit"): _int_range(0, 10_000_000),

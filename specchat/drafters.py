@@ -24,6 +24,14 @@ class Draft:
     forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
 
 
+def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | None) -> float:
+    """The drafter's probability for the token it chose: q(x) when sampling, softmax max when greedy."""
+    if q is not None:
+        return float(q[0, position])
+    logits = logits.float()
+    return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1)))
+
+
 class Drafter(Protocol):
     def propose(self, ids: list[int], k: int, params: SamplingConfig,
                 generator: torch.Generator) -> Draft: ...
@@ -42,13 +50,16 @@ class ModelDrafter:
         self.cache = kvcache.new_cache(model)
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
+        self.min_confidence = 0.0     # stop drafting after a token the drafter gives less than this
         self._vocab: DraftVocab | None = None
 
-    def configure(self, vocab_limit: int, always_ids) -> None:
-        """Use a DraftVocab of ids below vocab_limit (+ seen ids + always_ids); 0 turns it off."""
+    def configure(self, vocab_limit: int, always_ids, min_confidence: float = 0.0) -> None:
+        """Use a DraftVocab of ids below vocab_limit (+ seen ids + always_ids), 0 turns it off;
+        and stop a draft early after a token whose drafter probability is below min_confidence."""
         if vocab_limit != self.vocab_limit or frozenset(always_ids) != self.always_ids:
             self._vocab = None
         self.vocab_limit, self.always_ids = vocab_limit, frozenset(always_ids)
+        self.min_confidence = min_confidence
 
     def reset(self) -> None:
         self.cache = kvcache.new_cache(self.model)
@@ -71,12 +82,15 @@ class ModelDrafter:
         vocab = self._draft_vocab(ids)
         for _ in range(k):
             start = time.perf_counter()
-            position, q = pick(self._next_logits(step_ids, vocab), params, generator)  # [1], [1, width]
+            logits = self._next_logits(step_ids, vocab)  # [1, width]
+            position, q = pick(logits, params, generator)  # [1], [1, width] or None when greedy
             token = vocab.to_ids(position) if vocab else position
             forwards.append((step_ids.shape[1], time.perf_counter() - start))
             tokens.append(token)
             probs.append(q)
             step_ids = token.view(1, 1)
+            if self.min_confidence and confidence(logits, position, q) < self.min_confidence:
+                break  # a draft the drafter itself doubts is likely rejected: verify what we have
         q_probs = torch.cat(probs) if probs and probs[0] is not None else None
         if q_probs is not None and vocab:
             q_probs = vocab.full_width(q_probs, self.vocab_size)

@@ -94,7 +94,7 @@ class Engine:
 
     def _run(self, prompt_ids, sampling, speculation, cancel) -> Iterator[Event]:
         if self.drafter:
-            self.drafter.configure(speculation.drafter_vocab, self.eos_ids)
+            self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.draft_confidence)
         reused = self._adopt_prompt(prompt_ids)
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids), reused)
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
@@ -136,19 +136,20 @@ class Engine:
 
     def _speculative_step(self, gamma, sampling, generator, recorder, mode) -> StepResult:
         draft = self._draft(gamma, sampling, generator, recorder)
-        drafts = draft.tokens.to(self.device)  # [gamma]
+        drafts = draft.tokens.to(self.device)  # [drafted]; drafted <= gamma (a draft may end early)
+        drafted = drafts.shape[0]
         pending = torch.tensor([self.ids[self.target_seen:]], dtype=torch.long, device=self.device)
-        feed = torch.cat([pending, drafts.view(1, -1)], dim=1)  # [1, pending + gamma]
+        feed = torch.cat([pending, drafts.view(1, -1)], dim=1)  # [1, pending + drafted]
         start = time.perf_counter()
-        logits = kvcache.forward_tensor(self.target, self.cache, feed, keep=gamma + 1)
-        logits = logits[:, :self.vocab_size].to(self.device)  # [gamma+1, vocab]; device_map may end elsewhere
+        logits = kvcache.forward_tensor(self.target, self.cache, feed, keep=drafted + 1)
+        logits = logits[:, :self.vocab_size].to(self.device)  # [drafted+1, vocab]; device_map may end elsewhere
         verdict = self._verify(drafts, draft, logits, sampling, generator)
         seconds = time.perf_counter() - start
         recorder.record_forward("target", seconds, timed=pending.shape[1] == 1)
         if pending.shape[1] == 1:
             self.auto.observe_cost("target", seconds)
-        self.auto.observe(gamma, verdict.accepted)
-        return self._step_result(drafts.tolist(), verdict, gamma, mode)
+        self.auto.observe(drafted, verdict.accepted)
+        return self._step_result(drafts.tolist(), verdict, drafted, mode)
 
     def _draft(self, gamma, sampling, generator, recorder) -> Draft:
         if gamma == 0:

@@ -110,3 +110,12 @@ def test_drafter_only_mode_matches_drafter_greedy(target, unrelated_drafter_mode
     events, done = run(make_engine(target, unrelated_drafter_model, tokenizer), ids, mode="drafter")
     assert list(done.ids) == hf_greedy(unrelated_drafter_model, ids, GREEDY.max_new_tokens)
     assert {e.origin for e in events if isinstance(e, Token)} == {Origin.DRAFTER}
+
+
+def test_a_draft_may_end_early_when_the_drafter_doubts_itself(target, similar_drafter_model, tokenizer):
+    ids = prompt_ids(tokenizer, PROMPTS[1])
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    events = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=8, draft_confidence=0.5)))
+    steps = [e for e in events if isinstance(e, StepDone)]
+    assert list(events[-1].ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)
+    assert any(0 < s.drafted < 8 for s in steps[:-2])  # shortened by confidence, not by the token limit
