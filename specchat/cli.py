@@ -6,6 +6,7 @@ Every error a user can cause ends in one line on stderr and a non-zero exit stat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -68,13 +69,13 @@ def default_compare(pair) -> CompareFn:
 USER_ERRORS = (UsageError, ConfigError, ChatError, ModelLoadError)  # one line, no traceback
 
 
-def load_with_progress(cfg, load: Loader, console: Console):
-    """Call the loader, drawing its progress(message, fraction|None) reports as a rich bar.
+def with_progress(console: Console, work: Callable):
+    """Run work(report) while drawing its report(message, fraction|None) calls as a rich bar.
 
     When the console is not a terminal, each distinct message is written once as a plain line.
     """
     if not console.is_terminal:
-        return load(cfg, PlainProgress(console))
+        return work(PlainProgress(console))
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -83,7 +84,30 @@ def load_with_progress(cfg, load: Loader, console: Console):
         def report(message: str, fraction: float | None = None) -> None:
             progress.update(task, description=message, total=None if fraction is None else 1.0,
                             completed=fraction or 0.0)
-        return load(cfg, report)
+        return work(report)
+
+
+def warm_up(session: ChatSession) -> None:
+    """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply."""
+    cfg = session.config
+    mode = "spec" if session.has_drafter else "target"
+    sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
+    speculation = dataclasses.replace(cfg.speculation, mode=mode)
+    ids = session.render([{"role": "user", "content": "Say hello."}])
+    for _ in session.engine.stream(ids, sampling, speculation):
+        continue
+    session.engine.reset()
+
+
+def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: Console):
+    """Load the pair, start the session and warm the models up, all under one progress display."""
+    def work(report):
+        pair = load(cfg, report)
+        session = start_session(cfg, pair, compare)
+        report("warming up the models", None)
+        warm_up(session)
+        return pair, session
+    return with_progress(console, work)
 
 
 class PlainProgress:
@@ -158,8 +182,7 @@ def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdou
     color = render.color_wanted(cfg.ui.color, stdout)
     renderer = render.Renderer(render.make_console(color, stdout), cfg.ui.show_rejected)
     status = render.make_console(render.color_wanted(cfg.ui.color, stderr), stderr)
-    pair = load_with_progress(cfg, load, status)
-    session = start_session(cfg, pair, compare)
+    pair, session = prepare(cfg, load, compare, status)
     if prompt is not None:
         return run_once(session, prompt, renderer, args.json, stdout)
     renderer.info(render.banner(pair))

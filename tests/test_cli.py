@@ -59,6 +59,7 @@ def test_json_output_is_one_object_with_the_exact_prompt_ids(pair, tokenizer):
     assert "".join(t["text"] for t in data["tokens"]) == data["text"]
     assert {t["origin"] for t in data["tokens"]} <= {"drafted", "corrected", "bonus", "target"}
     assert data["stats"]["gamma"] == 2 and data["stats"]["prompt_tokens"] == len(data["prompt_ids"])
+    assert data["stats"]["reused_tokens"] == 0  # the warm-up reply left no cached state behind
 
 
 def test_prompt_from_stdin_when_it_is_not_a_terminal(pair):
@@ -112,7 +113,7 @@ def test_too_long_prompt_is_refused_in_one_line(tokenizer, target, unrelated_dra
     status, _, err = run_cli(["--prompt", "word " * 50, "sampling.max_new_tokens=4"], small)
     assert status == 1
     progress_lines, error = err.rstrip("\n").rsplit("\n", 1)
-    assert progress_lines == "building tiny models\nready"
+    assert progress_lines == "building tiny models\nready\nwarming up the models"
     assert error.startswith("specchat: error: the message needs ")
 
 
