@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from specchat import render
 from specchat.chat import ChatError, ChatSession, CompareFn
@@ -76,7 +76,7 @@ def with_progress(console: Console, work: Callable):
     """
     if not console.is_terminal:
         return work(PlainProgress(console))
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("loading models", total=None)
