@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -9,8 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfig
-from specchat.drafters import ModelDrafter
-from specchat.engine import Engine
+from specchat.engine import build_engine
 from specchat.events import ReplyDone
 
 SPEC_GAMMAS = (2, 4, 6, 8, GAMMA_AUTO)
@@ -60,12 +60,13 @@ def default_methods(cfg: Config) -> list[Method]:
 
 
 class Runner:
-    def __init__(self, pair, methods: list[Method], system_prompt: str):
+    def __init__(self, pair, methods: list[Method], system_prompt: str,
+                 speculation: SpeculationConfig = SpeculationConfig()):
         self.pair = pair
+        self.speculation = speculation  # drafter_vocab, draft_confidence: as configured
         self.methods = methods
         self.system_prompt = system_prompt
-        drafter = ModelDrafter(pair.drafter, pair.vocab_size) if pair.drafter is not None else None
-        self.engine = Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size)
+        self.engine = build_engine(pair)
         self._assistant_defaults = copy.deepcopy(pair.drafter.generation_config) if pair.drafter else None
 
     @classmethod
@@ -73,11 +74,13 @@ class Runner:
         from specchat.models import load_pair
         with console.status("loading the model pair…") as status:
             pair = load_pair(cfg, lambda message, fraction: status.update(message))
-        return cls(pair, methods, cfg.ui.system_prompt)
+        return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation)
 
     def meta(self) -> dict:
         facts = [self.pair.target_facts, self.pair.drafter_facts]
         return {"target": _facts(facts[0]), "drafter": _facts(facts[1]) if facts[1] else None,
+                "drafter_vocab": self.speculation.drafter_vocab,
+                "draft_confidence": self.speculation.draft_confidence,
                 "torch_threads": torch.get_num_threads()}
 
     def prompt_ids(self, prompt: dict) -> list[int]:
@@ -98,7 +101,7 @@ class Runner:
 
     def _specchat(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
         self.engine.reset()  # every method pays its own prefill, as generate() does
-        speculation = SpeculationConfig(gamma=method.gamma or 0, mode=method.mode)
+        speculation = dataclasses.replace(self.speculation, gamma=method.gamma or 0, mode=method.mode)
         done = [e for e in self.engine.stream(ids, sampling, speculation) if isinstance(e, ReplyDone)][0]
         s = done.stats
         spec = method.mode == "spec"

@@ -20,8 +20,7 @@ from specchat import render
 from specchat.chat import ChatError, ChatSession, CompareFn
 from specchat.commands import build_registry
 from specchat.config import Config, ConfigError, load_config, with_value
-from specchat.drafters import ModelDrafter
-from specchat.engine import Engine
+from specchat.engine import build_engine
 from specchat.events import ReplyDone, Token
 from specchat.loaderrors import ModelLoadError
 from specchat.models import load_pair
@@ -119,11 +118,6 @@ class PlainProgress:
         if message != self.last:
             self.console.print(message, soft_wrap=True)
             self.last = message
-
-
-def build_engine(pair) -> Engine:
-    drafter = ModelDrafter(pair.drafter, pair.vocab_size) if pair.drafter is not None else None
-    return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size)
 
 
 def read_config(args) -> Config:

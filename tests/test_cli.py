@@ -36,7 +36,7 @@ def run_cli(argv, pair, stdin_text="", stdin=None, load=None):
 
 
 def test_one_shot_prints_reply_and_stats_line(pair):
-    status, out, err = run_cli(["--prompt", "hello there", "sampling.max_new_tokens=6"], pair)
+    status, out, err = run_cli(["--prompt", "hello there", "sampling.max_new_tokens=6", "speculation.gamma=4"], pair)
     assert status == 0, err
     reply, stats, rest = out.split("\n", 2) if out.count("\n") >= 2 else (*out.split("\n", 1), "")
     assert re.fullmatch(r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · accepted \d+/\d+ drafts \(\d+%\) · "
