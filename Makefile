@@ -30,8 +30,10 @@ test: install-test install-models
 chat: install-models
 	$(PY) infer.py
 
+# e.g. make bench BENCH_ARGS="--quick"
+BENCH_ARGS ?=
 bench: install-models $(VENV)/.installed-bench
-	$(PY) -m specchat.bench
+	$(PY) -m specchat.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

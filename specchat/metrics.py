@@ -31,6 +31,7 @@ class ReplyStats:
     drafted: int = 0
     accepted: int = 0
     draft_steps: int = 0  # steps that drafted at least one token
+    rejections: int = 0   # steps that ended with a rejected draft
     target_forwards: int = 0
     drafter_forwards: int = 0
     wall_s: float = 0.0
@@ -73,15 +74,23 @@ class ReplyStats:
         return self.drafted / self.draft_steps if self.draft_steps else 0.0
 
     @property
+    def alpha_per_token(self) -> float:
+        """Leviathan et al.'s alpha: the chance one draft is accepted, accepted / (accepted + rejections).
+
+        accepted/drafted understates it: drafts after a rejection are counted but never judged."""
+        judged = self.accepted + self.rejections
+        return self.accepted / judged if judged else 0.0
+
+    @property
     def predicted_speedup(self) -> float:
         """Leviathan et al.'s bound from the measured alpha and c at the gamma actually used."""
-        return leviathan_speedup(self.acceptance_rate, round(self.mean_gamma), self.cost_ratio)
+        return leviathan_speedup(self.alpha_per_token, round(self.mean_gamma), self.cost_ratio)
 
     def to_dict(self) -> dict:
         plain = {k: v for k, v in self.__dict__.items()}
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
         for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "cost_ratio",
-                     "per_position_rate", "mean_gamma", "predicted_speedup"):
+                     "per_position_rate", "mean_gamma", "alpha_per_token", "predicted_speedup"):
             plain[name] = getattr(self, name)
         return plain
 
@@ -101,6 +110,7 @@ class StatsRecorder:
         s.accepted += accepted
         if drafted:
             s.draft_steps += 1
+            s.rejections += 1 if accepted < drafted else 0
             s.accepted_histogram[accepted] = s.accepted_histogram.get(accepted, 0) + 1
         while len(s.per_position_drafted) < drafted:
             s.per_position_drafted.append(0)

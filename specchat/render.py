@@ -265,7 +265,7 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
         ("cost c", f"{stats.cost_ratio:.3f} (drafter forward ÷ target forward)"),
         ("speedup", f"measured {measured_speedup(stats):.2f}× (vs one target forward per token) "
                     f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α "
-                    f"{stats.acceptance_rate:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
+                    f"{stats.alpha_per_token:.2f} per draft, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
         ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)"}
          .get(stop_reason, stop_reason)),
     ]

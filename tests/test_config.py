@@ -17,7 +17,7 @@ def test_default_config_is_the_bundled_pair():
     assert cfg.target.source == "bundled:qwen2.5-coder-1.5b-instruct"
     assert cfg.drafter.source == "bundled:qwen2.5-coder-0.5b-instruct"
     assert (cfg.target.dtype, cfg.target.quantization, cfg.target.device) == ("auto", "none", "auto")
-    assert cfg.speculation.mode == "spec" and cfg.speculation.gamma == 4
+    assert cfg.speculation.mode == "spec" and cfg.speculation.gamma == GAMMA_AUTO and cfg.speculation.drafter_vocab == 32768
     assert cfg.sampling.is_greedy
 
 
@@ -60,7 +60,7 @@ def test_overrides_are_typed_from_the_current_value():
 def test_overrides_leave_the_original_untouched():
     base = load_config()
     changed = apply_overrides(base, ["speculation.gamma=7"])
-    assert base.speculation.gamma == 4 and changed.speculation.gamma == 7
+    assert base.speculation.gamma == GAMMA_AUTO and changed.speculation.gamma == 7
 
 
 @pytest.mark.parametrize("override, message", [
