@@ -62,7 +62,7 @@ def default_compare(pair) -> CompareFn:
     """Compare mode's reruns on their own caches, drawn side by side (specchat.compare)."""
     from specchat.compare import Comparer
     from specchat.compare_view import view_compare_fn
-    return view_compare_fn(Comparer(pair.target, pair.tokenizer, pair.drafter, pair.eos_ids, pair.vocab_size))
+    return view_compare_fn(Comparer(pair))
 
 
 USER_ERRORS = (UsageError, ConfigError, ChatError, ModelLoadError)  # one line, no traceback

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat import kvcache
-from specchat.drafters import ModelDrafter
-from specchat.engine import Engine
+from specchat.engine import Engine, build_engine
 from specchat.events import ReplyDone
 from specchat.metrics import ReplyStats
 
@@ -67,12 +66,11 @@ class CompareReport:
 class Comparer:
     """The compare_fn a ChatSession calls after each reply when compare mode is on."""
 
-    def __init__(self, target, tokenizer, drafter, eos_ids, vocab_size: int):
-        self.target = target
-        self.tokenizer = tokenizer
-        self.target_engine = Engine(target, tokenizer, None, eos_ids, vocab_size)
-        self.drafter_engine = (Engine(target, tokenizer, ModelDrafter(drafter, vocab_size), eos_ids, vocab_size)
-                               if drafter is not None else None)
+    def __init__(self, pair):
+        self.target = pair.target
+        self.tokenizer = pair.tokenizer
+        self.target_engine = build_engine(pair, with_drafter=False)
+        self.drafter_engine = build_engine(pair) if pair.drafter is not None else None
 
     def __call__(self, session, prompt_ids: list[int], done: ReplyDone,
                  cancel: threading.Event) -> Iterator[CompareReport]:

@@ -12,13 +12,15 @@ from specchat.chat import ChatSession
 from specchat.compare import Comparer, CompareReport
 from specchat.compare_view import CompareView, view_compare_fn
 from specchat.config import Config, with_value
+from specchat.models import LoadedPair, ModelFacts
 
 
 def session_with_compare(target, drafter, tokenizer, compare="on", temperature=0.0):
     cfg = with_value(Config(), "speculation.compare", compare)
     cfg = with_value(cfg, "sampling.max_new_tokens", 24)
     cfg = with_value(cfg, "sampling.temperature", temperature)
-    comparer = Comparer(target, tokenizer, drafter, eos_ids={2}, vocab_size=len(tokenizer))
+    facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
+    comparer = Comparer(LoadedPair(target, drafter, tokenizer, {2}, len(tokenizer), 1024, facts, facts))
     session = ChatSession(make_engine(target, drafter, tokenizer, eos_ids={2}), tokenizer, cfg, 1024,
                           compare_fn=comparer)
     return session, comparer
