@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import torch
 
+from specchat.int8_weights import head_rows
+
 
 class DraftVocab:
     def __init__(self, head: torch.nn.Module, limit: int, always_ids=()):
         self.head = head
         self.limit = limit
+        self._low = head_rows(head, slice(0, limit))
         self._extra: list[int] = sorted({int(i) for i in always_ids if i >= limit})
         self._extra_index = torch.tensor(self._extra, dtype=torch.long)
-        self._extra_weight = None  # [len(extra), hidden], rebuilt when the set grows
+        self._high = None          # the head's rows for the extra ids, rebuilt when the set grows
         self._scanned = 0          # how much of the id list has been looked at
 
     @property
@@ -32,20 +35,16 @@ class DraftVocab:
         if fresh:
             self._extra = sorted(set(self._extra) | fresh)
             self._extra_index = torch.tensor(self._extra, dtype=torch.long)
-            self._extra_weight = None
+            self._high = None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[1, hidden] -> [1, width]: ids below the limit first, then the extra ids in order."""
-        weight, bias = self.head.weight, self.head.bias
-        low = torch.nn.functional.linear(hidden, weight[:self.limit], None if bias is None else bias[:self.limit])
+        low = self._low(hidden)
         if not self._extra:
             return low
-        if self._extra_weight is None:
-            index = self._extra_index.to(weight.device)
-            self._extra_weight = (weight.index_select(0, index),
-                                  None if bias is None else bias.index_select(0, index))
-        high = torch.nn.functional.linear(hidden, *self._extra_weight)
-        return torch.cat([low, high], dim=-1)
+        if self._high is None:
+            self._high = head_rows(self.head, self._extra_index.to(hidden.device))
+        return torch.cat([low, self._high(hidden)], dim=-1)
 
     def to_ids(self, positions: torch.Tensor) -> torch.Tensor:
         """Positions in [0, width) -> vocabulary ids."""

@@ -16,6 +16,7 @@ import torch
 
 from specchat.config import Config, ModelConfig
 from specchat.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
+from specchat.int8_weights import quantize_linears
 from specchat.loaderrors import ModelLoadError, one_line
 from specchat.sources import Source, resolve_source
 from specchat.tokenizer_check import check_pair, output_width, stop_ids
@@ -41,7 +42,7 @@ class ModelFacts:
     source: str
     params: int
     dtype: str
-    quantization: str       # none | 4bit | 8bit | the GGUF's type, e.g. Q4_K_M
+    quantization: str       # none | 4bit | 8bit | int8 | the GGUF's type, e.g. Q4_K_M(→int8)
     device: str             # cpu | cuda:0 | "cuda:0,cuda:1" when spread by device_map
     memory_bytes: int
     load_s: float
@@ -92,8 +93,12 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     checkpoint = checkpoint_for(source, mc, dtype, progress)
     _report(progress, f"loading {role} {source.name}", None)
     model = _load_weights(checkpoint, mc, source, kwargs)
+    params = model.num_parameters()  # before int8 turns weights into buffers
+    if mc.quantization == "int8":
+        _report(progress, f"quantizing {role} {source.name} to int8", None)
+        quantize_linears(model)
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
-    facts = ModelFacts(source.name, mc.source, model.num_parameters(), dtype_name(dtype),
+    facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        model.get_memory_footprint(), round(time.perf_counter() - start, 2), template)
     return model, tokenizer, facts

@@ -18,7 +18,8 @@ def special_tokens(tokenizer) -> dict[str, int]:
 
 
 def output_width(model) -> int:
-    return model.get_output_embeddings().weight.shape[0]
+    head = model.get_output_embeddings()
+    return getattr(head, "out_features", None) or head.weight.shape[0]
 
 
 def check_pair(target_tok, drafter_tok, drafter_model, target_name: str, drafter_name: str) -> None:

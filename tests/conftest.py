@@ -75,6 +75,15 @@ def similar_drafter_model(target):
     return drafter
 
 
+@pytest.fixture(scope="session")
+def int8_drafter_model(similar_drafter_model):
+    """The similar drafter with weight-only int8 layers (its q differs a little from the float one)."""
+    from specchat.int8_weights import quantize_linears
+    drafter = copy.deepcopy(similar_drafter_model)
+    quantize_linears(drafter)
+    return drafter
+
+
 def make_engine(target, drafter_model, tokenizer, eos_ids=()) -> Engine:
     drafter = ModelDrafter(drafter_model, len(tokenizer)) if drafter_model is not None else None
     return Engine(target, tokenizer, drafter, eos_ids=eos_ids)

@@ -77,12 +77,15 @@ def setting(target, similar_drafter_model, tokenizer):
     return ids, exact_first_two(target, ids, SAMPLING)
 
 
-@pytest.mark.parametrize("gamma,drafter_vocab", [(1, 0), (3, 0), (2, 300)])
-def test_sampled_speculative_matches_target_distribution(setting, target, similar_drafter_model,
-                                                         tokenizer, gamma, drafter_vocab):
+@pytest.mark.parametrize("gamma,drafter_vocab,drafter", [(1, 0, "similar_drafter_model"),
+                                                         (3, 0, "similar_drafter_model"),
+                                                         (2, 300, "similar_drafter_model"),
+                                                         (2, 300, "int8_drafter_model")])
+def test_sampled_speculative_matches_target_distribution(setting, target, tokenizer, gamma, drafter_vocab,
+                                                         drafter, request):
     ids, joint = setting
     assert 4 <= len(joint) <= 36  # top-k/top-p really cut the support
-    engine = make_engine(target, similar_drafter_model, tokenizer)
+    engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
     counts = empirical_first_two(engine, ids, gamma, drafter_vocab)
     assert worst_deviation(joint, counts) <= 1.0
 

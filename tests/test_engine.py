@@ -29,7 +29,7 @@ def hf_greedy(model, ids, n):
 
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
 @pytest.mark.parametrize("text", PROMPTS)
-@pytest.mark.parametrize("drafter", ["unrelated_drafter_model", "similar_drafter_model"])
+@pytest.mark.parametrize("drafter", ["unrelated_drafter_model", "similar_drafter_model", "int8_drafter_model"])
 def test_greedy_speculative_equals_target_only_and_transformers(target, drafter, tokenizer, gamma,
                                                                  text, request):
     ids = prompt_ids(tokenizer, text)

@@ -278,7 +278,8 @@ def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache
 
 
 # ----- bitsandbytes on the CPU ---------------------------------------------------------------------
-@pytest.mark.parametrize("quantization, layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt")])
+@pytest.mark.parametrize("quantization, layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt"),
+                                                 ("int8", "Int8Linear")])
 def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_dir, tok,
                                                             quantization, layer):
     cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]), quantization=quantization)
@@ -288,6 +289,16 @@ def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_
     assert pair.target_facts.params == sum(p.numel() for p in target_dir[1].parameters())
     assert pair.target_facts.memory_bytes < target_dir[1].get_memory_footprint()
     for text in (PROMPT, "The quick brown", "Hello, how are you"):
+        ids = tok.encode(text)
+        assert greedy_reply(pair, "spec", ids, n=32) == greedy_reply(pair, "target", ids, n=32)
+
+
+def test_int8_drafter_keeps_greedy_speculation_exact(target_dir, drafter_dir, tok):
+    cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]))
+    pair = load_pair(replace(cfg, drafter=replace(cfg.drafter, quantization="int8")))
+    assert type(pair.drafter.lm_head).__name__ == "Int8Linear"
+    assert pair.drafter_facts.quantization == "int8"
+    for text in (PROMPT, "The quick brown"):
         ids = tok.encode(text)
         assert greedy_reply(pair, "spec", ids, n=32) == greedy_reply(pair, "target", ids, n=32)
 

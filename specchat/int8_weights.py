@@ -1,0 +1,78 @@
+"""Weight-only int8 linear layers: half the bytes of bf16 per decoding step, torch's own CPU kernel.
+
+A drafter decoding one token at a time on a CPU is bound by how fast it reads its weights, so
+storing them as int8 (one scale per output row) nearly halves its forward time. Speculative
+decoding stays exact with such a drafter: the target verifies every draft against the q the
+quantized drafter really sampled from. Activations keep the model's dtype.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Int8Linear(nn.Module):
+    """y = x @ (w8 * scale).T + bias, with w8 int8 [out, in] and scale [out] in the input dtype."""
+
+    def __init__(self, w8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.register_buffer("w8", w8)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+        self.in_features, self.out_features = w8.shape[1], w8.shape[0]
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+        """Symmetric per-row quantization of a float weight [out, in]."""
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        w8 = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        kept_bias = None if bias is None else bias.detach().clone()
+        return cls(w8.contiguous(), scale.to(weight.dtype), kept_bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        return cls.from_weight(linear.weight, linear.bias)
+
+    def rows(self, index: torch.Tensor | slice) -> "Int8Linear":
+        """A layer computing only the output rows `index` (a slice is a view, no copy)."""
+        bias = None if self.bias is None else self.bias[index]
+        return Int8Linear(self.w8[index].contiguous(), self.scale[index], bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        scale = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
+        if flat.device.type == "cpu":
+            y = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), self.w8, scale)
+        else:  # no fused kernel assumed off the CPU: dequantize on the fly (correct, not fast)
+            y = nn.functional.linear(flat, self.w8.to(x.dtype) * scale[:, None])
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
+
+
+def quantize_linears(model: nn.Module) -> int:
+    """Replace every nn.Linear in `model` (the output head included) by an Int8Linear.
+
+    A head tied to the input embeddings is untied: the embeddings keep their float weights.
+    Returns how many layers were replaced.
+    """
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(parent, name, Int8Linear.from_linear(child))
+                replaced += 1
+    return replaced
+
+
+def head_rows(head: nn.Module, index: torch.Tensor | slice):
+    """A callable computing only the output rows `index` of an output head (nn.Linear or Int8Linear)."""
+    if isinstance(head, Int8Linear):
+        return head.rows(index)
+    weight = head.weight[index]
+    bias = None if head.bias is None else head.bias[index]
+    return lambda hidden: nn.functional.linear(hidden, weight, bias)
