@@ -4,6 +4,12 @@ alpha is estimated as a geometric acceptance rate: accepted / (accepted + reject
 maximum-likelihood estimate when each draft position is accepted independently with probability
 alpha until the first rejection. Both alpha and c decay, so the choice follows the text.
 When no gamma beats target-only, it drafts nothing, probing with gamma 1 now and then.
+
+Otherwise a draft runs up to `max_draft` tokens and ends once the drafter's own probability that
+all its tokens so far are right (the product of its confidences, `path`) drops below
+path_floor(): one more token then adds about k * path * alpha expected tokens, less than the
+c * speedup tokens its drafter forward would buy at the current rate. k calibrates the drafter's
+confidence: measured accepted tokens over the sum of the paths it predicted.
 """
 from __future__ import annotations
 
@@ -24,6 +30,9 @@ class AutoGamma:
     decay: float = 0.9
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
+    max_draft: int = 12        # longest draft when ending drafts by the drafter's confidence
+    path_said: float = 1.0     # decayed sums for calibrating the drafter's confidence
+    path_seen: float = 1.0
     _idle_steps: int = 0
 
     @property
@@ -48,6 +57,32 @@ class AutoGamma:
                 self._idle_steps = 0
                 return 1
         return best_gamma
+
+    def plan(self) -> tuple[int, float]:
+        """(most tokens to draft this step, path floor for ending the draft early)."""
+        gamma = self.choose()
+        if gamma <= 1:
+            return gamma, 0.0  # off, or probing: no early end
+        return max(gamma, self.max_draft), self.path_floor(gamma)
+
+    @property
+    def calibration(self) -> float:
+        return self.path_seen / self.path_said
+
+    def path_floor(self, gamma: int) -> float:
+        speedup = max(1.0, leviathan_speedup(self.alpha, gamma, self.cost_ratio))
+        return min(0.95, self.cost_ratio * speedup / max(self.alpha * self.calibration, 1e-3))
+
+    def observe_path(self, confidences: list[float], accepted: int) -> None:
+        """Compare the paths the drafter predicted with how many of its tokens were accepted."""
+        if not confidences:
+            return
+        path, said = 1.0, 0.0
+        for sure in confidences:
+            path *= sure
+            said += path
+        self.path_said = self.path_said * self.decay + said
+        self.path_seen = self.path_seen * self.decay + accepted
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0:

@@ -6,7 +6,7 @@ A drafter keeps its own state (e.g. a KV cache) in step with the committed seque
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -22,6 +22,7 @@ class Draft:
     tokens: torch.Tensor          # [k] int64
     q_probs: torch.Tensor | None  # [k, vocab] drafter probabilities (None when greedy)
     forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
+    confidences: list[float] = field(default_factory=list)  # per token, when a draft may end early
 
 
 def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | None) -> float:
@@ -34,7 +35,7 @@ def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | N
 
 class Drafter(Protocol):
     def propose(self, ids: list[int], k: int, params: SamplingConfig,
-                generator: torch.Generator) -> Draft: ...
+                generator: torch.Generator, path_floor: float = 0.0) -> Draft: ...
 
     def rollback(self, committed_len: int) -> None: ...
 
@@ -74,8 +75,11 @@ class ModelDrafter:
         kvcache.crop_to(self.cache, min(self.seen, committed_len - 1))
 
     def propose(self, ids: list[int], k: int, params: SamplingConfig,
-                generator: torch.Generator) -> Draft:
-        tokens, probs, forwards = [], [], []
+                generator: torch.Generator, path_floor: float = 0.0) -> Draft:
+        """Up to k tokens. The draft ends early after a token whose confidence is below
+        min_confidence, or once the product of the confidences so far is below path_floor."""
+        tokens, probs, forwards, confidences = [], [], [], []
+        path = 1.0  # the drafter's own probability that every token so far is right
         feed = ids[self.seen:]  # [>=1] tokens: the newest committed one, plus any catch-up
         device = self.model.get_input_embeddings().weight.device
         step_ids = torch.tensor([feed], dtype=torch.long, device=device)  # [1, n]
@@ -89,13 +93,17 @@ class ModelDrafter:
             tokens.append(token)
             probs.append(q)
             step_ids = token.view(1, 1)
-            if self.min_confidence and confidence(logits, position, q) < self.min_confidence:
-                break  # a draft the drafter itself doubts is likely rejected: verify what we have
+            if self.min_confidence or path_floor:
+                sure = confidence(logits, position, q)
+                confidences.append(sure)
+                path *= sure
+                if sure < self.min_confidence or path < path_floor:
+                    break  # a draft the drafter itself doubts is likely rejected: verify what we have
         q_probs = torch.cat(probs) if probs and probs[0] is not None else None
         if q_probs is not None and vocab:
             q_probs = vocab.full_width(q_probs, self.vocab_size)
         return Draft(torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long),
-                     q_probs, forwards)
+                     q_probs, forwards, confidences)
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
         if not self.vocab_limit or self.vocab_limit >= self.vocab_size:

@@ -119,23 +119,24 @@ class Engine:
         reply_ids = tuple(self.ids[len(prompt_ids):])
         yield ReplyDone(stats, detok.text, reply_ids, stop_reason)
 
-    def _gamma_for_step(self, speculation: SpeculationConfig, remaining: int) -> int:
-        gamma = self.auto.choose() if speculation.gamma == GAMMA_AUTO else speculation.gamma
-        return max(0, min(gamma, remaining - 1))  # never draft past max_new_tokens
+    def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> tuple[int, float]:
+        """(most tokens to draft, path floor): auto gamma plans both, a fixed gamma has no floor."""
+        gamma, floor = self.auto.plan() if speculation.gamma == GAMMA_AUTO else (speculation.gamma, 0.0)
+        return max(0, min(gamma, remaining - 1)), floor  # never draft past max_new_tokens
 
     def _step(self, speculation, sampling, remaining, generator, recorder) -> StepResult:
         if speculation.mode == "drafter":
             return self._drafter_step(sampling, generator, recorder)
-        gamma = 0 if speculation.mode == "target" else self._gamma_for_step(speculation, remaining)
-        return self._speculative_step(gamma, sampling, generator, recorder, speculation.mode)
+        gamma, floor = (0, 0.0) if speculation.mode == "target" else self._draft_plan(speculation, remaining)
+        return self._speculative_step(gamma, floor, sampling, generator, recorder, speculation.mode)
 
     def _drafter_step(self, sampling, generator, recorder) -> StepResult:
         draft = self.drafter.propose(self.ids, 1, sampling, generator)
         self._record_drafter(draft, recorder)
         return StepResult([int(draft.tokens[0])], [Origin.DRAFTER], [], 0, 0)
 
-    def _speculative_step(self, gamma, sampling, generator, recorder, mode) -> StepResult:
-        draft = self._draft(gamma, sampling, generator, recorder)
+    def _speculative_step(self, gamma, floor, sampling, generator, recorder, mode) -> StepResult:
+        draft = self._draft(gamma, floor, sampling, generator, recorder)
         drafts = draft.tokens.to(self.device)  # [drafted]; drafted <= gamma (a draft may end early)
         drafted = drafts.shape[0]
         pending = torch.tensor([self.ids[self.target_seen:]], dtype=torch.long, device=self.device)
@@ -149,12 +150,13 @@ class Engine:
         if pending.shape[1] == 1:
             self.auto.observe_cost("target", seconds)
         self.auto.observe(drafted, verdict.accepted)
+        self.auto.observe_path(draft.confidences, verdict.accepted)
         return self._step_result(drafts.tolist(), verdict, drafted, mode)
 
-    def _draft(self, gamma, sampling, generator, recorder) -> Draft:
+    def _draft(self, gamma, floor, sampling, generator, recorder) -> Draft:
         if gamma == 0:
             return Draft(torch.empty(0, dtype=torch.long), None, [])
-        draft = self.drafter.propose(self.ids, gamma, sampling, generator)
+        draft = self.drafter.propose(self.ids, gamma, sampling, generator, floor)
         self._record_drafter(draft, recorder)
         return draft
 
