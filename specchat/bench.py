@@ -35,7 +35,9 @@ class Row:
     method: Method
     measurements: list[Measurement] = field(default_factory=list)
     vs_target: list[float] = field(default_factory=list)
-    vs_hf: list[float] = field(default_factory=list)
+    vs_hf: list[float] = field(default_factory=list)           # vs the best HF assisted, same drafter
+    vs_hf_unquantized: list[float] = field(default_factory=list)  # vs the best on the unquantized drafter
+    kinds: list[str] = field(default_factory=list)             # each prompt's kind (code, chat, ...)
     mismatches: list[str] = field(default_factory=list)
 
 
@@ -71,7 +73,7 @@ def run_bench(runner: Runner, prompts: list[dict], settings: list[str], max_new:
             for method in runner.methods:
                 results[method.name] = runner.measure(method, prompt, sampling)
                 progress(f"{setting} · {prompt['name']} · {method.name}")
-            _add_prompt_results(rows, setting, prompt["name"], results, sampling.is_greedy)
+            _add_prompt_results(rows, setting, prompt, results, sampling.is_greedy)
     return list(rows.values())
 
 
@@ -79,18 +81,25 @@ def _with(sampling: SamplingConfig, **changes) -> SamplingConfig:
     return SamplingConfig(**{**sampling.__dict__, **changes})
 
 
-def _add_prompt_results(rows, setting, prompt_name, results: dict[str, Measurement], greedy: bool) -> None:
+def _best_hf(rows, setting, results: dict[str, Measurement], drafter: str) -> Measurement | None:
+    assisted = [m for name, m in results.items()
+                if rows[(setting, name)].method.mode == "assisted" and rows[(setting, name)].method.drafter == drafter]
+    return max(assisted, key=lambda m: m.tokens_per_s, default=None)
+
+
+def _add_prompt_results(rows, setting, prompt: dict, results: dict[str, Measurement], greedy: bool) -> None:
     base = results["specchat target-only"]
-    hf_best = max((m for name, m in results.items() if name.startswith("HF assisted")),
-                  key=lambda m: m.tokens_per_s, default=None)
+    hf_same = _best_hf(rows, setting, results, "loaded")
+    hf_unquantized = _best_hf(rows, setting, results, "unquantized")
     for name, m in results.items():
         row = rows[(setting, name)]
         row.measurements.append(m)
+        row.kinds.append(prompt["kind"])
         row.vs_target.append(m.tokens_per_s / base.tokens_per_s)
-        if hf_best:
-            row.vs_hf.append(m.tokens_per_s / hf_best.tokens_per_s)
+        row.vs_hf.append(m.tokens_per_s / hf_same.tokens_per_s if hf_same else None)
+        row.vs_hf_unquantized.append(m.tokens_per_s / hf_unquantized.tokens_per_s if hf_unquantized else None)
         if greedy and m.ids != base.ids:
-            row.mismatches.append(prompt_name)
+            row.mismatches.append(prompt["name"])
 
 
 def median(values):
@@ -105,6 +114,9 @@ def summarise(row: Row) -> dict:
         "setting": row.setting, "method": row.method.name, "gamma": row.method.gamma_label,
         "tok_s": median([m.tokens_per_s for m in ms]),
         "vs_target": median(row.vs_target), "vs_hf_assisted": median(row.vs_hf),
+        "vs_target_code": median([v for v, kind in zip(row.vs_target, row.kinds) if kind == "code"]),
+        "worst_vs_target": min(row.vs_target, default=None),
+        "vs_hf_unquantized": median(row.vs_hf_unquantized),
         "alpha": median([m.alpha for m in ms]), "tokens_per_step": median([m.tokens_per_step for m in ms]),
         "c": median([m.cost_ratio for m in ms]), "mean_gamma": median([m.mean_gamma for m in ms]),
         "predicted": median([m.predicted for m in ms]) if speculative else None,

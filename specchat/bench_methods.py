@@ -13,7 +13,8 @@ from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfi
 from specchat.engine import build_engine
 from specchat.events import ReplyDone
 
-SPEC_GAMMAS = (2, 4, 6, 8, GAMMA_AUTO)
+SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)
+UNQUANTIZED = " · unquantized drafter"  # name suffix: transformers with the drafter as shipped
 HF_GAMMAS = (4, 8)
 
 
@@ -24,6 +25,7 @@ class Method:
     mode: str                  # "target" | "spec" | "assisted"
     gamma: int | None = None   # None: not speculative; GAMMA_AUTO: specchat's auto gamma
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
+    drafter: str = "loaded"    # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
 
     @property
     def gamma_label(self) -> str:
@@ -49,20 +51,29 @@ class Measurement:
 
 
 def default_methods(cfg: Config) -> list[Method]:
+    """Target-only both ways; with a drafter, transformers assisted generation on the same drafter
+    (and on the unquantized drafter when the config quantizes it) and specchat at several gammas."""
     methods = [Method("specchat target-only", "specchat", "target"),
                Method("HF generate target-only", "hf", "target")]
     if cfg.drafter.source:
-        methods += [Method(f"HF assisted γ{g}", "hf", "assisted", g) for g in HF_GAMMAS]
-        methods.append(Method("HF assisted default", "hf", "assisted", None, "default"))
+        methods += _hf_assisted("loaded", "")
+        if cfg.drafter.quantization != "none":
+            methods += _hf_assisted("unquantized", UNQUANTIZED)
         methods += [Method(f"specchat γ{'auto' if g == GAMMA_AUTO else g}", "specchat", "spec", g)
                     for g in SPEC_GAMMAS]
     return methods
 
 
+def _hf_assisted(drafter: str, suffix: str) -> list[Method]:
+    methods = [Method(f"HF assisted γ{g}{suffix}", "hf", "assisted", g, drafter=drafter) for g in HF_GAMMAS]
+    return methods + [Method(f"HF assisted default{suffix}", "hf", "assisted", None, "default", drafter)]
+
+
 class Runner:
     def __init__(self, pair, methods: list[Method], system_prompt: str,
-                 speculation: SpeculationConfig = SpeculationConfig()):
+                 speculation: SpeculationConfig = SpeculationConfig(), unquantized_drafter=None):
         self.pair = pair
+        self.drafters = {"loaded": pair.drafter, "unquantized": unquantized_drafter}
         self.speculation = speculation  # drafter_vocab, draft_confidence: as configured
         self.methods = methods
         self.system_prompt = system_prompt
@@ -71,10 +82,16 @@ class Runner:
 
     @classmethod
     def load(cls, cfg: Config, methods: list[Method], console) -> "Runner":
-        from specchat.models import load_pair
+        from specchat.models import load_model, load_pair
+        unquantized = None
         with console.status("loading the model pair…") as status:
-            pair = load_pair(cfg, lambda message, fraction: status.update(message))
-        return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation)
+            def progress(message, fraction):
+                status.update(message)
+            pair = load_pair(cfg, progress)
+            if any(m.drafter == "unquantized" for m in methods):
+                unquantized_cfg = dataclasses.replace(cfg.drafter, quantization="none")
+                unquantized = load_model(unquantized_cfg, progress, role="drafter")[0]
+        return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation, unquantized)
 
     def meta(self) -> dict:
         facts = [self.pair.target_facts, self.pair.drafter_facts]
@@ -112,8 +129,8 @@ class Runner:
     def _hf(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
         kwargs = {}
         if method.mode == "assisted":
-            self._configure_assistant(method)
-            kwargs["assistant_model"] = self.pair.drafter
+            kwargs["assistant_model"] = self.drafters[method.drafter]
+            self._configure_assistant(method, kwargs["assistant_model"])
         device = self.pair.target.get_input_embeddings().weight.device
         input_ids = torch.tensor([ids], device=device)
         torch.manual_seed(sampling.seed)
@@ -133,13 +150,13 @@ class Runner:
         return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k or None, **common)
 
-    def _configure_assistant(self, method: Method) -> None:
+    def _configure_assistant(self, method: Method, drafter) -> None:
         config = copy.deepcopy(self._assistant_defaults)
         if method.schedule == "constant":
             config.num_assistant_tokens = method.gamma
             config.num_assistant_tokens_schedule = "constant"
             config.assistant_confidence_threshold = 0.0  # draft exactly gamma tokens, like specchat
-        self.pair.drafter.generation_config = config
+        drafter.generation_config = config
 
 
 def _facts(facts) -> dict:

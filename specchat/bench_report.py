@@ -6,8 +6,8 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-COLUMNS = ("setting", "method", "tok/s", "× target", "× HF assisted", "α", "tok/step", "c",
-           "bound", "of bound", "exact")
+COLUMNS = ("setting", "method", "tok/s", "× target", "× target code", "worst × target",
+           "× HF same drafter", "× HF unquantized drafter", "α", "tok/step", "c", "bound", "of bound", "exact")
 
 
 def _num(value, fmt: str) -> str:
@@ -21,8 +21,9 @@ def _exact(row: dict) -> str:
 
 
 def table_cells(row: dict) -> list[str]:
-    return [row["setting"], row["method"], _num(row["tok_s"], ".2f"), _num(row["vs_target"], ".2f") + "×",
-            _num(row["vs_hf_assisted"], ".2f") + "×", _num(row["alpha"], ".0%"),
+    ratios = ("vs_target", "vs_target_code", "worst_vs_target", "vs_hf_assisted", "vs_hf_unquantized")
+    return [row["setting"], row["method"], _num(row["tok_s"], ".2f"),
+            *(_num(row.get(key), ".2f") + "×" for key in ratios), _num(row["alpha"], ".0%"),
             _num(row["tokens_per_step"], ".2f"), _num(row["c"], ".2f"), _num(row["predicted"], ".2f"),
             _num(row.get("of_predicted"), ".0%"), _exact(row)]
 
@@ -92,8 +93,9 @@ def _plot_setting(ax, rows: list[dict], setting: str) -> None:
         if r["method"] == "specchat γauto":
             ax.axhline(r["vs_target"], color="tab:green", linestyle="-.", label=f"specchat auto γ≈{r['mean_gamma']:.1f}")
         elif r["method"].startswith("HF assisted"):
-            ax.axhline(r["vs_target"], linestyle=":", color="tab:red" if "default" in r["method"] else "tab:purple",
-                       label=r["method"].replace("HF", "transformers"))
+            color = "tab:red" if "default" in r["method"] else "tab:purple"
+            ax.axhline(r["vs_target"], linestyle=":" if "unquantized" in r["method"] else "--", color=color,
+                       linewidth=0.9, label=r["method"].replace("HF", "transformers"))
     ax.axhline(1.0, color="grey", linewidth=0.8, label="target-only")
     ax.set(title=f"{setting}: speedup vs target-only", xlabel="gamma (drafted tokens per step)",
            ylabel="× specchat target-only tok/s")

@@ -19,9 +19,11 @@ def tiny_pair(target, drafter, tokenizer) -> LoadedPair:
     return LoadedPair(target, drafter, tokenizer, {2}, len(tokenizer), 1024, facts, facts)
 
 
-def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_drafter_model, tokenizer, tmp_path):
-    cfg = with_value(Config(), "drafter.source", "tiny")
-    runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), default_methods(cfg), "")
+def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_drafter_model, int8_drafter_model,
+                                                            tokenizer, tmp_path):
+    cfg = with_value(with_value(Config(), "drafter.source", "tiny"), "drafter.quantization", "int8")
+    runner = Runner(tiny_pair(target, int8_drafter_model, tokenizer), default_methods(cfg), "",
+                    unquantized_drafter=similar_drafter_model)
     labels = []
     rows = bench.run_bench(runner, PROMPTS, ["greedy", "sampled"], max_new=16, progress=labels.append)
     assert len(labels) == 2 * len(PROMPTS) * len(runner.methods)
@@ -32,6 +34,9 @@ def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_dra
     assert greedy["specchat target-only"]["vs_target"] == 1.0
     assert 0 < greedy["specchat γ4"]["alpha"] < 1 and greedy["specchat γ4"]["predicted"] > 0
     assert greedy["HF assisted γ4"]["alpha"] is None
+    assert "HF assisted default · unquantized drafter" in greedy
+    assert greedy["specchat γ4"]["vs_hf_assisted"] > 0 and greedy["specchat γ4"]["vs_hf_unquantized"] > 0
+    assert greedy["specchat γ4"]["worst_vs_target"] <= greedy["specchat γ4"]["vs_target"]
     json_path, png_path = bench.write_results(summaries, runner.meta() | {"prompts": ["code", "chat"],
                                                                          "max_new_tokens": 16}, tmp_path)
     assert json.loads(json_path.read_text())["rows"][0]["method"] == "specchat target-only"
@@ -42,10 +47,10 @@ def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_dra
 def test_a_greedy_mismatch_is_reported_not_hidden(tokenizer):
     rows = {("greedy", name): bench.Row("greedy", Method(name, "hf", "target")) for name in ("specchat target-only", "x")}
     results = {"specchat target-only": Measurement((1, 2, 3), 3, 1.0), "x": Measurement((1, 2, 4), 3, 0.5)}
-    bench._add_prompt_results(rows, "greedy", "p1", results, greedy=True)
+    bench._add_prompt_results(rows, "greedy", {"name": "p1", "kind": "code"}, results, greedy=True)
     summary = bench.summarise(rows[("greedy", "x")])
     assert summary["exact"] is False and summary["mismatched_prompts"] == ["p1"]
-    assert summary["vs_target"] == 2.0
+    assert summary["vs_target"] == 2.0 and summary["vs_target_code"] == 2.0 and summary["worst_vs_target"] == 2.0
 
 
 def test_bad_arguments_are_one_line_errors(capsys):
