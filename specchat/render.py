@@ -182,8 +182,18 @@ def legend(mode: str, color: bool, show_rejected: bool = False) -> Text:
     return text
 
 
+def weights_text(facts) -> str:
+    """How the weights are held: a GGUF type converted to a dtype, or quantized after loading."""
+    quantization = facts.quantization
+    if quantization in ("", "none"):
+        return facts.dtype
+    if quantization.endswith(("4bit", "8bit", "int8")):  # quantized at load: compute runs in dtype
+        return f"{quantization} weights, {facts.dtype} compute"
+    return f"{quantization}→{facts.dtype}"
+
+
 def model_facts_text(role: str, facts) -> str:
-    quant = f"{facts.quantization}→{facts.dtype}" if facts.quantization not in ("", "none") else facts.dtype
+    quant = weights_text(facts)
     return (f"{role} {facts.name} ({_human(facts.params)} params, {quant}, {facts.device}, "
             f"{facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
 
