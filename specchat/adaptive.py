@@ -5,11 +5,12 @@ maximum-likelihood estimate when each draft position is accepted independently w
 alpha until the first rejection. Both alpha and c decay, so the choice follows the text.
 When no gamma beats target-only, it drafts nothing, probing with gamma 1 now and then.
 
-Otherwise a draft runs up to `max_draft` tokens and ends once the drafter's own probability that
-all its tokens so far are right (the product of its confidences, `path`) drops below
-path_floor(): one more token then adds about k * path * alpha expected tokens, less than the
-c * speedup tokens its drafter forward would buy at the current rate. k calibrates the drafter's
-confidence: measured accepted tokens over the sum of the paths it predicted.
+Otherwise a draft runs up to `max_draft` tokens and ends once the estimated probability that all
+its tokens so far are accepted (`path`, the product of min(1, scale * confidence) over its tokens)
+drops below path_floor(): one more token then adds about path * alpha expected tokens, less than the
+c * speedup tokens its drafter forward would buy at the current rate. `scale` calibrates the
+drafter's confidences: accepted tokens over the summed confidences of the tokens that were judged
+(those up to the first rejection).
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class AutoGamma:
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
     max_draft: int = 12        # longest draft when ending drafts by the drafter's confidence
-    path_said: float = 1.0     # decayed sums for calibrating the drafter's confidence
-    path_seen: float = 1.0
+    said: float = 1.0          # decayed sums for calibrating the drafter's confidences
+    seen: float = 1.0
     _idle_steps: int = 0
 
     @property
@@ -58,31 +59,29 @@ class AutoGamma:
                 return 1
         return best_gamma
 
-    def plan(self) -> tuple[int, float]:
-        """(most tokens to draft this step, path floor for ending the draft early)."""
+    def plan(self) -> tuple[int, float, float]:
+        """(most tokens to draft this step, path floor for ending it early, confidence scale)."""
         gamma = self.choose()
         if gamma <= 1:
-            return gamma, 0.0  # off, or probing: no early end
-        return max(gamma, self.max_draft), self.path_floor(gamma)
+            return gamma, 0.0, 1.0  # off, or probing: no early end
+        return max(gamma, self.max_draft), self.path_floor(gamma), self.calibration
 
     @property
     def calibration(self) -> float:
-        return self.path_seen / self.path_said
+        """Accepted tokens per unit of the drafter's confidence (> 1: it is less sure than it should be)."""
+        return self.seen / self.said
 
     def path_floor(self, gamma: int) -> float:
         speedup = max(1.0, leviathan_speedup(self.alpha, gamma, self.cost_ratio))
-        return min(0.95, self.cost_ratio * speedup / max(self.alpha * self.calibration, 1e-3))
+        return min(0.95, self.cost_ratio * speedup / max(self.alpha, 1e-3))
 
-    def observe_path(self, confidences: list[float], accepted: int) -> None:
-        """Compare the paths the drafter predicted with how many of its tokens were accepted."""
-        if not confidences:
+    def observe_confidences(self, confidences: list[float], accepted: int) -> None:
+        """Compare the drafter's confidences in the judged tokens with how many were accepted."""
+        judged = confidences[:accepted + 1]
+        if not judged:
             return
-        path, said = 1.0, 0.0
-        for sure in confidences:
-            path *= sure
-            said += path
-        self.path_said = self.path_said * self.decay + said
-        self.path_seen = self.path_seen * self.decay + accepted
+        self.said = self.said * self.decay + sum(judged)
+        self.seen = self.seen * self.decay + accepted
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0:

@@ -98,6 +98,7 @@ class Runner:
         return {"target": _facts(facts[0]), "drafter": _facts(facts[1]) if facts[1] else None,
                 "drafter_vocab": self.speculation.drafter_vocab,
                 "draft_confidence": self.speculation.draft_confidence,
+                "prompt_lookup": self.speculation.prompt_lookup,
                 "torch_threads": torch.get_num_threads()}
 
     def prompt_ids(self, prompt: dict) -> list[int]:

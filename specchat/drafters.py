@@ -14,6 +14,7 @@ import torch
 from specchat import kvcache
 from specchat.config import SamplingConfig
 from specchat.draft_vocab import DraftVocab
+from specchat.lookup import MAX_GUESS, WINDOW, continuation
 from specchat.sampling import pick
 
 
@@ -34,8 +35,8 @@ def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | N
 
 
 class Drafter(Protocol):
-    def propose(self, ids: list[int], k: int, params: SamplingConfig,
-                generator: torch.Generator, path_floor: float = 0.0) -> Draft: ...
+    def propose(self, ids: list[int], k: int, params: SamplingConfig, generator: torch.Generator,
+                path_floor: float = 0.0, confidence_scale: float = 1.0) -> Draft: ...
 
     def rollback(self, committed_len: int) -> None: ...
 
@@ -52,15 +53,18 @@ class ModelDrafter:
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
         self.min_confidence = 0.0     # stop drafting after a token the drafter gives less than this
+        self.lookup = True            # check prompt-lookup guesses in the same forward (lookup.py)
         self._vocab: DraftVocab | None = None
 
-    def configure(self, vocab_limit: int, always_ids, min_confidence: float = 0.0) -> None:
+    def configure(self, vocab_limit: int, always_ids, min_confidence: float = 0.0,
+                  lookup: bool = True) -> None:
         """Use a DraftVocab of ids below vocab_limit (+ seen ids + always_ids), 0 turns it off;
-        and stop a draft early after a token whose drafter probability is below min_confidence."""
+        stop a draft early after a token whose drafter probability is below min_confidence;
+        and check prompt-lookup guesses alongside the current token (lookup)."""
         if vocab_limit != self.vocab_limit or frozenset(always_ids) != self.always_ids:
             self._vocab = None
         self.vocab_limit, self.always_ids = vocab_limit, frozenset(always_ids)
-        self.min_confidence = min_confidence
+        self.min_confidence, self.lookup = min_confidence, lookup
 
     def reset(self) -> None:
         self.cache = kvcache.new_cache(self.model)
@@ -74,36 +78,45 @@ class ModelDrafter:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
         kvcache.crop_to(self.cache, min(self.seen, committed_len - 1))
 
-    def propose(self, ids: list[int], k: int, params: SamplingConfig,
-                generator: torch.Generator, path_floor: float = 0.0) -> Draft:
+    def propose(self, ids: list[int], k: int, params: SamplingConfig, generator: torch.Generator,
+                path_floor: float = 0.0, confidence_scale: float = 1.0) -> Draft:
         """Up to k tokens. The draft ends early after a token whose confidence is below
-        min_confidence, or once the product of the confidences so far is below path_floor."""
-        tokens, probs, forwards, confidences = [], [], [], []
-        path = 1.0  # the drafter's own probability that every token so far is right
+        min_confidence, or once the product of min(1, confidence_scale * confidence) over the
+        tokens so far is below path_floor."""
+        drafting = _Drafting(k, params, generator, self._draft_vocab(ids))
+        drafting.min_confidence, drafting.path_floor = self.min_confidence, path_floor
+        drafting.confidence_scale = confidence_scale
         feed = ids[self.seen:]  # [>=1] tokens: the newest committed one, plus any catch-up
+        while not drafting.finished:
+            guess = self._guess(ids, drafting.tokens, k - len(drafting.tokens) - 1)
+            self._draft_forward(feed, guess, drafting)
+            feed = drafting.tokens[-1:]
+        return drafting.draft(self.vocab_size)
+
+    def _guess(self, ids: list[int], drafted: list[int], room: int) -> list[int]:
+        """Prompt-lookup tokens to check in the same forward as the current token (lookup.py)."""
+        if not self.lookup or room <= 0:
+            return []
+        return continuation(ids[-WINDOW:] + drafted, min(room, MAX_GUESS))
+
+    def _draft_forward(self, feed: list[int], guess: list[int], drafting: "_Drafting") -> None:
+        """One forward over feed + guess; draft from its rows while the guess matches what was drafted.
+
+        Row j is conditioned on guess[:j], so it is the drafter's own next-token distribution as long
+        as every earlier guessed token is the one drafted. The cache keeps only that matching part.
+        """
+        start, before = time.perf_counter(), self.seen
         device = self.model.get_input_embeddings().weight.device
-        step_ids = torch.tensor([feed], dtype=torch.long, device=device)  # [1, n]
-        vocab = self._draft_vocab(ids)
-        for _ in range(k):
-            start = time.perf_counter()
-            logits = self._next_logits(step_ids, vocab)  # [1, width]
-            position, q = pick(logits, params, generator)  # [1], [1, width] or None when greedy
-            token = vocab.to_ids(position) if vocab else position
-            forwards.append((step_ids.shape[1], time.perf_counter() - start))
-            tokens.append(token)
-            probs.append(q)
-            step_ids = token.view(1, 1)
-            if self.min_confidence or path_floor:
-                sure = confidence(logits, position, q)
-                confidences.append(sure)
-                path *= sure
-                if sure < self.min_confidence or path < path_floor:
-                    break  # a draft the drafter itself doubts is likely rejected: verify what we have
-        q_probs = torch.cat(probs) if probs and probs[0] is not None else None
-        if q_probs is not None and vocab:
-            q_probs = vocab.full_width(q_probs, self.vocab_size)
-        return Draft(torch.cat(tokens) if tokens else torch.empty(0, dtype=torch.long),
-                     q_probs, forwards, confidences)
+        step_ids = torch.tensor([feed + guess], dtype=torch.long, device=device)  # [1, fed]
+        rows = self._next_logits(step_ids, drafting.vocab, keep=len(guess) + 1)  # [len(guess)+1, width]
+        used = 0
+        for j in range(len(guess) + 1):
+            token = drafting.add(rows[j:j + 1])
+            if drafting.finished or j == len(guess) or token != guess[j]:
+                used = j
+                break
+        kvcache.crop_to(self.cache, before + len(feed) + used)
+        drafting.forwards.append((len(feed) + len(guess), time.perf_counter() - start))
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
         if not self.vocab_limit or self.vocab_limit >= self.vocab_size:
@@ -114,9 +127,48 @@ class ModelDrafter:
         return self._vocab
 
     @torch.inference_mode()
-    def _next_logits(self, step_ids: torch.Tensor, vocab: DraftVocab | None) -> torch.Tensor:
-        """[1, width] logits for the next token over the whole vocabulary, or over a DraftVocab."""
+    def _next_logits(self, step_ids: torch.Tensor, vocab: DraftVocab | None, keep: int) -> torch.Tensor:
+        """[keep, width] logits of the last `keep` positions, over the whole vocabulary or a DraftVocab."""
         if vocab is None:
-            logits = kvcache.forward_tensor(self.model, self.cache, step_ids, keep=1)
+            logits = kvcache.forward_tensor(self.model, self.cache, step_ids, keep=keep)
             return logits[:, :self.vocab_size]
-        return vocab.logits(kvcache.hidden_tensor(self.model, self.cache, step_ids))  # [1, hidden] -> [1, width]
+        return vocab.logits(kvcache.hidden_tensor(self.model, self.cache, step_ids, keep))  # [keep, width]
+
+
+class _Drafting:
+    """One draft in progress: its tokens, q rows, confidences, and when it must end."""
+
+    def __init__(self, k: int, params: SamplingConfig, generator: torch.Generator, vocab: DraftVocab | None):
+        self.k, self.params, self.generator, self.vocab = k, params, generator, vocab
+        self.min_confidence = 0.0
+        self.path_floor, self.confidence_scale = 0.0, 1.0
+        self.tokens: list[int] = []
+        self.probs: list[torch.Tensor | None] = []
+        self.confidences: list[float] = []
+        self.forwards: list[tuple[int, float]] = []
+        self.path = 1.0      # estimated probability that every token so far is accepted
+        self.doubt = False   # a token fell below min_confidence or the path below path_floor
+
+    @property
+    def finished(self) -> bool:
+        return self.doubt or len(self.tokens) >= self.k
+
+    def add(self, logits: torch.Tensor) -> int:
+        """Draft one token from [1, width] logits; returns its id."""
+        position, q = pick(logits, self.params, self.generator)  # [1], [1, width] or None when greedy
+        token = int(self.vocab.to_ids(position) if self.vocab else position)
+        self.tokens.append(token)
+        self.probs.append(q)
+        if self.min_confidence or self.path_floor:
+            sure = confidence(logits, position, q)
+            self.confidences.append(sure)
+            self.path *= min(1.0, self.confidence_scale * sure)
+            # a draft the drafter itself doubts is likely rejected: verify what we have
+            self.doubt = sure < self.min_confidence or self.path < self.path_floor
+        return token
+
+    def draft(self, vocab_size: int) -> Draft:
+        q_probs = torch.cat(self.probs) if self.probs and self.probs[0] is not None else None
+        if q_probs is not None and self.vocab:
+            q_probs = self.vocab.full_width(q_probs, vocab_size)
+        return Draft(torch.tensor(self.tokens, dtype=torch.long), q_probs, self.forwards, self.confidences)

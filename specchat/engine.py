@@ -94,7 +94,8 @@ class Engine:
 
     def _run(self, prompt_ids, sampling, speculation, cancel) -> Iterator[Event]:
         if self.drafter:
-            self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.draft_confidence)
+            self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.draft_confidence,
+                                   speculation.prompt_lookup)
         reused = self._adopt_prompt(prompt_ids)
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids), reused)
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
@@ -119,24 +120,28 @@ class Engine:
         reply_ids = tuple(self.ids[len(prompt_ids):])
         yield ReplyDone(stats, detok.text, reply_ids, stop_reason)
 
-    def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> tuple[int, float]:
-        """(most tokens to draft, path floor): auto gamma plans both, a fixed gamma has no floor."""
-        gamma, floor = self.auto.plan() if speculation.gamma == GAMMA_AUTO else (speculation.gamma, 0.0)
-        return max(0, min(gamma, remaining - 1)), floor  # never draft past max_new_tokens
+    def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> tuple[int, float, float]:
+        """(most tokens to draft, path floor, confidence scale): auto gamma plans all three;
+        a fixed gamma has no floor."""
+        if speculation.gamma == GAMMA_AUTO:
+            gamma, floor, scale = self.auto.plan()
+        else:
+            gamma, floor, scale = speculation.gamma, 0.0, 1.0
+        return max(0, min(gamma, remaining - 1)), floor, scale  # never draft past max_new_tokens
 
     def _step(self, speculation, sampling, remaining, generator, recorder) -> StepResult:
         if speculation.mode == "drafter":
             return self._drafter_step(sampling, generator, recorder)
-        gamma, floor = (0, 0.0) if speculation.mode == "target" else self._draft_plan(speculation, remaining)
-        return self._speculative_step(gamma, floor, sampling, generator, recorder, speculation.mode)
+        plan = (0, 0.0, 1.0) if speculation.mode == "target" else self._draft_plan(speculation, remaining)
+        return self._speculative_step(plan, sampling, generator, recorder, speculation.mode)
 
     def _drafter_step(self, sampling, generator, recorder) -> StepResult:
         draft = self.drafter.propose(self.ids, 1, sampling, generator)
         self._record_drafter(draft, recorder)
         return StepResult([int(draft.tokens[0])], [Origin.DRAFTER], [], 0, 0)
 
-    def _speculative_step(self, gamma, floor, sampling, generator, recorder, mode) -> StepResult:
-        draft = self._draft(gamma, floor, sampling, generator, recorder)
+    def _speculative_step(self, plan, sampling, generator, recorder, mode) -> StepResult:
+        draft = self._draft(plan, sampling, generator, recorder)
         drafts = draft.tokens.to(self.device)  # [drafted]; drafted <= gamma (a draft may end early)
         drafted = drafts.shape[0]
         pending = torch.tensor([self.ids[self.target_seen:]], dtype=torch.long, device=self.device)
@@ -150,13 +155,14 @@ class Engine:
         if pending.shape[1] == 1:
             self.auto.observe_cost("target", seconds)
         self.auto.observe(drafted, verdict.accepted)
-        self.auto.observe_path(draft.confidences, verdict.accepted)
+        self.auto.observe_confidences(draft.confidences, verdict.accepted)
         return self._step_result(drafts.tolist(), verdict, drafted, mode)
 
-    def _draft(self, gamma, floor, sampling, generator, recorder) -> Draft:
+    def _draft(self, plan, sampling, generator, recorder) -> Draft:
+        gamma, floor, scale = plan
         if gamma == 0:
             return Draft(torch.empty(0, dtype=torch.long), None, [])
-        draft = self.drafter.propose(self.ids, gamma, sampling, generator, floor)
+        draft = self.drafter.propose(self.ids, gamma, sampling, generator, floor, scale)
         self._record_drafter(draft, recorder)
         return draft
 

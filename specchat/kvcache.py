@@ -39,7 +39,7 @@ def forward_tensor(model, cache: DynamicCache, input_ids: torch.Tensor, keep: in
 
 
 @torch.inference_mode()
-def hidden_tensor(model, cache: DynamicCache, input_ids: torch.Tensor) -> torch.Tensor:
-    """The decoder's final hidden state at the last position [1, hidden], skipping the output head."""
+def hidden_tensor(model, cache: DynamicCache, input_ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+    """The decoder's final hidden states at the last `keep` positions [keep, hidden], skipping the head."""
     out = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[:, -1]
+    return out.last_hidden_state[0, -keep:]

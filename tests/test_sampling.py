@@ -95,3 +95,35 @@ def test_auto_gamma_grows_with_acceptance_and_backs_off_to_zero():
     assert auto.choose() == 0  # nothing pays: target-only steps...
     picks = [auto.choose() for _ in range(auto.probe_every)]
     assert 1 in picks  # ...with an occasional probe so it can recover
+
+
+def _settled(auto: AutoGamma, drafter_s: float, accepted_of_8: int) -> AutoGamma:
+    for _ in range(40):
+        auto.observe_cost("drafter", drafter_s)
+        auto.observe_cost("target", 0.1)
+        auto.observe(8, accepted_of_8)
+    return auto
+
+
+def test_auto_plan_drafts_long_and_ends_by_a_floor_that_rises_with_cost():
+    cheap, costly = _settled(AutoGamma(), 0.01, 6), _settled(AutoGamma(), 0.03, 6)
+    longest, floor, _ = cheap.plan()
+    assert longest == cheap.max_draft and 0 < floor < costly.plan()[1] < 1
+
+
+def test_the_confidence_scale_follows_how_often_confident_tokens_pass():
+    overconfident, underconfident = AutoGamma(), AutoGamma()
+    for _ in range(40):
+        overconfident.observe_confidences([0.99] * 8, accepted=2)   # 3 judged, 2.97 said, 2 passed
+        underconfident.observe_confidences([0.2] * 8, accepted=8)   # 8 judged, 1.6 said, 8 passed
+    assert 0.6 < overconfident.calibration < 0.75
+    assert underconfident.calibration > 4
+    assert overconfident.plan()[2] == overconfident.calibration
+
+
+def test_probing_and_off_plans_have_no_floor():
+    auto = AutoGamma()
+    for _ in range(80):
+        auto.observe(4, 0)
+    plans = [auto.plan() for _ in range(auto.probe_every)]
+    assert (0, 0.0, 1.0) in plans and (1, 0.0, 1.0) in plans
