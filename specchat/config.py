@@ -62,7 +62,7 @@ class SpeculationConfig:
     extra_eos: tuple = ()     # extra stop strings (each must be a single token)
     drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
-    prompt_lookup: bool = True     # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
+    prompt_lookup: bool = False    # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,11 @@ class ModelDrafter:
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
         self.min_confidence = 0.0     # stop drafting after a token the drafter gives less than this
-        self.lookup = True            # check prompt-lookup guesses in the same forward (lookup.py)
+        self.lookup = False           # check prompt-lookup guesses in the same forward (lookup.py)
         self._vocab: DraftVocab | None = None
 
     def configure(self, vocab_limit: int, always_ids, min_confidence: float = 0.0,
-                  lookup: bool = True) -> None:
+                  lookup: bool = False) -> None:
         """Use a DraftVocab of ids below vocab_limit (+ seen ids + always_ids), 0 turns it off;
         stop a draft early after a token whose drafter probability is below min_confidence;
         and check prompt-lookup guesses alongside the current token (lookup)."""

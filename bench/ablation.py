@@ -1,0 +1,88 @@
+"""Each speed lever switched off alone, measured side by side with everything on, on the bundled pair.
+
+    .venv/bin/python bench/ablation.py [--max-new N] [--settings greedy,sampled] [--prompts a,b]
+                                       [--variants lookup,drafter,gamma] [--repeat N]
+
+Variants (specchat only, auto gamma): all levers; without prompt lookup; with the drafter
+unquantized (as shipped); with a fixed gamma 4 instead of auto. Every variant runs on every prompt
+in turn after a warm-up; ratios are medians of per-prompt ratios against target-only in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+from rich.console import Console
+from rich.table import Table
+
+from specchat.bench import SETTINGS, load_prompts
+from specchat.bench_methods import Method, Runner
+from specchat.config import GAMMA_AUTO, load_config
+from specchat.models import load_model, load_pair
+
+TARGET = Method("target-only", "specchat", "target")
+
+
+def variants(cfg, pair, unquantized, wanted: list[str]) -> dict[str, Runner]:
+    spec, system = cfg.speculation, cfg.ui.system_prompt
+    auto, fixed = Method("auto", "specchat", "spec", GAMMA_AUTO), Method("γ4", "specchat", "spec", 4)
+    runners = {"all levers (auto γ)": Runner(pair, [TARGET, auto], system, spec)}
+    if "lookup" in wanted:
+        runners["no prompt lookup"] = Runner(pair, [auto], system, dataclasses.replace(spec, prompt_lookup=False))
+    if "drafter" in wanted:
+        runners["unquantized drafter"] = Runner(dataclasses.replace(pair, drafter=unquantized()), [auto], system, spec)
+    if "gamma" in wanted:
+        runners["fixed γ4"] = Runner(pair, [fixed], system, spec)
+    return runners
+
+
+def measure(runners: dict[str, Runner], prompts, sampling) -> dict[str, list]:
+    rows = {name: [] for name in runners}
+    for prompt in prompts:
+        results = {name: [r.measure(m, prompt, sampling) for m in r.methods] for name, r in runners.items()}
+        base = results["all levers (auto γ)"][0]
+        for name, measured in results.items():
+            m = measured[-1]
+            rows[name].append((m.tokens_per_s / base.tokens_per_s, m.tokens_per_s, m.alpha, m.cost_ratio))
+        print(f"  {prompt['name']}: target-only {base.tokens_per_s:.2f} tok/s · " +
+              " · ".join(f"{name} {values[-1][0]:.2f}×" for name, values in rows.items()), flush=True)
+    return rows
+
+
+def table(setting: str, rows: dict[str, list]) -> Table:
+    out = Table(title=f"{setting}: each lever off alone (medians over prompts)")
+    for column in ("variant", "× target-only", "tok/s", "α", "c"):
+        out.add_column(column, justify="left" if column == "variant" else "right")
+    for name, values in rows.items():
+        ratio, tok_s, alpha, c = (statistics.median(v[i] for v in values) for i in range(4))
+        out.add_row(name, f"{ratio:.2f}×", f"{tok_s:.2f}", f"{alpha:.0%}", f"{c:.2f}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-new", type=int, default=64)
+    parser.add_argument("--settings", default="greedy")
+    parser.add_argument("--prompts", default="", help="comma-separated prompt names (default: all)")
+    parser.add_argument("--variants", default="lookup,drafter,gamma", help="levers to switch off, one at a time")
+    parser.add_argument("--repeat", type=int, default=1, help="run the prompt set this many times")
+    args = parser.parse_args()
+    cfg = load_config(None, [])
+    pair = load_pair(cfg)
+
+    def unquantized():
+        return load_model(dataclasses.replace(cfg.drafter, quantization="none"), role="drafter")[0]
+    prompts = [p for p in load_prompts(None, False) if not args.prompts or p["name"] in args.prompts.split(",")]
+    prompts = prompts * args.repeat
+    runners = variants(cfg, pair, unquantized, args.variants.split(","))
+    for runner in runners.values():
+        runner.warm_up(prompts[0], max_new=8)
+    console = Console(width=120)
+    for setting in args.settings.split(","):
+        sampling = dataclasses.replace(SETTINGS[setting], max_new_tokens=args.max_new)
+        console.print(table(setting, measure(runners, prompts, sampling)))
+
+
+if __name__ == "__main__":
+    main()
