@@ -20,6 +20,15 @@ from specchat.config import GAMMA_MAX
 from specchat.metrics import leviathan_speedup
 
 
+@dataclass(frozen=True)
+class DraftPlan:
+    """One step's drafting: at most `gamma` tokens, ended early once the estimated chance that all
+    of them are accepted (product of min(1, confidence_scale * confidence)) is below path_floor."""
+    gamma: int
+    path_floor: float = 0.0        # 0: no early end
+    confidence_scale: float = 1.0
+
+
 @dataclass
 class AutoGamma:
     accepted: float = 3.0      # prior: alpha about 0.75, worth a few steps of evidence
@@ -59,12 +68,11 @@ class AutoGamma:
                 return 1
         return best_gamma
 
-    def plan(self) -> tuple[int, float, float]:
-        """(most tokens to draft this step, path floor for ending it early, confidence scale)."""
+    def plan(self) -> DraftPlan:
         gamma = self.choose()
         if gamma <= 1:
-            return gamma, 0.0, 1.0  # off, or probing: no early end
-        return max(gamma, self.max_draft), self.path_floor(gamma), self.calibration
+            return DraftPlan(gamma)  # off, or probing: no early end
+        return DraftPlan(max(gamma, self.max_draft), self.path_floor(gamma), self.calibration)
 
     @property
     def calibration(self) -> float:

@@ -1,6 +1,7 @@
 """Drafters propose tokens for the target to verify.
 
-Protocol: `propose(ids, k, params, generator) -> Draft` and `rollback(committed_len)`.
+Protocol: `propose(ids, k, params, generator, path_floor, confidence_scale) -> Draft` and
+`rollback(committed_len)`.
 A drafter keeps its own state (e.g. a KV cache) in step with the committed sequence `ids`.
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ModelDrafter:
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
         self.cache = kvcache.new_cache(model)
+        self.device = model.get_input_embeddings().weight.device
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
         self.min_confidence = 0.0     # stop drafting after a token the drafter gives less than this
@@ -83,9 +85,8 @@ class ModelDrafter:
         """Up to k tokens. The draft ends early after a token whose confidence is below
         min_confidence, or once the product of min(1, confidence_scale * confidence) over the
         tokens so far is below path_floor."""
-        drafting = _Drafting(k, params, generator, self._draft_vocab(ids))
-        drafting.min_confidence, drafting.path_floor = self.min_confidence, path_floor
-        drafting.confidence_scale = confidence_scale
+        drafting = _Drafting(k, params, generator, self._draft_vocab(ids),
+                             self.min_confidence, path_floor, confidence_scale)
         feed = ids[self.seen:]  # [>=1] tokens: the newest committed one, plus any catch-up
         while not drafting.finished:
             guess = self._guess(ids, drafting.tokens, k - len(drafting.tokens) - 1)
@@ -106,8 +107,7 @@ class ModelDrafter:
         as every earlier guessed token is the one drafted. The cache keeps only that matching part.
         """
         start, before = time.perf_counter(), self.seen
-        device = self.model.get_input_embeddings().weight.device
-        step_ids = torch.tensor([feed + guess], dtype=torch.long, device=device)  # [1, fed]
+        step_ids = torch.tensor([feed + guess], dtype=torch.long, device=self.device)  # [1, fed]
         rows = self._next_logits(step_ids, drafting.vocab, keep=len(guess) + 1)  # [len(guess)+1, width]
         used = 0
         for j in range(len(guess) + 1):
@@ -138,10 +138,10 @@ class ModelDrafter:
 class _Drafting:
     """One draft in progress: its tokens, q rows, confidences, and when it must end."""
 
-    def __init__(self, k: int, params: SamplingConfig, generator: torch.Generator, vocab: DraftVocab | None):
+    def __init__(self, k: int, params: SamplingConfig, generator: torch.Generator, vocab: DraftVocab | None,
+                 min_confidence: float, path_floor: float, confidence_scale: float):
         self.k, self.params, self.generator, self.vocab = k, params, generator, vocab
-        self.min_confidence = 0.0
-        self.path_floor, self.confidence_scale = 0.0, 1.0
+        self.min_confidence, self.path_floor, self.confidence_scale = min_confidence, path_floor, confidence_scale
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor | None] = []
         self.confidences: list[float] = []

@@ -7,6 +7,7 @@ on its next forward. A new prompt that extends `ids` reuses both caches up to th
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat import kvcache
-from specchat.adaptive import AutoGamma
+from specchat.adaptive import AutoGamma, DraftPlan
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
 from specchat.detok import Detokenizer
 from specchat.drafters import Draft, ModelDrafter
@@ -120,19 +121,16 @@ class Engine:
         reply_ids = tuple(self.ids[len(prompt_ids):])
         yield ReplyDone(stats, detok.text, reply_ids, stop_reason)
 
-    def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> tuple[int, float, float]:
-        """(most tokens to draft, path floor, confidence scale): auto gamma plans all three;
-        a fixed gamma has no floor."""
-        if speculation.gamma == GAMMA_AUTO:
-            gamma, floor, scale = self.auto.plan()
-        else:
-            gamma, floor, scale = speculation.gamma, 0.0, 1.0
-        return max(0, min(gamma, remaining - 1)), floor, scale  # never draft past max_new_tokens
+    def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
+        """Auto gamma plans the length and the early end; a fixed gamma drafts gamma tokens."""
+        plan = self.auto.plan() if speculation.gamma == GAMMA_AUTO else DraftPlan(speculation.gamma)
+        gamma = max(0, min(plan.gamma, remaining - 1))  # never draft past max_new_tokens
+        return dataclasses.replace(plan, gamma=gamma)
 
     def _step(self, speculation, sampling, remaining, generator, recorder) -> StepResult:
         if speculation.mode == "drafter":
             return self._drafter_step(sampling, generator, recorder)
-        plan = (0, 0.0, 1.0) if speculation.mode == "target" else self._draft_plan(speculation, remaining)
+        plan = DraftPlan(0) if speculation.mode == "target" else self._draft_plan(speculation, remaining)
         return self._speculative_step(plan, sampling, generator, recorder, speculation.mode)
 
     def _drafter_step(self, sampling, generator, recorder) -> StepResult:
@@ -158,11 +156,11 @@ class Engine:
         self.auto.observe_confidences(draft.confidences, verdict.accepted)
         return self._step_result(drafts.tolist(), verdict, drafted, mode)
 
-    def _draft(self, plan, sampling, generator, recorder) -> Draft:
-        gamma, floor, scale = plan
-        if gamma == 0:
+    def _draft(self, plan: DraftPlan, sampling, generator, recorder) -> Draft:
+        if plan.gamma == 0:
             return Draft(torch.empty(0, dtype=torch.long), None, [])
-        draft = self.drafter.propose(self.ids, gamma, sampling, generator, floor, scale)
+        draft = self.drafter.propose(self.ids, plan.gamma, sampling, generator,
+                                     plan.path_floor, plan.confidence_scale)
         self._record_drafter(draft, recorder)
         return draft
 

@@ -27,8 +27,7 @@ def forward(model, cache: DynamicCache, new_ids: list[int], keep: int) -> torch.
     """Feed `new_ids` after what the cache holds; return logits of the last `keep` positions [keep, vocab]."""
     device = model.get_input_embeddings().weight.device
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=device)  # [1, n]
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-    return out.logits[0, -keep:]
+    return forward_tensor(model, cache, input_ids, keep)
 
 
 @torch.inference_mode()

@@ -14,7 +14,7 @@ from rich.control import Control, ControlType
 from rich.table import Table
 from rich.text import Text
 
-from specchat.config import GAMMA_AUTO
+from specchat.config import GAMMA_AUTO, QUANTIZATIONS
 from specchat.events import Origin, Rejected, ReplyDone, StepDone, Token
 from specchat.metrics import ReplyStats
 
@@ -187,7 +187,7 @@ def weights_text(facts) -> str:
     quantization = facts.quantization
     if quantization in ("", "none"):
         return facts.dtype
-    if quantization.endswith(("4bit", "8bit", "int8")):  # quantized at load: compute runs in dtype
+    if quantization.rsplit("→", 1)[-1] in QUANTIZATIONS:  # quantized at load: compute runs in dtype
         return f"{quantization} weights, {facts.dtype} compute"
     return f"{quantization}→{facts.dtype}"
 

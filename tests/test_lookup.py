@@ -59,7 +59,7 @@ def test_a_checked_guess_keeps_the_draft_and_the_cache_right(similar_drafter_mod
     assert drafter.seen == len(ids) + len(expected) - 1  # the last drafted token is fed next step
 
 
-def events_with(target, drafter_model, tokenizer, ids, lookup: bool, sampling):
+def events_with(target, drafter_model, tokenizer, ids, lookup: bool, sampling, monkeypatch):
     engine = make_engine(target, drafter_model, tokenizer)
     calls = []
     original = ModelDrafter._next_logits
@@ -67,11 +67,9 @@ def events_with(target, drafter_model, tokenizer, ids, lookup: bool, sampling):
     def counted(self, step_ids, vocab, keep):
         calls.append(step_ids.shape[1])
         return original(self, step_ids, vocab, keep)
-    ModelDrafter._next_logits = counted
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(ModelDrafter, "_next_logits", counted)
         events = list(engine.stream(ids, sampling, SpeculationConfig(gamma=6, prompt_lookup=lookup)))
-    finally:
-        ModelDrafter._next_logits = original
     shown = [(type(e).__name__, getattr(e, "id", None), getattr(e, "ids", None)) for e in events
              if isinstance(e, (Token, Rejected))]
     return shown, events[-1], calls
@@ -79,11 +77,12 @@ def events_with(target, drafter_model, tokenizer, ids, lookup: bool, sampling):
 
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0.0, max_new_tokens=60),
                                       SamplingConfig(temperature=0.8, top_p=0.9, seed=3, max_new_tokens=60)])
-def test_lookup_in_the_engine_changes_no_token(target, similar_drafter_model, tokenizer,
-                                                                   sampling):
+def test_lookup_in_the_engine_changes_no_token(target, similar_drafter_model, tokenizer, sampling, monkeypatch):
     ids = prompt_ids(tokenizer, "def reverse(lst):\n    return lst[::-1]\n" * 3)
-    plain, plain_done, plain_calls = events_with(target, similar_drafter_model, tokenizer, ids, False, sampling)
-    looked, looked_done, looked_calls = events_with(target, similar_drafter_model, tokenizer, ids, True, sampling)
+    plain, plain_done, plain_calls = events_with(target, similar_drafter_model, tokenizer, ids, False, sampling,
+                                                   monkeypatch)
+    looked, looked_done, looked_calls = events_with(target, similar_drafter_model, tokenizer, ids, True, sampling,
+                                                      monkeypatch)
     assert isinstance(looked_done, ReplyDone) and looked_done.ids == plain_done.ids
     assert looked == plain  # every drafted, rejected and verified token is the same
     assert max(looked_calls) > max(plain_calls)  # some forwards carried guesses

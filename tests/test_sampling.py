@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.adaptive import AutoGamma
+from specchat.adaptive import AutoGamma, DraftPlan
 from specchat.config import SamplingConfig
 from specchat.metrics import StatsRecorder, leviathan_speedup
 from specchat.sampling import make_generator, probs_from_logits
@@ -107,8 +107,8 @@ def _settled(auto: AutoGamma, drafter_s: float, accepted_of_8: int) -> AutoGamma
 
 def test_auto_plan_drafts_long_and_ends_by_a_floor_that_rises_with_cost():
     cheap, costly = _settled(AutoGamma(), 0.01, 6), _settled(AutoGamma(), 0.03, 6)
-    longest, floor, _ = cheap.plan()
-    assert longest == cheap.max_draft and 0 < floor < costly.plan()[1] < 1
+    plan = cheap.plan()
+    assert plan.gamma == cheap.max_draft and 0 < plan.path_floor < costly.plan().path_floor < 1
 
 
 def test_the_confidence_scale_follows_how_often_confident_tokens_pass():
@@ -118,7 +118,7 @@ def test_the_confidence_scale_follows_how_often_confident_tokens_pass():
         underconfident.observe_confidences([0.2] * 8, accepted=8)   # 8 judged, 1.6 said, 8 passed
     assert 0.6 < overconfident.calibration < 0.75
     assert underconfident.calibration > 4
-    assert overconfident.plan()[2] == overconfident.calibration
+    assert overconfident.plan().confidence_scale == overconfident.calibration
 
 
 def test_probing_and_off_plans_have_no_floor():
@@ -126,4 +126,4 @@ def test_probing_and_off_plans_have_no_floor():
     for _ in range(80):
         auto.observe(4, 0)
     plans = [auto.plan() for _ in range(auto.probe_every)]
-    assert (0, 0.0, 1.0) in plans and (1, 0.0, 1.0) in plans
+    assert DraftPlan(0, 0.0, 1.0) in plans and DraftPlan(1, 0.0, 1.0) in plans
