@@ -1,2 +1,2 @@
-from specchat.cli import main
+from specchat.tui.cli import main
 raise SystemExit(main())

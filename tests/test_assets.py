@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from specchat import assets
-from specchat.models import ModelLoadError
+from specchat.loading import assets
+from specchat.loading.models import ModelLoadError
 
 
 @pytest.fixture

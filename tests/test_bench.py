@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 
-from conftest import build_model
-from specchat import bench
-from specchat.bench_methods import Measurement, Method, Runner, default_methods
-from specchat.bench_report import markdown_table
+from specchat.bench.tiny_models import build_model
+from specchat.bench import suite as bench
+from specchat.bench.methods import Measurement, Method, Runner, default_methods
+from specchat.bench.report import markdown_table
 from specchat.config import Config, with_value
-from specchat.models import LoadedPair, ModelFacts
+from specchat.loading.models import LoadedPair, ModelFacts
 
 PROMPTS = [{"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},
            {"name": "chat", "kind": "chat", "messages": [{"role": "user", "content": "Hello, how are you"}]}]
@@ -61,7 +61,7 @@ def test_bad_arguments_are_one_line_errors(capsys):
 
 
 def test_multi_turn_reuse_encodes_only_the_new_turn(target, similar_drafter_model, tokenizer):
-    from specchat.bench_turns import compare_reuse
+    from specchat.bench.turns import compare_reuse
     with_reuse, without = compare_reuse(tiny_pair(target, similar_drafter_model, tokenizer), Config(), max_new=8)
     assert with_reuse.prompt_tokens == without.prompt_tokens
     assert without.reused_tokens == 0

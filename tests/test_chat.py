@@ -8,9 +8,10 @@ import threading
 import pytest
 
 from conftest import make_engine
-from specchat.chat import ChatError, ChatSession, Notice
+from specchat.session.chat import ChatError, ChatSession, Notice
+from specchat.tui.transcript import save_transcript
 from specchat.config import Config, SamplingConfig, with_value
-from specchat.events import ReplyDone, Token
+from specchat.core.events import ReplyDone, Token
 
 CONFIG = Config(sampling=SamplingConfig(max_new_tokens=8))
 
@@ -134,13 +135,13 @@ def test_reset_forgets_history_but_keeps_totals(session):
 
 def test_save_markdown_and_json_with_each_replys_stats(session, tmp_path):
     _, done = reply(session, "hello")
-    session.save(str(tmp_path / "t.json"))
+    save_transcript(session, str(tmp_path / "t.json"))
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["turns"][0]["stats"] == json.loads(json.dumps(done.stats.to_dict()))
     assert data["config"]["sampling.max_new_tokens"] == 8
-    session.save(str(tmp_path / "t.md"))
+    save_transcript(session, str(tmp_path / "t.md"))
     text = (tmp_path / "t.md").read_text()
     assert text.startswith("# specchat transcript") and "`8 tok · " in text
     with pytest.raises(ChatError, match="must end in .md or .json"):
-        session.save(str(tmp_path / "t.txt"))
+        save_transcript(session, str(tmp_path / "t.txt"))
     assert dataclasses.asdict(session.totals)["replies"] == 1

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specchat.cli import main
-from specchat.loaderrors import ModelLoadError
+from specchat.tui.cli import main
+from specchat.loading.errors import ModelLoadError
 from tinypair import loader, tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +132,7 @@ def test_no_color_env_and_flag_keep_a_terminal_plain(pair, monkeypatch):
 
 
 DRIVER = ("import sys; sys.path.insert(0, 'tests'); from tinypair import tiny_pair, loader; "
-          "from specchat.cli import main; raise SystemExit(main(sys.argv[1:], load=loader(tiny_pair())))")
+          "from specchat.tui.cli import main; raise SystemExit(main(sys.argv[1:], load=loader(tiny_pair())))")
 
 
 def test_interactive_session_in_a_real_terminal(tmp_path):

@@ -9,8 +9,8 @@ from prompt_toolkit.document import Document
 from rich.console import Console
 
 from conftest import make_engine
-from specchat.chat import ChatSession
-from specchat.commands import Command, Outcome, Registry, build_registry
+from specchat.session.chat import ChatSession
+from specchat.tui.commands import Command, Outcome, Registry, build_registry
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, all_keys
 
 

@@ -8,11 +8,11 @@ import torch
 from rich.console import Console
 
 from conftest import make_engine
-from specchat.chat import ChatSession
-from specchat.compare import Comparer, CompareReport
-from specchat.compare_view import CompareView, view_compare_fn
+from specchat.session.chat import ChatSession
+from specchat.session.compare import Comparer, CompareReport
+from specchat.tui.compare_view import CompareView, view_compare_fn
 from specchat.config import Config, with_value
-from specchat.models import LoadedPair, ModelFacts
+from specchat.loading.models import LoadedPair, ModelFacts
 
 
 def session_with_compare(target, drafter, tokenizer, compare="on", temperature=0.0):

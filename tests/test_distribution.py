@@ -14,12 +14,12 @@ from collections import Counter
 import pytest
 import torch
 
-import specchat.engine
+import specchat.core.engine
 from conftest import make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.events import ReplyDone
-from specchat.sampling import probs_from_logits, sample
-from specchat.verify import Verdict
+from specchat.core.events import ReplyDone
+from specchat.core.sampling import probs_from_logits, sample
+from specchat.core.verify import Verdict
 
 SAMPLING = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2)
 RUNS = 3000
@@ -93,7 +93,7 @@ def test_sampled_speculative_matches_target_distribution(setting, target, tokeni
 def test_the_check_catches_a_verifier_without_residual_resampling(setting, target, similar_drafter_model,
                                                                   tokenizer, monkeypatch):
     ids, joint = setting
-    monkeypatch.setattr(specchat.engine, "verify_sampled", broken_verify_sampled)
+    monkeypatch.setattr(specchat.core.engine, "verify_sampled", broken_verify_sampled)
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = empirical_first_two(engine, ids, gamma=1)
     assert worst_deviation(joint, counts) > 1.0

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import make_engine, prompt_ids
-from specchat.adaptive import AutoGamma
+from specchat.core.adaptive import AutoGamma
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
-from specchat.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 PROMPTS = ["def reverse(lst):", "The quick brown", "Hello, how are you"]
@@ -57,7 +57,7 @@ def test_drafter_equal_to_target_accepts_every_draft(target, tokenizer, gamma):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_greedy_exact_for_other_seeds_and_auto_gamma(tokenizer, seed):
-    from conftest import build_model
+    from specchat.bench.tiny_models import build_model
     target = build_model(len(tokenizer), seed=10 + seed, layers=2)
     drafter = build_model(len(tokenizer), seed=20 + seed, layers=1, hidden=32)
     ids = prompt_ids(tokenizer, PROMPTS[seed])

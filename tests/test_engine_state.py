@@ -7,8 +7,8 @@ import pytest
 
 from conftest import make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.detok import Detokenizer
-from specchat.events import ReplyDone, StepDone, Token
+from specchat.core.detok import Detokenizer
+from specchat.core.events import ReplyDone, StepDone, Token
 from test_engine import GREEDY, hf_greedy, run
 
 

@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from conftest import build_model
-from specchat.draft_vocab import DraftVocab
-from specchat.int8_weights import Int8Linear, head_rows, quantize_linears
+from specchat.bench.tiny_models import build_model
+from specchat.core.draft_vocab import DraftVocab
+from specchat.core.int8_weights import Int8Linear, head_rows, quantize_linears
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

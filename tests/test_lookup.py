@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-import specchat.drafters
+import specchat.core.drafters
 from conftest import make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.drafters import ModelDrafter
-from specchat.events import Rejected, ReplyDone, Token
-from specchat.lookup import WINDOW, continuation
-from specchat.sampling import make_generator
+from specchat.core.drafters import ModelDrafter
+from specchat.core.events import Rejected, ReplyDone, Token
+from specchat.core.lookup import WINDOW, continuation
+from specchat.core.sampling import make_generator
 
 
 def test_the_longest_then_latest_earlier_match_is_continued():
@@ -36,7 +36,7 @@ def drafts_of(drafter_model, tokenizer, ids, k, lookup, guesses=None, monkeypatc
     drafter = ModelDrafter(drafter_model, len(tokenizer))
     drafter.configure(0, (), lookup=lookup)
     if guesses is not None:
-        monkeypatch.setattr(specchat.drafters, "continuation", guesses)
+        monkeypatch.setattr(specchat.core.drafters, "continuation", guesses)
     draft = drafter.propose(ids, k, SamplingConfig(temperature=0.0), make_generator(0))
     return draft.tokens.tolist(), [fed for fed, _ in draft.forwards], drafter
 

@@ -11,12 +11,12 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from conftest import CHATML, SPECIALS, build_model, build_tokenizer
-from specchat import assets, devices, gguf_convert
+from specchat.bench.tiny_models import CHATML, SPECIALS, build_model, build_tokenizer
+from specchat.loading import assets, devices, gguf_convert
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
-from specchat.drafters import ModelDrafter
-from specchat.engine import Engine
-from specchat.models import LoadedPair, ModelFacts, ModelLoadError, load_model, load_pair
+from specchat.core.drafters import ModelDrafter
+from specchat.core.engine import Engine
+from specchat.loading.models import LoadedPair, ModelFacts, ModelLoadError, load_model, load_pair
 
 PROMPT = "def reverse(lst):"
 
@@ -471,7 +471,7 @@ def test_bundled_pair_greedy_speculation_equals_target_only():
 
 def test_unknown_context_length_asks_for_ui_context_limit():
     from types import SimpleNamespace
-    from specchat.models import context_limit
+    from specchat.loading.models import context_limit
     target = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: SimpleNamespace()))
     endless = SimpleNamespace(model_max_length=int(1e30))
     with pytest.raises(ModelLoadError, match="set ui.context_limit"):
@@ -481,7 +481,7 @@ def test_unknown_context_length_asks_for_ui_context_limit():
 
 
 def test_one_line_keeps_the_first_meaningful_line():
-    from specchat.loaderrors import one_line
+    from specchat.loading.errors import one_line
     assert one_line(OSError("\n  first problem  \nTraceback (most recent call last):\n ...")) == "first problem"
     assert one_line(ValueError()) == "ValueError"
     assert len(one_line(RuntimeError("x" * 1000))) == 240

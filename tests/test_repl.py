@@ -12,12 +12,12 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 from conftest import make_engine
-from specchat.chat import ChatSession
-from specchat.commands import build_registry
+from specchat.session.chat import ChatSession
+from specchat.tui.commands import build_registry
 from specchat.config import Config, SamplingConfig
-from specchat.events import Token
-from specchat.render import Renderer, make_console
-from specchat.repl import QUIT_HINT, Repl, open_history, toggle_compare, toolbar_text
+from specchat.core.events import Token
+from specchat.tui.render import Renderer, make_console
+from specchat.tui.repl import QUIT_HINT, Repl, open_history, toggle_compare, toolbar_text
 
 CONFIG = Config(sampling=SamplingConfig(max_new_tokens=12))
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.adaptive import AutoGamma, DraftPlan
+from specchat.core.adaptive import AutoGamma, DraftPlan
 from specchat.config import SamplingConfig
-from specchat.metrics import StatsRecorder, leviathan_speedup
-from specchat.sampling import make_generator, probs_from_logits
-from specchat.verify import residual, verify_greedy, verify_sampled
+from specchat.core.metrics import StatsRecorder, leviathan_speedup
+from specchat.core.sampling import make_generator, probs_from_logits
+from specchat.core.verify import residual, verify_greedy, verify_sampled
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
 

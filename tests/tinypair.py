@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from conftest import build_model, build_tokenizer
+from specchat.bench.tiny_models import build_model, build_tokenizer
 
 
 @dataclass

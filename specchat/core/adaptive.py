@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specchat.config import GAMMA_MAX
-from specchat.metrics import leviathan_speedup
+from specchat.core.metrics import leviathan_speedup
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,13 @@ class ReplyStats:
         return (self.drafter_time_s / self.drafter_timed) / (self.target_time_s / self.target_timed)
 
     @property
+    def measured_speedup(self) -> float:
+        """tok/s over the rate of one target forward per token (what target-only decoding would reach)."""
+        if not self.target_timed or self.target_time_s <= 0:
+            return 0.0
+        return self.tokens_per_s * (self.target_time_s / self.target_timed)
+
+    @property
     def per_position_rate(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.per_position_accepted, self.per_position_drafted)]
 
@@ -90,7 +97,7 @@ class ReplyStats:
         plain = {k: v for k, v in self.__dict__.items()}
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
         for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "cost_ratio",
-                     "per_position_rate", "mean_gamma", "alpha_per_token", "predicted_speedup"):
+                     "measured_speedup", "per_position_rate", "mean_gamma", "alpha_per_token", "predicted_speedup"):
             plain[name] = getattr(self, name)
         return plain
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Union
 
-from specchat.metrics import ReplyStats
+from specchat.core.metrics import ReplyStats
 
 
 class Origin(str, Enum):

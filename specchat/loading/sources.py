@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.loaderrors import ModelLoadError
+from specchat.loading.errors import ModelLoadError
 
 BUNDLED_PREFIX = "bundled:"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -39,7 +39,7 @@ def resolve_source(source: str) -> Source:
 
 
 def _bundled(name: str) -> Source:
-    from specchat.assets import bundled_model
+    from specchat.loading.assets import bundled_model
     return Source("bundled", name, bundled_model(name).name)
 
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat import kvcache
-from specchat.adaptive import AutoGamma, DraftPlan
+from specchat.core import kvcache
+from specchat.core.adaptive import AutoGamma, DraftPlan
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
-from specchat.detok import Detokenizer
-from specchat.drafters import Draft, ModelDrafter
-from specchat.events import Event, Origin, Rejected, ReplyDone, StepDone, Token
-from specchat.metrics import StatsRecorder
-from specchat.sampling import make_generator, probs_from_logits
-from specchat.verify import Verdict, verify_greedy, verify_sampled
+from specchat.core.detok import Detokenizer
+from specchat.core.drafters import Draft, ModelDrafter
+from specchat.core.events import Event, Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.core.metrics import StatsRecorder
+from specchat.core.sampling import make_generator, probs_from_logits
+from specchat.core.verify import Verdict, verify_greedy, verify_sampled
 
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.sampling import sample
+from specchat.core.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specchat.int8_weights import head_rows
+from specchat.core.int8_weights import head_rows
 
 
 class DraftVocab:

@@ -1,6 +1,6 @@
 """Each speed lever switched off alone, measured side by side with everything on, on the bundled pair.
 
-    .venv/bin/python bench/ablation.py [--max-new N] [--settings greedy,sampled] [--prompts a,b]
+    .venv/bin/python -m specchat.bench.ablation [--max-new N] [--settings greedy,sampled] [--prompts a,b]
                                        [--variants lookup,drafter,gamma] [--repeat N]
 
 Variants (specchat only, auto gamma): all levers; without prompt lookup; with the drafter
@@ -16,10 +16,10 @@ import statistics
 from rich.console import Console
 from rich.table import Table
 
-from specchat.bench import SETTINGS, load_prompts
-from specchat.bench_methods import Method, Runner
+from specchat.bench.suite import SETTINGS, load_prompts
+from specchat.bench.methods import Method, Runner
 from specchat.config import GAMMA_AUTO, load_config
-from specchat.models import load_model, load_pair
+from specchat.loading.models import load_model, load_pair
 
 TARGET = Method("target-only", "specchat", "target")
 

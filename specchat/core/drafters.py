@@ -12,11 +12,11 @@ from typing import Protocol
 
 import torch
 
-from specchat import kvcache
+from specchat.core import kvcache
 from specchat.config import SamplingConfig
-from specchat.draft_vocab import DraftVocab
-from specchat.lookup import MAX_GUESS, WINDOW, continuation
-from specchat.sampling import pick
+from specchat.core.draft_vocab import DraftVocab
+from specchat.core.lookup import MAX_GUESS, WINDOW, continuation
+from specchat.core.sampling import pick
 
 
 @dataclass

@@ -6,18 +6,14 @@ already holds and the engine reuses its KV caches for that common prefix.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from specchat.config import Config, as_flat_dict
-from specchat.events import Origin, ReplyDone, Token
-from specchat.metrics import ReplyStats
-from specchat.render import stats_line
+from specchat.config import Config
+from specchat.core.events import Origin, ReplyDone, Token
+from specchat.core.metrics import ReplyStats
 
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
 # specchat/compare.py provides it; without it, compare mode only records the setting.
@@ -48,33 +44,14 @@ class ReplyRecord:
 
 
 @dataclass
-class SessionTotals:
+class SessionTotals(ReplyStats):
+    """Every reply so far summed; the rates are ReplyStats' own formulas over the sums."""
     replies: int = 0
-    new_tokens: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    target_forwards: int = 0
-    wall_s: float = 0.0
 
     def add(self, stats: ReplyStats) -> None:
         self.replies += 1
-        self.new_tokens += stats.new_tokens
-        self.drafted += stats.drafted
-        self.accepted += stats.accepted
-        self.target_forwards += stats.target_forwards
-        self.wall_s += stats.wall_s
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_step(self) -> float:
-        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+        for name in ("new_tokens", "drafted", "accepted", "target_forwards", "wall_s"):
+            setattr(self, name, getattr(self, name) + getattr(stats, name))
 
 
 class ChatSession:
@@ -173,39 +150,6 @@ class ChatSession:
         self.messages.append({"role": "assistant", "content": done.text})
         self.records.append(ReplyRecord(user, done.text, done.stats, done.stop_reason, tokens))
         self.totals.add(done.stats)
-
-
-    # ----- transcript ------------------------------------------------------------------------
-    def transcript(self) -> dict[str, Any]:
-        return {
-            "system": self.system_prompt,
-            "config": {k: v if not isinstance(v, tuple) else list(v) for k, v in as_flat_dict(self.config).items()},
-            "turns": [{"user": r.user, "reply": r.text, "cut": r.cut, "stop_reason": r.stop_reason,
-                       "stats_line": stats_line(r.stats, r.stop_reason).strip(), "stats": r.stats.to_dict()}
-                      for r in self.records],
-            "totals": dataclasses.asdict(self.totals),
-        }
-
-    def save(self, path_text: str) -> Path:
-        """Write the transcript as Markdown or JSON, chosen by the file extension."""
-        path = Path(path_text).expanduser()
-        writers = {".md": transcript_markdown, ".json": lambda t: json.dumps(t, indent=2, ensure_ascii=False)}
-        if path.suffix.lower() not in writers:
-            raise ChatError(f"cannot save to '{path}': the name must end in .md or .json")
-        try:
-            path.write_text(writers[path.suffix.lower()](self.transcript()) + "\n", encoding="utf-8")
-        except OSError as err:
-            raise ChatError(f"cannot save to '{path}': {err.strerror or err}") from None
-        return path
-
-
-def transcript_markdown(transcript: dict[str, Any]) -> str:
-    lines = ["# specchat transcript", "", f"**system:** {transcript['system']}", ""]
-    for turn in transcript["turns"]:
-        reply = turn["reply"] + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
-        lines += ["## you", "", turn["user"], "", "## assistant", "",
-                  reply + (" ✂ [cut]" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
-    return "\n".join(lines).rstrip()
 
 
 def _turns(n: int) -> str:

@@ -16,12 +16,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specchat.bench_methods import Measurement, Method, Runner, default_methods
-from specchat.bench_turns import compare_reuse
+from specchat.bench.methods import Measurement, Method, Runner, default_methods
+from specchat.bench.turns import compare_reuse
 from specchat.config import ConfigError, SamplingConfig, load_config
-from specchat.loaderrors import ModelLoadError
+from specchat.loading.errors import ModelLoadError
 
-PROMPTS_FILE = Path(__file__).parent / "prompts" / "bench.json"
+PROMPTS_FILE = Path(__file__).parent.parent / "prompts" / "bench.json"
 RESULTS_DIR = Path("bench") / "results"
 SETTINGS = {
     "greedy": SamplingConfig(temperature=0.0),
@@ -132,7 +132,7 @@ def write_results(summaries: list[dict], meta: dict, out_dir: Path) -> tuple[Pat
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "bench.json"
     json_path.write_text(json.dumps({"meta": meta, "rows": summaries}, indent=2) + "\n")
-    from specchat.bench_report import plot_speedups
+    from specchat.bench.report import plot_speedups
     png_path = plot_speedups(summaries, out_dir / "speedup.png")
     return json_path, png_path
 
@@ -145,7 +145,7 @@ def _fail(message: str) -> int:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from rich.console import Console
-    from specchat.bench_report import results_table, turns_table, with_progress
+    from specchat.bench.report import results_table, turns_table, with_progress
     console = Console(stderr=False)
     try:
         cfg = load_config(args.config, args.overrides)

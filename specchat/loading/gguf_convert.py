@@ -12,17 +12,16 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from specchat.assets import cache_dir, file_sha256, remove_stale_temporaries
-from specchat.devices import dtype_name
-from specchat.loaderrors import ModelLoadError, one_line
+from specchat.loading.assets import cache_dir, file_sha256, remove_stale_temporaries
+from specchat.loading.devices import dtype_name
+from specchat.loading.progress import Progress
+from specchat.loading.errors import ModelLoadError, one_line
 
 META = "specchat.json"
-Progress = Callable[[str, "float | None"], None]
 
 
 def converted_dir(sha256: str, dtype: torch.dtype) -> Path:
@@ -101,7 +100,7 @@ def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
 
 def _gguf_tokenizer(gguf: Path):
     from transformers import AutoTokenizer
-    from specchat.hfquiet import quiet_transformers
+    from specchat.loading.hfquiet import quiet_transformers
     with quiet_transformers():
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                              local_files_only=True)
@@ -109,7 +108,7 @@ def _gguf_tokenizer(gguf: Path):
 
 def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     from transformers import AutoModelForCausalLM, GgufConfig
-    from specchat.hfquiet import BarsToProgress, quiet_transformers
+    from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
     bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
     with quiet_transformers(), contextlib.redirect_stderr(bars):
         model, info = AutoModelForCausalLM.from_pretrained(

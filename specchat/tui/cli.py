@@ -16,17 +16,17 @@ from typing import TextIO
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from specchat import render
-from specchat.chat import ChatError, ChatSession, CompareFn
-from specchat.commands import build_registry
+from specchat.tui import render
+from specchat.session.chat import ChatError, ChatSession, CompareFn
+from specchat.tui.commands import build_registry
 from specchat.config import Config, ConfigError, load_config, with_value
-from specchat.engine import build_engine
-from specchat.events import ReplyDone, Token
-from specchat.loaderrors import ModelLoadError
-from specchat.models import load_pair
-from specchat.repl import Repl, history_path, open_history, sigint_sets
+from specchat.core.engine import build_engine
+from specchat.core.events import ReplyDone, Token
+from specchat.loading.errors import ModelLoadError
+from specchat.loading.models import load_pair
+from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
 
-Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.models.load_pair)
+Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.loading.models.load_pair)
 CompareFactory = Callable  # compare(pair) -> CompareFn
 
 
@@ -59,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def default_compare(pair) -> CompareFn:
-    """Compare mode's reruns on their own caches, drawn side by side (specchat.compare)."""
-    from specchat.compare import Comparer
-    from specchat.compare_view import view_compare_fn
+    """Compare mode's reruns on their own caches, drawn side by side (specchat.session.compare)."""
+    from specchat.session.compare import Comparer
+    from specchat.tui.compare_view import view_compare_fn
     return view_compare_fn(Comparer(pair))
 
 

@@ -16,9 +16,9 @@ from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 
-from specchat import render
-from specchat.chat import ChatError, ChatSession
-from specchat.commands import Registry
+from specchat.tui import render
+from specchat.session.chat import ChatError, ChatSession
+from specchat.tui.commands import Registry
 from specchat.config import with_value
 
 QUIT_HINT = "(to leave, type /quit or press Ctrl-D)"

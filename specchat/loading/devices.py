@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from specchat.config import ModelConfig
-from specchat.loaderrors import ModelLoadError
+from specchat.loading.errors import ModelLoadError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPUINFO = Path("/proc/cpuinfo")

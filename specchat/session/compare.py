@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat import kvcache
-from specchat.engine import Engine, build_engine
-from specchat.events import ReplyDone
-from specchat.metrics import ReplyStats
+from specchat.core import kvcache
+from specchat.core.engine import Engine, build_engine
+from specchat.core.events import ReplyDone
+from specchat.core.metrics import ReplyStats
 
 NEAR_TIE = 0.05  # a top-2 logit margin below this is a near tie in bf16/fp16 arithmetic
 

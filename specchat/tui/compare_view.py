@@ -5,7 +5,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from specchat.compare import CompareReport, Run
+from specchat.session.compare import CompareReport, Run
 
 SIDE_BY_SIDE_MIN_WIDTH = 100
 

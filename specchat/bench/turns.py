@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specchat.chat import ChatSession
+from specchat.session.chat import ChatSession
 from specchat.config import Config, with_value
-from specchat.engine import build_engine
-from specchat.events import ReplyDone
+from specchat.core.engine import build_engine
+from specchat.core.events import ReplyDone
 
 TURNS = ("Write a Python function that checks whether a string is a palindrome.",
          "Make it ignore case and punctuation.",

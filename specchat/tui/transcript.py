@@ -1,0 +1,43 @@
+"""`/save`: the conversation with each reply's stats, as Markdown or JSON."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from specchat.config import as_flat_dict
+from specchat.session.chat import ChatError, ChatSession
+from specchat.tui.render import stats_line
+
+
+def transcript(session: ChatSession) -> dict[str, Any]:
+    """The session as plain data: system prompt, settings, turns with stats, totals."""
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in as_flat_dict(session.config).items()}
+    turns = [{"user": r.user, "reply": r.text, "cut": r.cut, "stop_reason": r.stop_reason,
+              "stats_line": stats_line(r.stats, r.stop_reason).strip(), "stats": r.stats.to_dict()}
+             for r in session.records]
+    return {"system": session.system_prompt, "config": config, "turns": turns,
+            "totals": dataclasses.asdict(session.totals)}
+
+
+def transcript_markdown(data: dict[str, Any]) -> str:
+    lines = ["# specchat transcript", "", f"**system:** {data['system']}", ""]
+    for turn in data["turns"]:
+        reply = turn["reply"] + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
+        lines += ["## you", "", turn["user"], "", "## assistant", "",
+                  reply + (" ✂ [cut]" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
+    return "\n".join(lines).rstrip()
+
+
+def save_transcript(session: ChatSession, path_text: str) -> Path:
+    """Write the transcript as Markdown or JSON, chosen by the file extension."""
+    path = Path(path_text).expanduser()
+    writers = {".md": transcript_markdown, ".json": lambda t: json.dumps(t, indent=2, ensure_ascii=False)}
+    if path.suffix.lower() not in writers:
+        raise ChatError(f"cannot save to '{path}': the name must end in .md or .json")
+    try:
+        path.write_text(writers[path.suffix.lower()](transcript(session)) + "\n", encoding="utf-8")
+    except OSError as err:
+        raise ChatError(f"cannot save to '{path}': {err.strerror or err}") from None
+    return path
