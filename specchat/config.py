@@ -86,6 +86,19 @@ GAMMA_AUTO = -1
 GAMMA_MAX = 16
 
 
+def drafter_needed(has_drafter: bool, mode: str, compare: str = "off") -> str | None:
+    """Why a speculation mode (and compare setting) cannot run without a drafter model; None when it can.
+
+    The one place that decides it: loading, the CLI, the session, the commands and the engine ask here."""
+    if has_drafter:
+        return None
+    if mode != "target":
+        return f"mode '{mode}' needs a drafter model"
+    if compare == "drafter":
+        return "compare 'drafter' needs a drafter model"
+    return None
+
+
 def _one_of(allowed):
     return lambda v: None if v in allowed else f"one of {', '.join(allowed)}"
 

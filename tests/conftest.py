@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specchat.bench.tiny_models import build_model, build_tokenizer
+from specchat.core.adaptive import AutoGamma
 from specchat.core.drafters import ModelDrafter
 from specchat.core.engine import Engine
 
@@ -45,9 +46,18 @@ def int8_drafter_model(similar_drafter_model):
     return drafter
 
 
-def make_engine(target, drafter_model, tokenizer, eos_ids=()) -> Engine:
+def make_engine(target, drafter_model, tokenizer, eos_ids=(), policy=None) -> Engine:
     drafter = ModelDrafter(drafter_model, len(tokenizer)) if drafter_model is not None else None
-    return Engine(target, tokenizer, drafter, eos_ids=eos_ids)
+    return Engine(target, tokenizer, drafter, eos_ids=eos_ids, policy=policy)
+
+
+class CheapDrafterGamma(AutoGamma):
+    """Auto gamma that takes the drafter to cost a tenth of the target, as the int8 0.5B drafter does
+    (the tiny test drafters cost about as much as the tiny targets, so auto gamma would not draft)."""
+
+    @property
+    def cost_ratio(self) -> float:
+        return 0.1
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:

@@ -66,3 +66,30 @@ def test_multi_turn_reuse_encodes_only_the_new_turn(target, similar_drafter_mode
     assert with_reuse.prompt_tokens == without.prompt_tokens
     assert without.reused_tokens == 0
     assert with_reuse.reused_tokens > with_reuse.prompt_tokens // 2
+
+
+def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(target, similar_drafter_model,
+                                                                           tokenizer, monkeypatch):
+    import specchat.bench.methods
+    from conftest import CheapDrafterGamma
+    plans: list[list[int]] = []
+
+    class Recording(CheapDrafterGamma):  # timing-free cost ratio: plans depend only on the drafts
+        def __init__(self):
+            super().__init__()
+            plans.append([])
+
+        def plan(self):
+            chosen = super().plan()
+            plans[-1].append(chosen.gamma)
+            return chosen
+    monkeypatch.setattr(specchat.bench.methods, "AutoGamma", Recording)
+    auto, fixed = Method("auto", "specchat", "spec", -1), Method("γ4", "specchat", "spec", 4)
+    runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), [fixed, auto], "")
+    greedy = bench.SamplingConfig(temperature=0.0, max_new_tokens=40)
+    runner.measure(auto, PROMPTS[0], greedy)
+    alone = plans[-1]
+    runner.measure(fixed, PROMPTS[0], greedy)
+    runner.measure(fixed, PROMPTS[1], greedy)
+    runner.measure(auto, PROMPTS[0], greedy)
+    assert alone and any(g > 1 for g in alone) and plans[-1] == alone

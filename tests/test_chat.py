@@ -100,7 +100,7 @@ def test_cancel_keeps_the_partial_reply_marked_as_cut(session):
 
 
 def test_mode_without_drafter_is_a_chat_error(target, tokenizer):
-    alone = ChatSession(make_engine(target, None, tokenizer), tokenizer, CONFIG, 1024, has_drafter=False)
+    alone = ChatSession(make_engine(target, None, tokenizer), tokenizer, CONFIG, 1024)
     with pytest.raises(ChatError, match="needs a drafter model"):
         list(alone.reply("hi"))
     alone.config = with_value(alone.config, "speculation.mode", "target")

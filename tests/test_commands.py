@@ -111,7 +111,7 @@ def test_temp_greedy_and_sample_work_together(session, registry):
 
 
 def test_mode_needing_a_drafter_is_refused_without_one(target, tokenizer, registry):
-    alone = ChatSession(make_engine(target, None, tokenizer), tokenizer, Config(), 1024, has_drafter=False)
+    alone = ChatSession(make_engine(target, None, tokenizer), tokenizer, Config(), 1024)
     outcome = registry.run(alone, "/mode spec")
     assert outcome.error and "needs a drafter model" in outcome.message
     assert not registry.run(alone, "/mode target").error

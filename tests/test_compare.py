@@ -59,6 +59,21 @@ def test_sampled_compare_uses_the_same_seed(target, similar_drafter_model, token
     assert first.target.ids == second.target.ids and first.spec.ids == second.spec.ids
 
 
+def test_with_a_random_seed_the_rerun_uses_the_replys_own_seed(target, similar_drafter_model, tokenizer,
+                                                               monkeypatch):
+    import specchat.core.engine
+    session, _ = session_with_compare(target, similar_drafter_model, tokenizer, temperature=0.9)
+    session.config = with_value(session.config, "sampling.seed", -1)
+    seeds = []
+    real = specchat.core.engine.make_generator
+    monkeypatch.setattr(specchat.core.engine, "make_generator", lambda seed, device: seeds.append(seed) or
+                        real(seed, device))
+    events = list(session.reply("The quick brown"))
+    [report] = reports(events)
+    done = [e for e in events if type(e).__name__ == "ReplyDone"][0]
+    assert len(seeds) == 2 and seeds[0] == seeds[1] == done.seed >= 0  # drawn once, reused by the rerun
+
+
 def test_a_greedy_difference_is_explained_with_the_target_margin(target, similar_drafter_model, tokenizer):
     _, comparer = session_with_compare(target, similar_drafter_model, tokenizer)
     prompt = tokenizer.encode("for i in range")

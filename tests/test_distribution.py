@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 import torch
 
-import specchat.core.engine
+import specchat.core.step
 from conftest import make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.core.events import ReplyDone
@@ -93,7 +93,7 @@ def test_sampled_speculative_matches_target_distribution(setting, target, tokeni
 def test_the_check_catches_a_verifier_without_residual_resampling(setting, target, similar_drafter_model,
                                                                   tokenizer, monkeypatch):
     ids, joint = setting
-    monkeypatch.setattr(specchat.core.engine, "verify_sampled", broken_verify_sampled)
+    monkeypatch.setattr(specchat.core.step, "verify_sampled", broken_verify_sampled)
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = empirical_first_two(engine, ids, gamma=1)
     assert worst_deviation(joint, counts) > 1.0

@@ -6,8 +6,7 @@ import threading
 import pytest
 import torch
 
-from conftest import make_engine, prompt_ids
-from specchat.core.adaptive import AutoGamma
+from conftest import CheapDrafterGamma, make_engine, prompt_ids
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
 from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
 
@@ -114,18 +113,17 @@ def test_drafter_only_mode_matches_drafter_greedy(target, unrelated_drafter_mode
 
 
 @pytest.mark.parametrize("drafter", ["target", "similar_drafter_model"])
-def test_auto_gamma_ends_drafts_by_the_path_floor_and_stays_exact(target, tokenizer, monkeypatch, drafter, request):
-    # these drafters are as big as the target; pretend one costs a tenth, as the int8 0.5B drafter does
-    monkeypatch.setattr(AutoGamma, "cost_ratio", property(lambda self: 0.1))
+def test_auto_gamma_ends_drafts_by_the_path_floor_and_stays_exact(target, tokenizer, drafter, request):
     ids = prompt_ids(tokenizer, PROMPTS[0])
-    engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
+    policy = CheapDrafterGamma()
+    engine = make_engine(target, request.getfixturevalue(drafter), tokenizer, policy=policy)
     events = list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=120),
                                 SpeculationConfig(gamma=GAMMA_AUTO)))
     drafted = [s.drafted for s in events if isinstance(s, StepDone)]
     assert list(events[-1].ids) == hf_greedy(target, ids, 120)
-    assert any(1 < d < engine.auto.max_draft for d in drafted[:-2])  # ended by the floor, not the cap
+    assert any(1 < d < policy.max_draft for d in drafted[:-2])  # ended by the floor, not the cap
     if drafter == "target":  # always right, less sure of itself than it should be: drafts grow long
-        assert engine.auto.calibration > 1 and max(drafted) > 4
+        assert policy.calibration > 1 and max(drafted) > 4
 
 
 def test_a_draft_may_end_early_when_the_drafter_doubts_itself(target, similar_drafter_model, tokenizer):

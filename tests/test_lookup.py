@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-import specchat.core.drafters
 from conftest import make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.core.drafters import ModelDrafter
 from specchat.core.events import Rejected, ReplyDone, Token
-from specchat.core.lookup import WINDOW, continuation
+from specchat.core.drafters import DraftPlan
+from specchat.core.lookup import MAX_GUESS, WINDOW, continuation
 from specchat.core.sampling import make_generator
 
 
@@ -31,29 +31,28 @@ def test_the_window_limits_how_far_back_it_looks():
     assert continuation(ids, 1, window=20) == []
 
 
-def drafts_of(drafter_model, tokenizer, ids, k, lookup, guesses=None, monkeypatch=None):
+def drafts_of(drafter_model, tokenizer, ids, k, lookup, guesser=None):
     """A fresh drafter's greedy draft, and the number of tokens fed per drafter forward."""
     drafter = ModelDrafter(drafter_model, len(tokenizer))
     drafter.configure(0, (), lookup=lookup)
-    if guesses is not None:
-        monkeypatch.setattr(specchat.core.drafters, "continuation", guesses)
-    draft = drafter.propose(ids, k, SamplingConfig(temperature=0.0), make_generator(0))
+    if guesser is not None:
+        drafter.guesser = guesser
+    draft = drafter.propose(ids, DraftPlan(k), SamplingConfig(temperature=0.0), make_generator(0))
     return draft.tokens.tolist(), [fed for fed, _ in draft.forwards], drafter
 
 
 @pytest.mark.parametrize("wrong_at", [None, 3, 0])
-def test_a_checked_guess_keeps_the_draft_and_the_cache_right(similar_drafter_model, tokenizer, monkeypatch,
-                                                              wrong_at):
+def test_a_checked_guess_keeps_the_draft_and_the_cache_right(similar_drafter_model, tokenizer, wrong_at):
     ids = prompt_ids(tokenizer, "The quick brown")
     expected, plain_fed, _ = drafts_of(similar_drafter_model, tokenizer, ids, 8, lookup=False)
     guess = list(expected)
     if wrong_at is not None:
         guess[wrong_at] = (guess[wrong_at] + 1) % len(tokenizer)
 
-    def oracle(seq, room):  # guesses the drafter's own tokens, one of them wrong
-        done = len(seq) - len(ids[-WINDOW:])
-        return guess[done:done + room]
-    got, fed, drafter = drafts_of(similar_drafter_model, tokenizer, ids, 8, True, oracle, monkeypatch)
+    class Oracle:  # guesses the drafter's own tokens, one of them wrong
+        def guess(self, seen, drafted, room):
+            return guess[len(drafted):len(drafted) + min(room, MAX_GUESS)]
+    got, fed, drafter = drafts_of(similar_drafter_model, tokenizer, ids, 8, True, Oracle())
     assert got == expected  # rows after a wrong guess come from a correctly cropped cache
     assert len(fed) < len(plain_fed) == 8
     assert drafter.seen == len(ids) + len(expected) - 1  # the last drafted token is fed next step

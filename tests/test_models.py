@@ -113,7 +113,7 @@ def test_multi_token_extra_eos_is_a_one_line_error(target_dir):
 
 def test_speculation_without_a_drafter_is_an_error(target_dir):
     cfg = replace(local_cfg(str(target_dir[0])), speculation=SpeculationConfig(mode="spec"))
-    with pytest.raises(ModelLoadError, match="needs a drafter: set drafter.source"):
+    with pytest.raises(ModelLoadError, match="needs a drafter model, and drafter.source is empty: set drafter.source"):
         load_pair(cfg)
 
 

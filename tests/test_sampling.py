@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.core.adaptive import AutoGamma, DraftPlan
+from specchat.core.adaptive import AutoGamma
+from specchat.core.drafters import DraftPlan
 from specchat.config import SamplingConfig
 from specchat.core.metrics import StatsRecorder, leviathan_speedup
 from specchat.core.sampling import make_generator, probs_from_logits
@@ -71,8 +72,8 @@ def test_leviathan_bound():
 
 def test_recorder_counts_positions_and_histogram():
     rec = StatsRecorder("spec", 3, prompt_tokens=5, reused_tokens=0)
-    rec.record_step(3, 1)
-    rec.record_step(3, 3)
+    rec.record_drafts(3, 1)
+    rec.record_drafts(3, 3)
     rec.record_tokens(2 + 4)
     stats = rec.finish()
     assert stats.acceptance_rate == 4 / 6

@@ -11,7 +11,8 @@ from transformers import GenerationConfig
 
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfig
 from specchat.core.engine import build_engine
-from specchat.core.events import ReplyDone
+from specchat.core.adaptive import AutoGamma
+from specchat.core.events import ReplyEnd
 
 SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)
 UNQUANTIZED = " · unquantized drafter"  # name suffix: transformers with the drafter as shipped
@@ -119,8 +120,9 @@ class Runner:
 
     def _specchat(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
         self.engine.reset()  # every method pays its own prefill, as generate() does
+        self.engine.policy = AutoGamma()  # and learns alone: no method trains the next one's auto gamma
         speculation = dataclasses.replace(self.speculation, gamma=method.gamma or 0, mode=method.mode)
-        done = [e for e in self.engine.stream(ids, sampling, speculation) if isinstance(e, ReplyDone)][0]
+        done = [e for e in self.engine.steps(ids, sampling, speculation) if isinstance(e, ReplyEnd)][0]
         s = done.stats
         spec = method.mode == "spec"
         return Measurement(done.ids, s.new_tokens, s.wall_s, s.acceptance_rate if spec else None,

@@ -23,8 +23,7 @@ class TurnTiming:
 
 def last_turn_timing(pair, cfg: Config, reuse: bool, max_new: int) -> TurnTiming:
     cfg = with_value(with_value(cfg, "sampling.max_new_tokens", max_new), "sampling.temperature", 0.0)
-    session = ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit,
-                          has_drafter=pair.drafter is not None)
+    session = ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit)
     done = None
     for text in TURNS:
         if not reuse:

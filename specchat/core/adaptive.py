@@ -15,18 +15,23 @@ drafter's confidences: accepted tokens over the summed confidences of the tokens
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from specchat.config import GAMMA_MAX
+from specchat.core.drafters import DraftPlan
 from specchat.core.metrics import leviathan_speedup
 
+if TYPE_CHECKING:
+    from specchat.core.step import StepResult
 
-@dataclass(frozen=True)
-class DraftPlan:
-    """One step's drafting: at most `gamma` tokens, ended early once the estimated chance that all
-    of them are accepted (product of min(1, confidence_scale * confidence)) is below path_floor."""
-    gamma: int
-    path_floor: float = 0.0        # 0: no early end
-    confidence_scale: float = 1.0
+
+class GammaPolicy(Protocol):
+    """Plans each auto-gamma step's draft and learns from every step's outcome."""
+
+    def plan(self) -> DraftPlan: ...
+
+    def observe_step(self, step: "StepResult") -> None: ...
+
 
 
 @dataclass
@@ -40,7 +45,7 @@ class AutoGamma:
     decay: float = 0.9
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
-    max_draft: int = 12        # longest draft when ending drafts by the drafter's confidence
+    max_draft: int = 12        # draft cap while drafts end by confidence (a chosen gamma above it raises it)
     said: float = 1.0          # decayed sums for calibrating the drafter's confidences
     seen: float = 1.0
     _idle_steps: int = 0
@@ -90,6 +95,17 @@ class AutoGamma:
             return
         self.said = self.said * self.decay + sum(judged)
         self.seen = self.seen * self.decay + accepted
+
+    def observe_step(self, step: "StepResult") -> None:
+        """Learn alpha, c and the confidence calibration from one step."""
+        for seconds, timed in step.drafter_forwards():
+            if timed:
+                self.observe_cost("drafter", seconds)
+        if step.target_fed and step.target_timed:
+            self.observe_cost("target", step.target_seconds)
+        self.observe(step.drafted, step.accepted)
+        if step.draft is not None:
+            self.observe_confidences(step.draft.confidences, step.accepted)
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0:

@@ -1,7 +1,7 @@
 """Drafters propose tokens for the target to verify.
 
-Protocol: `propose(ids, k, params, generator, path_floor, confidence_scale) -> Draft` and
-`rollback(committed_len)`.
+Every drafter follows the `Drafter` protocol: `configure` (the drafter-specific speculation options),
+`propose(ids, plan, sampling, generator) -> Draft`, `rollback(committed_len)` and `reset()`.
 A drafter keeps its own state (e.g. a KV cache) in step with the committed sequence `ids`.
 """
 from __future__ import annotations
@@ -12,11 +12,26 @@ from typing import Protocol
 
 import torch
 
-from specchat.core import kvcache
 from specchat.config import SamplingConfig
+from specchat.core import kvcache
 from specchat.core.draft_vocab import DraftVocab
-from specchat.core.lookup import MAX_GUESS, WINDOW, continuation
+from specchat.core.lookup import Guesser, NoGuess, PromptLookup
 from specchat.core.sampling import pick
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """One step's drafting: at most `gamma` tokens. The draft ends early after a token whose drafter
+    probability is below `min_confidence`, or once the estimated chance that all its tokens are
+    accepted (the product of min(1, confidence_scale * confidence)) is below `path_floor`."""
+    gamma: int
+    path_floor: float = 0.0        # 0: no early end by the path
+    confidence_scale: float = 1.0
+    min_confidence: float = 0.0    # 0: no early end by one doubtful token
+
+    @property
+    def tracks_confidence(self) -> bool:
+        return bool(self.min_confidence or self.path_floor)
 
 
 @dataclass
@@ -36,8 +51,10 @@ def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | N
 
 
 class Drafter(Protocol):
-    def propose(self, ids: list[int], k: int, params: SamplingConfig, generator: torch.Generator,
-                path_floor: float = 0.0, confidence_scale: float = 1.0) -> Draft: ...
+    def configure(self, vocab_limit: int, always_ids, lookup: bool) -> None: ...
+
+    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
+                generator: torch.Generator) -> Draft: ...
 
     def rollback(self, committed_len: int) -> None: ...
 
@@ -54,19 +71,16 @@ class ModelDrafter:
         self.device = model.get_input_embeddings().weight.device
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
-        self.min_confidence = 0.0     # stop drafting after a token the drafter gives less than this
-        self.lookup = False           # check prompt-lookup guesses in the same forward (lookup.py)
+        self.guesser: Guesser = NoGuess()  # prompt-lookup tokens checked in the same forward
         self._vocab: DraftVocab | None = None
 
-    def configure(self, vocab_limit: int, always_ids, min_confidence: float = 0.0,
-                  lookup: bool = False) -> None:
-        """Use a DraftVocab of ids below vocab_limit (+ seen ids + always_ids), 0 turns it off;
-        stop a draft early after a token whose drafter probability is below min_confidence;
-        and check prompt-lookup guesses alongside the current token (lookup)."""
+    def configure(self, vocab_limit: int, always_ids, lookup: bool = False) -> None:
+        """Score only ids below vocab_limit (+ seen ids + always_ids; 0: all of them), and check
+        prompt-lookup guesses alongside the current token when `lookup` is on."""
         if vocab_limit != self.vocab_limit or frozenset(always_ids) != self.always_ids:
             self._vocab = None
         self.vocab_limit, self.always_ids = vocab_limit, frozenset(always_ids)
-        self.min_confidence, self.lookup = min_confidence, lookup
+        self.guesser = PromptLookup() if lookup else NoGuess()
 
     def reset(self) -> None:
         self.cache = kvcache.new_cache(self.model)
@@ -80,25 +94,17 @@ class ModelDrafter:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
         kvcache.crop_to(self.cache, min(self.seen, committed_len - 1))
 
-    def propose(self, ids: list[int], k: int, params: SamplingConfig, generator: torch.Generator,
-                path_floor: float = 0.0, confidence_scale: float = 1.0) -> Draft:
-        """Up to k tokens. The draft ends early after a token whose confidence is below
-        min_confidence, or once the product of min(1, confidence_scale * confidence) over the
-        tokens so far is below path_floor."""
-        drafting = _Drafting(k, params, generator, self._draft_vocab(ids),
-                             self.min_confidence, path_floor, confidence_scale)
+    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
+                generator: torch.Generator) -> Draft:
+        """Up to plan.gamma tokens, ended early as the plan says."""
+        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids))
         feed = ids[self.seen:]  # [>=1] tokens: the newest committed one, plus any catch-up
         while not drafting.finished:
-            guess = self._guess(ids, drafting.tokens, k - len(drafting.tokens) - 1)
+            room = plan.gamma - len(drafting.tokens) - 1
+            guess = self.guesser.guess(ids, drafting.tokens, room)
             self._draft_forward(feed, guess, drafting)
             feed = drafting.tokens[-1:]
         return drafting.draft(self.vocab_size)
-
-    def _guess(self, ids: list[int], drafted: list[int], room: int) -> list[int]:
-        """Prompt-lookup tokens to check in the same forward as the current token (lookup.py)."""
-        if not self.lookup or room <= 0:
-            return []
-        return continuation(ids[-WINDOW:] + drafted, min(room, MAX_GUESS))
 
     def _draft_forward(self, feed: list[int], guess: list[int], drafting: "_Drafting") -> None:
         """One forward over feed + guess; draft from its rows while the guess matches what was drafted.
@@ -136,12 +142,11 @@ class ModelDrafter:
 
 
 class _Drafting:
-    """One draft in progress: its tokens, q rows, confidences, and when it must end."""
+    """One draft in progress: its tokens, q rows, confidences, and whether its plan says stop."""
 
-    def __init__(self, k: int, params: SamplingConfig, generator: torch.Generator, vocab: DraftVocab | None,
-                 min_confidence: float, path_floor: float, confidence_scale: float):
-        self.k, self.params, self.generator, self.vocab = k, params, generator, vocab
-        self.min_confidence, self.path_floor, self.confidence_scale = min_confidence, path_floor, confidence_scale
+    def __init__(self, plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator,
+                 vocab: DraftVocab | None):
+        self.plan, self.sampling, self.generator, self.vocab = plan, sampling, generator, vocab
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor | None] = []
         self.confidences: list[float] = []
@@ -151,20 +156,20 @@ class _Drafting:
 
     @property
     def finished(self) -> bool:
-        return self.doubt or len(self.tokens) >= self.k
+        return self.doubt or len(self.tokens) >= self.plan.gamma
 
     def add(self, logits: torch.Tensor) -> int:
         """Draft one token from [1, width] logits; returns its id."""
-        position, q = pick(logits, self.params, self.generator)  # [1], [1, width] or None when greedy
+        position, q = pick(logits, self.sampling, self.generator)  # [1], [1, width] or None when greedy
         token = int(self.vocab.to_ids(position) if self.vocab else position)
         self.tokens.append(token)
         self.probs.append(q)
-        if self.min_confidence or self.path_floor:
+        if self.plan.tracks_confidence:
             sure = confidence(logits, position, q)
             self.confidences.append(sure)
-            self.path *= min(1.0, self.confidence_scale * sure)
+            self.path *= min(1.0, self.plan.confidence_scale * sure)
             # a draft the drafter itself doubts is likely rejected: verify what we have
-            self.doubt = sure < self.min_confidence or self.path < self.path_floor
+            self.doubt = sure < self.plan.min_confidence or self.path < self.plan.path_floor
         return token
 
     def draft(self, vocab_size: int) -> Draft:

@@ -41,6 +41,16 @@ class ReplyDone:
     text: str         # the whole reply, tokenizer.decode(ids)
     ids: tuple[int, ...]
     stop_reason: str  # "eos" | "max_tokens" | "cancelled"
+    seed: int = -1    # the sampling seed the reply really used (drawn when the setting is random)
+
+
+@dataclass(frozen=True)
+class ReplyEnd:
+    """The end of Engine.steps(): like ReplyDone, without text (nothing is detokenized)."""
+    stats: ReplyStats
+    ids: tuple[int, ...]
+    stop_reason: str
+    seed: int
 
 
 Event = Union[Token, Rejected, StepDone, ReplyDone]

@@ -8,6 +8,8 @@ takes. Measured neutral on the bench prompts, so it is off by default (speculati
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 MIN_NGRAM = 3      # the newest tokens must have occurred before at least this long
 MAX_NGRAM = 8      # a match this long is taken at once
 WINDOW = 4096      # how far back to look
@@ -41,3 +43,23 @@ def continuation(ids: list[int], k: int, min_ngram: int = MIN_NGRAM, max_ngram: 
     if best_n < min_ngram:
         return []
     return ids[best_end + 1:best_end + 1 + k]
+
+
+class Guesser(Protocol):
+    def guess(self, ids: list[int], drafted: list[int], room: int) -> list[int]: ...
+
+
+class NoGuess:
+    """No prompt lookup: every drafter forward feeds only the current token."""
+
+    def guess(self, ids: list[int], drafted: list[int], room: int) -> list[int]:
+        return []
+
+
+class PromptLookup:
+    """Up to MAX_GUESS tokens copied from what followed the newest n-gram earlier in the conversation."""
+
+    def guess(self, ids: list[int], drafted: list[int], room: int) -> list[int]:
+        if room <= 0:
+            return []
+        return continuation(ids[-WINDOW:] + drafted, min(room, MAX_GUESS))

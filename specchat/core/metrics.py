@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specchat.core.step import StepResult
 
 
 def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
@@ -111,7 +115,21 @@ class StatsRecorder:
         self._start = time.perf_counter()
         self._first_token_at: float | None = None
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record(self, step: "StepResult", kept: int) -> None:
+        """One step: its drafts and acceptances, its forwards, and the `kept` tokens it committed."""
+        self.record_drafts(step.drafted, step.accepted)
+        self.record_tokens(kept)
+        s = self.stats
+        for seconds, timed in step.drafter_forwards():
+            s.drafter_forwards += 1
+            s.drafter_time_s += seconds if timed else 0.0
+            s.drafter_timed += 1 if timed else 0
+        if step.target_fed:
+            s.target_forwards += 1
+            s.target_time_s += step.target_seconds if step.target_timed else 0.0
+            s.target_timed += 1 if step.target_timed else 0
+
+    def record_drafts(self, drafted: int, accepted: int) -> None:
         s = self.stats
         s.drafted += drafted
         s.accepted += accepted
@@ -130,14 +148,6 @@ class StatsRecorder:
         if n and self._first_token_at is None:
             self._first_token_at = time.perf_counter()
         self.stats.new_tokens += n
-
-    def record_forward(self, which: str, seconds: float, timed: bool = True) -> None:
-        """Count one forward pass; `timed=False` counts it without using its time for c (prefill)."""
-        s = self.stats
-        setattr(s, f"{which}_forwards", getattr(s, f"{which}_forwards") + 1)
-        if timed:
-            setattr(s, f"{which}_time_s", getattr(s, f"{which}_time_s") + seconds)
-            setattr(s, f"{which}_timed", getattr(s, f"{which}_timed") + 1)
 
     def finish(self) -> ReplyStats:
         end = time.perf_counter()

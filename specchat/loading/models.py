@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from specchat.config import Config, ModelConfig
+from specchat.config import Config, ModelConfig, drafter_needed
 from specchat.loading.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.core.int8_weights import quantize_linears
 from specchat.loading.errors import ModelLoadError, one_line
@@ -208,13 +208,10 @@ def context_limit(cfg: Config, target, tokenizer) -> int:
 
 
 def _check_drafter_needed(cfg: Config) -> None:
-    if cfg.drafter.source:
-        return
-    if cfg.speculation.mode != "target":
-        raise ModelLoadError(f"speculation.mode = {cfg.speculation.mode} needs a drafter: set "
-                             f"drafter.source, or use speculation.mode=target")
-    if cfg.speculation.compare == "drafter":
-        raise ModelLoadError("speculation.compare = drafter needs a drafter: set drafter.source")
+    problem = drafter_needed(bool(cfg.drafter.source), cfg.speculation.mode, cfg.speculation.compare)
+    if problem:
+        raise ModelLoadError(f"{problem}, and drafter.source is empty: set drafter.source, "
+                             f"or use speculation.mode=target and speculation.compare=on|off")
 
 
 def _check_target_width(target, tokenizer, name: str) -> None:

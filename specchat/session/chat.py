@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specchat.config import Config
+from specchat.config import Config, drafter_needed
 from specchat.core.events import Origin, ReplyDone, Token
 from specchat.core.metrics import ReplyStats
 
@@ -56,13 +56,12 @@ class SessionTotals(ReplyStats):
 
 class ChatSession:
     def __init__(self, engine, tokenizer, config: Config, model_context_limit: int,
-                 compare_fn: CompareFn | None = None, has_drafter: bool = True):
+                 compare_fn: CompareFn | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.model_context_limit = model_context_limit
         self.compare_fn = compare_fn
-        self.has_drafter = has_drafter
         self.messages: list[dict[str, str]] = []  # user/assistant turns; the system prompt is separate
         self.records: list[ReplyRecord] = []
         self.totals = SessionTotals()
@@ -118,10 +117,14 @@ class ChatSession:
         return ids, dropped
 
     # ----- a turn ----------------------------------------------------------------------------
+    @property
+    def has_drafter(self) -> bool:
+        return self.engine.drafter is not None
+
     def check_mode(self) -> None:
-        mode = self.config.speculation.mode
-        if mode != "target" and not self.has_drafter:
-            raise ChatError(f"mode '{mode}' needs a drafter model, and none is loaded; use /mode target")
+        problem = drafter_needed(self.has_drafter, self.config.speculation.mode)
+        if problem:
+            raise ChatError(f"{problem}, and none is loaded; use /mode target")
 
     def reply(self, text: str, cancel: threading.Event | None = None) -> Iterator[Any]:
         """Stream one reply to `text`: Notice, then the engine's events, then any compare output."""

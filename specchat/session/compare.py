@@ -16,7 +16,7 @@ import torch
 
 from specchat.core import kvcache
 from specchat.core.engine import Engine, build_engine
-from specchat.core.events import ReplyDone
+from specchat.core.events import ReplyDone, ReplyEnd
 from specchat.core.metrics import ReplyStats
 
 NEAR_TIE = 0.05  # a top-2 logit margin below this is a near tie in bf16/fp16 arithmetic
@@ -75,9 +75,10 @@ class Comparer:
     def __call__(self, session, prompt_ids: list[int], done: ReplyDone,
                  cancel: threading.Event) -> Iterator[CompareReport]:
         cfg = session.config
-        runs = [self._rerun(self.target_engine, "target", prompt_ids, cfg, cancel)]
+        sampling = dataclasses.replace(cfg.sampling, seed=done.seed)  # the seed the reply really used
+        runs = [self._rerun(self.target_engine, "target", prompt_ids, cfg, sampling, cancel)]
         if cfg.speculation.compare == "drafter" and self.drafter_engine is not None:
-            runs.append(self._rerun(self.drafter_engine, "drafter", prompt_ids, cfg, cancel))
+            runs.append(self._rerun(self.drafter_engine, "drafter", prompt_ids, cfg, sampling, cancel))
         if any(r is None for r in runs):
             return  # cancelled during a rerun: nothing fair to show
         spec = Run(f"{cfg.speculation.mode}", done.text, done.ids, done.stats)
@@ -87,14 +88,16 @@ class Comparer:
             divergence = self.explain(prompt_ids, spec.ids, runs[0].ids)
         yield CompareReport(spec, tuple(runs), greedy, divergence)
 
-    def _rerun(self, engine: Engine, mode: str, prompt_ids, cfg, cancel) -> Run | None:
+    def _rerun(self, engine: Engine, mode: str, prompt_ids, cfg, sampling, cancel) -> Run | None:
+        """The same prompt on a rerun engine's own caches, token ids only; the text is decoded once."""
         speculation = dataclasses.replace(cfg.speculation, mode=mode)
         final = None
-        for event in engine.stream(prompt_ids, cfg.sampling, speculation, cancel):
-            final = event if isinstance(event, ReplyDone) else final
+        for item in engine.steps(prompt_ids, sampling, speculation, cancel):
+            final = item if isinstance(item, ReplyEnd) else final
         if final is None or final.stop_reason == "cancelled":
             return None
-        return Run(f"{mode}-only", final.text, final.ids, final.stats)
+        text = self.tokenizer.decode(list(final.ids), skip_special_tokens=True)
+        return Run(f"{mode}-only", text, final.ids, final.stats)
 
     def explain(self, prompt_ids: list[int], a: tuple[int, ...], b: tuple[int, ...]) -> Divergence:
         position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -19,7 +19,8 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from specchat.tui import render
 from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.tui.commands import build_registry
-from specchat.config import Config, ConfigError, load_config, with_value
+from specchat.config import Config, ConfigError, drafter_needed, load_config, with_value
+from specchat.core.adaptive import AutoGamma
 from specchat.core.engine import build_engine
 from specchat.core.events import ReplyDone, Token
 from specchat.loading.errors import ModelLoadError
@@ -93,9 +94,10 @@ def warm_up(session: ChatSession) -> None:
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
     speculation = dataclasses.replace(cfg.speculation, mode=mode)
     ids = session.render([{"role": "user", "content": "Say hello."}])
-    for _ in session.engine.stream(ids, sampling, speculation):
+    for _ in session.engine.steps(ids, sampling, speculation):
         continue
     session.engine.reset()
+    session.engine.policy = AutoGamma()  # warm-up timings include first-call set-up: learn c afresh
 
 
 def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: Console):
@@ -163,11 +165,11 @@ def run_once(session: ChatSession, text: str, renderer: render.Renderer, as_json
 
 
 def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
-    if cfg.speculation.mode != "target" and pair.drafter is None:
-        raise ConfigError(f"speculation.mode is '{cfg.speculation.mode}' but no drafter was loaded; "
-                          f"set drafter.source or speculation.mode=target")
+    problem = drafter_needed(pair.drafter is not None, cfg.speculation.mode, cfg.speculation.compare)
+    if problem:
+        raise ConfigError(f"{problem}, but none was loaded; set drafter.source or speculation.mode=target")
     return ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit,
-                       compare_fn=compare(pair) if compare else None, has_drafter=pair.drafter is not None)
+                       compare_fn=compare(pair) if compare else None)
 
 
 def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:

@@ -18,7 +18,7 @@ from rich.table import Table
 from specchat.tui import render, stats_view
 from specchat.tui.transcript import save_transcript
 from specchat.session.chat import ChatError, ChatSession
-from specchat.config import ConfigError, all_keys, as_flat_dict, get_value, set_from_text, with_value
+from specchat.config import ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
 START_UP_KEYS = ("speculation.extra_eos",)  # used when the models load (stop ids), not per reply
 KEYS_HELP = "keys: Esc-Enter new line · Ctrl-C cancels a reply · F2 / Ctrl-T toggles compare · Ctrl-D quits"
@@ -188,7 +188,7 @@ def cmd_sample(session: ChatSession, arg: str) -> Outcome:
 
 
 def cmd_mode(session: ChatSession, arg: str) -> Outcome:
-    if arg and arg != "target" and not session.has_drafter:
+    if arg and drafter_needed(session.has_drafter, arg):
         return fail(f"/mode: '{arg}' needs a drafter model, and none is loaded; only target is possible")
     outcome = show_or_set(session, "mode", "speculation.mode", "spec|target|drafter", arg)
     if not arg:
@@ -198,7 +198,7 @@ def cmd_mode(session: ChatSession, arg: str) -> Outcome:
 
 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:
-    if arg == "drafter" and not session.has_drafter:
+    if arg and drafter_needed(session.has_drafter, "target", arg):
         return fail("/compare: 'drafter' needs a drafter model, and none is loaded; use /compare on")
     outcome = show_or_set(session, "compare", "speculation.compare", "on|off|drafter", arg)
     if arg and session.compare_fn is None and session.config.speculation.compare != "off":

@@ -1,0 +1,91 @@
+"""One speculative step as a pure function of the models, their caches and the committed ids.
+
+`speculative_step` drafts with the drafter, scores the pending token plus every draft with one
+target forward, and applies the rejection rule. It returns what happened (tokens, origins, rejected
+drafts, timings) and leaves committing, cache rollback and bookkeeping to the Engine, as gpt-fast's
+`speculative_decode` does. The target's cache then holds every fed token; the Engine crops it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specchat.config import SamplingConfig
+from specchat.core import kvcache
+from specchat.core.drafters import Draft, DraftPlan, Drafter
+from specchat.core.events import Origin
+from specchat.core.sampling import probs_from_logits
+from specchat.core.verify import Verdict, verify_greedy, verify_sampled
+
+TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts towards c (not a prefill)
+
+
+@dataclass
+class StepResult:
+    tokens: list[int]                 # committed candidates, in order (cut at EOS / limit by the Engine)
+    origins: list[Origin]
+    rejected: list[int]               # drafts the target refused
+    drafted: int
+    accepted: int
+    draft: Draft | None = None        # what the drafter proposed, with its forwards' timings
+    target_seconds: float = 0.0       # the verification forward plus verification
+    target_fed: int = 0               # tokens the target forward was fed (0: no target forward)
+    last: bool = False                # set by the Engine: the reply ends with this step
+
+    @property
+    def target_timed(self) -> bool:
+        """Only a forward fed one pending token is a decode step; more is (part) prefill."""
+        return self.target_fed - self.drafted == 1
+
+    def drafter_forwards(self) -> list[tuple[float, bool]]:
+        """(seconds, timed) per drafter forward; timed ones are decode steps, not prefill."""
+        forwards = self.draft.forwards if self.draft else []
+        return [(seconds, fed <= TIMED_DRAFTER_FEED) for fed, seconds in forwards]
+
+
+def empty_draft() -> Draft:
+    return Draft(torch.empty(0, dtype=torch.long), None, [])
+
+
+def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], plan: DraftPlan,
+                     sampling: SamplingConfig, generator: torch.Generator, vocab_size: int) -> StepResult:
+    """Draft up to plan.gamma tokens, verify them with one target forward; the target's cache grows."""
+    draft = drafter.propose(ids, plan, sampling, generator) if plan.gamma else empty_draft()
+    device = target.get_input_embeddings().weight.device
+    drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
+    drafted = drafts.shape[0]
+    pending = torch.tensor([ids[kvcache.cache_length(cache):]], dtype=torch.long, device=device)
+    feed = torch.cat([pending, drafts.view(1, -1)], dim=1)  # [1, pending + drafted]
+    start = time.perf_counter()
+    logits = kvcache.forward_tensor(target, cache, feed, keep=drafted + 1)
+    logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
+    verdict = _verify(drafts, draft, logits, sampling, generator)
+    seconds = time.perf_counter() - start
+    return _result(drafts.tolist(), verdict, draft, seconds, feed.shape[1])
+
+
+def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig,
+                 generator: torch.Generator) -> StepResult:
+    """Drafter-only decoding: one token from the drafter, no target forward."""
+    draft = drafter.propose(ids, DraftPlan(1), sampling, generator)
+    return StepResult([int(draft.tokens[0])], [Origin.DRAFTER], [], 0, 0, draft)
+
+
+def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator) -> Verdict:
+    if sampling.is_greedy:
+        return verify_greedy(drafts, logits)
+    p = probs_from_logits(logits, sampling)  # [gamma+1, vocab]
+    q = draft.q_probs.to(logits.device) if draft.q_probs is not None else p[:0]
+    return verify_sampled(drafts, q, p, generator)
+
+
+def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, fed: int) -> StepResult:
+    n, gamma = verdict.accepted, len(drafts)
+    if gamma == 0:
+        last = Origin.TARGET
+    else:
+        last = Origin.BONUS if n == gamma else Origin.CORRECTED
+    return StepResult(drafts[:n] + [verdict.next_token], [Origin.DRAFTED] * n + [last], drafts[n:],
+                      gamma, n, draft, seconds, fed)
