@@ -19,7 +19,7 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "4bit", "8bit", "int8")
+QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8")
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")
 

@@ -70,8 +70,9 @@ def quantize_linears(model: nn.Module) -> int:
 
 
 def head_rows(head: nn.Module, index: torch.Tensor | slice):
-    """A callable computing only the output rows `index` of an output head (nn.Linear or Int8Linear)."""
-    if isinstance(head, Int8Linear):
+    """A callable computing only the output rows `index` of an output head (nn.Linear, or a
+    quantized layer with a `rows` method: Int8Linear, W8A8Linear)."""
+    if hasattr(head, "rows"):
         return head.rows(index)
     weight = head.weight[index]
     bias = None if head.bias is None else head.bias[index]

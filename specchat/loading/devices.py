@@ -58,15 +58,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def quantization_config(quantization: str, compute_dtype: torch.dtype):
-    """A BitsAndBytesConfig for 4bit (nf4, double quant) or 8bit; None for none and for int8
-    (specchat's own weight-only int8, applied after loading: see int8_weights.py).
+    """A BitsAndBytesConfig for 4bit (nf4, double quant) or 8bit; None for none, int8 and w8a8
+    (specchat's own int8 layers, applied after loading: see int8_weights.py and w8a8.py).
 
     8bit is LLM.int8 *without* the fp16 outlier decomposition (llm_int8_threshold=0): the
     decomposition picks its outlier columns from the whole batch, so a (gamma+1)-token
     verification forward would score a token differently from a one-token forward, and greedy
     speculative output would no longer equal target-only output. Row-wise int8 is batch-invariant.
     """
-    if quantization in ("none", "int8"):
+    if quantization in ("none", "int8", "w8a8"):
         return None
     from transformers import BitsAndBytesConfig
     if quantization == "4bit":

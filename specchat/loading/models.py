@@ -6,6 +6,7 @@ transformers cache). Every failure is a ModelLoadError whose message is one line
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,7 @@ class ModelFacts:
     source: str
     params: int
     dtype: str
-    quantization: str       # none | 4bit | 8bit | int8 | the GGUF's type, e.g. Q4_K_M(→int8)
+    quantization: str       # none | 4bit | 8bit | int8 | w8a8 | the GGUF's type, e.g. Q4_K_M(→int8)
     device: str             # cpu | cuda:0 | "cuda:0,cuda:1" when spread by device_map
     memory_bytes: int
     load_s: float
@@ -66,6 +67,7 @@ class Checkpoint:
     location: str
     local: bool
     quantization: str  # what the checkpoint itself is: none, or a GGUF type
+    identity: str = ""  # what the weights are, for caches derived from them (a sha256, a fingerprint)
 
 
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
@@ -93,14 +95,31 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     report(progress, f"loading {role} {source.name}", None)
     model = _load_weights(checkpoint, mc, source, kwargs)
     params = model.num_parameters()  # before int8 turns weights into buffers
-    if mc.quantization == "int8":
-        report(progress, f"quantizing {role} {source.name} to int8", None)
-        quantize_linears(model)
+    _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        model.get_memory_footprint(), round(time.perf_counter() - start, 2), template)
     return model, tokenizer, facts
+
+
+def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtype: torch.dtype,
+                            label: str, progress: Progress | None) -> None:
+    """specchat's own int8 modes: weight-only int8, or int8×int8 with batch-invariant attention."""
+    if mc.quantization == "int8":
+        report(progress, f"quantizing {label} to int8", None)
+        quantize_linears(model)
+    elif mc.quantization == "w8a8":
+        from specchat.core.invariant_attention import use_batch_invariant_attention
+        from specchat.loading import quantized_cache
+        if next(model.parameters()).device.type != "cpu":
+            raise ModelLoadError(f"quantization = \"w8a8\" runs on the CPU only (fbgemm); on "
+                                 f"{next(model.parameters()).device.type} use int8, 8bit or 4bit")
+        path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype))
+        notice = quantized_cache.quantize_with_cache(model, path, label, progress)
+        if notice:
+            report(progress, notice, None)
+        use_batch_invariant_attention(model)
 
 
 def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype,
@@ -110,15 +129,18 @@ def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype,
     if mc.revision and source.kind != "hub":
         raise ModelLoadError(f"revision = {mc.revision!r} only applies to hub ids, not to {mc.source}")
     if source.kind == "hub":
-        return Checkpoint(source.location, local=False, quantization="none")
+        identity = hashlib.sha256(f"{source.location}@{mc.revision}".encode()).hexdigest()
+        return Checkpoint(source.location, local=False, quantization="none", identity=identity)
     if source.kind == "dir":
         if not (Path(source.location) / "config.json").is_file():
             raise ModelLoadError(f"{source.location} has no config.json; a model directory comes "
                                  f"from save_pretrained (or give a .gguf file)")
-        return Checkpoint(source.location, local=True, quantization="none")
+        from specchat.loading.quantized_cache import directory_identity
+        return Checkpoint(source.location, local=True, quantization="none",
+                          identity=directory_identity(Path(source.location)))
     directory = _converted(source, dtype, progress)
-    return Checkpoint(str(directory), local=True,
-                      quantization=gguf_convert.read_meta(directory)["quantization"])
+    return Checkpoint(str(directory), local=True, quantization=gguf_convert.read_meta(directory)["quantization"],
+                      identity=directory.name)
 
 
 def _converted(source: Source, dtype: torch.dtype, progress: Progress | None) -> Path:

@@ -1,0 +1,169 @@
+"""int8 weights × int8 activations: a linear layer whose cost grows slowly from 1 to about 8 rows,
+and whose result for a row never depends on the other rows in the batch.
+
+Why: with weight-only kernels, verifying gamma+1 drafted tokens costs about 3× a one-token step on a
+CPU; fbgemm's int8×int8 kernel (VNNI) reads half the bytes of bf16 and multiplies 8 rows for well
+under twice the time of one. But fbgemm quantizes
+the activations with one range for the whole batch, so a row's result would depend on its batch,
+and speculative output would differ from target-only output. The fix here: map every row affinely
+onto [−1, 1] (centre c, half-range h per row) and append two constant rows, +1 and −1, so the
+kernel's per-tensor range is always exactly [−1, 1]; then undo the map:
+    W x = h · (W x̂) + c · (W · 1),   x̂ = (x − c) / h.
+Every step is per row or per element, so the layer is batch-invariant bitwise.
+
+Activations have outlier channels (LLM.int8(), SmoothQuant), worst at the input of the MLP's output
+projection, where a row spans about 2,500× from peak to median. There a second pass multiplies each
+row's rounding residual with a range of its own: about 16-bit activations for twice that layer's
+kernel time. (A fixed, calibrated set of outlier channels multiplied apart measured no better
+once that layer had two passes, and cost 196 more kernel calls a step.)
+
+torch's quantized ops live in this module only, so the kernel can be swapped in one place.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+def _pack(weight: torch.Tensor, scale: torch.Tensor):
+    """fbgemm's packed form of int8 weights [out, in] with per-row scales."""
+    with warnings.catch_warnings():  # torch.ao's quantized tensors warn of their planned removal
+        warnings.simplefilter("ignore")
+        qweight = torch._make_per_channel_quantized_tensor(
+            weight, scale.double(), torch.zeros(weight.shape[0], dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(qweight, None)
+
+
+def _int8_product(x: torch.Tensor, packed) -> torch.Tensor:
+    """fbgemm's dynamic int8×int8 linear; 8-bit activations (the x86 default is 7)."""
+    return torch.ops.quantized.linear_dynamic(x, packed, False)
+
+
+@dataclass
+class Int8Block:
+    """Symmetric per-output-row int8 weights [out, in], their float scales [out], and the row sums
+    of the dequantized weights [out] (W · 1, which undoes the activations' centring)."""
+    weight: torch.Tensor
+    scale: torch.Tensor
+    row_sums: torch.Tensor
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> "Int8Block":
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        levels = (w / scale[:, None]).round_().clamp_(-127, 127)  # never in place: w may be the weight
+        return cls(levels.to(torch.int8).contiguous(), scale, levels.sum(dim=1) * scale)
+
+    def rows(self, index: torch.Tensor | slice) -> "Int8Block":
+        return Int8Block(self.weight[index].contiguous(), self.scale[index].contiguous(),
+                         self.row_sums[index].contiguous())
+
+
+_STEP = torch.tensor(2.0) / 255  # the kernel's activation step once the tensor's range is [−1, 1]
+_LEVELS = 127.0                   # rows are snapped to the kernel's grid at −127…127 steps
+
+
+class FixedRangeProduct:
+    """x [M, in] float32 → W x [M, out] float32 through the int8×int8 kernel, batch-invariant.
+
+    With `passes=2` each row is first snapped to 255 levels of its own range, on exactly the grid
+    the kernel quantizes to, so what the kernel multiplies is known; the rounding residual of every
+    row then gets a second product of its own range: about 16-bit activations, for heavy-tailed
+    inputs (the MLP's output projection).
+    """
+
+    def __init__(self, block: Int8Block, passes: int = 1):
+        self._packed = _pack(block.weight, block.scale)
+        self.row_sums = block.row_sums
+        self._bounds = torch.tensor([[1.0], [-1.0]]).expand(2, block.weight.shape[1])
+        self.passes = passes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        low, high = torch.aminmax(x, dim=1, keepdim=True)
+        centre = (high + low) * 0.5
+        if self.passes == 1:
+            half = ((high - low) * 0.5).clamp_(min=1e-30)
+            return self._product((x - centre).div_(half).clamp_(-1.0, 1.0), half, centre)
+        step = ((high - low) * (0.5 / _LEVELS)).clamp_(min=1e-30)
+        levels = (x - centre).div_(step).round_().clamp_(-_LEVELS, _LEVELS)
+        y = self._product(levels * _STEP, step / _STEP, centre)
+        residual = x - centre - levels * step  # what the rounding lost, per element
+        low, high = torch.aminmax(residual, dim=1, keepdim=True)
+        centre = (high + low) * 0.5
+        half = ((high - low) * 0.5).clamp_(min=1e-30)
+        return y + self._product((residual - centre).div_(half).clamp_(-1.0, 1.0), half, centre)
+
+    def _product(self, unit: torch.Tensor, scale: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
+        """W x for rows x = centre + scale · unit, with unit in [−1, 1]."""
+        product = _int8_product(torch.cat([unit, self._bounds]), self._packed)[:-2]
+        return torch.addcmul(centre * self.row_sums, product, scale)
+
+
+class W8A8Linear(nn.Module):
+    """A drop-in nn.Linear: int8 weights per output row, int8 activations per row, float32 out."""
+
+    def __init__(self, block: Int8Block, bias: torch.Tensor | None, passes: int = 1):
+        super().__init__()
+        self.block, self.passes = block, passes
+        self.out_features, self.in_features = block.weight.shape
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self._product = FixedRangeProduct(block, passes)
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    passes: int = 1) -> "W8A8Linear":
+        return cls(Int8Block.quantize(weight), bias, passes)
+
+    def rows(self, index: torch.Tensor | slice) -> "W8A8Linear":
+        """A layer computing only the output rows `index`."""
+        bias = None if self.bias is None else self.bias[index]
+        return W8A8Linear(self.block.rows(index), bias, self.passes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._product(x.reshape(-1, self.in_features).float())
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"int8 weights × int8 activations, {self.passes} pass(es)")
+
+
+TWO_PASS_LAYERS = ("down_proj", "fc2", "dense_4h_to_h", "w2")  # the MLP's output projection
+
+
+def activation_passes(name: str) -> int:
+    """2 for the MLP's output projection (heavy-tailed inputs), 1 elsewhere."""
+    return 2 if name.rsplit(".", 1)[-1] in TWO_PASS_LAYERS else 1
+
+
+def replace_linears(model: nn.Module, build) -> int:
+    """Replace every nn.Linear by build(name, linear); returns how many were replaced.
+
+    A head tied to the input embeddings is untied: the embeddings keep their float weights.
+    """
+    replaced = 0
+    for parent_name, parent in list(model.named_modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                full = f"{parent_name}.{name}" if parent_name else name
+                setattr(parent, name, build(full, child))
+                replaced += 1
+    return replaced
+
+
+def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None) -> dict[str, Int8Block]:
+    """Replace every nn.Linear of `model` (the head too) by a W8A8Linear, from `blocks` (by module
+    name) when given, else by quantizing its weights; returns the blocks used."""
+    used: dict[str, Int8Block] = {}
+
+    def build(name: str, linear: nn.Linear) -> W8A8Linear:
+        block = blocks[name] if blocks is not None else Int8Block.quantize(linear.weight)
+        used[name] = block
+        return W8A8Linear(block, linear.bias, activation_passes(name))
+    replace_linears(model, build)
+    return used

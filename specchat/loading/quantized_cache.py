@@ -1,0 +1,103 @@
+"""Quantize once: a model's int8×int8 weights, cached on disk beside the converted checkpoint.
+
+Quantizing the 1.5B target takes tens of seconds; loading its int8 weights takes a few. The file
+is keyed by the source's identity (the GGUF's sha256, or a fingerprint of a model directory), the
+dtype it was loaded in and the mode. It is written to a temporary name and renamed into place
+once whole; a sidecar records its size and sha256, and a file that does not match them (a killed
+write, a full disk) is rebuilt from the model with one notice line instead of an error.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from torch import nn
+
+from specchat.core.w8a8 import Int8Block, quantize_w8a8
+from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
+from specchat.loading.progress import Progress, report
+
+FORMAT = 1  # bump when the layout or the quantization recipe changes
+
+
+def cache_path(identity: str, dtype_label: str, mode: str = "w8a8") -> Path:
+    return cache_dir() / "quantized" / f"{identity[:16]}-{dtype_label}-{mode}-v{FORMAT}.safetensors"
+
+
+def directory_identity(directory: Path) -> str:
+    """A fingerprint of a model directory: its path and each file's name, size and mtime."""
+    digest = hashlib.sha256(str(directory.resolve()).encode())
+    for path in sorted(directory.iterdir()):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def quantize_with_cache(model: nn.Module, path: Path, label: str,
+                        progress: Progress | None = None) -> str | None:
+    """Quantize `model` to w8a8 in place, from `path` when it holds a sound copy.
+
+    Returns a notice line when a damaged cache file was rebuilt, else None.
+    """
+    blocks, notice = _read(path, progress)
+    if blocks is not None and set(blocks) != _linear_names(model):
+        blocks, notice = None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
+    if blocks is None:
+        report(progress, f"quantizing {label} to int8×int8 (once; cached for later starts)", None)
+        blocks = quantize_w8a8(model)
+        _write(path, blocks)
+        return notice
+    report(progress, f"loading the int8×int8 weights of {label}", None)
+    quantize_w8a8(model, blocks)
+    return None
+
+
+def _linear_names(model: nn.Module) -> set[str]:
+    return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+
+
+def _read(path: Path, progress: Progress | None) -> tuple[dict[str, Int8Block] | None, str | None]:
+    if not path.exists():
+        return None, None
+    try:
+        meta = json.loads(_meta_path(path).read_text())
+        if not is_verified(path, meta["size"], meta["sha256"], progress):
+            raise ValueError("its size or checksum does not match what was written")
+        return _blocks_from_file(path), None
+    except Exception as err:  # a damaged file: say so once, rebuild it
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        path.unlink(missing_ok=True)
+        return None, f"rebuilt the quantized-weights cache {path.name}: {reason}"
+
+
+def _blocks_from_file(path: Path) -> dict[str, Int8Block]:
+    from safetensors.torch import load_file
+    tensors = load_file(str(path))
+    names = {key.rsplit(".", 1)[0] for key in tensors}
+    return {name: Int8Block(tensors[f"{name}.weight"], tensors[f"{name}.scale"],
+                            tensors[f"{name}.row_sums"]) for name in names}
+
+
+def _write(path: Path, blocks: dict[str, Int8Block]) -> None:
+    from safetensors.torch import save_file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tensors = {}
+    for name, block in blocks.items():
+        tensors.update({f"{name}.weight": block.weight, f"{name}.scale": block.scale,
+                        f"{name}.row_sums": block.row_sums})
+    try:
+        save_file(tensors, str(tmp))
+        meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
+        _meta_path(path).write_text(json.dumps(meta) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _meta_path(path: Path) -> Path:
+    return path.with_name(path.name + ".json")

@@ -1,0 +1,161 @@
+"""int8×int8 (w8a8) targets: bitwise batch invariance, greedy exactness in bf16, the weights cache."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+from conftest import CheapDrafterGamma, make_engine, prompt_ids
+from specchat.bench.tiny_models import build_model
+from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.core.events import ReplyDone
+from specchat.core.invariant_attention import use_batch_invariant_attention
+from specchat.core.kvcache import crop_to
+from specchat.core.w8a8 import Int8Block, W8A8Linear, quantize_w8a8
+from specchat.loading import quantized_cache
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
+
+
+def w8a8_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    quantized = copy.deepcopy(model)
+    quantize_w8a8(quantized)
+    use_batch_invariant_attention(quantized)
+    return quantized.to(dtype)
+
+
+@torch.inference_mode()
+def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int], crop_first: int = 0):
+    """Logits of ids[prefix:], fed after the prefix in pieces of the given sizes (optionally after
+    feeding and cropping `crop_first` other tokens, as a rejected draft leaves the cache)."""
+    cache = DynamicCache()
+    model(input_ids=torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
+    if crop_first:
+        model(input_ids=torch.tensor([ids[:crop_first]]), past_key_values=cache, use_cache=True)
+        crop_to(cache, prefix)
+    out, start = [], prefix
+    for size in pieces:
+        piece = torch.tensor([ids[start:start + size]])
+        out.append(model(input_ids=piece, past_key_values=cache, use_cache=True).logits[0])
+        start += size
+    return torch.cat(out)
+
+
+def feeding_orders_agree(model, vocab: int) -> bool:
+    ids = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    one_by_one = logits_in_pieces(model, ids, 31, [1] * 9)
+    return all(torch.equal(one_by_one, logits_in_pieces(model, ids, 31, pieces, crop))
+               for pieces, crop in (([9], 0), ([5, 4], 0), ([2, 3, 4], 0), ([9], 6)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [64, 256])
+def test_a_w8a8_model_scores_a_row_the_same_alone_in_a_batch_or_after_a_crop(tokenizer, dtype, hidden):
+    model = w8a8_model(build_model(len(tokenizer), seed=1, layers=2, hidden=hidden), dtype)
+    assert feeding_orders_agree(model, len(tokenizer))
+
+
+def test_one_decoder_layer_of_the_bundled_targets_shape_is_batch_invariant():
+    """Qwen2.5-Coder-1.5B's layer shapes (1536 wide, 8960 MLP, 12 heads over 2 KV heads), random weights."""
+    config = Qwen2Config(vocab_size=512, hidden_size=1536, intermediate_size=8960, num_hidden_layers=1,
+                         num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = w8a8_model(Qwen2ForCausalLM(config).eval(), torch.bfloat16)
+    assert feeding_orders_agree(model, 512)
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_a_w8a8_linear_is_batch_invariant_and_close_to_the_float_product(passes):
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(384, 256, generator=generator), torch.randn(384, generator=generator)
+    layer = W8A8Linear.from_weight(weight, bias, passes)
+    x = torch.randn(9, 256, generator=generator) * torch.logspace(-2, 1, 256)  # heavy-tailed channels
+    together = layer(x)
+    assert all(torch.equal(layer(x[i:i + 1])[0], together[i]) for i in range(9))
+    exact = torch.nn.functional.linear(x, weight, bias)
+    relative = ((together - exact).norm() / exact.norm()).item()
+    assert relative < (0.02 if passes == 1 else 0.01)
+
+
+def test_two_activation_passes_are_more_accurate_on_heavy_tailed_rows():
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(256, 512, generator=generator)
+    x = torch.randn(4, 512, generator=generator)
+    x[:, :4] *= 300  # a few channels far above the rest, as at the MLP's output projection
+    exact = x @ weight.T
+    errors = [(W8A8Linear.from_weight(weight, None, p)(x) - exact).norm() / exact.norm() for p in (1, 2)]
+    assert errors[1] < errors[0] / 3
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(tokenizer):
+    target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
+    drafter = copy.deepcopy(target)
+    with torch.no_grad():
+        head = drafter.lm_head.weight
+        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(5)) * head.std() * 0.6)
+    return w8a8_model(target, torch.bfloat16), drafter.to(torch.bfloat16)
+
+
+def reply(engine, ids, gamma, mode="spec"):
+    events = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=gamma, mode=mode)))
+    assert isinstance(events[-1], ReplyDone)
+    return events[-1]
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8, GAMMA_AUTO])
+@pytest.mark.parametrize("text", ["def reverse(lst):", "The quick brown"])
+def test_greedy_speculative_equals_target_only_with_a_w8a8_target_in_bf16(bf16_pair, tokenizer, gamma, text):
+    target, drafter = bf16_pair
+    ids = prompt_ids(tokenizer, text)
+    target_only = reply(make_engine(target, None, tokenizer), ids, 0, mode="target")
+    spec = reply(make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma()), ids, gamma)
+    assert list(spec.ids) == list(target_only.ids)
+    assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95  # drafts do get rejected
+
+
+def test_a_multi_turn_w8a8_reply_stays_exact_when_the_cache_is_reused(bf16_pair, tokenizer):
+    target, drafter = bf16_pair
+    spec_engine = make_engine(target, drafter, tokenizer)
+    solo_engine = make_engine(target, None, tokenizer)
+    history = prompt_ids(tokenizer, "Hello, how are you")
+    for turn in ("for i in range(10):", "The quick brown"):
+        spec, solo = reply(spec_engine, history, 4), reply(solo_engine, history, 0, mode="target")
+        assert list(spec.ids) == list(solo.ids)
+        history = history + list(spec.ids) + prompt_ids(tokenizer, turn)
+    assert spec.stats.reused_tokens > 0
+
+
+def test_the_weights_cache_round_trips_and_rebuilds_a_damaged_file(tmp_path, tokenizer, monkeypatch):
+    model = build_model(len(tokenizer), seed=1, layers=2, hidden=64)
+    path = tmp_path / "model-bfloat16-w8a8.safetensors"
+    first = copy.deepcopy(model)
+    assert quantized_cache.quantize_with_cache(first, path, "tiny") is None and path.exists()
+    with monkeypatch.context() as patch:  # the second start must not quantize at all
+        patch.setattr(Int8Block, "quantize", lambda weight: pytest.fail("quantized again"))
+        again = copy.deepcopy(model)
+        assert quantized_cache.quantize_with_cache(again, path, "tiny") is None
+    x = torch.randn(3, 128)
+    assert torch.equal(first.model.layers[0].mlp.down_proj(x), again.model.layers[0].mlp.down_proj(x))
+    path.write_bytes(path.read_bytes()[:1000])  # a killed write
+    notice = quantized_cache.quantize_with_cache(copy.deepcopy(model), path, "tiny")
+    assert notice and "rebuilt" in notice and path.stat().st_size > 1000
+    assert json.loads(path.with_name(path.name + ".json").read_text())["size"] == path.stat().st_size
+
+
+def test_a_cache_for_another_model_is_rebuilt(tmp_path, tokenizer):
+    path = tmp_path / "w8a8.safetensors"
+    quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=2), path, "tiny")
+    notice = quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=3), path, "tiny")
+    assert notice and "another model" in notice
+
+
+def test_int8_blocks_keep_row_sums_and_leave_the_float_weight_alone():
+    weight = torch.randn(8, 16)
+    original = weight.clone()
+    block = Int8Block.quantize(weight)
+    assert torch.equal(weight, original)  # a tied head shares this tensor with the embeddings
+    assert torch.allclose(block.row_sums, (block.weight.float() * block.scale[:, None]).sum(1), atol=1e-5)
