@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from specchat.bench.tiny_models import build_model
 from specchat.bench import suite as bench
 from specchat.bench.methods import Measurement, Method, Runner, default_methods
@@ -93,3 +95,43 @@ def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(targe
     runner.measure(fixed, PROMPTS[1], greedy)
     runner.measure(auto, PROMPTS[0], greedy)
     assert alone and any(g > 1 for g in alone) and plans[-1] == alone
+
+
+def test_rows_on_another_target_are_checked_against_that_targets_own_target_only(target, similar_drafter_model,
+                                                                                 tokenizer):
+    import copy
+    from specchat.core.invariant_attention import use_batch_invariant_attention
+    from specchat.core.w8a8 import quantize_w8a8
+    w8a8_target = copy.deepcopy(target)
+    quantize_w8a8(w8a8_target)
+    use_batch_invariant_attention(w8a8_target)
+    cfg = with_value(Config(), "drafter.source", "tiny")
+    methods = [m for m in default_methods(cfg, ("w8a8",)) if m.kind == "specchat"]
+    assert "specchat γ4 · w8a8 target" in {m.name for m in methods}
+    runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), methods, "",
+                    other_targets={"w8a8": w8a8_target})
+    rows = {(r.setting, r.method.name): r for r in bench.run_bench(runner, PROMPTS, ["greedy"], 16, lambda _: None)}
+    own = rows[("greedy", "specchat target-only · w8a8 target")].measurements
+    other = rows[("greedy", "specchat target-only")].measurements
+    assert [m.ids for m in own] != [m.ids for m in other]  # the quantized target answers differently
+    spec = rows[("greedy", "specchat γ4 · w8a8 target")]
+    assert not spec.mismatches  # and γ4 on it reproduces its own target-only tokens
+    assert spec.vs_target == [s.tokens_per_s / t.tokens_per_s for s, t in zip(spec.measurements, own)]
+
+
+def test_bench_refuses_an_other_target_that_is_not_a_quantization(capsys):
+    assert bench.main(["--other-targets", "w4a4"]) == 2
+    assert "--other-targets takes quantizations" in capsys.readouterr().err
+
+
+def test_target_fidelity_is_perfect_for_the_same_model_and_falls_for_another(target, tokenizer, monkeypatch):
+    from specchat.bench import targets
+    monkeypatch.setattr(targets, "CHUNK", 7)  # several chunks through the cache
+    ids = tokenizer.encode("def reverse(lst):\n    return lst[::-1]\nThe quick brown fox")
+    reference = targets.next_token_logprobs(target, ids)
+    whole = torch.log_softmax(target(torch.tensor([ids])).logits[0].float(), -1)
+    assert reference.shape == (len(ids), len(tokenizer)) and torch.allclose(reference, whole, atol=1e-4)
+    assert targets.agreement(reference, reference) == (1.0, 0.0)
+    other = targets.next_token_logprobs(build_model(len(tokenizer), seed=9, layers=1), ids)
+    top1, kl = targets.agreement(reference, other)
+    assert top1 < 0.5 and kl > 0.1

@@ -27,6 +27,7 @@ class Method:
     gamma: int | None = None   # None: not speculative; GAMMA_AUTO: specchat's auto gamma
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
     drafter: str = "loaded"    # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
+    target: str = ""           # specchat: "" the configured target, else another quantization of it
 
     @property
     def gamma_label(self) -> str:
@@ -51,18 +52,36 @@ class Measurement:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def default_methods(cfg: Config) -> list[Method]:
+def default_methods(cfg: Config, other_targets: tuple[str, ...] = ()) -> list[Method]:
     """Target-only both ways; with a drafter, transformers assisted generation on the same drafter
-    (and on the unquantized drafter when the config quantizes it) and specchat at several gammas."""
-    methods = [Method("specchat target-only", "specchat", "target"),
+    (and on the unquantized drafter when the config quantizes it) and specchat at several gammas.
+    Each of `other_targets` (target quantizations) adds specchat's rows on that target."""
+    methods = [Method(target_only_name(""), "specchat", "target"),
                Method("HF generate target-only", "hf", "target")]
     if cfg.drafter.source:
         methods += _hf_assisted("loaded", "")
         if cfg.drafter.quantization != "none":
             methods += _hf_assisted("unquantized", UNQUANTIZED)
-        methods += [Method(f"specchat γ{'auto' if g == GAMMA_AUTO else g}", "specchat", "spec", g)
-                    for g in SPEC_GAMMAS]
+        methods += _specchat_spec("")
+    for quantization in other_targets:
+        methods.append(Method(target_only_name(quantization), "specchat", "target", target=quantization))
+        methods += _specchat_spec(quantization) if cfg.drafter.source else []
     return methods
+
+
+def _target_suffix(target: str) -> str:
+    return f" · {target} target" if target else ""
+
+
+def target_only_name(target: str) -> str:
+    """The row every method on `target` is compared with."""
+    return "specchat target-only" + _target_suffix(target)
+
+
+def _specchat_spec(target: str) -> list[Method]:
+    suffix = _target_suffix(target)
+    return [Method(f"specchat γ{'auto' if g == GAMMA_AUTO else g}{suffix}", "specchat", "spec", g, target=target)
+            for g in SPEC_GAMMAS]
 
 
 def _hf_assisted(drafter: str, suffix: str) -> list[Method]:
@@ -72,13 +91,16 @@ def _hf_assisted(drafter: str, suffix: str) -> list[Method]:
 
 class Runner:
     def __init__(self, pair, methods: list[Method], system_prompt: str,
-                 speculation: SpeculationConfig = SpeculationConfig(), unquantized_drafter=None):
+                 speculation: SpeculationConfig = SpeculationConfig(), unquantized_drafter=None,
+                 other_targets: dict | None = None):
         self.pair = pair
         self.drafters = {"loaded": pair.drafter, "unquantized": unquantized_drafter}
         self.speculation = speculation  # drafter_vocab, draft_confidence: as configured
         self.methods = methods
         self.system_prompt = system_prompt
-        self.engine = build_engine(pair)
+        self.engines = {"": build_engine(pair)}  # by Method.target
+        for quantization, model in (other_targets or {}).items():
+            self.engines[quantization] = build_engine(dataclasses.replace(pair, target=model))
         self._assistant_defaults = copy.deepcopy(pair.drafter.generation_config) if pair.drafter else None
 
     @classmethod
@@ -92,7 +114,15 @@ class Runner:
             if any(m.drafter == "unquantized" for m in methods):
                 unquantized_cfg = dataclasses.replace(cfg.drafter, quantization="none")
                 unquantized = load_model(unquantized_cfg, progress, role="drafter")[0]
-        return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation, unquantized)
+            others = {m.target: load_model(dataclasses.replace(cfg.target, quantization=m.target),
+                                           progress, role="target")[0]
+                      for m in methods if m.target}
+        return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation, unquantized, others)
+
+    @property
+    def engine(self):
+        """The engine on the configured target."""
+        return self.engines[""]
 
     def meta(self) -> dict:
         facts = [self.pair.target_facts, self.pair.drafter_facts]
@@ -119,10 +149,11 @@ class Runner:
         return self._hf(method, ids, sampling)
 
     def _specchat(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
-        self.engine.reset()  # every method pays its own prefill, as generate() does
-        self.engine.policy = AutoGamma()  # and learns alone: no method trains the next one's auto gamma
+        engine = self.engines[method.target]
+        engine.reset()  # every method pays its own prefill, as generate() does
+        engine.policy = AutoGamma()  # and learns alone: no method trains the next one's auto gamma
         speculation = dataclasses.replace(self.speculation, gamma=method.gamma or 0, mode=method.mode)
-        done = [e for e in self.engine.steps(ids, sampling, speculation) if isinstance(e, ReplyEnd)][0]
+        done = [e for e in engine.steps(ids, sampling, speculation) if isinstance(e, ReplyEnd)][0]
         s = done.stats
         spec = method.mode == "spec"
         return Measurement(done.ids, s.new_tokens, s.wall_s, s.acceptance_rate if spec else None,

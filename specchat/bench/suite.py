@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specchat.bench.methods import Measurement, Method, Runner, default_methods
+from specchat.bench.methods import Measurement, Method, Runner, default_methods, target_only_name
 from specchat.bench.turns import compare_reuse
-from specchat.config import ConfigError, SamplingConfig, load_config
+from specchat.config import QUANTIZATIONS, ConfigError, SamplingConfig, load_config
 from specchat.loading.errors import ModelLoadError
 
 PROMPTS_FILE = Path(__file__).parent.parent / "prompts" / "bench.json"
@@ -49,6 +49,8 @@ def parse_args(argv):
     parser.add_argument("--max-new", type=int, default=None, help="new tokens per reply (default 128, quick 64)")
     parser.add_argument("--settings", default="greedy,sampled", help="greedy,sampled or one of them")
     parser.add_argument("--no-turns", action="store_true", help="skip the multi-turn time-to-first-token check")
+    parser.add_argument("--other-targets", default="", metavar="QUANTIZATIONS",
+                        help="also run specchat on the target quantized these ways, e.g. w8a8 or none")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and PNG results")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
@@ -88,11 +90,12 @@ def _best_hf(rows, setting, results: dict[str, Measurement], drafter: str) -> Me
 
 
 def _add_prompt_results(rows, setting, prompt: dict, results: dict[str, Measurement], greedy: bool) -> None:
-    base = results["specchat target-only"]
+    """Ratios and exactness of every method, each against target-only on its own target."""
     hf_same = _best_hf(rows, setting, results, "loaded")
     hf_unquantized = _best_hf(rows, setting, results, "unquantized")
     for name, m in results.items():
         row = rows[(setting, name)]
+        base = results[target_only_name(row.method.target)]
         row.measurements.append(m)
         row.kinds.append(prompt["kind"])
         row.vs_target.append(m.tokens_per_s / base.tokens_per_s)
@@ -156,8 +159,12 @@ def main(argv=None) -> int:
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     if not settings or any(s not in SETTINGS for s in settings):
         return _fail(f"--settings must name greedy and/or sampled, got '{args.settings}'")
+    other_targets = tuple(q.strip() for q in args.other_targets.split(",") if q.strip())
+    if any(q not in QUANTIZATIONS or q == cfg.target.quantization for q in other_targets):
+        return _fail(f"--other-targets takes quantizations other than the configured target's "
+                     f"({', '.join(QUANTIZATIONS)}), got '{args.other_targets}'")
     try:
-        runner = Runner.load(cfg, default_methods(cfg), console)
+        runner = Runner.load(cfg, default_methods(cfg, other_targets), console)
     except ModelLoadError as err:
         return _fail(str(err))
     started = time.time()

@@ -1,0 +1,124 @@
+"""Target quantizations compared: fidelity to the float32 target and the cost of verifying.
+
+    python -m specchat.bench.targets [--config FILE] [--modes none,int8,w8a8] [--tokens 2048]
+
+For each quantization of the configured target (loaded in its configured dtype) it prints:
+- top-1 agreement and mean KL(float32 ‖ quantized) of next-token distributions, teacher-forced over
+  a fixed text of code and prose (this package's README and engine source);
+- the time of one forward of 1 token and of gamma+1 tokens after a 256-token context, and their
+  ratio T(gamma+1)/T(1): what verifying a whole draft costs against one target-only step.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specchat.config import QUANTIZATIONS, ConfigError, load_config
+from specchat.core.kvcache import crop_to, new_cache
+from specchat.loading.errors import ModelLoadError
+
+TEXT_FILES = ("README.md", "specchat/core/engine.py")
+CHUNK = 256
+VERIFY_ROWS = (1, 5, 9)
+
+
+def fixed_text() -> str:
+    root = Path(__file__).resolve().parents[2]
+    return "\n\n".join((root / name).read_text(encoding="utf-8") for name in TEXT_FILES
+                       if (root / name).exists())
+
+
+@torch.inference_mode()
+def next_token_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log-softmax of the next-token logits at every position of `ids`, fed in chunks ([n, vocab])."""
+    cache, rows = new_cache(model), []
+    device = next(model.parameters()).device
+    for start in range(0, len(ids), CHUNK):
+        piece = torch.tensor([ids[start:start + CHUNK]], device=device)
+        logits = model(input_ids=piece, past_key_values=cache, use_cache=True).logits[0]
+        rows.append(torch.log_softmax(logits.float(), dim=-1).cpu())
+    return torch.cat(rows)
+
+
+def agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(reference ‖ other)) of two [n, vocab] log-prob tables."""
+    width = min(reference.shape[1], other.shape[1])
+    reference, other = reference[:, :width], other[:, :width]
+    top1 = (reference.argmax(-1) == other.argmax(-1)).float().mean().item()
+    kl = (reference.exp() * (reference - other)).sum(-1).mean().item()
+    return top1, kl
+
+
+@torch.inference_mode()
+def forward_ms(model, ids: list[int], rows: int, repeats: int = 7) -> float:
+    """Median ms of one forward of `rows` tokens after a 256-token context (the cache cut back each time)."""
+    cache = new_cache(model)
+    device = next(model.parameters()).device
+    model(input_ids=torch.tensor([ids[:CHUNK]], device=device), past_key_values=cache, use_cache=True)
+    piece = torch.tensor([ids[CHUNK:CHUNK + rows]], device=device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(input_ids=piece, past_key_values=cache, use_cache=True, logits_to_keep=rows)
+        times.append(time.perf_counter() - start)
+        crop_to(cache, CHUNK)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m specchat.bench.targets", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="model pair TOML (default: the bundled pair)")
+    parser.add_argument("--modes", default="none,int8,w8a8", help="target quantizations to compare")
+    parser.add_argument("--tokens", type=int, default=2048, help="length of the teacher-forced text")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    return parser.parse_args(argv)
+
+
+def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
+    from specchat.loading.models import load_model
+    reference_cfg = dataclasses.replace(cfg.target, dtype="float32", quantization="none")
+    reference_model, tokenizer, _ = load_model(reference_cfg, role="reference target")
+    ids = tokenizer.encode(fixed_text())[:tokens]
+    say(f"float32 reference over {len(ids)} tokens")
+    reference = next_token_logprobs(reference_model, ids)
+    del reference_model
+    results = []
+    for mode in modes:
+        model, _, facts = load_model(dataclasses.replace(cfg.target, quantization=mode), role="target")
+        top1, kl = agreement(reference, next_token_logprobs(model, ids))
+        times = {rows: forward_ms(model, ids, rows) for rows in VERIFY_ROWS}
+        results.append({"quantization": facts.quantization, "dtype": facts.dtype, "top1": top1, "kl": kl,
+                        "ms": times, "tokens": len(ids)})
+        say(_line(results[-1]))
+        del model
+    return results
+
+
+def _line(r: dict) -> str:
+    ms = r["ms"]
+    ratios = " · ".join(f"T({rows})/T(1) {ms[rows] / ms[1]:.2f}" for rows in VERIFY_ROWS[1:])
+    return (f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.4f} · "
+            f"T(1) {ms[1]:.0f} ms · {ratios}")
+
+
+def main(argv=None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if not modes or any(m not in QUANTIZATIONS for m in modes):
+            raise ConfigError(f"--modes takes quantizations ({', '.join(QUANTIZATIONS)}), got '{args.modes}'")
+        compare(cfg, modes, args.tokens, lambda line: print(line, flush=True))
+    except (ConfigError, ModelLoadError) as err:
+        print(f"specchat bench targets: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
