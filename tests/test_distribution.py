@@ -97,3 +97,26 @@ def test_the_check_catches_a_verifier_without_residual_resampling(setting, targe
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = empirical_first_two(engine, ids, gamma=1)
     assert worst_deviation(joint, counts) > 1.0
+
+
+@pytest.fixture(scope="module")
+def w8a8_pair(target, similar_drafter_model):
+    import copy
+    from specchat.core.invariant_attention import use_batch_invariant_attention
+    from specchat.core.w8a8 import quantize_w8a8
+    pair = []
+    for model in (target, similar_drafter_model):
+        quantized = copy.deepcopy(model)
+        quantize_w8a8(quantized)
+        use_batch_invariant_attention(quantized)
+        pair.append(quantized)
+    return pair
+
+
+def test_sampled_speculative_with_a_w8a8_pair_matches_the_w8a8_targets_distribution(w8a8_pair, tokenizer):
+    target, drafter = w8a8_pair
+    ids = prompt_ids(tokenizer, "The quick brown")
+    joint = exact_first_two(target, ids, SAMPLING)
+    assert 4 <= len(joint) <= 36
+    counts = empirical_first_two(make_engine(target, drafter, tokenizer), ids, gamma=2)
+    assert worst_deviation(joint, counts) <= 1.0
