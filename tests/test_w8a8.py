@@ -159,3 +159,14 @@ def test_int8_blocks_keep_row_sums_and_leave_the_float_weight_alone():
     block = Int8Block.quantize(weight)
     assert torch.equal(weight, original)  # a tied head shares this tensor with the embeddings
     assert torch.allclose(block.row_sums, (block.weight.float() * block.scale[:, None]).sum(1), atol=1e-5)
+
+
+def test_a_layer_packed_in_row_pieces_computes_the_same_as_one_piece(monkeypatch):
+    import specchat.core.w8a8 as w8a8
+    block = Int8Block.quantize(torch.randn(300, 64))
+    whole = W8A8Linear(block, None)
+    monkeypatch.setattr(w8a8, "PACK_ROWS", 128)
+    pieces = W8A8Linear(block, None)
+    assert len(pieces._product._packs) == 3
+    x = torch.randn(5, 64)
+    assert torch.equal(whole(x), pieces(x))
