@@ -14,7 +14,8 @@ from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
 from specchat.core.events import ReplyDone
 from specchat.core.invariant_attention import use_batch_invariant_attention
 from specchat.core.kvcache import crop_to
-from specchat.core.w8a8 import Int8Block, W8A8Linear, quantize_w8a8
+from specchat.core.int8_weights import Int8Block, Int8Linear
+from specchat.core.w8a8 import W8A8Linear, quantize_w8a8
 from specchat.loading import quantized_cache
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
@@ -133,7 +134,7 @@ def test_the_weights_cache_round_trips_and_rebuilds_a_damaged_file(tmp_path, tok
     model = build_model(len(tokenizer), seed=1, layers=2, hidden=64)
     path = tmp_path / "model-bfloat16-w8a8.safetensors"
     first = copy.deepcopy(model)
-    assert quantized_cache.quantize_with_cache(first, path, "tiny") is None and path.exists()
+    assert quantized_cache.quantize_with_cache(first, path, "tiny", "w8a8") is None and path.exists()
     with monkeypatch.context() as patch:  # the second start must not quantize at all
         patch.setattr(Int8Block, "quantize", lambda weight: pytest.fail("quantized again"))
         again = copy.deepcopy(model)
@@ -170,3 +171,16 @@ def test_a_layer_packed_in_row_pieces_computes_the_same_as_one_piece(monkeypatch
     assert len(pieces._product._packs) == 3
     x = torch.randn(5, 64)
     assert torch.equal(whole(x), pieces(x))
+
+
+def test_weight_only_int8_weights_are_cached_too(tmp_path, tokenizer, monkeypatch):
+    model = build_model(len(tokenizer), seed=1, layers=2, hidden=64)
+    path = tmp_path / "int8.safetensors"
+    first = copy.deepcopy(model)
+    quantized_cache.quantize_with_cache(first, path, "tiny", "int8")
+    monkeypatch.setattr(Int8Block, "quantize", lambda weight: pytest.fail("quantized again"))
+    again = copy.deepcopy(model)
+    quantized_cache.quantize_with_cache(again, path, "tiny", "int8")
+    assert isinstance(again.lm_head, Int8Linear)
+    x = torch.randn(2, 64)
+    assert torch.equal(first.lm_head(x), again.lm_head(x))

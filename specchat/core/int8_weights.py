@@ -7,8 +7,30 @@ quantized drafter really sampled from. Activations keep the model's dtype.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+
+@dataclass
+class Int8Block:
+    """Symmetric per-output-row int8 weights [out, in], their float scales [out], and the row sums
+    of the dequantized weights [out] (W · 1, which undoes the activations' centring)."""
+    weight: torch.Tensor
+    scale: torch.Tensor
+    row_sums: torch.Tensor
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> "Int8Block":
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        levels = (w / scale[:, None]).round_().clamp_(-127, 127)  # never in place: w may be the weight
+        return cls(levels.to(torch.int8).contiguous(), scale, levels.sum(dim=1) * scale)
+
+    def rows(self, index: torch.Tensor | slice) -> "Int8Block":
+        return Int8Block(self.weight[index].contiguous(), self.scale[index].contiguous(),
+                         self.row_sums[index].contiguous())
 
 
 class Int8Linear(nn.Module):
@@ -24,11 +46,9 @@ class Int8Linear(nn.Module):
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
         """Symmetric per-row quantization of a float weight [out, in]."""
-        w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        w8 = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        block = Int8Block.quantize(weight)
         kept_bias = None if bias is None else bias.detach().clone()
-        return cls(w8.contiguous(), scale.to(weight.dtype), kept_bias)
+        return cls(block.weight, block.scale.to(weight.dtype), kept_bias)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -54,19 +74,33 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-def quantize_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in `model` (the output head included) by an Int8Linear.
+def replace_linears(model: nn.Module, build) -> int:
+    """Replace every nn.Linear by build(name, linear); returns how many were replaced.
 
     A head tied to the input embeddings is untied: the embeddings keep their float weights.
-    Returns how many layers were replaced.
     """
     replaced = 0
-    for parent in list(model.modules()):
+    for parent_name, parent in list(model.named_modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear.from_linear(child))
+                full = f"{parent_name}.{name}" if parent_name else name
+                setattr(parent, name, build(full, child))
                 replaced += 1
     return replaced
+
+
+def quantize_linears(model: nn.Module, blocks: dict[str, Int8Block] | None = None) -> dict[str, Int8Block]:
+    """Replace every nn.Linear in `model` (the output head included) by an Int8Linear, from `blocks`
+    (by module name) when given, else by quantizing its weights; returns the blocks used."""
+    used: dict[str, Int8Block] = {}
+
+    def build(name: str, linear: nn.Linear) -> Int8Linear:
+        block = used[name] = blocks[name] if blocks is not None else Int8Block.quantize(linear.weight)
+        kept_bias = None if linear.bias is None else linear.bias.detach().clone()
+        device = linear.weight.device  # cached blocks are read onto the CPU
+        return Int8Linear(block.weight.to(device), block.scale.to(device, linear.weight.dtype), kept_bias)
+    replace_linears(model, build)
+    return used
 
 
 def head_rows(head: nn.Module, index: torch.Tensor | slice):

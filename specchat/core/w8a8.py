@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from specchat.core.int8_weights import Int8Block, replace_linears
 
 
 def _pack(weight: torch.Tensor, scale: torch.Tensor):
@@ -41,7 +42,7 @@ def _pack(weight: torch.Tensor, scale: torch.Tensor):
 PACK_ROWS = 8192  # fbgemm packs 8k-row pieces 3× faster than a 152k-row head, and runs them as fast
 
 
-def pack_rows(block: "Int8Block") -> list:
+def pack_rows(block: Int8Block) -> list:
     """The block's weights packed in pieces of at most PACK_ROWS output rows."""
     rows = block.weight.shape[0]
     return [_pack(block.weight[start:start + PACK_ROWS], block.scale[start:start + PACK_ROWS])
@@ -51,26 +52,6 @@ def pack_rows(block: "Int8Block") -> list:
 def _int8_product(x: torch.Tensor, packed) -> torch.Tensor:
     """fbgemm's dynamic int8×int8 linear; 8-bit activations (the x86 default is 7)."""
     return torch.ops.quantized.linear_dynamic(x, packed, False)
-
-
-@dataclass
-class Int8Block:
-    """Symmetric per-output-row int8 weights [out, in], their float scales [out], and the row sums
-    of the dequantized weights [out] (W · 1, which undoes the activations' centring)."""
-    weight: torch.Tensor
-    scale: torch.Tensor
-    row_sums: torch.Tensor
-
-    @classmethod
-    def quantize(cls, weight: torch.Tensor) -> "Int8Block":
-        w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        levels = (w / scale[:, None]).round_().clamp_(-127, 127)  # never in place: w may be the weight
-        return cls(levels.to(torch.int8).contiguous(), scale, levels.sum(dim=1) * scale)
-
-    def rows(self, index: torch.Tensor | slice) -> "Int8Block":
-        return Int8Block(self.weight[index].contiguous(), self.scale[index].contiguous(),
-                         self.row_sums[index].contiguous())
 
 
 _STEP = torch.tensor(2.0) / 255  # the kernel's activation step once the tensor's range is [−1, 1]
@@ -154,21 +135,6 @@ TWO_PASS_LAYERS = ("down_proj", "fc2", "dense_4h_to_h", "w2")  # the MLP's outpu
 def activation_passes(name: str) -> int:
     """2 for the MLP's output projection (heavy-tailed inputs), 1 elsewhere."""
     return 2 if name.rsplit(".", 1)[-1] in TWO_PASS_LAYERS else 1
-
-
-def replace_linears(model: nn.Module, build) -> int:
-    """Replace every nn.Linear by build(name, linear); returns how many were replaced.
-
-    A head tied to the input embeddings is untied: the embeddings keep their float weights.
-    """
-    replaced = 0
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                full = f"{parent_name}.{name}" if parent_name else name
-                setattr(parent, name, build(full, child))
-                replaced += 1
-    return replaced
 
 
 def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None) -> dict[str, Int8Block]:

@@ -16,7 +16,6 @@ import torch
 
 from specchat.config import Config, ModelConfig, drafter_needed
 from specchat.loading.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
-from specchat.core.int8_weights import quantize_linears
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
 from specchat.loading.sources import Source, resolve_source
@@ -105,20 +104,21 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
 
 def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtype: torch.dtype,
                             label: str, progress: Progress | None) -> None:
-    """specchat's own int8 modes: weight-only int8, or int8×int8 with batch-invariant attention."""
-    if mc.quantization == "int8":
-        report(progress, f"quantizing {label} to int8", None)
-        quantize_linears(model)
-    elif mc.quantization == "w8a8":
+    """specchat's own int8 modes, cached once quantized: weight-only int8, or int8×int8 with
+    batch-invariant attention."""
+    if mc.quantization not in ("int8", "w8a8"):
+        return
+    from specchat.loading import quantized_cache
+    device = next(model.parameters()).device.type
+    if mc.quantization == "w8a8" and device != "cpu":
+        raise ModelLoadError(f"quantization = \"w8a8\" runs on the CPU only (fbgemm); on {device} "
+                             f"use int8, 8bit or 4bit")
+    path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype), mc.quantization)
+    notice = quantized_cache.quantize_with_cache(model, path, label, mc.quantization, progress)
+    if notice:
+        report(progress, notice, None)
+    if mc.quantization == "w8a8":
         from specchat.core.invariant_attention import use_batch_invariant_attention
-        from specchat.loading import quantized_cache
-        if next(model.parameters()).device.type != "cpu":
-            raise ModelLoadError(f"quantization = \"w8a8\" runs on the CPU only (fbgemm); on "
-                                 f"{next(model.parameters()).device.type} use int8, 8bit or 4bit")
-        path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype))
-        notice = quantized_cache.quantize_with_cache(model, path, label, progress)
-        if notice:
-            report(progress, notice, None)
         use_batch_invariant_attention(model)
 
 

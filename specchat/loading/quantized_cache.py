@@ -1,4 +1,5 @@
-"""Quantize once: a model's int8×int8 weights, cached on disk beside the converted checkpoint.
+"""Quantize once: a model's int8 weights (w8a8 or weight-only int8), cached on disk beside the
+converted checkpoint.
 
 Quantizing the 1.5B target takes tens of seconds; loading its int8 weights takes a few. The file
 is keyed by the source's identity (the GGUF's sha256, or a fingerprint of a model directory), the
@@ -15,14 +16,19 @@ from pathlib import Path
 
 from torch import nn
 
-from specchat.core.w8a8 import Int8Block, quantize_w8a8
+from specchat.core.int8_weights import Int8Block, quantize_linears
+from specchat.core.w8a8 import quantize_w8a8
 from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
 from specchat.loading.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 
 
-def cache_path(identity: str, dtype_label: str, mode: str = "w8a8") -> Path:
+QUANTIZERS = {"w8a8": quantize_w8a8, "int8": quantize_linears}  # (model, blocks | None) -> blocks
+DESCRIPTIONS = {"w8a8": "int8×int8", "int8": "int8"}
+
+
+def cache_path(identity: str, dtype_label: str, mode: str) -> Path:
     return cache_dir() / "quantized" / f"{identity[:16]}-{dtype_label}-{mode}-v{FORMAT}.safetensors"
 
 
@@ -36,9 +42,9 @@ def directory_identity(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def quantize_with_cache(model: nn.Module, path: Path, label: str,
+def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w8a8",
                         progress: Progress | None = None) -> str | None:
-    """Quantize `model` to w8a8 in place, from `path` when it holds a sound copy.
+    """Quantize `model` in place (mode w8a8 or int8), from `path` when it holds a sound copy.
 
     Returns a notice line when a damaged cache file was rebuilt, else None.
     """
@@ -46,12 +52,11 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str,
     if blocks is not None and set(blocks) != _linear_names(model):
         blocks, notice = None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
     if blocks is None:
-        report(progress, f"quantizing {label} to int8×int8 (once; cached for later starts)", None)
-        blocks = quantize_w8a8(model)
-        _write(path, blocks)
+        report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
+        _write(path, QUANTIZERS[mode](model, None))
         return notice
-    report(progress, f"loading the int8×int8 weights of {label}", None)
-    quantize_w8a8(model, blocks)
+    report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)
+    QUANTIZERS[mode](model, blocks)
     return None
 
 
