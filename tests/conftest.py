@@ -1,4 +1,5 @@
-"""Tiny random models and a tiny byte-level BPE tokenizer, built offline from a config."""
+"""Shared test helpers: tiny random models and a tiny byte-level BPE tokenizer built offline from a
+config, engines on them, one reply run to its end, and transformers' greedy reference."""
 from __future__ import annotations
 
 import copy
@@ -7,9 +8,14 @@ import pytest
 import torch
 
 from specchat.bench.tiny_models import build_model, build_tokenizer
+from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.core.adaptive import AutoGamma
 from specchat.core.drafters import ModelDrafter
 from specchat.core.engine import Engine
+from specchat.core.events import ReplyDone
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
+
 
 @pytest.fixture(scope="session")
 def tokenizer():
@@ -62,3 +68,18 @@ class CheapDrafterGamma(AutoGamma):
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)
+
+
+def run_reply(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
+    """One reply streamed to its end: (every event, the final ReplyDone)."""
+    events = list(engine.stream(ids, sampling, SpeculationConfig(gamma=gamma, mode=mode), cancel))
+    done = events[-1]
+    assert isinstance(done, ReplyDone)
+    return events, done
+
+
+def hf_greedy(model, ids, n):
+    """transformers' greedy continuation of `ids`: exactly n new token ids (no stop token)."""
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()

@@ -1,30 +1,13 @@
 """The engine's exactness: greedy speculative == greedy target-only == transformers generate()."""
 from __future__ import annotations
 
-import threading
-
 import pytest
-import torch
 
-from conftest import CheapDrafterGamma, make_engine, prompt_ids
+from conftest import GREEDY, CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
-from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.core.events import Origin, Rejected, StepDone, Token
 
-GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 PROMPTS = ["def reverse(lst):", "The quick brown", "Hello, how are you"]
-
-
-def run(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
-    events = list(engine.stream(ids, sampling, SpeculationConfig(gamma=gamma, mode=mode), cancel))
-    done = events[-1]
-    assert isinstance(done, ReplyDone)
-    return events, done
-
-
-def hf_greedy(model, ids, n):
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 4, 8])
@@ -34,9 +17,9 @@ def test_greedy_speculative_equals_target_only_and_transformers(target, drafter,
                                                                  text, request):
     ids = prompt_ids(tokenizer, text)
     reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
-    _, target_only = run(make_engine(target, None, tokenizer), ids, mode="target")
+    _, target_only = run_reply(make_engine(target, None, tokenizer), ids, mode="target")
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
-    _, spec = run(engine, ids, gamma=gamma)
+    _, spec = run_reply(engine, ids, gamma=gamma)
     assert list(target_only.ids) == reference
     assert list(spec.ids) == reference
     assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95  # drafts do get rejected
@@ -47,7 +30,7 @@ def test_drafter_equal_to_target_accepts_every_draft(target, tokenizer, gamma):
     ids = prompt_ids(tokenizer, PROMPTS[0])
     n = (gamma + 1) * 4
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=n)
-    _, done = run(make_engine(target, target, tokenizer), ids, sampling=sampling, gamma=gamma)
+    _, done = run_reply(make_engine(target, target, tokenizer), ids, sampling=sampling, gamma=gamma)
     assert list(done.ids) == hf_greedy(target, ids, n)
     assert done.stats.acceptance_rate == 1.0
     assert done.stats.tokens_per_step == gamma + 1
@@ -61,7 +44,7 @@ def test_greedy_exact_for_other_seeds_and_auto_gamma(tokenizer, seed):
     drafter = build_model(len(tokenizer), seed=20 + seed, layers=1, hidden=32)
     ids = prompt_ids(tokenizer, PROMPTS[seed])
     reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
-    _, auto = run(make_engine(target, drafter, tokenizer), ids, gamma=GAMMA_AUTO)
+    _, auto = run_reply(make_engine(target, drafter, tokenizer), ids, gamma=GAMMA_AUTO)
     assert list(auto.ids) == reference
 
 
@@ -81,7 +64,7 @@ def test_a_drafter_restricted_to_low_ids_stays_exact(target, similar_drafter_mod
 
 def test_gamma_zero_equals_target_only(target, unrelated_drafter_model, tokenizer):
     ids = prompt_ids(tokenizer, PROMPTS[1])
-    events, done = run(make_engine(target, unrelated_drafter_model, tokenizer), ids, gamma=0)
+    events, done = run_reply(make_engine(target, unrelated_drafter_model, tokenizer), ids, gamma=0)
     assert list(done.ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)
     assert done.stats.drafted == 0
     assert {e.origin for e in events if isinstance(e, Token)} == {Origin.TARGET}
@@ -89,7 +72,7 @@ def test_gamma_zero_equals_target_only(target, unrelated_drafter_model, tokenize
 
 def test_origins_and_rejections_are_reported(target, unrelated_drafter_model, tokenizer):
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
-    events, done = run(engine, prompt_ids(tokenizer, PROMPTS[0]), gamma=4)
+    events, done = run_reply(engine, prompt_ids(tokenizer, PROMPTS[0]), gamma=4)
     tokens = [e for e in events if isinstance(e, Token)]
     steps = [e for e in events if isinstance(e, StepDone)]
     rejected = [e for e in events if isinstance(e, Rejected)]
@@ -107,7 +90,7 @@ def test_origins_and_rejections_are_reported(target, unrelated_drafter_model, to
 
 def test_drafter_only_mode_matches_drafter_greedy(target, unrelated_drafter_model, tokenizer):
     ids = prompt_ids(tokenizer, PROMPTS[2])
-    events, done = run(make_engine(target, unrelated_drafter_model, tokenizer), ids, mode="drafter")
+    events, done = run_reply(make_engine(target, unrelated_drafter_model, tokenizer), ids, mode="drafter")
     assert list(done.ids) == hf_greedy(unrelated_drafter_model, ids, GREEDY.max_new_tokens)
     assert {e.origin for e in events if isinstance(e, Token)} == {Origin.DRAFTER}
 

@@ -5,11 +5,10 @@ import threading
 
 import pytest
 
-from conftest import make_engine, prompt_ids
+from conftest import GREEDY, hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.core.detok import Detokenizer
 from specchat.core.events import ReplyDone, StepDone, Token
-from test_engine import GREEDY, hf_greedy, run
 
 
 @pytest.mark.parametrize("drafter", ["unrelated_drafter_model", "similar_drafter_model"])
@@ -34,7 +33,7 @@ def test_caches_hold_the_committed_sequence_after_every_step(target, drafter, to
 def test_max_new_tokens_is_exact(target, tokenizer, limit, gamma):
     engine = make_engine(target, target, tokenizer)  # every draft accepted: the limit bites mid-draft
     ids = prompt_ids(tokenizer, "The quick brown")
-    _, done = run(engine, ids, SamplingConfig(temperature=0.0, max_new_tokens=limit), gamma=gamma)
+    _, done = run_reply(engine, ids, SamplingConfig(temperature=0.0, max_new_tokens=limit), gamma=gamma)
     assert len(done.ids) == limit
     assert done.stop_reason == "max_tokens"
     assert list(done.ids) == hf_greedy(target, ids, limit)
@@ -47,7 +46,7 @@ def test_eos_stops_and_drops_tokens_after_it(target, unrelated_drafter_model, to
     eos = reference[6]
     first = reference.index(eos)
     engine = make_engine(target, unrelated_drafter_model, tokenizer, eos_ids={eos})
-    _, done = run(engine, ids, gamma=8)
+    _, done = run_reply(engine, ids, gamma=8)
     assert list(done.ids) == reference[:first + 1]
     assert done.stop_reason == "eos"
     assert engine.target_seen == len(engine.ids) - 1
@@ -68,20 +67,20 @@ def test_cancel_stops_within_a_step_and_the_next_reply_is_exact(target, unrelate
     assert list(done.ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)[:len(done.ids)]
     assert engine.target_seen == len(engine.ids) - 1
     other = prompt_ids(tokenizer, "The quick brown fox")
-    _, again = run(engine, other, gamma=4)
+    _, again = run_reply(engine, other, gamma=4)
     assert list(again.ids) == hf_greedy(target, other, GREEDY.max_new_tokens)
 
 
 def test_follow_up_turn_reuses_both_caches_and_stays_exact(target, unrelated_drafter_model, tokenizer):
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     first = prompt_ids(tokenizer, "Hello, how are you")
-    _, turn1 = run(engine, first, gamma=4)
+    _, turn1 = run_reply(engine, first, gamma=4)
     follow_up = first + list(turn1.ids) + prompt_ids(tokenizer, " and the fox?")
-    _, turn2 = run(engine, follow_up, gamma=4)
+    _, turn2 = run_reply(engine, follow_up, gamma=4)
     assert turn2.stats.reused_tokens == len(first) + len(turn1.ids)
     assert list(turn2.ids) == hf_greedy(target, follow_up, GREEDY.max_new_tokens)
     edited = first[:3] + prompt_ids(tokenizer, " lazy dog")  # history edited: reuse only the prefix
-    _, turn3 = run(engine, edited, gamma=4)
+    _, turn3 = run_reply(engine, edited, gamma=4)
     assert turn3.stats.reused_tokens == 3
     assert list(turn3.ids) == hf_greedy(target, edited, GREEDY.max_new_tokens)
 
@@ -99,7 +98,7 @@ def test_detokenizer_holds_split_multibyte_characters(tokenizer):
 def test_streamed_text_equals_decode_of_the_reply(target, unrelated_drafter_model, tokenizer):
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=60, seed=3)
-    events, done = run(engine, prompt_ids(tokenizer, "日本 é"), sampling=sampling, gamma=3)
+    events, done = run_reply(engine, prompt_ids(tokenizer, "日本 é"), sampling=sampling, gamma=3)
     streamed = "".join(e.text for e in events if isinstance(e, Token))
     assert streamed == done.text == tokenizer.decode(list(done.ids), skip_special_tokens=True)
     assert "\ufffd" not in streamed or "\ufffd" in done.text
