@@ -95,6 +95,8 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     model = _load_weights(checkpoint, mc, source, kwargs)
     params = model.num_parameters()  # before int8 turns weights into buffers
     _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
+    if mc.quantization == "w8a8":  # the int8 kernel returns float32: norms and attention stay in it
+        model, dtype = model.float(), torch.float32
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
