@@ -12,7 +12,8 @@ from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.core.adaptive import AutoGamma
 from specchat.core.drafters import ModelDrafter
 from specchat.core.engine import Engine
-from specchat.core.events import ReplyDone
+from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.core.metrics import ReplyStats
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 
@@ -83,3 +84,47 @@ def hf_greedy(model, ids, n):
     out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                          eos_token_id=None, pad_token_id=0)
     return out[0, len(ids):].tolist()
+
+
+class ScriptedEngine:
+    """Stands in for core.engine.Engine in UI tests: each stream() call replays the next canned
+    reply's events (Token/Rejected/StepDone, then its ReplyDone) with no model, so a test can assert
+    the whole screen. Like the real engine, `ids` holds the prompt plus the reply afterwards."""
+
+    def __init__(self, replies: list[list], with_drafter: bool = True):
+        self.replies = list(replies)
+        self.drafter = "scripted drafter" if with_drafter else None
+        self.ids: list[int] = []
+        self.prompts: list[list[int]] = []  # every prompt it was asked to answer
+
+    def reset(self) -> None:
+        self.ids = []
+
+    def stream(self, prompt_ids, sampling, speculation, cancel=None):
+        self.prompts.append(list(prompt_ids))
+        for event in self.replies.pop(0):
+            if isinstance(event, ReplyDone):
+                self.ids = list(prompt_ids) + list(event.ids)
+            yield event
+
+
+def scripted_reply(pieces, stats: ReplyStats, stop_reason: str = "eos") -> list:
+    """A canned reply from (text, origin) pieces and Rejected events, in screen order: one Token per
+    piece (ids 100, 101, ...; no tokenizer involved), a StepDone after each token the target wrote
+    with its step's drafted and accepted counts, and a ReplyDone whose text is the pieces joined."""
+    events, ids, drafted, accepted = [], [], 0, 0
+    for piece in pieces:
+        if isinstance(piece, Rejected):
+            events.append(piece)
+            drafted += len(piece.ids)
+            continue
+        text, origin = piece
+        ids.append(100 + len(ids))
+        events.append(Token(ids[-1], text, origin))
+        if origin == Origin.DRAFTED:
+            drafted, accepted = drafted + 1, accepted + 1
+            continue
+        events.append(StepDone(drafted, accepted))
+        drafted, accepted = 0, 0
+    text = "".join(e.text for e in events if isinstance(e, Token))
+    return events + [ReplyDone(stats, text, tuple(ids), stop_reason)]

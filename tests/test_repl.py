@@ -11,11 +11,12 @@ from prompt_toolkit.history import InMemoryHistory
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import make_engine
+from conftest import ScriptedEngine, make_engine, scripted_reply
 from specchat.session.chat import ChatSession
 from specchat.tui.commands import build_registry
 from specchat.config import Config, SamplingConfig
-from specchat.core.events import Token
+from specchat.core.events import Origin, Rejected, Token
+from specchat.core.metrics import ReplyStats
 from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import QUIT_HINT, Repl, open_history, toggle_compare, toolbar_text
 
@@ -99,6 +100,65 @@ def test_scripted_session(session, tmp_path):
     assert data["turns"][0]["stats"]["new_tokens"] == 12
     assert f"saved 2 replies to {saved}" in text
     assert "never reached" not in [m["content"] for m in session.messages]
+
+
+class EchoingRepl(Repl):
+    """Shows each input line after the prompt, as the terminal does (DummyOutput draws no prompt)."""
+
+    def handle(self, line: str) -> bool:
+        self.renderer.info(f"you> {line}")
+        return super().handle(line)
+
+
+def screen_of(session, keys: str) -> str:
+    """Everything a plain terminal shows for `keys`, each line without its trailing blanks."""
+    out = io.StringIO()
+    with create_pipe_input() as pipe:
+        pipe.send_text(keys)
+        repl = EchoingRepl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(),
+                           pt_input=pipe, pt_output=DummyOutput())
+        assert repl.run() == 0
+    return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
+
+
+TRANSCRIPT = """\
+you> hi
+Hello there!
+ 3 tok · 6.0 tok/s · ttft 0.25 s · accepted 2/4 drafts (50%) · 3.0 tok/step · γ 4
+you> /gamma 2
+speculation.gamma = 2
+you> /show rejected on
+ui.show_rejected = on
+you> list them
+Sure~~,~~: ✂ [cut]
+ 2 tok · 5.0 tok/s · ttft 0.20 s · accepted 1/2 drafts (50%) · 2.0 tok/step · γ 2 · cancelled
+you> /history
+role       message
+system     You are a helpful assistant.
+user       hi
+assistant  Hello there!
+user       list them
+assistant  Sure: ✂ [cut]
+you> /quit"""
+
+
+def test_a_scripted_session_shows_exactly_this_screen(tokenizer):
+    first = scripted_reply([("Hello", Origin.DRAFTED), (" there", Origin.DRAFTED), Rejected((7, 8), " pal"),
+                            ("!", Origin.CORRECTED)],
+                           ReplyStats(gamma=4, new_tokens=3, drafted=4, accepted=2, draft_steps=1,
+                                      target_forwards=1, wall_s=0.5, ttft_s=0.25))
+    second = scripted_reply([("Sure", Origin.DRAFTED), Rejected((9,), ","), (":", Origin.CORRECTED)],
+                            ReplyStats(gamma=2, new_tokens=2, drafted=2, accepted=1, draft_steps=1,
+                                       target_forwards=1, wall_s=0.4, ttft_s=0.2), stop_reason="cancelled")
+    engine = ScriptedEngine([first, second])
+    session = ChatSession(engine, tokenizer, CONFIG, model_context_limit=1024)
+    keys = "hi\r/gamma 2\r/show rejected on\rlist them\r/history\r/quit\rnever read\r"
+    assert screen_of(session, keys) == TRANSCRIPT
+    # the second prompt is the whole conversation in the chat template, the first reply included
+    assert tokenizer.decode(engine.prompts[1]) == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+        "<|im_start|>assistant\nHello there!<|im_end|>\n<|im_start|>user\nlist them<|im_end|>\n"
+        "<|im_start|>assistant\n")
 
 
 def test_ctrl_d_quits_and_ctrl_c_on_empty_prompt_hints(session):
