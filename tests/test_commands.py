@@ -8,10 +8,12 @@ from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from rich.console import Console
 
-from conftest import make_engine
-from specchat.session.chat import ChatSession
+from conftest import ScriptedEngine, make_engine, scripted_reply
+from specchat.session.chat import ChatSession, Notice
 from specchat.tui.commands import Command, Outcome, Registry, build_registry
-from specchat.config import GAMMA_AUTO, Config, SamplingConfig, all_keys
+from specchat.config import GAMMA_AUTO, Config, SamplingConfig, UIConfig, all_keys
+from specchat.core.events import Origin
+from specchat.core.metrics import ReplyStats
 
 
 @pytest.fixture
@@ -189,6 +191,25 @@ def test_stats_history_reset_and_save(session, registry, tmp_path):
     assert session.totals.replies == 1
     unwritable = registry.run(session, f"/save {tmp_path}/missing/dir/t.json")
     assert unwritable.error and "No such file or directory" in unwritable.message
+
+
+def test_history_marks_the_cut_reply_after_older_turns_were_dropped(tokenizer, registry):
+    turns = (("one", "first answer", "eos"), ("two", "second answer", "cancelled"), ("three", "third answer", "eos"))
+    replies = [scripted_reply([(answer, Origin.TARGET)], ReplyStats(mode="target", new_tokens=1), stop)
+               for _, answer, stop in turns]
+    # 100 tokens minus 16 for the reply: two turns fit (82 prompt tokens), three (114) do not
+    config = Config(sampling=SamplingConfig(max_new_tokens=16), ui=UIConfig(context_limit=100))
+    session = ChatSession(ScriptedEngine(replies), tokenizer, config, model_context_limit=1024)
+    notices = [e.text for user, _, _ in turns for e in session.reply(user) if isinstance(e, Notice)]
+    assert notices == ["context full: dropped the oldest turn to fit 100 tokens"]
+    assert plain(registry.run(session, "/history").message).splitlines() == [
+        "role       message                     ",
+        "system     You are a helpful assistant.",
+        "user       two                         ",
+        "assistant  second answer ✂ [cut]       ",
+        "user       three                       ",
+        "assistant  third answer                ",
+    ]
 
 
 def test_mode_change_shows_the_new_legend(session, registry):

@@ -240,11 +240,12 @@ def cmd_history(session: ChatSession, arg: str) -> Outcome:
         return Outcome("no messages yet")
     cut = [r.cut for r in session.records]
     rows = [("system", session.system_prompt)]
-    assistant_index = sum(1 for m in session.messages if m["role"] == "assistant") - len(cut)
+    # the records keep every reply; the messages lost the oldest turns dropped for context
+    assistant_index = len(cut) - sum(1 for m in session.messages if m["role"] == "assistant")
     for message in session.messages:
         text = message["content"]
         if message["role"] == "assistant":
-            text += " ✂ [cut]" if assistant_index >= 0 and cut[assistant_index] else ""
+            text += " ✂ [cut]" if cut[assistant_index] else ""
             assistant_index += 1
         rows.append((message["role"], text))
     return Outcome(render.as_table(rows, ("role", "message")))
