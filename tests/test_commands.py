@@ -212,6 +212,13 @@ def test_history_marks_the_cut_reply_after_older_turns_were_dropped(tokenizer, r
     ]
 
 
+def test_set_keeps_an_equals_sign_inside_the_value(session, registry):
+    assert registry.run(session, "/set ui.system_prompt use a=b").message == "ui.system_prompt = 'use a=b'"
+    assert session.config.ui.system_prompt == "use a=b"
+    registry.run(session, "/set ui.system_prompt=x = y")
+    assert session.config.ui.system_prompt == "x = y"
+
+
 def test_mode_change_shows_the_new_legend(session, registry):
     text = plain(registry.run(session, "/mode target").message)
     assert text.startswith("speculation.mode = 'target'\nlegend: target-only")

@@ -7,6 +7,7 @@ what is allowed, and nothing changes.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -264,8 +265,14 @@ def cmd_config(session: ChatSession, arg: str) -> Outcome:
     return Outcome(render.as_table(rows, ("setting", "value")))
 
 
+def split_key_value(arg: str) -> tuple[str, str]:
+    """'key value' or 'key=value' -> (key, value); an '=' inside the value stays in it."""
+    key, value = re.match(r"([^\s=]*)\s*(?:=\s*)?(.*)", arg, re.DOTALL).groups()
+    return key, value
+
+
 def cmd_set(session: ChatSession, arg: str) -> Outcome:
-    key, _, value = arg.replace("=", " ", 1).partition(" ")
+    key, value = split_key_value(arg)
     if not key or not value.strip():
         return fail("/set: usage /set section.key VALUE (e.g. /set sampling.top_k 40; /config lists keys)")
     if key in all_keys() and (key.split(".")[0] in ("target", "drafter") or key in START_UP_KEYS):
