@@ -7,7 +7,6 @@ import pytest
 
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.detok import Detokenizer
 from specchat.core.events import ReplyDone, StepDone, Token
 
 
@@ -83,16 +82,6 @@ def test_follow_up_turn_reuses_both_caches_and_stays_exact(target, unrelated_dra
     _, turn3 = run_reply(engine, edited, gamma=4)
     assert turn3.stats.reused_tokens == 3
     assert list(turn3.ids) == hf_greedy(target, edited, GREEDY.max_new_tokens)
-
-
-def test_detokenizer_holds_split_multibyte_characters(tokenizer):
-    text = "é 日本 ok ünïcode"
-    ids = tokenizer.encode(text)
-    assert len(ids) > len(text.split())  # multi-byte characters really are split over tokens
-    detok = Detokenizer(tokenizer)
-    deltas = [detok.push(i) for i in ids]
-    assert all("\ufffd" not in d for d in deltas)
-    assert "".join(deltas) + detok.flush() == tokenizer.decode(ids) == text
 
 
 def test_streamed_text_equals_decode_of_the_reply(target, unrelated_drafter_model, tokenizer):
