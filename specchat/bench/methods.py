@@ -13,6 +13,7 @@ from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfi
 from specchat.core.engine import build_engine
 from specchat.core.adaptive import AutoGamma
 from specchat.core.events import ReplyEnd
+from specchat.session.chat import render_prompt
 
 SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)
 UNQUANTIZED = " · unquantized drafter"  # name suffix: transformers with the drafter as shipped
@@ -41,7 +42,7 @@ class Measurement:
     ids: tuple[int, ...]
     new_tokens: int
     seconds: float
-    alpha: float | None = None
+    alpha: float | None = None  # the acceptance rate, accepted / drafted (suite.py reads this name)
     tokens_per_step: float | None = None
     cost_ratio: float | None = None
     mean_gamma: float | None = None
@@ -133,10 +134,7 @@ class Runner:
                 "torch_threads": torch.get_num_threads()}
 
     def prompt_ids(self, prompt: dict) -> list[int]:
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        encoded = self.pair.tokenizer.apply_chat_template(system + prompt["messages"], add_generation_prompt=True,
-                                                          tokenize=True, return_dict=True)
-        return list(encoded["input_ids"])
+        return render_prompt(self.pair.tokenizer, self.system_prompt, prompt["messages"])
 
     def warm_up(self, prompt: dict, max_new: int) -> None:
         for method in self.methods:

@@ -5,10 +5,9 @@ from pathlib import Path
 
 import torch
 
-from specchat.config import ModelConfig
+from specchat.config import DTYPES, ModelConfig
 from specchat.loading.errors import ModelLoadError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPUINFO = Path("/proc/cpuinfo")
 FAST_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
@@ -45,7 +44,9 @@ def cpu_has_fast_bf16(cpuinfo: Path | None = None) -> bool:
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     """auto -> bf16 where the device computes it fast, else float16 on GPUs and float32 on CPUs."""
     if dtype != "auto":
-        return DTYPES[dtype]
+        if dtype not in DTYPES:
+            raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        return getattr(torch, dtype)  # config.DTYPES names torch dtypes: float32, bfloat16, float16
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device == "mps":

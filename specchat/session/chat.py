@@ -20,6 +20,15 @@ from specchat.core.metrics import ReplyStats
 CompareFn = Callable[["ChatSession", list[int], ReplyDone, threading.Event], Iterable[Any]]
 
 
+def render_prompt(tokenizer, system_prompt: str, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the system prompt (if any) + messages + the assistant's generation prompt, in the
+    tokenizer's chat template. The chat and the benchmark both build their prompts here."""
+    conversation = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    encoded = tokenizer.apply_chat_template(conversation + messages, add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)
+    return list(encoded["input_ids"])
+
+
 class ChatError(ValueError):
     """A message for the user (one line) about something a chat turn cannot do."""
 
@@ -96,10 +105,7 @@ class ChatSession:
     # ----- prompt ----------------------------------------------------------------------------
     def render(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of system prompt + messages + the assistant's generation prompt."""
-        conversation = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        encoded = self.tokenizer.apply_chat_template(conversation + messages, add_generation_prompt=True,
-                                                     tokenize=True, return_dict=True)
-        return list(encoded["input_ids"])
+        return render_prompt(self.tokenizer, self.system_prompt, messages)
 
     def fit_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], int]:
         """Render, dropping the oldest user/assistant pairs until the reply fits; (ids, turns dropped)."""
