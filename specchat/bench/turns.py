@@ -34,5 +34,5 @@ def last_turn_timing(pair, cfg: Config, reuse: bool, max_new: int) -> TurnTiming
 
 
 def compare_reuse(pair, cfg: Config, max_new: int = 48) -> list[TurnTiming]:
-    """Alternate the two chats so both see the same machine state; reuse first, then without."""
+    """The same 3-turn chat run once with KV reuse across turns, then once without it."""
     return [last_turn_timing(pair, cfg, True, max_new), last_turn_timing(pair, cfg, False, max_new)]

@@ -38,7 +38,7 @@ class DraftVocab:
             self._high = None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[1, hidden] -> [1, width]: ids below the limit first, then the extra ids in order."""
+        """[rows, hidden] -> [rows, width]: ids below the limit first, then the extra ids in order."""
         low = self._low(hidden)
         if not self._extra:
             return low

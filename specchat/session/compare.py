@@ -24,7 +24,7 @@ NEAR_TIE = 0.05  # a top-2 logit margin below this is a near tie in bf16/fp16 ar
 
 @dataclass(frozen=True)
 class Run:
-    label: str        # "speculative" | "target-only" | "drafter-only"
+    label: str  # the chat's reply: its mode ("spec" | "target" | "drafter"); a rerun: "target-only" | "drafter-only"
     text: str
     ids: tuple[int, ...]
     stats: ReplyStats
@@ -81,7 +81,7 @@ class Comparer:
             runs.append(self._rerun(self.drafter_engine, "drafter", prompt_ids, cfg, sampling, cancel))
         if any(r is None for r in runs):
             return  # cancelled during a rerun: nothing fair to show
-        spec = Run(f"{cfg.speculation.mode}", done.text, done.ids, done.stats)
+        spec = Run(cfg.speculation.mode, done.text, done.ids, done.stats)
         greedy = cfg.sampling.is_greedy
         divergence = None
         if greedy and spec.ids != runs[0].ids:
