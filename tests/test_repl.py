@@ -189,7 +189,7 @@ def test_compare_toggle_key_and_toolbar(session):
     assert session.config.speculation.compare == "on"
     toggle_compare(session)
     bar = toolbar_text(session)
-    for part in ("spec", "γ 4", "greedy", "top-k off", "top-p 1", "compare off", "last α –", "ctx 0/1024"):
+    for part in ("spec", "γ 4", "greedy", "top-k off", "top-p 1", "compare off", "last acceptance –", "ctx 0/1024"):
         assert part in bar
 
 
@@ -197,7 +197,7 @@ def test_toolbar_shows_last_acceptance_and_context(session):
     list(session.reply("hi"))
     bar = toolbar_text(session)
     stats = session.last_stats
-    assert f"last α {stats.acceptance_rate:.0%}" in bar
+    assert f"last acceptance {stats.acceptance_rate:.0%}" in bar
     assert f"ctx {stats.prompt_tokens + stats.new_tokens}/1024" in bar
 
 

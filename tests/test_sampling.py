@@ -80,7 +80,7 @@ def test_recorder_counts_positions_and_histogram():
     assert stats.per_position_rate == [1.0, 0.5, 0.5]
     assert stats.accepted_histogram == {1: 1, 3: 1}
     assert stats.mean_gamma == 3
-    assert stats.alpha_per_token == 4 / 5  # one rejection judged among five drafts
+    assert stats.alpha_per_draft == 4 / 5  # one rejection judged among five drafts
 
 
 def test_auto_gamma_grows_with_acceptance_and_backs_off_to_zero():

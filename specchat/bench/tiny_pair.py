@@ -33,7 +33,7 @@ def main() -> None:
         s = reply(engine, ids, gamma=4)
         ratio = s.stats.tokens_per_s / t.stats.tokens_per_s
         print(f"target-only {t.stats.tokens_per_s:.1f} tok/s · spec γ4 {s.stats.tokens_per_s:.1f} tok/s · "
-              f"ratio {ratio:.2f} · α {s.stats.acceptance_rate:.2f} · same {s.ids == t.ids}")
+              f"ratio {ratio:.2f} · acceptance {s.stats.acceptance_rate:.0%} · same {s.ids == t.ids}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Reply metrics, defined once.
 
-acceptance rate = accepted drafts / drafted tokens
+acceptance rate = accepted drafts / drafted tokens ("acceptance" in the UI and the bench)
+α per draft     = accepted / (accepted + rejections): Leviathan et al.'s alpha, the chance that a
+                  draft the target judges is accepted (the only quantity the UI calls α)
 tokens/step     = new tokens / target forward passes (includes the corrected or bonus token)
 tok/s           = generated tokens / wall time (never prompt tokens or characters)
 c               = mean drafter forward time / mean target forward time
@@ -85,8 +87,9 @@ class ReplyStats:
         return self.drafted / self.draft_steps if self.draft_steps else 0.0
 
     @property
-    def alpha_per_token(self) -> float:
-        """Leviathan et al.'s alpha: the chance one draft is accepted, accepted / (accepted + rejections).
+    def alpha_per_draft(self) -> float:
+        """α per draft, Leviathan et al.'s alpha: the chance one draft is accepted, accepted / (accepted +
+        rejections).
 
         accepted/drafted understates it: drafts after a rejection are counted but never judged."""
         judged = self.accepted + self.rejections
@@ -95,13 +98,13 @@ class ReplyStats:
     @property
     def predicted_speedup(self) -> float:
         """Leviathan et al.'s bound from the measured alpha and c at the gamma actually used."""
-        return leviathan_speedup(self.alpha_per_token, round(self.mean_gamma), self.cost_ratio)
+        return leviathan_speedup(self.alpha_per_draft, round(self.mean_gamma), self.cost_ratio)
 
     def to_dict(self) -> dict:
         plain = {k: v for k, v in self.__dict__.items()}
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
         for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "cost_ratio",
-                     "measured_speedup", "per_position_rate", "mean_gamma", "alpha_per_token", "predicted_speedup"):
+                     "measured_speedup", "per_position_rate", "mean_gamma", "alpha_per_draft", "predicted_speedup"):
             plain[name] = getattr(self, name)
         return plain
 

@@ -48,8 +48,8 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
                   f"· {stats.tokens_per_step:.2f} tok/step"),
         ("cost c", f"{stats.cost_ratio:.3f} (drafter forward ÷ target forward)"),
         ("speedup", f"measured {stats.measured_speedup:.2f}× (vs one target forward per token) "
-                    f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α "
-                    f"{stats.alpha_per_token:.2f} per draft, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
+                    f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α per draft "
+                    f"{stats.alpha_per_draft:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
         ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)"}
          .get(stop_reason, stop_reason)),
     ]
