@@ -1,11 +1,12 @@
-"""Each speed lever switched off alone, measured side by side with everything on, on the bundled pair.
+"""Each speed lever changed alone, measured side by side with the default levers, on the bundled pair.
 
     .venv/bin/python -m specchat.bench.ablation [--max-new N] [--settings greedy,sampled] [--prompts a,b]
                                        [--variants lookup,drafter,gamma] [--repeat N]
 
-Variants (specchat only, auto gamma): all levers; without prompt lookup; with the drafter
-unquantized (as shipped); with a fixed gamma 4 instead of auto. Every variant runs on every prompt
-in turn after a warm-up; ratios are medians of per-prompt ratios against target-only in the same run.
+Variants (specchat only): the config's levers as they are, with auto gamma ("default levers");
+prompt lookup switched the other way (on, since it is off by default); the drafter unquantized (as
+shipped); a fixed gamma 4 instead of auto. Every variant runs on every prompt in turn after a warm-up; ratios are
+medians of per-prompt ratios against target-only in the same run.
 """
 from __future__ import annotations
 
@@ -18,18 +19,26 @@ from rich.table import Table
 
 from specchat.bench.suite import SETTINGS, load_prompts
 from specchat.bench.methods import Method, Runner
-from specchat.config import GAMMA_AUTO, load_config
+from specchat.config import GAMMA_AUTO, SpeculationConfig, load_config
 from specchat.loading.models import load_model, load_pair
 
 TARGET = Method("target-only", "specchat", "target")
+BASELINE = "default levers (auto γ)"
+
+
+def lookup_switched(spec: SpeculationConfig) -> tuple[str, SpeculationConfig]:
+    """Prompt lookup the other way from the config: (the variant's label, its speculation settings)."""
+    label = "no prompt lookup" if spec.prompt_lookup else "+ prompt lookup"
+    return label, dataclasses.replace(spec, prompt_lookup=not spec.prompt_lookup)
 
 
 def variants(cfg, pair, unquantized, wanted: list[str]) -> dict[str, Runner]:
     spec, system = cfg.speculation, cfg.ui.system_prompt
     auto, fixed = Method("auto", "specchat", "spec", GAMMA_AUTO), Method("γ4", "specchat", "spec", 4)
-    runners = {"all levers (auto γ)": Runner(pair, [TARGET, auto], system, spec)}
+    runners = {BASELINE: Runner(pair, [TARGET, auto], system, spec)}
     if "lookup" in wanted:
-        runners["no prompt lookup"] = Runner(pair, [auto], system, dataclasses.replace(spec, prompt_lookup=False))
+        label, switched = lookup_switched(spec)
+        runners[label] = Runner(pair, [auto], system, switched)
     if "drafter" in wanted:
         runners["unquantized drafter"] = Runner(dataclasses.replace(pair, drafter=unquantized()), [auto], system, spec)
     if "gamma" in wanted:
@@ -41,7 +50,7 @@ def measure(runners: dict[str, Runner], prompts, sampling) -> dict[str, list]:
     rows = {name: [] for name in runners}
     for prompt in prompts:
         results = {name: [r.measure(m, prompt, sampling) for m in r.methods] for name, r in runners.items()}
-        base = results["all levers (auto γ)"][0]
+        base = results[BASELINE][0]
         for name, measured in results.items():
             m = measured[-1]
             rows[name].append((m.tokens_per_s / base.tokens_per_s, m.tokens_per_s, m.alpha, m.cost_ratio))
@@ -51,12 +60,12 @@ def measure(runners: dict[str, Runner], prompts, sampling) -> dict[str, list]:
 
 
 def table(setting: str, rows: dict[str, list]) -> Table:
-    out = Table(title=f"{setting}: each lever off alone (medians over prompts)")
-    for column in ("variant", "× target-only", "tok/s", "α", "c"):
+    out = Table(title=f"{setting}: each lever changed alone (medians over prompts)")
+    for column in ("variant", "× target-only", "tok/s", "acceptance", "c"):
         out.add_column(column, justify="left" if column == "variant" else "right")
     for name, values in rows.items():
-        ratio, tok_s, alpha, c = (statistics.median(v[i] for v in values) for i in range(4))
-        out.add_row(name, f"{ratio:.2f}×", f"{tok_s:.2f}", f"{alpha:.0%}", f"{c:.2f}")
+        ratio, tok_s, acceptance, c = (statistics.median(v[i] for v in values) for i in range(4))
+        out.add_row(name, f"{ratio:.2f}×", f"{tok_s:.2f}", f"{acceptance:.0%}", f"{c:.2f}")
     return out
 
 
@@ -65,7 +74,7 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, default=64)
     parser.add_argument("--settings", default="greedy")
     parser.add_argument("--prompts", default="", help="comma-separated prompt names (default: all)")
-    parser.add_argument("--variants", default="lookup,drafter,gamma", help="levers to switch off, one at a time")
+    parser.add_argument("--variants", default="lookup,drafter,gamma", help="levers to change, one at a time")
     parser.add_argument("--repeat", type=int, default=1, help="run the prompt set this many times")
     args = parser.parse_args()
     cfg = load_config(None, [])

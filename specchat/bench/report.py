@@ -7,11 +7,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 COLUMNS = ("setting", "method", "tok/s", "× target", "× target code", "worst × target",
-           "× HF same drafter", "× HF unquantized drafter", "α", "tok/step", "c", "bound", "of bound", "exact")
+           "× HF same drafter", "× HF unquantized drafter", "acceptance", "tok/step", "c", "bound", "of bound", "exact")
 
 
 def _num(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
+
+
+def _ratio(value) -> str:
+    return "—" if value is None else f"{value:.2f}×"
 
 
 def _exact(row: dict) -> str:
@@ -23,7 +27,7 @@ def _exact(row: dict) -> str:
 def table_cells(row: dict) -> list[str]:
     ratios = ("vs_target", "vs_target_code", "worst_vs_target", "vs_hf_assisted", "vs_hf_unquantized")
     return [row["setting"], row["method"], _num(row["tok_s"], ".2f"),
-            *(_num(row.get(key), ".2f") + "×" for key in ratios), _num(row["alpha"], ".0%"),
+            *(_ratio(row.get(key)) for key in ratios), _num(row["alpha"], ".0%"),
             _num(row["tokens_per_step"], ".2f"), _num(row["c"], ".2f"), _num(row["predicted"], ".2f"),
             _num(row.get("of_predicted"), ".0%"), _exact(row)]
 
@@ -88,7 +92,7 @@ def _plot_setting(ax, rows: list[dict], setting: str) -> None:
     fixed = [r for r in rows if r["method"].startswith("specchat γ") and r["gamma"] != "auto"]
     gammas = [int(r["gamma"]) for r in fixed]
     ax.plot(gammas, [r["vs_target"] for r in fixed], "o-", label="specchat measured")
-    ax.plot(gammas, [r["predicted"] for r in fixed], "s--", label="Leviathan bound (measured α, c)")
+    ax.plot(gammas, [r["predicted"] for r in fixed], "s--", label="Leviathan bound (measured α per draft, c)")
     for r in rows:
         if r["method"] == "specchat γauto":
             ax.axhline(r["vs_target"], color="tab:green", linestyle="-.", label=f"specchat auto γ≈{r['mean_gamma']:.1f}")
