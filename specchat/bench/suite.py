@@ -9,6 +9,7 @@ Greedy runs also check that each method produced exactly the target-only tokens.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -69,7 +70,7 @@ def run_bench(runner: Runner, prompts: list[dict], settings: list[str], max_new:
     rows = {(s, m.name): Row(s, m) for s in settings for m in runner.methods}
     runner.warm_up(prompts[0], max_new=8)
     for setting in settings:
-        sampling = _with(SETTINGS[setting], max_new_tokens=max_new)
+        sampling = dataclasses.replace(SETTINGS[setting], max_new_tokens=max_new)
         for prompt in prompts:
             results = {}
             for method in runner.methods:
@@ -77,10 +78,6 @@ def run_bench(runner: Runner, prompts: list[dict], settings: list[str], max_new:
                 progress(f"{setting} · {prompt['name']} · {method.name}")
             _add_prompt_results(rows, setting, prompt, results, sampling.is_greedy)
     return list(rows.values())
-
-
-def _with(sampling: SamplingConfig, **changes) -> SamplingConfig:
-    return SamplingConfig(**{**sampling.__dict__, **changes})
 
 
 def _best_hf(rows, setting, results: dict[str, Measurement], drafter: str) -> Measurement | None:
