@@ -20,6 +20,7 @@ DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8")
+BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")
 
@@ -38,6 +39,7 @@ class ModelConfig:
     max_memory: dict = field(default_factory=dict)  # e.g. {0 = "20GiB", 1 = "20GiB"}
     trust_remote_code: bool = False
     revision: str = ""
+    backend: str = "lean"           # lean | transformers (the lean forward falls back to it by itself)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ def _check_device(v: str):
 VALIDATORS = {
     ("model", "dtype"): _one_of(DTYPES),
     ("model", "quantization"): _one_of(QUANTIZATIONS),
+    ("model", "backend"): _one_of(BACKENDS),
     ("model", "device"): _check_device,
     ("model", "device_map"): _one_of(("", "auto")),
     ("sampling", "temperature"): lambda v: None if 0.0 <= v <= 5.0 else "a number from 0 to 5 (0 = greedy)",

@@ -157,12 +157,14 @@ def test_banner_names_both_models():
         def __init__(self, name, quantization):
             self.name, self.params, self.dtype, self.quantization = name, 1_540_000_000, "bfloat16", quantization
             self.device, self.memory_bytes, self.load_s = "cpu", 3 * 2**30, 12.5
+            self.backend = "lean" if name == "Big" else "transformers (GPTNeoX is not supported)"
 
     class Pair:
         target_facts, drafter_facts = Facts("Big", "Q4_K_M"), Facts("Small", "Q4_K_M→int8")
     text = render.banner(Pair()).plain
-    assert "target Big (1.54B params, Q4_K_M→bfloat16, cpu, 3.00 GiB, loaded in 12.5 s)" in text
-    assert "drafter Small (1.54B params, Q4_K_M→int8 weights, bfloat16 compute, cpu" in text
+    assert "target Big (1.54B params, Q4_K_M→bfloat16, cpu, lean forward, 3.00 GiB, loaded in 12.5 s)" in text
+    assert ("drafter Small (1.54B params, Q4_K_M→int8 weights, bfloat16 compute, cpu, "
+            "transformers (GPTNeoX is not supported) forward") in text
 
 
 def test_thinking_marker_is_erased_by_the_first_token():

@@ -16,6 +16,7 @@ class Facts:
     device: str = "cpu"
     memory_bytes: int = 0
     load_s: float = 0.0
+    backend: str = "transformers"
 
 
 @dataclass

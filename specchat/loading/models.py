@@ -46,6 +46,7 @@ class ModelFacts:
     memory_bytes: int
     load_s: float
     template: str = "own"   # own | plain (the tokenizer had none; specchat's User:/Assistant: one)
+    backend: str = "transformers"  # lean | transformers | "transformers (why the lean one could not run)"
 
 
 @dataclass
@@ -100,8 +101,18 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
-                       model.get_memory_footprint(), round(time.perf_counter() - start, 2), template)
+                       model.get_memory_footprint(), round(time.perf_counter() - start, 2), template,
+                       _backend(model, mc.backend))
     return model, tokenizer, facts
+
+
+def _backend(model, backend: str) -> str:
+    """Attach the lean forward when asked and possible; the label the banner shows."""
+    if backend != "lean":
+        return backend
+    from specchat.core.kvcache import attach_lean
+    reason = attach_lean(model)
+    return f"transformers ({reason})" if reason else "lean"
 
 
 def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtype: torch.dtype,

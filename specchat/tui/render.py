@@ -195,7 +195,7 @@ def weights_text(facts) -> str:
 def model_facts_text(role: str, facts) -> str:
     quant = weights_text(facts)
     return (f"{role} {facts.name} ({_human(facts.params)} params, {quant}, {facts.device}, "
-            f"{facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
+            f"{facts.backend} forward, {facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
 
 
 def banner(pair) -> Text:

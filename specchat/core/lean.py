@@ -1,0 +1,144 @@
+"""A lean decoder forward for Llama-style models (Qwen2, Llama), on the transformers model's own modules.
+
+transformers' forward builds, for every call, a cache update by concatenation, position ids, rotary
+tables and a mask, and dispatches through several Python layers per decoder layer. This forward
+uses the same weights and the same linear layers (bf16, int8, w8a8: whatever the loader put there),
+and instead:
+- a static KV cache per model: one key and one value tensor per layer with room for `capacity`
+  tokens, written in place; rolling back moves a length. It grows by doubling when full;
+- rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
+- a causal mask computed once and sliced; a one-token step needs none;
+- the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are.
+Other architectures (and models with biases or norms where Llama has none) keep the transformers path.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specchat.core.invariant_attention import batch_invariant_attention
+
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+FIRST_CAPACITY = 1024
+
+
+def supports(model: nn.Module) -> str:
+    """'' when the lean forward can run `model`, else why not."""
+    name = type(model).__name__
+    if name not in SUPPORTED:
+        return f"{name} is not one of {', '.join(SUPPORTED)}"
+    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
+        return "it uses sliding-window attention"
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
+        return "it is spread over several devices"
+    return ""
+
+
+class LeanCache:
+    """Keys and values of every layer for the first `length` tokens, in tensors of fixed capacity."""
+
+    def __init__(self, forward: "LeanForward"):
+        self.forward = forward
+        self.length = 0
+        self.keys: list[torch.Tensor] = []    # per layer [kv_heads, capacity, head_dim]
+        self.values: list[torch.Tensor] = []
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop_to(self, length: int) -> None:
+        if length > self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} tokens up to {length}")
+        self.length = length
+
+    def make_room(self, needed: int) -> None:
+        if needed <= self.capacity:
+            return
+        capacity = max(FIRST_CAPACITY, self.capacity)
+        while capacity < needed:
+            capacity *= 2
+        self.keys = [self.forward.grow(k, capacity) for k in self.keys] or self.forward.empty_kv(capacity)
+        self.values = [self.forward.grow(v, capacity) for v in self.values] or self.forward.empty_kv(capacity)
+
+
+class LeanForward:
+    """forward(cache, ids [1, n], keep) → logits [keep, vocab] for the last `keep` of the n positions."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        decoder = model.get_decoder()
+        self.layers = list(decoder.layers)
+        self.embed, self.norm, self.head = decoder.embed_tokens, decoder.norm, model.get_output_embeddings()
+        self.rotary = decoder.rotary_emb
+        config = model.config
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.scaling = self.head_dim ** -0.5
+        self.device = self.embed.weight.device
+        self._cos = self._sin = self._mask = None
+
+    # ----- tables computed once (regrown with the cache) ------------------------------------------
+    def empty_kv(self, capacity: int) -> list[torch.Tensor]:
+        return [torch.zeros(self.kv_heads, capacity, self.head_dim, dtype=self._kv_dtype, device=self.device)
+                for _ in self.layers]
+
+    def grow(self, tensor: torch.Tensor, capacity: int) -> torch.Tensor:
+        bigger = tensor.new_zeros(tensor.shape[0], capacity, tensor.shape[2])
+        bigger[:, :tensor.shape[1]] = tensor
+        return bigger
+
+    @property
+    def _kv_dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def _tables(self, capacity: int) -> None:
+        if self._cos is not None and self._cos.shape[0] >= capacity:
+            return
+        positions = torch.arange(capacity, device=self.device).unsqueeze(0)
+        probe = torch.zeros(1, dtype=self._kv_dtype, device=self.device)
+        cos, sin = self.rotary(probe, positions)  # the model's own rotary module: the same values
+        self._cos, self._sin = cos[0], sin[0]     # [capacity, head_dim]
+        blocked = torch.full((capacity, capacity), torch.finfo(self._kv_dtype).min, device=self.device)
+        self._mask = torch.triu(blocked, diagonal=1).to(self._kv_dtype)  # row i sees keys ≤ i
+
+    # ----- the forward --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def __call__(self, cache: LeanCache, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
+        start, fed = cache.length, input_ids.shape[1]
+        cache.make_room(start + fed)
+        self._tables(cache.capacity)
+        cos, sin = self._cos[start:start + fed], self._sin[start:start + fed]  # [fed, head_dim]
+        mask = None if fed == 1 else self._mask[None, None, start:start + fed, :start + fed]
+        hidden = self.embed(input_ids)  # [1, fed, hidden]
+        for index, layer in enumerate(self.layers):
+            hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
+        cache.length = start + fed
+        hidden = self.norm(hidden[:, -keep:])
+        return self.head(hidden)[0] if head else hidden[0]
+
+    def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int):
+        attention = layer.self_attn
+        normed = layer.input_layernorm(hidden)
+        fed = hidden.shape[1]
+        query = attention.q_proj(normed).view(fed, self.heads, self.head_dim).transpose(0, 1)
+        key = attention.k_proj(normed).view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
+        value = attention.v_proj(normed).view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
+        query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
+        end = start + fed
+        cache.keys[index][:, start:end] = key
+        cache.values[index][:, start:end] = value
+        out, _ = batch_invariant_attention(attention, query[None], cache.keys[index][None, :, :end],
+                                           cache.values[index][None, :, :end], mask, self.scaling)
+        hidden = hidden + attention.o_proj(out.reshape(1, fed, -1))
+        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of x [heads, fed, head_dim], as transformers' apply_rotary_pos_emb."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rotated * sin)

@@ -1,0 +1,89 @@
+"""The step profiler: time lands in the part that spent it, and the parts add up to the step."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from specchat.bench import profile
+from specchat.core.w8a8 import quantize_w8a8
+
+
+class SleepyLinear(nn.Linear):
+    def forward(self, x):
+        time.sleep(0.08)
+        return super().forward(x)
+
+
+class SleepyAttention(nn.Module):
+    """An attention module that spends 10 ms of its own around an 80 ms projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj = SleepyLinear(4, 4)
+
+    def forward(self, x):
+        time.sleep(0.01)
+        return self.q_proj(x)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = SleepyAttention()
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x):
+        time.sleep(0.02)  # neither linear nor attention: "other"
+        return self.norm(self.self_attn(x))
+
+
+def test_projection_time_counts_as_matmuls_not_attention():
+    block, x = Block(), torch.randn(1, 4)
+    row = profile.split_forward([block], lambda: block(x), lambda: None, repeats=1)
+    assert row["matmuls"] >= 70      # the split is scaled onto the unhooked total: a little less
+    assert 8 <= row["attention"] < 60   # the 80 ms projection inside attention is not counted twice
+    assert row["other"] >= 15
+    assert abs(row["matmuls"] + row["attention"] + row["other"] - row["total"]) < 1e-6
+
+
+def test_the_hooks_are_removed_afterwards():
+    block, x = Block(), torch.randn(1, 4)
+    profile.split_forward([block], lambda: block(x), lambda: None, repeats=1)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in block.modules())
+
+
+def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_model, tokenizer):
+    pair = SimpleNamespace(target=target, drafter=similar_drafter_model, vocab_size=len(tokenizer),
+                           eos_ids={0})
+    context = tokenizer.encode("def reverse(lst):\n    return lst[::-1]\n" * 3)
+    rows = profile.forward_rows(pair, context, gamma=3, vocab_limit=64, repeats=2)
+    assert list(rows) == ["target · 1 token", "target · 4 tokens", "drafter · 1 token"]
+    for row in rows.values():
+        assert row["matmuls"] > 0 and row["attention"] > 0
+        assert abs(row["matmuls"] + row["attention"] + row["other"] - row["total"]) < 1e-6
+        assert row["int8 kernel"] == 0  # no w8a8 layer in these models
+
+
+def test_the_int8_kernel_is_timed_inside_the_matmuls_of_a_w8a8_model(target, tokenizer):
+    import copy
+    model = copy.deepcopy(target).float()
+    quantize_w8a8(model)
+    pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})
+    rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0,
+                                repeats=2)
+    assert all(0 < row["int8 kernel"] < row["matmuls"] for row in rows.values())
+
+
+def test_host_rows_time_greedy_and_sampled_verification(tokenizer):
+    pair = SimpleNamespace(vocab_size=len(tokenizer))
+    rows = profile.host_rows(pair, gamma=4, draft_width=100, repeats=3)
+    assert set(rows) == {"verify, greedy", "verify, sampled (p from logits + rule)", "drafter sampling of 1 token"}
+    assert all(ms > 0 for ms in rows.values())
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    assert profile.main(["--gamma", "0"]) == 2
+    assert "--gamma" in capsys.readouterr().err
