@@ -147,6 +147,19 @@ def test_the_weights_cache_round_trips_and_rebuilds_a_damaged_file(tmp_path, tok
     assert json.loads(path.with_name(path.name + ".json").read_text())["size"] == path.stat().st_size
 
 
+def test_weights_read_from_the_cache_are_aligned_for_the_int8_kernel(tmp_path, tokenizer):
+    """safetensors maps the file; a tensor there starts wherever the header ends, and torch's int8
+    kernel crashed (SIGSEGV) on such weights for 8 rows and more."""
+    path = tmp_path / "int8.safetensors"
+    quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=2), path, "tiny", "int8")
+    blocks, _ = quantized_cache._read(path, None)
+    assert blocks and all(t.data_ptr() % 64 == 0 for b in blocks.values()
+                          for t in (b.weight, b.scale, b.row_sums))
+    again = build_model(len(tokenizer), seed=1, layers=2)
+    quantized_cache.quantize_with_cache(again, path, "tiny", "int8")
+    assert again(torch.tensor([list(range(3, 40))])).logits.isfinite().all()
+
+
 def test_a_cache_for_another_model_is_rebuilt(tmp_path, tokenizer):
     path = tmp_path / "w8a8.safetensors"
     quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=2), path, "tiny")

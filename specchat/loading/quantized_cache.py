@@ -79,8 +79,10 @@ def _read(path: Path, progress: Progress | None) -> tuple[dict[str, Int8Block] |
 
 
 def _blocks_from_file(path: Path) -> dict[str, Int8Block]:
+    """The blocks in fresh, 64-byte-aligned memory: safetensors maps the file, and its tensors start
+    wherever the header ends; torch's CPU int8 kernel crashes on misaligned weights from 8 rows up."""
     from safetensors.torch import load_file
-    tensors = load_file(str(path))
+    tensors = {key: tensor.clone() for key, tensor in load_file(str(path)).items()}
     names = {key.rsplit(".", 1)[0] for key in tensors}
     return {name: Int8Block(tensors[f"{name}.weight"], tensors[f"{name}.scale"],
                             tensors[f"{name}.row_sums"]) for name in names}
