@@ -1,13 +1,16 @@
 """The step profiler: time lands in the part that spent it, and the parts add up to the step."""
 from __future__ import annotations
 
+import copy
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
 from specchat.bench import profile
+from specchat.core import kvcache
 from specchat.core.w8a8 import quantize_w8a8
 
 
@@ -55,9 +58,12 @@ def test_the_hooks_are_removed_afterwards():
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in block.modules())
 
 
-def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_model, tokenizer):
-    pair = SimpleNamespace(target=target, drafter=similar_drafter_model, vocab_size=len(tokenizer),
-                           eos_ids={0})
+@pytest.mark.parametrize("forward", ["transformers", "lean"])
+def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_model, tokenizer, forward):
+    models = [copy.deepcopy(target), copy.deepcopy(similar_drafter_model)]
+    if forward == "lean":
+        assert all(kvcache.attach_lean(model) == "" for model in models)
+    pair = SimpleNamespace(target=models[0], drafter=models[1], vocab_size=len(tokenizer), eos_ids={0})
     context = tokenizer.encode("def reverse(lst):\n    return lst[::-1]\n" * 3)
     rows = profile.forward_rows(pair, context, gamma=3, vocab_limit=64, repeats=2)
     assert list(rows) == ["target · 1 token", "target · 4 tokens", "drafter · 1 token"]
@@ -68,7 +74,6 @@ def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_
 
 
 def test_the_int8_kernel_is_timed_inside_the_matmuls_of_a_w8a8_model(target, tokenizer):
-    import copy
     model = copy.deepcopy(target).float()
     quantize_w8a8(model)
     pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})

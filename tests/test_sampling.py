@@ -37,6 +37,38 @@ def test_top_p_always_keeps_the_most_likely_token():
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
+def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> list[set[int]]:
+    """Reference: sort each row, keep tokens while the mass before them is below top_p."""
+    sets = []
+    for row in torch.softmax(logits.double(), dim=-1):
+        order = sorted(range(row.shape[0]), key=lambda i: -float(row[i]))
+        kept, mass = set(), 0.0
+        for i in order:
+            if mass >= top_p:
+                break
+            kept.add(i)
+            mass += float(row[i])
+        sets.append(kept)
+    return sets
+
+
+@pytest.mark.parametrize("spread", [8.0, 0.05])  # a peaked nucleus, and one wider than the first candidates
+def test_top_p_keeps_the_nucleus_a_full_sort_finds(spread, monkeypatch):
+    import specchat.core.sampling as sampling
+    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 16)
+    logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(2)) * spread
+    probs = probs_from_logits(logits, SamplingConfig(temperature=1.0, top_p=0.8))
+    kept = [set(torch.nonzero(row).flatten().tolist()) for row in probs]
+    assert kept == nucleus_by_sorting(logits, 0.8)
+    assert spread > 1 or min(len(k) for k in kept) > 16  # the flat rows did need a wider search
+
+
+def test_top_p_keeps_ties_with_the_last_token_kept():
+    logits = torch.tensor([[3.0, 1.0, 1.0, 1.0, -2.0]])
+    probs = probs_from_logits(logits, SamplingConfig(temperature=1.0, top_p=0.75))[0]
+    assert (probs[:4] > 0).all() and probs[4] == 0
+
+
 def test_verify_greedy_accepts_the_matching_prefix():
     logits = torch.full((4, 5), -1.0)
     for row, best in enumerate([3, 1, 4, 2]):

@@ -8,6 +8,7 @@ it prints the median time split by what ran, measured by timing hooks on the mod
 - matmuls: every linear layer (the head too), whatever its kind; for w8a8 layers, the int8 kernel
   calls alone are shown apart as "int8 kernel";
 - attention: the attention modules minus their projections (scores, softmax, rotary, cache writes);
+  with the lean forward, which calls no attention module, the attention function alone;
 - other: the rest of the forward (Python and dispatch, norms, embeddings, masks, cache bookkeeping).
 Then the host-side work per step: greedy verification, and sampled verification (probabilities from
 logits at T=0.7/top-p 0.9, the rejection rule) and the drafter's sampling of one token.
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from specchat.config import ConfigError, SamplingConfig, load_config
-from specchat.core import kvcache, w8a8
+from specchat.core import kvcache, lean, w8a8
 from specchat.core.draft_vocab import DraftVocab
 from specchat.core.sampling import make_generator, pick, probs_from_logits
 from specchat.core.verify import verify_greedy, verify_sampled
@@ -82,21 +83,29 @@ def _kind(module: nn.Module) -> str | None:
 
 
 @contextmanager
-def timed_int8_kernel(seconds: dict[str, float]):
-    """Count the time of w8a8's int8×int8 kernel calls into seconds['int8 kernel']."""
-    original = w8a8._int8_product
+def timed_function(owner, name: str, seconds: dict[str, float], key: str):
+    """Count the time of calls to `owner.name` (a module-level function) into seconds[key]."""
+    original = getattr(owner, name)
 
-    def timed(x, packed):
+    def timed(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return original(x, packed)
+            return original(*args, **kwargs)
         finally:
-            seconds["int8 kernel"] += time.perf_counter() - start
-    w8a8._int8_product = timed
+            seconds[key] += time.perf_counter() - start
+    setattr(owner, name, timed)
     try:
         yield
     finally:
-        w8a8._int8_product = original
+        setattr(owner, name, original)
+
+
+@contextmanager
+def timed_calls(seconds: dict[str, float]):
+    """w8a8's int8×int8 kernel calls, and the lean forward's attention (it calls no attention module)."""
+    with timed_function(w8a8, "_int8_product", seconds, "int8 kernel"), \
+            timed_function(lean, "batch_invariant_attention", seconds, "lean attention"):
+        yield
 
 
 def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[str, float]:
@@ -109,7 +118,7 @@ def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[st
     try:
         for _ in range(repeats):
             timer.seconds.clear()
-            with timed_int8_kernel(timer.seconds):
+            with timed_calls(timer.seconds):
                 total = _seconds(run, reset)
             parts.append(_parts(timer.seconds, total))
     finally:
@@ -120,10 +129,10 @@ def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[st
 
 
 def _parts(seconds: dict[str, float], total: float) -> dict[str, float]:
-    linear, attention = seconds.get("linear", 0.0), seconds.get("attention", 0.0)
-    inner = seconds.get("projections", 0.0)
+    linear = seconds.get("linear", 0.0)
+    attention = seconds.get("attention", 0.0) - seconds.get("projections", 0.0) + seconds.get("lean attention", 0.0)
     return {"matmuls": linear, "int8 kernel": seconds.get("int8 kernel", 0.0),
-            "attention": attention - inner, "other": total - linear - (attention - inner), "total": total}
+            "attention": attention, "other": total - linear - attention, "total": total}
 
 
 def _seconds(run, reset) -> float:

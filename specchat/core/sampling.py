@@ -32,15 +32,28 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     return torch.softmax(scaled, dim=-1)
 
 
+TOP_P_CANDIDATES = 1024  # the nucleus is looked for among this many tokens first (8× more if needed)
+
+
 def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of highest-probability tokens whose mass reaches top_p (ties kept)."""
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # [n, vocab]
-    drop_sorted = mass_before >= top_p
-    drop_sorted[..., 0] = False  # always keep the most likely token
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return scaled.masked_fill(drop, float("-inf"))
+    """Keep the highest-probability tokens until their mass reaches top_p, and any token tied with
+    the last one kept (so the set never depends on how a sort orders ties).
+
+    A full sort of a 152k vocabulary costs about 7 ms a row on a CPU; a nucleus is almost always far
+    smaller, so it is found among the top TOP_P_CANDIDATES first, widening only when it reaches their end.
+    """
+    probs = torch.softmax(scaled, dim=-1)
+    width = scaled.shape[-1]
+    k = min(TOP_P_CANDIDATES, width)
+    while True:
+        top = torch.topk(probs, k, dim=-1).values  # [n, k], descending
+        mass_before = torch.cumsum(top, dim=-1) - top
+        kept = (mass_before < top_p).sum(dim=-1, keepdim=True)  # [n, 1]; at least 1 (top_p > 0)
+        if k == width or bool((kept < k).all()):
+            break
+        k = min(width, k * 8)  # some row's nucleus may reach past the candidates
+    threshold = top.gather(-1, kept - 1)  # [n, 1] probability of the last token kept
+    return scaled.masked_fill(probs < threshold, float("-inf"))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
