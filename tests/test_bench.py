@@ -47,27 +47,31 @@ def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_dra
 
 TABLE = """\
 | setting | method | tok/s | × target | × target code | worst × target | × HF same drafter | × HF unquantized drafter | \
-acceptance | tok/step | c | bound | of bound | exact |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| greedy | specchat target-only | 3.50 | 1.00× | 1.00× | 1.00× | 0.70× | — | — | 1.00 | — | — | — | yes |
-| greedy | HF assisted γ4 | 5.00 | 1.46× | 1.67× | 1.25× | 1.00× | — | — | — | — | — | — | yes |
-| greedy | specchat γ4 | 7.75 | 2.25× | 2.50× | 2.00× | 1.55× | — | 70% | 3.00 | 0.15 | 2.50 | 90% | NO: chat |"""
+× llama.cpp | acceptance | tok/step | c | bound | of bound | exact |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| greedy | specchat target-only | 3.50 | 1.00× | 1.00× | 1.00× | 0.70× | — | 0.40× | — | 1.00 | — | — | — | yes |
+| greedy | HF assisted γ4 | 5.00 | 1.46× | 1.67× | 1.25× | 1.00× | — | 0.56× | — | — | — | — | — | yes |
+| greedy | specchat γ4 | 7.75 | 2.25× | 2.50× | 2.00× | 1.55× | — | 0.88× | 70% | 3.00 | 0.15 | 2.50 | 90% | NO: chat |
+| greedy | llama.cpp target-only | 9.00 | 1.00× | 1.00× | 1.00× | 1.80× | — | 1.00× | — | — | — | — | — | yes |"""
 
 
 def test_the_report_table_from_known_measurements():
-    """code: target-only 3 tok/s, HF 5, specchat 7.5; chat: 4, 5 and 8, where specchat's ids differ."""
+    """code: target-only 3 tok/s, HF 5, specchat 7.5, llama.cpp 10; chat: 4, 5, 8 and 8, where
+    specchat's ids differ. llama.cpp rows are compared with llama.cpp's own target-only."""
     methods = [Method("specchat target-only", "specchat", "target"), Method("HF assisted γ4", "hf", "assisted", 4),
-               Method("specchat γ4", "specchat", "spec", 4)]
+               Method("specchat γ4", "specchat", "spec", 4), Method("llama.cpp target-only", "llama.cpp", "target")]
     rows = {("greedy", m.name): bench.Row("greedy", m) for m in methods}
     same, other = (1, 2, 3), (1, 2, 4)
     bench._add_prompt_results(rows, "greedy", PROMPTS[0], {
         "specchat target-only": Measurement(same, 30, 10.0, tokens_per_step=1.0),
         "HF assisted γ4": Measurement(same, 30, 6.0),
-        "specchat γ4": Measurement(same, 30, 4.0, 0.6, 2.5, 0.2, 4.0, 2.0)}, greedy=True)
+        "specchat γ4": Measurement(same, 30, 4.0, 0.6, 2.5, 0.2, 4.0, 2.0),
+        "llama.cpp target-only": Measurement(other, 30, 3.0)}, greedy=True)
     bench._add_prompt_results(rows, "greedy", PROMPTS[1], {
         "specchat target-only": Measurement(same, 20, 5.0, tokens_per_step=1.0),
         "HF assisted γ4": Measurement(same, 20, 4.0),
-        "specchat γ4": Measurement(other, 20, 2.5, 0.8, 3.5, 0.1, 4.0, 3.0)}, greedy=True)
+        "specchat γ4": Measurement(other, 20, 2.5, 0.8, 3.5, 0.1, 4.0, 3.0),
+        "llama.cpp target-only": Measurement(other, 20, 2.5)}, greedy=True)
     assert markdown_table([bench.summarise(row) for row in rows.values()]) == TABLE.replace("\\\n", "")
 
 

@@ -16,6 +16,7 @@ from specchat.core.events import ReplyEnd
 from specchat.session.chat import render_prompt
 
 SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)
+LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
 UNQUANTIZED = " · unquantized drafter"  # name suffix: transformers with the drafter as shipped
 HF_GAMMAS = (4, 8)
 
@@ -23,12 +24,17 @@ HF_GAMMAS = (4, 8)
 @dataclass(frozen=True)
 class Method:
     name: str
-    kind: str                  # "specchat" | "hf"
+    kind: str                  # "specchat" | "hf" | "llama.cpp"
     mode: str                  # "target" | "spec" | "assisted"
     gamma: int | None = None   # None: not speculative; GAMMA_AUTO: specchat's auto gamma
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
     drafter: str = "loaded"    # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
     target: str = ""           # specchat: "" the configured target, else another quantization of it
+
+    @property
+    def baseline(self) -> str:
+        """The name of the row this method is compared with (and, greedy, must match)."""
+        return LLAMACPP_TARGET_ONLY if self.kind == "llama.cpp" else target_only_name(self.target)
 
     @property
     def gamma_label(self) -> str:
@@ -53,10 +59,11 @@ class Measurement:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def default_methods(cfg: Config, other_targets: tuple[str, ...] = ()) -> list[Method]:
+def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: bool = False) -> list[Method]:
     """Target-only both ways; with a drafter, transformers assisted generation on the same drafter
     (and on the unquantized drafter when the config quantizes it) and specchat at several gammas.
-    Each of `other_targets` (target quantizations) adds specchat's rows on that target."""
+    Each of `other_targets` (target quantizations) adds specchat's rows on that target; `llamacpp`
+    adds llama.cpp's target-only and speculative rows on the same GGUF files."""
     methods = [Method(target_only_name(""), "specchat", "target"),
                Method("HF generate target-only", "hf", "target")]
     if cfg.drafter.source:
@@ -67,6 +74,11 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = ()) -> list[Me
     for quantization in other_targets:
         methods.append(Method(target_only_name(quantization), "specchat", "target", target=quantization))
         methods += _specchat_spec(quantization) if cfg.drafter.source else []
+    if llamacpp:
+        from specchat.bench.llamacpp import GAMMAS
+        methods.append(Method(LLAMACPP_TARGET_ONLY, "llama.cpp", "target"))
+        methods += [Method(f"llama.cpp speculative γ{g}", "llama.cpp", "spec", g)
+                    for g in (GAMMAS if cfg.drafter.source else ())]
     return methods
 
 
@@ -93,7 +105,7 @@ def _hf_assisted(drafter: str, suffix: str) -> list[Method]:
 class Runner:
     def __init__(self, pair, methods: list[Method], system_prompt: str,
                  speculation: SpeculationConfig = SpeculationConfig(), unquantized_drafter=None,
-                 other_targets: dict | None = None):
+                 other_targets: dict | None = None, llamacpp=None):
         self.pair = pair
         self.drafters = {"loaded": pair.drafter, "unquantized": unquantized_drafter}
         self.speculation = speculation  # drafter_vocab, draft_confidence: as configured
@@ -103,6 +115,7 @@ class Runner:
         for quantization, model in (other_targets or {}).items():
             self.engines[quantization] = build_engine(dataclasses.replace(pair, target=model))
         self._assistant_defaults = copy.deepcopy(pair.drafter.generation_config) if pair.drafter else None
+        self.llamacpp = llamacpp  # a LlamaCppRunner when llama.cpp rows run
 
     @classmethod
     def load(cls, cfg: Config, methods: list[Method], console) -> "Runner":
@@ -118,7 +131,12 @@ class Runner:
             others = {m.target: load_model(dataclasses.replace(cfg.target, quantization=m.target),
                                            progress, role="target")[0]
                       for m in methods if m.target}
-        return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation, unquantized, others)
+            llamacpp = None
+            if any(m.kind == "llama.cpp" for m in methods):
+                from specchat.bench.llamacpp import LlamaCppRunner
+                status.update("loading the GGUF files into llama.cpp…")
+                llamacpp = LlamaCppRunner(cfg, torch.get_num_threads())
+        return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation, unquantized, others, llamacpp)
 
     @property
     def engine(self):
@@ -144,6 +162,9 @@ class Runner:
         ids = self.prompt_ids(prompt)
         if method.kind == "specchat":
             return self._specchat(method, ids, sampling)
+        if method.kind == "llama.cpp":
+            new, seconds = self.llamacpp.generate(ids, sampling, self.pair.eos_ids, method.gamma)
+            return Measurement(new, len(new), seconds)
         return self._hf(method, ids, sampling)
 
     def _specchat(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specchat.bench.methods import Measurement, Method, Runner, default_methods, target_only_name
+from specchat.bench.methods import LLAMACPP_TARGET_ONLY, Measurement, Method, Runner, default_methods
 from specchat.bench.turns import compare_reuse
 from specchat.config import QUANTIZATIONS, ConfigError, SamplingConfig, load_config
 from specchat.loading.errors import ModelLoadError
@@ -38,6 +38,7 @@ class Row:
     vs_target: list[float] = field(default_factory=list)
     vs_hf: list[float] = field(default_factory=list)           # vs the best HF assisted, same drafter
     vs_hf_unquantized: list[float] = field(default_factory=list)  # vs the best on the unquantized drafter
+    vs_llamacpp: list[float] = field(default_factory=list)     # vs llama.cpp target-only, same GGUF
     kinds: list[str] = field(default_factory=list)             # each prompt's kind (code, chat, ...)
     mismatches: list[str] = field(default_factory=list)
 
@@ -52,6 +53,8 @@ def parse_args(argv):
     parser.add_argument("--no-turns", action="store_true", help="skip the multi-turn time-to-first-token check")
     parser.add_argument("--other-targets", default="", metavar="QUANTIZATIONS",
                         help="also run specchat on the target quantized these ways, e.g. w8a8 or none")
+    parser.add_argument("--no-llamacpp", action="store_true",
+                        help="leave out llama.cpp's rows (they run when llama-cpp-python is installed)")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and PNG results")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
@@ -90,14 +93,16 @@ def _add_prompt_results(rows, setting, prompt: dict, results: dict[str, Measurem
     """Ratios and exactness of every method, each against target-only on its own target."""
     hf_same = _best_hf(rows, setting, results, "loaded")
     hf_unquantized = _best_hf(rows, setting, results, "unquantized")
+    llamacpp = results.get(LLAMACPP_TARGET_ONLY)
     for name, m in results.items():
         row = rows[(setting, name)]
-        base = results[target_only_name(row.method.target)]
+        base = results[row.method.baseline]
         row.measurements.append(m)
         row.kinds.append(prompt["kind"])
         row.vs_target.append(m.tokens_per_s / base.tokens_per_s)
         row.vs_hf.append(m.tokens_per_s / hf_same.tokens_per_s if hf_same else None)
         row.vs_hf_unquantized.append(m.tokens_per_s / hf_unquantized.tokens_per_s if hf_unquantized else None)
+        row.vs_llamacpp.append(m.tokens_per_s / llamacpp.tokens_per_s if llamacpp else None)
         if greedy and m.ids != base.ids:
             row.mismatches.append(prompt["name"])
 
@@ -116,7 +121,7 @@ def summarise(row: Row) -> dict:
         "vs_target": median(row.vs_target), "vs_hf_assisted": median(row.vs_hf),
         "vs_target_code": median([v for v, kind in zip(row.vs_target, row.kinds) if kind == "code"]),
         "worst_vs_target": min(row.vs_target, default=None),
-        "vs_hf_unquantized": median(row.vs_hf_unquantized),
+        "vs_hf_unquantized": median(row.vs_hf_unquantized), "vs_llamacpp": median(row.vs_llamacpp),
         "alpha": median([m.alpha for m in ms]), "tokens_per_step": median([m.tokens_per_step for m in ms]),
         "c": median([m.cost_ratio for m in ms]), "mean_gamma": median([m.mean_gamma for m in ms]),
         "predicted": median([m.predicted for m in ms]) if speculative else None,
@@ -135,6 +140,17 @@ def write_results(summaries: list[dict], meta: dict, out_dir: Path) -> tuple[Pat
     from specchat.bench.report import plot_speedups
     png_path = plot_speedups(summaries, out_dir / "speedup.png")
     return json_path, png_path
+
+
+def _llamacpp_available(cfg, console) -> bool:
+    from specchat.bench.llamacpp import unavailable
+    try:
+        reason = unavailable(cfg)
+    except ModelLoadError as err:
+        reason = f"llama.cpp rows skipped: {err}"
+    if reason:
+        console.print(reason)
+    return not reason
 
 
 def _fail(message: str) -> int:
@@ -160,8 +176,9 @@ def main(argv=None) -> int:
     if any(q not in QUANTIZATIONS or q == cfg.target.quantization for q in other_targets):
         return _fail(f"--other-targets takes quantizations other than the configured target's "
                      f"({', '.join(QUANTIZATIONS)}), got '{args.other_targets}'")
+    llamacpp = not args.no_llamacpp and _llamacpp_available(cfg, console)
     try:
-        runner = Runner.load(cfg, default_methods(cfg, other_targets), console)
+        runner = Runner.load(cfg, default_methods(cfg, other_targets, llamacpp), console)
     except ModelLoadError as err:
         return _fail(str(err))
     started = time.time()
