@@ -16,7 +16,8 @@ def test_default_config_is_the_bundled_pair():
     cfg = load_config()
     assert cfg.target.source == "bundled:qwen2.5-coder-1.5b-instruct"
     assert cfg.drafter.source == "bundled:qwen2.5-coder-0.5b-instruct"
-    assert (cfg.target.dtype, cfg.target.quantization, cfg.target.device) == ("auto", "none", "auto")
+    assert (cfg.target.dtype, cfg.target.quantization, cfg.target.device) == ("auto", "w8a8", "auto")
+    assert (cfg.drafter.quantization, cfg.target.backend, cfg.drafter.backend) == ("int8", "lean", "lean")
     assert cfg.speculation.mode == "spec" and cfg.speculation.gamma == GAMMA_AUTO and cfg.speculation.drafter_vocab == 32768
     assert cfg.sampling.is_greedy
 

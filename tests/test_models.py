@@ -451,7 +451,8 @@ def test_hub_id_without_network_says_how_to_work_offline(monkeypatch, tmp_path):
 def test_bundled_pair_greedy_speculation_equals_target_only():
     """Assembles and converts on the first run (minutes, float32 cache), then loads in seconds."""
     from specchat.config import load_config
-    cfg = load_config(None, ["target.dtype=float32", "drafter.dtype=float32"])
+    cfg = load_config(None, ["target.dtype=float32", "drafter.dtype=float32", "target.quantization=none",
+                             "target.backend=transformers"])
     pair = load_pair(cfg)
     assert pair.target_facts.name == "Qwen2.5-Coder-1.5B-Instruct"
     assert pair.drafter_facts.name == "Qwen2.5-Coder-0.5B-Instruct"
@@ -467,6 +468,21 @@ def test_bundled_pair_greedy_speculation_equals_target_only():
     assert len(spec) == 24
     assert spec == greedy_reply(pair, "target", ids, n=24)
     assert "def" in pair.tokenizer.decode(spec)
+
+
+@pytest.mark.slow
+def test_bundled_pair_as_the_chat_loads_it_is_exact_in_its_own_dtype():
+    """The default config (w8a8 target, int8 drafter, lean forwards): speculative == target-only for
+    gamma 1, 4 and 8 over a longer reply, with no float32 anywhere but where the chat uses it."""
+    from specchat.config import load_config
+    pair = load_pair(load_config(None, []))
+    assert pair.target_facts.backend == pair.drafter_facts.backend == "lean"
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "Explain what a Python generator is, with an example."}]
+    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"]
+    target_only = greedy_reply(pair, "target", ids, n=48)
+    assert all(greedy_reply(pair, "spec", ids, n=48, gamma=g) == target_only for g in (1, 4, 8))
 
 
 def test_unknown_context_length_asks_for_ui_context_limit():
@@ -498,3 +514,14 @@ def test_broken_local_checkpoints_are_one_line_errors(tmp_path, tok):
     with pytest.raises(ModelLoadError, match="cannot load the tokenizer of weights-only from") as err:
         load_model(ModelConfig(source=str(weights_only), dtype="float32"))
     assert "\n" not in str(err.value)
+
+
+def test_w8a8_off_the_cpu_loads_unquantized_with_one_notice():
+    from specchat.config import ModelConfig
+    from specchat.loading.models import runnable_quantization
+    notices = []
+    mc = ModelConfig(source="bundled:x", quantization="w8a8")
+    on_gpu = runnable_quantization(mc, torch.device("cuda", 0), "target", lambda m, f: notices.append(m))
+    assert on_gpu.quantization == "none" and notices == [
+        "target: quantization w8a8 runs on the CPU only; loading it unquantized on cuda:0"]
+    assert runnable_quantization(mc, torch.device("cpu"), "target") is mc

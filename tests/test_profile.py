@@ -73,9 +73,12 @@ def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_
         assert row["int8 kernel"] == 0  # no w8a8 layer in these models
 
 
-def test_the_int8_kernel_is_timed_inside_the_matmuls_of_a_w8a8_model(target, tokenizer):
+@pytest.mark.parametrize("forward", ["transformers", "lean"])
+def test_the_int8_kernel_is_timed_inside_the_matmuls_of_a_w8a8_model(target, tokenizer, forward):
     model = copy.deepcopy(target).float()
     quantize_w8a8(model)
+    if forward == "lean":  # q/k/v and gate/up run through w8a8.same_input, not their modules
+        kvcache.attach_lean(model)
     pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})
     rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0,
                                 repeats=2)

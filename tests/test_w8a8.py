@@ -81,6 +81,18 @@ def test_a_w8a8_linear_is_batch_invariant_and_close_to_the_float_product(passes)
     assert relative < (0.02 if passes == 1 else 0.01)
 
 
+@pytest.mark.parametrize("passes", [1, 2])
+def test_layers_reading_one_input_share_its_mapping_bitwise(passes):
+    from specchat.core.w8a8 import same_input
+    generator = torch.Generator().manual_seed(4)
+    layers = [W8A8Linear.from_weight(torch.randn(out, 96, generator=generator), torch.randn(out, generator=generator),
+                                     passes) for out in (96, 32, 32)]
+    x = torch.randn(1, 5, 96, generator=generator)
+    assert all(torch.equal(shared, layer(x)) for shared, layer in zip(same_input(layers, x), layers))
+    mixed = [layers[0], torch.nn.Linear(96, 8)]  # not all w8a8: each layer on its own
+    assert torch.equal(same_input(mixed, x)[1], mixed[1](x))
+
+
 def test_two_activation_passes_are_more_accurate_on_heavy_tailed_rows():
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(256, 512, generator=generator)

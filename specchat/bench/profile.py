@@ -44,6 +44,7 @@ class PartTimer:
         self.seconds: dict[str, float] = defaultdict(float)
         self._starts: dict[int, float] = {}
         self._in_attention = 0
+        self.in_shared = 0  # inside w8a8.same_input, timed as a whole as "linear"
         self._handles = []
         for module in {id(m): m for root in modules for m in root.modules()}.values():
             kind = _kind(module)
@@ -60,6 +61,8 @@ class PartTimer:
     def _leave(self, kind: str):
         def hook(module, _args, _out) -> None:
             elapsed = time.perf_counter() - self._starts.pop(id(module))
+            if kind == "linear" and self.in_shared:
+                return
             self.seconds[kind] += elapsed
             if kind == "attention":
                 self._in_attention -= 1
@@ -83,15 +86,20 @@ def _kind(module: nn.Module) -> str | None:
 
 
 @contextmanager
-def timed_function(owner, name: str, seconds: dict[str, float], key: str):
-    """Count the time of calls to `owner.name` (a module-level function) into seconds[key]."""
+def timed_function(owner, name: str, seconds: dict[str, float], key: str, timer: PartTimer | None = None):
+    """Count the time of calls to `owner.name` (a module-level function) into seconds[key]; with a
+    timer, linear modules called inside are not counted again."""
     original = getattr(owner, name)
 
     def timed(*args, **kwargs):
         start = time.perf_counter()
+        if timer:
+            timer.in_shared += 1
         try:
             return original(*args, **kwargs)
         finally:
+            if timer:
+                timer.in_shared -= 1
             seconds[key] += time.perf_counter() - start
     setattr(owner, name, timed)
     try:
@@ -101,10 +109,13 @@ def timed_function(owner, name: str, seconds: dict[str, float], key: str):
 
 
 @contextmanager
-def timed_calls(seconds: dict[str, float]):
-    """w8a8's int8×int8 kernel calls, and the lean forward's attention (it calls no attention module)."""
+def timed_calls(timer: PartTimer):
+    """w8a8's int8×int8 kernel calls; the lean forward's attention (it calls no attention module) and
+    its linear layers that share one input (they skip their modules' forward)."""
+    seconds = timer.seconds
     with timed_function(w8a8, "_int8_product", seconds, "int8 kernel"), \
-            timed_function(lean, "batch_invariant_attention", seconds, "lean attention"):
+            timed_function(lean, "batch_invariant_attention", seconds, "lean attention"), \
+            timed_function(lean, "same_input", seconds, "linear", timer):
         yield
 
 
@@ -118,7 +129,7 @@ def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[st
     try:
         for _ in range(repeats):
             timer.seconds.clear()
-            with timed_calls(timer.seconds):
+            with timed_calls(timer):
                 total = _seconds(run, reset)
             parts.append(_parts(timer.seconds, total))
     finally:

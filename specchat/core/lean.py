@@ -8,7 +8,8 @@ and instead:
   tokens, written in place; rolling back moves a length. It grows by doubling when full;
 - rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
 - a causal mask computed once and sliced; a one-token step needs none;
-- the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are.
+- the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
+- w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once.
 Other architectures (and models with biases or norms where Llama has none) keep the transformers path.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from specchat.core.invariant_attention import batch_invariant_attention
+from specchat.core.w8a8 import same_input
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 FIRST_CAPACITY = 1024
@@ -124,9 +126,10 @@ class LeanForward:
         attention = layer.self_attn
         normed = layer.input_layernorm(hidden)
         fed = hidden.shape[1]
-        query = attention.q_proj(normed).view(fed, self.heads, self.head_dim).transpose(0, 1)
-        key = attention.k_proj(normed).view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
-        value = attention.v_proj(normed).view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
+        query, key, value = same_input([attention.q_proj, attention.k_proj, attention.v_proj], normed)
+        query = query.view(fed, self.heads, self.head_dim).transpose(0, 1)
+        key = key.view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
+        value = value.view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
         end = start + fed
         cache.keys[index][:, start:end] = key
@@ -134,7 +137,9 @@ class LeanForward:
         out, _ = batch_invariant_attention(attention, query[None], cache.keys[index][None, :, :end],
                                            cache.values[index][None, :, :end], mask, self.scaling)
         hidden = hidden + attention.o_proj(out.reshape(1, fed, -1))
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        mlp = layer.mlp
+        gate, up = same_input([mlp.gate_proj, mlp.up_proj], layer.post_attention_layernorm(hidden))
+        return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

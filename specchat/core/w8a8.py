@@ -58,40 +58,67 @@ _STEP = torch.tensor(2.0) / 255  # the kernel's activation step once the tensor'
 _LEVELS = 127.0                   # each row spans −127…127 of those steps: the grid's ends are exact
 
 
+_BOUNDS: dict[int, torch.Tensor] = {}  # by input width: the two constant rows +1 and −1
+
+
+def _bounds(width: int) -> torch.Tensor:
+    if width not in _BOUNDS:
+        _BOUNDS[width] = torch.tensor([[1.0], [-1.0]]).expand(2, width)
+    return _BOUNDS[width]
+
+
+def _on_grid(x: torch.Tensor, rounded: bool):
+    """Each row of x as centre + scale · unit with unit within ±127 steps of the kernel's grid:
+    (unit, scale, centre, levels), where levels are the rounded steps when `rounded`."""
+    low, high = torch.aminmax(x, dim=1, keepdim=True)
+    centre = (high + low) * 0.5
+    step = ((high - low) * (0.5 / _LEVELS)).clamp_(min=1e-30)  # a row spans ±127 steps
+    levels = (x - centre).div_(step)
+    levels = levels.round_().clamp_(-_LEVELS, _LEVELS) if rounded else levels.clamp_(-_LEVELS, _LEVELS)
+    return levels * _STEP, step / _STEP, centre, (levels, step)
+
+
+def map_rows(x: torch.Tensor, passes: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """x [M, in] float32 → one (kernel rows [M+2, in], scale [M, 1], centre [M, 1]) per pass.
+
+    One pass: the kernel rounds; ±127 steps land exactly on its grid's ends. Two passes: each row is
+    first snapped to 255 levels of its own range, on exactly the grid the kernel quantizes to, so what
+    the kernel multiplies is known; the rounding residual of every row then gets a range of its own.
+    """
+    bounds = _bounds(x.shape[1])
+    unit, scale, centre, (levels, step) = _on_grid(x, rounded=passes > 1)
+    mapped = [(torch.cat([unit, bounds]), scale, centre)]
+    if passes > 1:
+        residual = x - centre - levels * step  # what the rounding lost, per element
+        unit, scale, centre, _ = _on_grid(residual, rounded=False)
+        mapped.append((torch.cat([unit, bounds]), scale, centre))
+    return mapped
+
+
 class FixedRangeProduct:
     """x [M, in] float32 → W x [M, out] float32 through the int8×int8 kernel, batch-invariant.
 
-    With `passes=2` each row is first snapped to 255 levels of its own range, on exactly the grid
-    the kernel quantizes to, so what the kernel multiplies is known; the rounding residual of every
-    row then gets a second product of its own range: about 16-bit activations, for heavy-tailed
-    inputs (the MLP's output projection).
+    `passes=2` gives about 16-bit activations, for heavy-tailed inputs (the MLP, the head); see map_rows.
     """
 
     def __init__(self, block: Int8Block, passes: int = 1, packs: list | None = None):
         self._packs = packs if packs is not None else pack_rows(block)
         self.row_sums = block.row_sums
-        self._bounds = torch.tensor([[1.0], [-1.0]]).expand(2, block.weight.shape[1])
         self.passes = passes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        low, high = torch.aminmax(x, dim=1, keepdim=True)
-        centre = (high + low) * 0.5
-        step = ((high - low) * (0.5 / _LEVELS)).clamp_(min=1e-30)  # a row spans ±127 steps
-        if self.passes == 1:  # the kernel rounds; ±127 steps land exactly on its grid's ends
-            unit = (x - centre).div_(step).clamp_(-_LEVELS, _LEVELS).mul_(_STEP)
-            return self._product(unit, step / _STEP, centre)
-        levels = (x - centre).div_(step).round_().clamp_(-_LEVELS, _LEVELS)
-        y = self._product(levels * _STEP, step / _STEP, centre)
-        residual = x - centre - levels * step  # what the rounding lost, per element
-        low, high = torch.aminmax(residual, dim=1, keepdim=True)
-        centre = (high + low) * 0.5
-        step = ((high - low) * (0.5 / _LEVELS)).clamp_(min=1e-30)
-        unit = (residual - centre).div_(step).clamp_(-_LEVELS, _LEVELS).mul_(_STEP)
-        return y + self._product(unit, step / _STEP, centre)
+        return self.apply(map_rows(x, self.passes))
 
-    def _product(self, unit: torch.Tensor, scale: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
-        """W x for rows x = centre + scale · unit, with unit on the kernel's grid of step _STEP."""
-        rows = torch.cat([unit, self._bounds])
+    def apply(self, mapped) -> torch.Tensor:
+        """W x from map_rows(x, passes): the passes' products, summed in order."""
+        y = None
+        for rows, scale, centre in mapped:
+            part = self._product(rows, scale, centre)
+            y = part if y is None else y + part
+        return y
+
+    def _product(self, rows: torch.Tensor, scale: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
+        """W x for x = centre + scale · unit, from the rows [unit; +1; −1] on the kernel's grid."""
         if len(self._packs) == 1:
             product = _int8_product(rows, self._packs[0])[:-2]
         else:
@@ -120,7 +147,11 @@ class W8A8Linear(nn.Module):
         return W8A8Linear(self.block.rows(index), bias, self.passes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._product(x.reshape(-1, self.in_features).float())
+        return self.from_mapped(map_rows(x.reshape(-1, self.in_features).float(), self.passes), x)
+
+    def from_mapped(self, mapped, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for input x, whose rows map_rows has already mapped."""
+        y = self._product.apply(mapped)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -128,6 +159,17 @@ class W8A8Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"int8 weights × int8 activations, {self.passes} pass(es)")
+
+
+def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of layers that all read x; W8A8Linear layers with the same number of passes share
+    one mapping of x's rows (q/k/v, gate/up), bitwise the same as calling each layer."""
+    first = layers[0]
+    shared = all(isinstance(layer, W8A8Linear) and layer.passes == first.passes for layer in layers)
+    if not shared:
+        return [layer(x) for layer in layers]
+    mapped = map_rows(x.reshape(-1, first.in_features).float(), first.passes)
+    return [layer.from_mapped(mapped, x) for layer in layers]
 
 
 ONE_PASS_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj")  # attention projections: 8-bit is enough

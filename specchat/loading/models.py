@@ -6,6 +6,7 @@ transformers cache). Every failure is a ModelLoadError whose message is one line
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass
@@ -89,6 +90,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     start = time.perf_counter()
     source = resolve_source(mc.source)
     device = resolve_device(mc.device)
+    mc = runnable_quantization(mc, device, role, progress)
     dtype = resolve_dtype(mc.dtype, device)
     kwargs = placement_kwargs(mc, role, device, dtype)
     checkpoint = checkpoint_for(source, mc, dtype, progress)
@@ -115,6 +117,15 @@ def _backend(model, backend: str) -> str:
     return f"transformers ({reason})" if reason else "lean"
 
 
+def runnable_quantization(mc: ModelConfig, device: torch.device, role: str,
+                          progress: Progress | None = None) -> ModelConfig:
+    """w8a8 runs on fbgemm, a CPU kernel: elsewhere the model loads unquantized, with one notice."""
+    if mc.quantization != "w8a8" or device.type == "cpu":
+        return mc
+    report(progress, f"{role}: quantization w8a8 runs on the CPU only; loading it unquantized on {device}", None)
+    return dataclasses.replace(mc, quantization="none")
+
+
 def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtype: torch.dtype,
                             label: str, progress: Progress | None) -> None:
     """specchat's own int8 modes, cached once quantized: weight-only int8, or int8×int8 with
@@ -122,10 +133,6 @@ def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtyp
     if mc.quantization not in ("int8", "w8a8"):
         return
     from specchat.loading import quantized_cache
-    device = next(model.parameters()).device.type
-    if mc.quantization == "w8a8" and device != "cpu":
-        raise ModelLoadError(f"quantization = \"w8a8\" runs on the CPU only (fbgemm); on {device} "
-                             f"use int8, 8bit or 4bit")
     path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype), mc.quantization)
     notice = quantized_cache.quantize_with_cache(model, path, label, mc.quantization, progress)
     if notice:
