@@ -521,7 +521,7 @@ def test_w8a8_off_the_cpu_loads_unquantized_with_one_notice():
     from specchat.loading.models import runnable_quantization
     notices = []
     mc = ModelConfig(source="bundled:x", quantization="w8a8")
-    on_gpu = runnable_quantization(mc, torch.device("cuda", 0), "target", lambda m, f: notices.append(m))
+    on_gpu = runnable_quantization(mc, "cuda:0", "target", lambda m, f: notices.append(m))
     assert on_gpu.quantization == "none" and notices == [
         "target: quantization w8a8 runs on the CPU only; loading it unquantized on cuda:0"]
-    assert runnable_quantization(mc, torch.device("cpu"), "target") is mc
+    assert runnable_quantization(mc, "cpu", "target") is mc  # as resolve_device names devices

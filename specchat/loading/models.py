@@ -117,10 +117,10 @@ def _backend(model, backend: str) -> str:
     return f"transformers ({reason})" if reason else "lean"
 
 
-def runnable_quantization(mc: ModelConfig, device: torch.device, role: str,
+def runnable_quantization(mc: ModelConfig, device: str, role: str,
                           progress: Progress | None = None) -> ModelConfig:
     """w8a8 runs on fbgemm, a CPU kernel: elsewhere the model loads unquantized, with one notice."""
-    if mc.quantization != "w8a8" or device.type == "cpu":
+    if mc.quantization != "w8a8" or torch.device(device).type == "cpu":
         return mc
     report(progress, f"{role}: quantization w8a8 runs on the CPU only; loading it unquantized on {device}", None)
     return dataclasses.replace(mc, quantization="none")
