@@ -4,14 +4,14 @@ from __future__ import annotations
 import json
 
 import matplotlib.pyplot as plt
-
+import pytest
 import torch
 
 from specchat.bench.tiny_models import build_model
 from specchat.bench import suite as bench
 from specchat.bench.methods import Measurement, Method, Runner, default_methods
 from specchat.bench.report import markdown_table
-from specchat.config import Config, with_value
+from specchat.config import Config, ConfigError, with_value
 from specchat.loading.models import LoadedPair, ModelFacts
 
 PROMPTS = [{"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},
@@ -175,3 +175,10 @@ def test_the_lookup_ablation_variant_differs_from_the_default_levers(target, sim
                        ["lookup"])
     assert list(runners) == [BASELINE, "+ prompt lookup"]
     assert [r.speculation.prompt_lookup for r in runners.values()] == [False, True]
+
+
+def test_only_picks_prompts_by_name_and_names_the_unknown_ones():
+    names = [p["name"] for p in bench.load_prompts(None, False, "explain-gil, linked-list")]
+    assert names == ["linked-list", "explain-gil"]  # the prompt set's own order
+    with pytest.raises(ConfigError, match="no prompt called nope"):
+        bench.load_prompts(None, False, "linked-list,nope")

@@ -89,7 +89,8 @@ def plot_speedups(rows: list[dict], path: Path) -> Path | None:
 
 
 def _plot_setting(ax, rows: list[dict], setting: str) -> None:
-    fixed = [r for r in rows if r["method"].startswith("specchat γ") and r["gamma"] != "auto"]
+    fixed = [r for r in rows if r["method"].startswith("specchat γ") and r["gamma"] != "auto"
+             and " · " not in r["method"]]  # the configured target's rows only, not another target's
     gammas = [int(r["gamma"]) for r in fixed]
     ax.plot(gammas, [r["vs_target"] for r in fixed], "o-", label="specchat measured")
     ax.plot(gammas, [r["predicted"] for r in fixed], "s--", label="Leviathan bound (measured α per draft, c)")

@@ -48,6 +48,7 @@ def parse_args(argv):
     parser.add_argument("--config", help="model pair TOML (default: the bundled pair)")
     parser.add_argument("--prompts", help=f"prompt set JSON (default: {PROMPTS_FILE.name} in the package)")
     parser.add_argument("--quick", action="store_true", help="2 prompts, 64 tokens: a few minutes")
+    parser.add_argument("--only", default="", metavar="NAMES", help="only these prompts, by name (comma-separated)")
     parser.add_argument("--max-new", type=int, default=None, help="new tokens per reply (default 128, quick 64)")
     parser.add_argument("--settings", default="greedy,sampled", help="greedy,sampled or one of them")
     parser.add_argument("--no-turns", action="store_true", help="skip the multi-turn time-to-first-token check")
@@ -60,8 +61,15 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def load_prompts(path: str | None, quick: bool) -> list[dict]:
+def load_prompts(path: str | None, quick: bool, only: str = "") -> list[dict]:
     prompts = json.loads(Path(path or PROMPTS_FILE).read_text())
+    names = [name.strip() for name in only.split(",") if name.strip()]
+    if names:
+        unknown = sorted(set(names) - {p["name"] for p in prompts})
+        if unknown:
+            raise ConfigError(f"--only names no prompt called {', '.join(unknown)} "
+                              f"(there are {', '.join(p['name'] for p in prompts)})")
+        prompts = [p for p in prompts if p["name"] in names]
     if quick:
         code = [p for p in prompts if p["kind"] == "code"][:1]
         other = [p for p in prompts if p["kind"] != "code"][:1]
@@ -165,7 +173,7 @@ def main(argv=None) -> int:
     console = Console(stderr=False)
     try:
         cfg = load_config(args.config, args.overrides)
-        prompts = load_prompts(args.prompts, args.quick)
+        prompts = load_prompts(args.prompts, args.quick, args.only)
     except (ConfigError, OSError, json.JSONDecodeError) as err:
         return _fail(str(err))
     max_new = args.max_new or (64 if args.quick else 128)
