@@ -40,13 +40,18 @@ def exact_first_two(target, ids, sampling) -> dict[tuple[int, int], float]:
 
 
 def empirical_first_two(engine, ids, gamma, drafter_vocab=0) -> Counter:
-    counts = Counter()
+    """The first two tokens of RUNS seeded replies of gamma + 1 tokens, so that the first step really
+    drafts gamma tokens (a 2-token reply caps the draft at 1): rejections at every draft position, and
+    second tokens that follow a rollback, are all counted."""
+    counts, drafted_at = Counter(), Counter()
     speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab)
     for seed in range(RUNS):
-        sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed})
+        sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed, "max_new_tokens": max(2, gamma + 1)})
         done = [e for e in engine.stream(ids, sampling, speculation)][-1]
-        assert isinstance(done, ReplyDone) and len(done.ids) == 2
-        counts[tuple(done.ids)] += 1
+        assert isinstance(done, ReplyDone) and len(done.ids) == max(2, gamma + 1)
+        counts[tuple(done.ids[:2])] += 1
+        drafted_at.update(dict(enumerate(done.stats.per_position_drafted, start=1)))
+    assert max(drafted_at) == gamma and drafted_at[gamma] >= RUNS // 2  # the drafts ran to gamma
     return counts
 
 
