@@ -63,6 +63,14 @@ def test_the_lean_cache_is_static_and_rolls_back_by_moving_a_length(target, toke
         kvcache.crop_to(cache, 13)
 
 
+def test_the_causal_mask_covers_only_the_rows_fed(target):
+    forward = lean_copy(target).specchat_lean
+    assert forward._causal_mask(start=500, fed=1) is None
+    mask = forward._causal_mask(start=10, fed=3)[0, 0]  # [3, 13], not [capacity, capacity]
+    assert mask.shape == (3, 13)
+    assert [int((row == 0).sum()) for row in mask] == [11, 12, 13]  # row i sees keys 0 … 10+i
+
+
 def test_the_lean_cache_grows_past_its_first_capacity(target, tokenizer, monkeypatch):
     monkeypatch.setattr(lean, "FIRST_CAPACITY", 8)
     ids = prompt_ids(tokenizer, TEXT)

@@ -7,7 +7,7 @@ and instead:
 - a static KV cache per model: one key and one value tensor per layer with room for `capacity`
   tokens, written in place; rolling back moves a length. It grows by doubling when full;
 - rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
-- a causal mask computed once and sliced; a one-token step needs none;
+- a causal mask of only the rows fed (a one-token step needs none);
 - the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once.
 Other architectures (and models with biases or norms where Llama has none) keep the transformers path.
@@ -81,7 +81,7 @@ class LeanForward:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scaling = self.head_dim ** -0.5
         self.device = self.embed.weight.device
-        self._cos = self._sin = self._mask = None
+        self._cos = self._sin = None
 
     # ----- tables computed once (regrown with the cache) ------------------------------------------
     def empty_kv(self, capacity: int) -> list[torch.Tensor]:
@@ -104,8 +104,15 @@ class LeanForward:
         probe = torch.zeros(1, dtype=self._kv_dtype, device=self.device)
         cos, sin = self.rotary(probe, positions)  # the model's own rotary module: the same values
         self._cos, self._sin = cos[0], sin[0]     # [capacity, head_dim]
-        blocked = torch.full((capacity, capacity), torch.finfo(self._kv_dtype).min, device=self.device)
-        self._mask = torch.triu(blocked, diagonal=1).to(self._kv_dtype)  # row i sees keys ≤ i
+
+    def _causal_mask(self, start: int, fed: int) -> torch.Tensor | None:
+        """[1, 1, fed, start+fed]: row i sees keys ≤ start+i. A one-token step needs none; a square
+        table for the whole capacity would take capacity² floats (4 GB at 32k tokens)."""
+        if fed == 1:
+            return None
+        blocked = torch.full((fed, start + fed), torch.finfo(self._kv_dtype).min, device=self.device,
+                             dtype=self._kv_dtype)
+        return torch.triu(blocked, diagonal=start + 1)[None, None]
 
     # ----- the forward --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -114,7 +121,7 @@ class LeanForward:
         cache.make_room(start + fed)
         self._tables(cache.capacity)
         cos, sin = self._cos[start:start + fed], self._sin[start:start + fed]  # [fed, head_dim]
-        mask = None if fed == 1 else self._mask[None, None, start:start + fed, :start + fed]
+        mask = self._causal_mask(start, fed)
         hidden = self.embed(input_ids)  # [1, fed, hidden]
         for index, layer in enumerate(self.layers):
             hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
