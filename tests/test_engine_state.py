@@ -91,3 +91,22 @@ def test_streamed_text_equals_decode_of_the_reply(target, unrelated_drafter_mode
     streamed = "".join(e.text for e in events if isinstance(e, Token))
     assert streamed == done.text == tokenizer.decode(list(done.ids), skip_special_tokens=True)
     assert "\ufffd" not in streamed or "\ufffd" in done.text
+
+
+@pytest.mark.parametrize("mode,gamma", [("spec", 3), ("target", 0)])
+def test_a_prompt_gets_a_target_forward_of_its_own_before_any_draft(target, similar_drafter_model, tokenizer,
+                                                                   monkeypatch, mode, gamma):
+    """The prompt's rows never share a forward with drafts, so a batch-invariant target caches the
+    prompt bitwise the same in speculative and target-only decoding, however long the prompt is."""
+    import specchat.core.step as step
+    fed, original = [], step.kvcache.forward_tensor
+    monkeypatch.setattr(step.kvcache, "forward_tensor", lambda model, cache, ids, keep: (
+        fed.append(ids.shape[1]) if model is target else None) or original(model, cache, ids, keep))
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    ids = prompt_ids(tokenizer, "for i in range(10):\n    print(i")
+    history = ids + list(run_reply(engine, ids, gamma=gamma, mode=mode)[1].ids) + prompt_ids(tokenizer, " The quick brown fox jumps")
+    assert fed[:2] == [len(ids) - 1, 1 + gamma]  # the prompt but its last token, then that token + drafts
+    fed.clear()
+    new_turn = len(history) - engine.target_seen
+    run_reply(engine, history, gamma=gamma, mode=mode)
+    assert new_turn > 2 and fed[:2] == [new_turn - 1, 1 + gamma]  # a follow-up turn: the same, after the reuse

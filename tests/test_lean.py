@@ -63,6 +63,16 @@ def test_the_lean_cache_is_static_and_rolls_back_by_moving_a_length(target, toke
         kvcache.crop_to(cache, 13)
 
 
+def test_a_long_prompt_fed_in_pieces_gives_the_same_logits(target, tokenizer, monkeypatch):
+    ids = prompt_ids(tokenizer, TEXT)
+    model = lean_copy(target)
+    whole = logits_in_pieces(model, ids, 3, [27])
+    monkeypatch.setattr(lean, "PREFILL_CHUNK", 4)  # 27 tokens: 7 pieces, the last one 3 tokens long
+    pieces = logits_in_pieces(model, ids, 3, [27])
+    assert pieces.shape == whole.shape == (27, target.config.vocab_size)
+    assert torch.allclose(pieces, whole, atol=1e-4, rtol=0)
+
+
 def test_the_causal_mask_covers_only_the_rows_fed(target):
     forward = lean_copy(target).specchat_lean
     assert forward._causal_mask(start=500, fed=1) is None

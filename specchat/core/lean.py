@@ -7,7 +7,7 @@ and instead:
 - a static KV cache per model: one key and one value tensor per layer with room for `capacity`
   tokens, written in place; rolling back moves a length. It grows by doubling when full;
 - rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
-- a causal mask of only the rows fed (a one-token step needs none);
+- a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces;
 - the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once.
 Other architectures (and models with biases or norms where Llama has none) keep the transformers path.
@@ -22,6 +22,7 @@ from specchat.core.w8a8 import same_input
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 FIRST_CAPACITY = 1024
+PREFILL_CHUNK = 512  # tokens per piece of a long prompt
 
 
 def supports(model: nn.Module) -> str:
@@ -117,6 +118,18 @@ class LeanForward:
     # ----- the forward --------------------------------------------------------------------------------
     @torch.inference_mode()
     def __call__(self, cache: LeanCache, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
+        """Logits [keep, vocab] (or final hidden states) of the last `keep` positions fed. A long
+        prompt is fed in pieces of PREFILL_CHUNK tokens: attention scores for n tokens at once take
+        n² floats per head (43 GB for 30k tokens on the bundled target)."""
+        tail = None
+        for piece in input_ids.split(PREFILL_CHUNK, dim=1):
+            hidden = self._decode(cache, piece)
+            tail = hidden if tail is None else torch.cat([tail, hidden], dim=1)[:, -keep:]
+        hidden = self.norm(tail[:, -keep:])
+        return self.head(hidden)[0] if head else hidden[0]
+
+    def _decode(self, cache: LeanCache, input_ids: torch.Tensor) -> torch.Tensor:
+        """The decoder layers over input_ids [1, fed] after the cache: hidden states [1, fed, hidden]."""
         start, fed = cache.length, input_ids.shape[1]
         cache.make_room(start + fed)
         self._tables(cache.capacity)
@@ -126,8 +139,7 @@ class LeanForward:
         for index, layer in enumerate(self.layers):
             hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
         cache.length = start + fed
-        hidden = self.norm(hidden[:, -keep:])
-        return self.head(hidden)[0] if head else hidden[0]
+        return hidden
 
     def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int):
         attention = layer.self_attn

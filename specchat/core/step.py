@@ -1,7 +1,9 @@
 """One speculative step as a pure function of the models, their caches and the committed ids.
 
 `speculative_step` drafts with the drafter, scores the pending token plus every draft with one
-target forward, and applies the rejection rule. It returns what happened (tokens, origins, rejected
+target forward, and applies the rejection rule. A prompt not yet in the target's cache is fed in a
+forward of its own first, so that its rows never share a forward with drafts: with a batch-invariant
+target the prompt's cache is then bitwise the same in speculative and target-only decoding. It returns what happened (tokens, origins, rejected
 drafts, timings) and leaves committing, cache rollback and bookkeeping to the Engine, as gpt-fast's
 `speculative_decode` does. The target's cache then holds every fed token; the Engine crops it.
 """
@@ -57,13 +59,15 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
     drafted = drafts.shape[0]
     pending = torch.tensor([ids[kvcache.cache_length(cache):]], dtype=torch.long, device=device)
-    feed = torch.cat([pending, drafts.view(1, -1)], dim=1)  # [1, pending + drafted]
     start = time.perf_counter()
+    if pending.shape[1] > 1:  # the prompt alone first: the same forward whether drafts follow or not
+        kvcache.forward_tensor(target, cache, pending[:, :-1], keep=1)
+    feed = torch.cat([pending[:, -1:], drafts.view(1, -1)], dim=1)  # [1, 1 + drafted]
     logits = kvcache.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
     verdict = _verify(drafts, draft, logits, sampling, generator)
     seconds = time.perf_counter() - start
-    return _result(drafts.tolist(), verdict, draft, seconds, feed.shape[1])
+    return _result(drafts.tolist(), verdict, draft, seconds, pending.shape[1] + drafted)
 
 
 def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig,
