@@ -10,7 +10,7 @@ and instead:
 - a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces;
 - the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once.
-Other architectures (and models with biases or norms where Llama has none) keep the transformers path.
+Other architectures, sliding-window models and models spread over several devices keep the transformers path.
 """
 from __future__ import annotations
 
