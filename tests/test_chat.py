@@ -37,6 +37,32 @@ def test_prompt_is_the_chat_template_with_system_prompt(session, tokenizer):
     assert tokenizer.decode(session.last_prompt_ids).endswith("<|im_start|>assistant\n")
 
 
+GEMMA_LIKE = (  # gemma's template: no system role, user/model turns
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user_turn(tokenizer):
+    import copy
+    from specchat.session.chat import render_prompt
+    gemma_like = copy.deepcopy(tokenizer)
+    gemma_like.chat_template = GEMMA_LIKE
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
+                {"role": "user", "content": "again"}]
+    ids = render_prompt(gemma_like, "Be brief.", messages)
+    assert gemma_like.decode(ids) == ("<start_of_turn>user\nBe brief.\n\nhello<end_of_turn>\n<start_of_turn>model\n"
+                                      "hi<end_of_turn>\n<start_of_turn>user\nagain<end_of_turn>\n<start_of_turn>model\n")
+    assert messages[0]["content"] == "hello"  # the history itself is untouched
+    from jinja2 import TemplateError
+    broken = copy.deepcopy(tokenizer)
+    broken.chat_template = "{{ raise_exception('broken') }}"
+    with pytest.raises(TemplateError):  # a template that fails for another reason still says so
+        render_prompt(broken, "", messages)
+
+
 def test_history_grows_and_the_next_prompt_extends_the_last(session):
     _, first = reply(session, "hello")
     first_prompt = list(session.last_prompt_ids)

@@ -22,9 +22,29 @@ CompareFn = Callable[["ChatSession", list[int], ReplyDone, threading.Event], Ite
 
 def render_prompt(tokenizer, system_prompt: str, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of the system prompt (if any) + messages + the assistant's generation prompt, in the
-    tokenizer's chat template. The chat and the benchmark both build their prompts here."""
+    tokenizer's chat template. The chat and the benchmark both build their prompts here. A template
+    that rejects the system role (gemma's) gets the system text at the top of the first user turn."""
+    from jinja2 import TemplateError
     conversation = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    encoded = tokenizer.apply_chat_template(conversation + messages, add_generation_prompt=True,
+    try:
+        return _encode(tokenizer, conversation + messages)
+    except TemplateError:
+        if not system_prompt:
+            raise
+        return _encode(tokenizer, _system_folded(system_prompt, messages))
+
+
+def _system_folded(system_prompt: str, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    folded = [dict(message) for message in messages]
+    first_user = next((m for m in folded if m["role"] == "user"), None)
+    if first_user is None:
+        return [{"role": "user", "content": system_prompt}] + folded
+    first_user["content"] = f"{system_prompt}\n\n{first_user['content']}"
+    return folded
+
+
+def _encode(tokenizer, conversation: list[dict[str, str]]) -> list[int]:
+    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
                                             tokenize=True, return_dict=True)
     return list(encoded["input_ids"])
 
