@@ -93,6 +93,14 @@ def test_errors_are_one_line_and_non_zero(pair, argv, message, code):
     assert out == ""
 
 
+def test_overrides_may_stand_before_and_after_options(pair):
+    status, out, err = run_cli(["speculation.mode=target", "--prompt", "x", "sampling.max_new_tokens=3", "--json"],
+                               pair)
+    assert status == 0, err
+    result = json.loads(out)
+    assert result["stats"]["mode"] == "target" and len(result["tokens"]) <= 3
+
+
 def test_json_without_a_prompt_is_refused(pair):
     status, out, err = run_cli(["--json"], pair, stdin=Tty())
     assert status == 2 and out == ""

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None, load: Loader = load_pair, compare: Compa
     """Entry point of `python infer.py` and the `specchat` script; returns the exit status."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     try:
-        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
         return run(args, load, compare, stdin, stdout, stderr)
     except USER_ERRORS as err:
         stderr.write(f"specchat: error: {err}\n")
