@@ -86,6 +86,16 @@ def test_a_greedy_difference_is_explained_with_the_target_margin(target, similar
     assert divergence.spec_token == tokenizer.decode([41]) and divergence.other_token == tokenizer.decode([43])
 
 
+def test_a_near_tie_is_judged_by_the_logits_dtype():
+    from specchat.session.compare import Divergence, tie_threshold
+    assert tie_threshold(20.0, torch.bfloat16) == 0.25      # bf16 holds a logit near 20 only to 0.125
+    assert tie_threshold(20.0, torch.float32) == 0.05
+    assert tie_threshold(0.0, torch.bfloat16) == 0.05
+    in_bf16 = Divergence(3, "a", "b", margin=0.1, tie_below=tie_threshold(20.0, torch.bfloat16))
+    in_float32 = Divergence(3, "a", "b", margin=0.1, tie_below=tie_threshold(20.0, torch.float32))
+    assert in_bf16.near_tie and not in_float32.near_tie
+
+
 def render(report, width):
     out = io.StringIO()
     Console(file=out, width=width, color_system=None).print(CompareView(report))

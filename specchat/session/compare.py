@@ -8,6 +8,7 @@ there, so a near tie in low precision can be told from a bug.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,15 @@ from specchat.core.engine import Engine, build_engine
 from specchat.core.events import ReplyDone, ReplyEnd
 from specchat.core.metrics import ReplyStats
 
-NEAR_TIE = 0.05  # a top-2 logit margin below this is a near tie in bf16/fp16 arithmetic
+NEAR_TIE = 0.05  # the least margin called a near tie (float32 logits)
+TIE_ULPS = 2     # and at least this many units in the last place of the logits' dtype at the top logit
+
+
+def tie_threshold(top_logit: float, dtype: torch.dtype) -> float:
+    """The top-2 logit margin below which rounding in `dtype` can flip the argmax: bf16 holds a logit
+    near 20 only to 0.125, so its threshold there is 0.25; float32's stays at NEAR_TIE."""
+    magnitude = 2.0 ** math.floor(math.log2(abs(top_logit))) if top_logit else 1.0
+    return max(NEAR_TIE, TIE_ULPS * torch.finfo(dtype).eps * magnitude)
 
 
 @dataclass(frozen=True)
@@ -36,10 +45,11 @@ class Divergence:
     spec_token: str
     other_token: str
     margin: float       # target's top-1 minus top-2 logit at that position
+    tie_below: float = NEAR_TIE  # margins below this are near ties in the logits' dtype
 
     @property
     def near_tie(self) -> bool:
-        return self.margin < NEAR_TIE
+        return self.margin < self.tie_below
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,8 @@ class Comparer:
         context = list(prompt_ids) + list(a[:position])
         logits = kvcache.forward(self.target, kvcache.new_cache(self.target), context, keep=1)[0]
         top2 = torch.topk(logits.float(), 2).values.tolist()
-        return Divergence(position, self._piece(a, position), self._piece(b, position), top2[0] - top2[1])
+        return Divergence(position, self._piece(a, position), self._piece(b, position), top2[0] - top2[1],
+                          tie_threshold(top2[0], logits.dtype))
 
     def _piece(self, ids: tuple[int, ...], position: int) -> str:
         return self.tokenizer.decode([ids[position]]) if position < len(ids) else "(end)"
