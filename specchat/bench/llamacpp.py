@@ -81,8 +81,9 @@ class LlamaCppRunner:
         target = str(gguf_path(cfg.target.source))
         self.target = Llama(model_path=target, **common)
         self.drafter = None
-        if cfg.drafter.source and gguf_path(cfg.drafter.source):
-            draft_llama = Llama(model_path=str(gguf_path(cfg.drafter.source)), **common)
+        drafter = gguf_path(cfg.drafter.source) if cfg.drafter.source else None
+        if drafter:
+            draft_llama = Llama(model_path=str(drafter), **common)
             self.drafter = type("Drafter", (GreedyDrafter, LlamaDraftModel), {})(draft_llama)
             self.speculative = Llama(model_path=target, draft_model=self.drafter, **common)
 

@@ -180,7 +180,7 @@ def _drafter_row(pair, context: list[int], vocab_limit: int, repeats: int) -> di
         vocab.update(context)
         vocab.logits(kvcache.hidden_tensor(drafter, cache, ids))  # builds its rows before timing
         kvcache.crop_to(cache, length)
-        modules = [drafter, vocab._low] + ([vocab._high] if vocab._high is not None else [])
+        modules = [drafter, *vocab.layers]
         run = lambda: vocab.logits(kvcache.hidden_tensor(drafter, cache, ids))  # noqa: E731
     else:
         modules, run = [drafter], lambda: kvcache.forward_tensor(drafter, cache, ids, keep=1)  # noqa: E731

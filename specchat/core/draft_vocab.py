@@ -46,6 +46,11 @@ class DraftVocab:
             self._high = head_rows(self.head, self._extra_index.to(hidden.device))
         return torch.cat([low, self._high(hidden)], dim=-1)
 
+    @property
+    def layers(self) -> list[torch.nn.Module]:
+        """The head rows built so far: ids below the limit, and the extra ids once scored."""
+        return [self._low] + ([self._high] if self._high is not None else [])
+
     def to_ids(self, positions: torch.Tensor) -> torch.Tensor:
         """Positions in [0, width) -> vocabulary ids."""
         if not self._extra:

@@ -21,10 +21,6 @@ def attach_lean(model) -> str:
     return reason
 
 
-def uses_lean(model) -> bool:
-    return getattr(model, LEAN, None) is not None
-
-
 def new_cache(model) -> DynamicCache | LeanCache:
     lean = getattr(model, LEAN, None)
     return LeanCache(lean) if lean is not None else DynamicCache(config=model.config)

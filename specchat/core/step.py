@@ -3,9 +3,10 @@
 `speculative_step` drafts with the drafter, scores the pending token plus every draft with one
 target forward, and applies the rejection rule. A prompt not yet in the target's cache is fed in a
 forward of its own first, so that its rows never share a forward with drafts: with a batch-invariant
-target the prompt's cache is then bitwise the same in speculative and target-only decoding. It returns what happened (tokens, origins, rejected
-drafts, timings) and leaves committing, cache rollback and bookkeeping to the Engine, as gpt-fast's
-`speculative_decode` does. The target's cache then holds every fed token; the Engine crops it.
+target the prompt's cache is then bitwise the same in speculative and target-only decoding. It
+returns what happened (tokens, origins, rejected drafts, timings) and leaves committing, cache
+rollback and bookkeeping to the Engine, as gpt-fast's `speculative_decode` does. The target's
+cache then holds every fed token; the Engine crops it.
 """
 from __future__ import annotations
 
