@@ -93,6 +93,24 @@ def test_layers_reading_one_input_share_its_mapping_bitwise(passes):
     assert torch.equal(same_input(mixed, x)[1], mixed[1](x))
 
 
+def test_both_passes_in_one_kernel_call_equal_one_call_per_pass_bitwise():
+    """The passes share a kernel call (the weights are read once); the reference calls the kernel once
+    per pass, each with its own +1/−1 rows, and undoes each pass's map by hand."""
+    from specchat.core.w8a8 import _bounds, _int8_product, map_rows
+    generator = torch.Generator().manual_seed(7)
+    layer = W8A8Linear.from_weight(torch.randn(200, 128, generator=generator), None, passes=2)
+    x = torch.randn(5, 128, generator=generator) * torch.logspace(-2, 2, 128)
+    mapped = map_rows(x, 2)
+    assert mapped.rows.shape == (12, 128) and mapped.passes == 2
+    reference = None
+    for index in range(2):
+        rows = torch.cat([mapped.rows[index * 5:(index + 1) * 5], _bounds(128)])
+        product = _int8_product(rows, layer._product._packs[0])[:-2]
+        part = torch.addcmul(mapped.centres[index] * layer.block.row_sums, product, mapped.scales[index])
+        reference = part if reference is None else reference + part
+    assert torch.equal(layer(x), reference)
+
+
 def test_two_activation_passes_are_more_accurate_on_heavy_tailed_rows():
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(256, 512, generator=generator)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -78,21 +79,34 @@ def _on_grid(x: torch.Tensor, rounded: bool):
     return levels * _STEP, step / _STEP, centre, (levels, step)
 
 
-def map_rows(x: torch.Tensor, passes: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """x [M, in] float32 → one (kernel rows [M+2, in], scale [M, 1], centre [M, 1]) per pass.
+@dataclass
+class MappedRows:
+    """x [M, in] mapped for the kernel: every pass's rows stacked in one batch, so the weights are
+    read once however many passes there are (the kernel's result for a row does not depend on its
+    batch, so this is bitwise the same as one kernel call per pass)."""
+    rows: torch.Tensor     # [passes*M + 2, in]: pass 1's rows, pass 2's rows, then +1 and −1
+    scales: torch.Tensor   # [passes, M, 1]
+    centres: torch.Tensor  # [passes, M, 1]
+
+    @property
+    def passes(self) -> int:
+        return self.scales.shape[0]
+
+
+def map_rows(x: torch.Tensor, passes: int) -> MappedRows:
+    """x [M, in] float32 → its rows on the kernel's grid, once per pass.
 
     One pass: the kernel rounds; ±127 steps land exactly on its grid's ends. Two passes: each row is
     first snapped to 255 levels of its own range, on exactly the grid the kernel quantizes to, so what
     the kernel multiplies is known; the rounding residual of every row then gets a range of its own.
     """
-    bounds = _bounds(x.shape[1])
     unit, scale, centre, (levels, step) = _on_grid(x, rounded=passes > 1)
-    mapped = [(torch.cat([unit, bounds]), scale, centre)]
-    if passes > 1:
-        residual = x - centre - levels * step  # what the rounding lost, per element
-        unit, scale, centre, _ = _on_grid(residual, rounded=False)
-        mapped.append((torch.cat([unit, bounds]), scale, centre))
-    return mapped
+    if passes == 1:
+        return MappedRows(torch.cat([unit, _bounds(x.shape[1])]), scale[None], centre[None])
+    residual = x - centre - levels * step  # what the rounding lost, per element
+    unit_2, scale_2, centre_2, _ = _on_grid(residual, rounded=False)
+    return MappedRows(torch.cat([unit, unit_2, _bounds(x.shape[1])]),
+                      torch.stack([scale, scale_2]), torch.stack([centre, centre_2]))
 
 
 class FixedRangeProduct:
@@ -109,21 +123,19 @@ class FixedRangeProduct:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.apply(map_rows(x, self.passes))
 
-    def apply(self, mapped) -> torch.Tensor:
-        """W x from map_rows(x, passes): the passes' products, summed in order."""
-        y = None
-        for rows, scale, centre in mapped:
-            part = self._product(rows, scale, centre)
-            y = part if y is None else y + part
-        return y
+    def apply(self, mapped: MappedRows) -> torch.Tensor:
+        """W x from map_rows(x, passes): one kernel call for every pass, the passes' parts summed in
+        order. Each row's part is x = centre + scale · unit undone: W x = scale · (W unit) + centre · (W 1)."""
+        rows = mapped.rows.shape[0] - 2
+        product = self._kernel(mapped.rows)[:rows].view(mapped.passes, rows // mapped.passes, -1)
+        parts = torch.addcmul(mapped.centres * self.row_sums, product, mapped.scales)  # [passes, M, out]
+        return parts[0] if mapped.passes == 1 else parts[0] + parts[1]
 
-    def _product(self, rows: torch.Tensor, scale: torch.Tensor, centre: torch.Tensor) -> torch.Tensor:
-        """W x for x = centre + scale · unit, from the rows [unit; +1; −1] on the kernel's grid."""
+    def _kernel(self, rows: torch.Tensor) -> torch.Tensor:
+        """The kernel's W·rows for every row fed [rows, out], over the packed pieces of W."""
         if len(self._packs) == 1:
-            product = _int8_product(rows, self._packs[0])[:-2]
-        else:
-            product = torch.cat([_int8_product(rows, packed) for packed in self._packs], dim=1)[:-2]
-        return torch.addcmul(centre * self.row_sums, product, scale)
+            return _int8_product(rows, self._packs[0])
+        return torch.cat([_int8_product(rows, packed) for packed in self._packs], dim=1)
 
 
 class W8A8Linear(nn.Module):
@@ -149,7 +161,7 @@ class W8A8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.from_mapped(map_rows(x.reshape(-1, self.in_features).float(), self.passes), x)
 
-    def from_mapped(self, mapped, x: torch.Tensor) -> torch.Tensor:
+    def from_mapped(self, mapped: MappedRows, x: torch.Tensor) -> torch.Tensor:
         """The layer's output for input x, whose rows map_rows has already mapped."""
         y = self._product.apply(mapped)
         if self.bias is not None:
