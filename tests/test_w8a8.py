@@ -111,6 +111,51 @@ def test_both_passes_in_one_kernel_call_equal_one_call_per_pass_bitwise():
     assert torch.equal(layer(x), reference)
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_apart(monkeypatch, lean):
+    """q/k/v and gate/up packed together (one kernel call each) against every layer packed alone, on a
+    Qwen2 model (attention biases), through the lean forward and through transformers' modules."""
+    import specchat.core.w8a8 as w8a8
+    from specchat.core import kvcache
+    config = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(2)
+    model = Qwen2ForCausalLM(config).eval()
+    packed_together = w8a8_model(model, torch.float32)
+    monkeypatch.setattr(w8a8, "SHARED_INPUTS", ())
+    packed_apart = w8a8_model(model, torch.float32)
+    layer = packed_together.model.layers[0]
+    assert layer.self_attn.k_proj.group is layer.self_attn.q_proj.group is not None
+    assert layer.mlp.up_proj.group is layer.mlp.gate_proj.group is not None
+    assert packed_apart.model.layers[0].self_attn.q_proj.group is None
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for model in (packed_together, packed_apart):
+        if lean:
+            assert kvcache.attach_lean(model) == ""
+        cache = kvcache.new_cache(model)
+        logits.append(torch.cat([kvcache.forward_tensor(model, cache, ids[:, :9], keep=9),
+                                 kvcache.forward_tensor(model, cache, ids[:, 9:], keep=3)]))
+    assert torch.equal(logits[0], logits[1])
+
+
+def test_a_packed_layer_called_alone_takes_its_part_and_the_parts_are_let_go():
+    from specchat.core.w8a8 import same_input
+    layers = torch.nn.ModuleDict({"q_proj": torch.nn.Linear(64, 64), "k_proj": torch.nn.Linear(64, 16),
+                                  "v_proj": torch.nn.Linear(64, 16)})
+    quantize_w8a8(layers)
+    q, k, v = layers["q_proj"], layers["k_proj"], layers["v_proj"]
+    group = q.group
+    x = torch.randn(1, 3, 64)
+    together = same_input([q, k, v], x)
+    assert [t.shape for t in together] == [(1, 3, 64), (1, 3, 16), (1, 3, 16)]
+    assert torch.equal(v(x), together[2]) and group._parts  # the others' parts wait for them
+    assert torch.equal(q(x), together[0]) and torch.equal(k(x), together[1])
+    assert group._parts == [] and group._input is None
+    other = torch.randn(1, 3, 64)
+    assert torch.equal(q(other), same_input([q, k, v], other)[0])  # a new input is computed afresh
+
+
 def test_two_activation_passes_are_more_accurate_on_heavy_tailed_rows():
     generator = torch.Generator().manual_seed(1)
     weight = torch.randn(256, 512, generator=generator)

@@ -28,6 +28,12 @@ class Int8Block:
         levels = (w / scale[:, None]).round_().clamp_(-127, 127)  # never in place: w may be the weight
         return cls(levels.to(torch.int8).contiguous(), scale, levels.sum(dim=1) * scale)
 
+    @classmethod
+    def concat(cls, blocks: list["Int8Block"]) -> "Int8Block":
+        """The blocks' rows one after another: [sum of outs, in]."""
+        return cls(torch.cat([b.weight for b in blocks]), torch.cat([b.scale for b in blocks]),
+                   torch.cat([b.row_sums for b in blocks]))
+
     def rows(self, index: torch.Tensor | slice) -> "Int8Block":
         return Int8Block(self.weight[index].contiguous(), self.scale[index].contiguous(),
                          self.row_sums[index].contiguous())

@@ -138,15 +138,45 @@ class FixedRangeProduct:
         return torch.cat([_int8_product(rows, packed) for packed in self._packs], dim=1)
 
 
-class W8A8Linear(nn.Module):
-    """A drop-in nn.Linear: int8 weights per output row, int8 activations per row, float32 out."""
+class SharedInput:
+    """Linear layers that read one input (q/k/v, gate/up), packed as one matrix: one mapping of the
+    input's rows and one kernel call give every layer's product, bitwise the same as each layer's
+    own (every output column is a dot product of its own). Called one layer at a time (transformers'
+    modules), the products of an input are kept only until every layer has taken its own."""
 
-    def __init__(self, block: Int8Block, bias: torch.Tensor | None, passes: int = 1, packs: list | None = None):
+    def __init__(self, block: Int8Block, widths: list[int], passes: int, packs: list | None = None):
+        """block: the layers' Int8Blocks concatenated (Int8Block.concat); widths: their out_features."""
+        self.widths, self.in_features, self.passes = widths, block.weight.shape[1], passes
+        self._product = FixedRangeProduct(block, passes, packs)
+        self._input, self._parts, self._waiting = None, [], set()
+
+    def products(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """W x of every layer, float32 [rows of x, width], without biases, in the order of the layers."""
+        return list(self._product(x.reshape(-1, self.in_features).float()).split(self.widths, dim=1))
+
+    def product(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Layer `index`'s W x, computed with the others' on the first call for x."""
+        if self._input is not x or index not in self._waiting:
+            self._input, self._parts, self._waiting = x, self.products(x), set(range(len(self.widths)))
+        self._waiting.discard(index)
+        part = self._parts[index]
+        if not self._waiting:
+            self._input, self._parts = None, []
+        return part
+
+
+class W8A8Linear(nn.Module):
+    """A drop-in nn.Linear: int8 weights per output row, int8 activations per row, float32 out.
+    A layer in a SharedInput group computes through the group (its weights are packed there)."""
+
+    def __init__(self, block: Int8Block, bias: torch.Tensor | None, passes: int = 1, packs: list | None = None,
+                 group: tuple[SharedInput, int] | None = None):
         super().__init__()
         self.block, self.passes = block, passes
         self.out_features, self.in_features = block.weight.shape
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self._product = FixedRangeProduct(block, passes, packs)
+        self.group, self.group_index = group if group is not None else (None, -1)
+        self._product = None if group is not None else FixedRangeProduct(block, passes, packs)
 
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -159,25 +189,38 @@ class W8A8Linear(nn.Module):
         return W8A8Linear(self.block.rows(index), bias, self.passes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is not None:
+            return self.finish(self.group.product(x, self.group_index), x)
         return self.from_mapped(map_rows(x.reshape(-1, self.in_features).float(), self.passes), x)
 
     def from_mapped(self, mapped: MappedRows, x: torch.Tensor) -> torch.Tensor:
         """The layer's output for input x, whose rows map_rows has already mapped."""
-        y = self._product.apply(mapped)
+        return self.finish(self._product.apply(mapped), x)
+
+    def finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for input x from its product W x [rows, out] float32: bias, dtype, shape."""
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
+        grouped = f", packed with the {len(self.group.widths)} layers reading its input" if self.group else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"int8 weights × int8 activations, {self.passes} pass(es)")
+                f"int8 weights × int8 activations, {self.passes} pass(es){grouped}")
 
 
 def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
-    """The outputs of layers that all read x; W8A8Linear layers with the same number of passes share
-    one mapping of x's rows (q/k/v, gate/up), bitwise the same as calling each layer."""
+    """The outputs of layers that all read x: a SharedInput group's in one kernel call; other
+    W8A8Linear layers with the same number of passes share one mapping of x's rows; bitwise the
+    same as calling each layer."""
     first = layers[0]
-    shared = all(isinstance(layer, W8A8Linear) and layer.passes == first.passes for layer in layers)
+    group = getattr(first, "group", None)
+    if group is not None and len(layers) == len(group.widths) and all(
+            getattr(layer, "group", None) is group for layer in layers):
+        products = group.products(x)
+        return [layer.finish(products[layer.group_index], x) for layer in layers]
+    shared = all(isinstance(layer, W8A8Linear) and layer.group is None and layer.passes == first.passes
+                 for layer in layers)
     if not shared:
         return [layer(x) for layer in layers]
     mapped = map_rows(x.reshape(-1, first.in_features).float(), first.passes)
@@ -196,15 +239,43 @@ def activation_passes(name: str) -> int:
     return 1 if name.rsplit(".", 1)[-1] in ONE_PASS_LAYERS else 2
 
 
+SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers reading one input
+
+
+def shared_input_groups(linears: dict[str, nn.Module]) -> list[list[str]]:
+    """Names of the linear layers that read one input and can be packed as one matrix, by parent
+    module: [[…q_proj, …k_proj, …v_proj], [gate_proj, up_proj], …], where they take as many passes."""
+    groups = []
+    for name in linears:
+        parent, _, leaf = name.rpartition(".")
+        for leaves in SHARED_INPUTS:
+            members = [f"{parent}.{other}" if parent else other for other in leaves]
+            if leaf == leaves[0] and all(member in linears for member in members) and \
+                    len({activation_passes(member) for member in members}) == 1:
+                groups.append(members)
+    return groups
+
+
 def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None) -> dict[str, Int8Block]:
     """Replace every nn.Linear of `model` (the head too) by a W8A8Linear, from `blocks` (by module
-    name) when given, else by quantizing its weights; returns the blocks used. Packing for the
-    kernel is the slow part of a start, so it runs on two threads (torch releases the GIL)."""
+    name) when given, else by quantizing its weights; returns the blocks used. Layers that read one
+    input are packed as one matrix (SharedInput). Packing for the kernel is the slow part of a
+    start, so it runs on two threads (torch releases the GIL)."""
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     if blocks is None:
-        blocks = {name: Int8Block.quantize(module.weight) for name, module in model.named_modules()
-                  if isinstance(module, nn.Linear)}
+        blocks = {name: Int8Block.quantize(module.weight) for name, module in linears.items()}
+    groups = shared_input_groups(linears)
+    grouped = {member for members in groups for member in members}
+    jobs = [blocks[name] for name in blocks if name not in grouped]
+    jobs += [Int8Block.concat([blocks[member] for member in members]) for members in groups]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        packs = dict(zip(blocks, pool.map(pack_rows, blocks.values())))
+        packed = list(pool.map(pack_rows, jobs))
+    packs = dict(zip([name for name in blocks if name not in grouped], packed))
+    member_of = {}
+    for members, block, group_packs in zip(groups, jobs[len(packs):], packed[len(packs):]):
+        group = SharedInput(block, [blocks[m].weight.shape[0] for m in members], activation_passes(members[0]),
+                            group_packs)
+        member_of.update({member: (group, index) for index, member in enumerate(members)})
     replace_linears(model, lambda name, linear: W8A8Linear(
-        blocks[name], linear.bias, activation_passes(name), packs[name]))
+        blocks[name], linear.bias, activation_passes(name), packs.get(name), member_of.get(name)))
     return blocks
