@@ -19,7 +19,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8")
+QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8", "w8a8-fast")
+W8A8_MODES = ("w8a8", "w8a8-fast")  # int8×int8 on fbgemm: 16-bit activations into the MLP and head, or 8-bit everywhere
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")

@@ -293,11 +293,14 @@ def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_
         assert greedy_reply(pair, "spec", ids, n=32) == greedy_reply(pair, "target", ids, n=32)
 
 
-def test_int8_drafter_keeps_greedy_speculation_exact(target_dir, drafter_dir, tok):
+@pytest.mark.parametrize("quantization, head, passes", [("int8", "Int8Linear", None), ("w8a8-fast", "W8A8Linear", {1})])
+def test_quantized_drafters_keep_greedy_speculation_exact(target_dir, drafter_dir, tok, quantization, head, passes):
     cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]))
-    pair = load_pair(replace(cfg, drafter=replace(cfg.drafter, quantization="int8")))
-    assert type(pair.drafter.lm_head).__name__ == "Int8Linear"
-    assert pair.drafter_facts.quantization == "int8"
+    pair = load_pair(replace(cfg, drafter=replace(cfg.drafter, quantization=quantization)))
+    assert type(pair.drafter.lm_head).__name__ == head
+    assert pair.drafter_facts.quantization == quantization
+    if passes:  # 8-bit activations everywhere: one pass on every layer, the MLP and the head too
+        assert {m.passes for m in pair.drafter.modules() if type(m).__name__ == head} == passes
     for text in (PROMPT, "The quick brown"):
         ids = tok.encode(text)
         assert greedy_reply(pair, "spec", ids, n=32) == greedy_reply(pair, "target", ids, n=32)

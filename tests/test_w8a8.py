@@ -272,3 +272,11 @@ def test_weight_only_int8_weights_are_cached_too(tmp_path, tokenizer, monkeypatc
     assert isinstance(again.lm_head, Int8Linear)
     x = torch.randn(2, 64)
     assert torch.equal(first.lm_head(x), again.lm_head(x))
+
+
+def test_w8a8_fast_reads_the_same_weights_file_as_w8a8():
+    """Both modes quantize the weights the same way; only the activation passes differ."""
+    assert quantized_cache.cache_path("ab" * 16, "float32", "w8a8-fast") == \
+        quantized_cache.cache_path("ab" * 16, "float32", "w8a8")
+    assert quantized_cache.cache_path("ab" * 16, "float32", "int8") != \
+        quantized_cache.cache_path("ab" * 16, "float32", "w8a8")

@@ -242,7 +242,7 @@ def activation_passes(name: str) -> int:
 SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers reading one input
 
 
-def shared_input_groups(linears: dict[str, nn.Module]) -> list[list[str]]:
+def shared_input_groups(linears: dict[str, nn.Module], passes_of=activation_passes) -> list[list[str]]:
     """Names of the linear layers that read one input and can be packed as one matrix, by parent
     module: [[…q_proj, …k_proj, …v_proj], [gate_proj, up_proj], …], where they take as many passes."""
     groups = []
@@ -251,20 +251,23 @@ def shared_input_groups(linears: dict[str, nn.Module]) -> list[list[str]]:
         for leaves in SHARED_INPUTS:
             members = [f"{parent}.{other}" if parent else other for other in leaves]
             if leaf == leaves[0] and all(member in linears for member in members) and \
-                    len({activation_passes(member) for member in members}) == 1:
+                    len({passes_of(member) for member in members}) == 1:
                 groups.append(members)
     return groups
 
 
-def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None) -> dict[str, Int8Block]:
+def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None,
+                  passes: int | None = None) -> dict[str, Int8Block]:
     """Replace every nn.Linear of `model` (the head too) by a W8A8Linear, from `blocks` (by module
-    name) when given, else by quantizing its weights; returns the blocks used. Layers that read one
+    name) when given, else by quantizing its weights; returns the blocks used. Each layer takes
+    `passes` activation passes, or as many as activation_passes gives for its name. Layers that read one
     input are packed as one matrix (SharedInput). Packing for the kernel is the slow part of a
     start, so it runs on two threads (torch releases the GIL)."""
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     if blocks is None:
         blocks = {name: Int8Block.quantize(module.weight) for name, module in linears.items()}
-    groups = shared_input_groups(linears)
+    passes_of = (lambda name: passes) if passes else activation_passes
+    groups = shared_input_groups(linears, passes_of)
     grouped = {member for members in groups for member in members}
     jobs = [blocks[name] for name in blocks if name not in grouped]
     jobs += [Int8Block.concat([blocks[member] for member in members]) for members in groups]
@@ -273,9 +276,8 @@ def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None) 
     packs = dict(zip([name for name in blocks if name not in grouped], packed))
     member_of = {}
     for members, block, group_packs in zip(groups, jobs[len(packs):], packed[len(packs):]):
-        group = SharedInput(block, [blocks[m].weight.shape[0] for m in members], activation_passes(members[0]),
-                            group_packs)
+        group = SharedInput(block, [blocks[m].weight.shape[0] for m in members], passes_of(members[0]), group_packs)
         member_of.update({member: (group, index) for index, member in enumerate(members)})
     replace_linears(model, lambda name, linear: W8A8Linear(
-        blocks[name], linear.bias, activation_passes(name), packs.get(name), member_of.get(name)))
+        blocks[name], linear.bias, passes_of(name), packs.get(name), member_of.get(name)))
     return blocks

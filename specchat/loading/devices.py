@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.config import DTYPES, ModelConfig
+from specchat.config import DTYPES, W8A8_MODES, ModelConfig
 from specchat.loading.errors import ModelLoadError
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -67,7 +67,7 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
     verification forward would score a token differently from a one-token forward, and greedy
     speculative output would no longer equal target-only output. Row-wise int8 is batch-invariant.
     """
-    if quantization in ("none", "int8", "w8a8"):
+    if quantization in ("none", "int8", *W8A8_MODES):
         return None
     from transformers import BitsAndBytesConfig
     if quantization == "4bit":

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specchat.config import Config, ModelConfig, drafter_needed
+from specchat.config import W8A8_MODES, Config, ModelConfig, drafter_needed
 from specchat.loading.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
@@ -98,7 +98,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     model = _load_weights(checkpoint, mc, source, kwargs)
     params = model.num_parameters()  # before int8 turns weights into buffers
     _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
-    if mc.quantization == "w8a8":  # the int8 kernel returns float32: norms and attention stay in it
+    if mc.quantization in W8A8_MODES:  # the int8 kernel returns float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
@@ -120,9 +120,10 @@ def _backend(model, backend: str) -> str:
 def runnable_quantization(mc: ModelConfig, device: str, role: str,
                           progress: Progress | None = None) -> ModelConfig:
     """w8a8 runs on fbgemm, a CPU kernel: elsewhere the model loads unquantized, with one notice."""
-    if mc.quantization != "w8a8" or torch.device(device).type == "cpu":
+    if mc.quantization not in W8A8_MODES or torch.device(device).type == "cpu":
         return mc
-    report(progress, f"{role}: quantization w8a8 runs on the CPU only; loading it unquantized on {device}", None)
+    report(progress, f"{role}: quantization {mc.quantization} runs on the CPU only; loading it unquantized on {device}",
+           None)
     return dataclasses.replace(mc, quantization="none")
 
 
@@ -130,14 +131,14 @@ def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtyp
                             label: str, progress: Progress | None) -> None:
     """specchat's own int8 modes, cached once quantized: weight-only int8, or int8×int8 with
     batch-invariant attention."""
-    if mc.quantization not in ("int8", "w8a8"):
+    if mc.quantization not in ("int8", *W8A8_MODES):
         return
     from specchat.loading import quantized_cache
     path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype), mc.quantization)
     notice = quantized_cache.quantize_with_cache(model, path, label, mc.quantization, progress)
     if notice:
         report(progress, notice, None)
-    if mc.quantization == "w8a8":
+    if mc.quantization in W8A8_MODES:
         from specchat.core.invariant_attention import use_batch_invariant_attention
         use_batch_invariant_attention(model)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 from torch import nn
@@ -24,11 +25,14 @@ from specchat.loading.progress import Progress, report
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 
 
-QUANTIZERS = {"w8a8": quantize_w8a8, "int8": quantize_linears}  # (model, blocks | None) -> blocks
-DESCRIPTIONS = {"w8a8": "int8×int8", "int8": "int8"}
+QUANTIZERS = {"w8a8": quantize_w8a8, "w8a8-fast": partial(quantize_w8a8, passes=1),
+              "int8": quantize_linears}  # (model, blocks | None) -> blocks
+DESCRIPTIONS = {"w8a8": "int8×int8", "w8a8-fast": "int8×int8 (8-bit activations)", "int8": "int8"}
+SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activations are multiplied
 
 
 def cache_path(identity: str, dtype_label: str, mode: str) -> Path:
+    mode = SAME_WEIGHTS.get(mode, mode)
     return cache_dir() / "quantized" / f"{identity[:16]}-{dtype_label}-{mode}-v{FORMAT}.safetensors"
 
 
@@ -44,7 +48,7 @@ def directory_identity(directory: Path) -> str:
 
 def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w8a8",
                         progress: Progress | None = None) -> str | None:
-    """Quantize `model` in place (mode w8a8 or int8), from `path` when it holds a sound copy.
+    """Quantize `model` in place (a mode of QUANTIZERS), from `path` when it holds a sound copy.
 
     Returns a notice line when a damaged cache file was rebuilt, else None.
     """
