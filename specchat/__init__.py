@@ -1,0 +1,16 @@
+"""specchat: exact speculative decoding you can see and tune, from a terminal chat or from Python.
+
+    import specchat
+    result = specchat.speculative_generate(input_ids, drafter, target, tokenizer, gamma=4)
+    result.ids, result.text, result.acceptance_rate, result.stats, result.tokens  # (id, text, origin)
+    ids, alpha = result                                        # as the research repos return
+
+Public names: speculative_generate, autoregressive_generate, stream, load_pair, Generation, and the
+events stream() yields: Token (id, text, origin: an Origin), Rejected, StepDone, ReplyDone.
+The chat itself: `python infer.py` (see the README).
+"""
+from specchat.api import Generation, autoregressive_generate, load_pair, speculative_generate, stream
+from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
+
+__all__ = ["speculative_generate", "autoregressive_generate", "stream", "load_pair", "Generation", "Origin",
+           "Token", "Rejected", "StepDone", "ReplyDone"]
