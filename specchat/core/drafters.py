@@ -58,6 +58,8 @@ class Drafter(Protocol):
 
     def rollback(self, committed_len: int) -> None: ...
 
+    def catch_up(self, ids: list[int], upto: int) -> None: ...
+
     def reset(self) -> None: ...
 
 
@@ -93,6 +95,13 @@ class ModelDrafter:
     def rollback(self, committed_len: int) -> None:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
         kvcache.crop_to(self.cache, min(self.seen, committed_len - 1))
+
+    @torch.inference_mode()
+    def catch_up(self, ids: list[int], upto: int) -> None:
+        """Read ids[seen:upto] into the cache (a chunk of a long prompt), without scoring them."""
+        if upto > self.seen:
+            step_ids = torch.tensor([ids[self.seen:upto]], dtype=torch.long, device=self.device)
+            kvcache.hidden_tensor(self.model, self.cache, step_ids, 1)
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import threading
+import time
 from collections.abc import Iterator
 
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig, drafter_needed
@@ -20,10 +21,13 @@ from specchat.core import kvcache
 from specchat.core.adaptive import AutoGamma, GammaPolicy
 from specchat.core.detok import Detokenizer
 from specchat.core.drafters import Drafter, DraftPlan, ModelDrafter
-from specchat.core.events import Event, Origin, Rejected, ReplyDone, ReplyEnd, StepDone, Token
+from specchat.core.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.core.metrics import StatsRecorder
 from specchat.core.sampling import make_generator
 from specchat.core.step import StepResult, drafter_step, speculative_step
+
+
+PREFILL_CHUNK = 256  # prompt tokens per forward while reading a new prompt: the longest a cancel waits
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -76,12 +80,15 @@ class Engine:
         for item in self.steps(prompt_ids, sampling, speculation, cancel):
             if isinstance(item, ReplyEnd):
                 yield ReplyDone(item.stats, detok.text, item.ids, item.stop_reason, item.seed)
+            elif isinstance(item, PrefillProgress):
+                yield item
             else:
                 yield from _step_events(item, detok)
 
     def steps(self, prompt_ids: list[int], sampling: SamplingConfig, speculation: SpeculationConfig,
-              cancel: threading.Event | None = None) -> Iterator[StepResult | ReplyEnd]:
-        """Generate one reply as committed StepResults (token ids, no text) and a final ReplyEnd."""
+              cancel: threading.Event | None = None) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
+        """Generate one reply: PrefillProgress while a new prompt is read, committed StepResults (token
+        ids, no text) and a final ReplyEnd."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         missing = drafter_needed(self.drafter is not None, speculation.mode)
@@ -100,6 +107,7 @@ class Engine:
                                  self._adopt_prompt(prompt_ids))
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
         generator = make_generator(seed, self.device)
+        yield from self._prefill(speculation.mode, cancel, recorder)
         produced, stop_reason = 0, "max_tokens"
         while produced < sampling.max_new_tokens:
             if cancel.is_set():
@@ -116,6 +124,25 @@ class Engine:
                 stop_reason = "eos"
                 break
         yield ReplyEnd(recorder.finish(), tuple(self.ids[len(prompt_ids):]), stop_reason, seed)
+
+    def _prefill(self, mode: str, cancel: threading.Event, recorder: StatsRecorder) -> Iterator[PrefillProgress]:
+        """Read a new prompt (all but its newest token, which the first step feeds) into the caches of
+        the models the mode uses, PREFILL_CHUNK tokens at a time, with progress after each chunk.
+        Cancelling stops between chunks: the caches then hold a prefix of the prompt, which the next
+        reply reuses or crops like any other."""
+        end, start = len(self.ids) - 1, self.target_seen if mode != "drafter" else self.drafter.seen
+        began = time.perf_counter()
+        chunk_ends = [*range(start + PREFILL_CHUNK, end, PREFILL_CHUNK), end] if end > start else []
+        for upto in chunk_ends:
+            if cancel.is_set():
+                break
+            if mode != "drafter":
+                kvcache.forward(self.target, self.cache, self.ids[self.target_seen:upto], keep=1)
+            if self.drafter and mode != "target":
+                self.drafter.catch_up(self.ids, upto)
+            yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
+        recorder.record_prefill((self.target_seen if mode != "drafter" else self.drafter.seen) - start,
+                                time.perf_counter() - began)
 
     def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
         """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Never past max_new_tokens."""

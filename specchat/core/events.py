@@ -36,6 +36,18 @@ class StepDone:
 
 
 @dataclass(frozen=True)
+class PrefillProgress:
+    """A chunk of a new prompt was read into the caches: `done` of `total` tokens, in `seconds` so far."""
+    done: int
+    total: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.done / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class ReplyDone:
     stats: ReplyStats
     text: str         # the whole reply, tokenizer.decode(ids)
@@ -53,4 +65,4 @@ class ReplyEnd:
     seed: int
 
 
-Event = Union[Token, Rejected, StepDone, ReplyDone]
+Event = Union[Token, Rejected, StepDone, PrefillProgress, ReplyDone]

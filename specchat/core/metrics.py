@@ -47,6 +47,8 @@ class ReplyStats:
     target_timed: int = 0
     drafter_timed: int = 0
     reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
+    prefill_tokens: int = 0  # prompt tokens read into the target's cache before the first step
+    prefill_s: float = 0.0   # the time that took (part of wall_s and ttft_s)
     per_position_drafted: list[int] = field(default_factory=list)   # index i: position i+1
     per_position_accepted: list[int] = field(default_factory=list)
     accepted_histogram: dict[int, int] = field(default_factory=dict)  # accepted length -> steps
@@ -62,6 +64,10 @@ class ReplyStats:
     @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
 
     @property
     def cost_ratio(self) -> float:
@@ -104,7 +110,7 @@ class ReplyStats:
         plain = {k: v for k, v in self.__dict__.items()}
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
         for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "cost_ratio",
-                     "measured_speedup", "per_position_rate", "mean_gamma", "alpha_per_draft", "predicted_speedup"):
+                     "measured_speedup", "per_position_rate", "prefill_tokens_per_s", "mean_gamma", "alpha_per_draft", "predicted_speedup"):
             plain[name] = getattr(self, name)
         return plain
 
@@ -146,6 +152,10 @@ class StatsRecorder:
         for i in range(drafted):
             s.per_position_drafted[i] += 1
             s.per_position_accepted[i] += 1 if i < accepted else 0
+
+    def record_prefill(self, tokens: int, seconds: float) -> None:
+        self.stats.prefill_tokens += tokens
+        self.stats.prefill_s += seconds
 
     def record_tokens(self, n: int) -> None:
         if n and self._first_token_at is None:

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.config import GAMMA_AUTO, QUANTIZATIONS
-from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.core.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
 from specchat.core.metrics import ReplyStats
 
 STYLES = {
@@ -40,6 +40,7 @@ MODE_ORIGINS = {
 }
 NOTE_STYLE = "dim"
 ERROR_STYLE = "bold red"
+PREFILL_NOTE_FROM = 512  # prompts of this many tokens show their reading progress and prefill stats
 
 
 def color_wanted(flag: bool, stream: TextIO, environ=os.environ) -> bool:
@@ -85,11 +86,22 @@ class Renderer:
 
     def _stop_waiting(self) -> None:
         if self.waiting:
-            self.console.control(Control.move_to_column(0), Control((ControlType.ERASE_IN_LINE, 2)))
+            self._erase_line()
             self.waiting = False
+
+    def _erase_line(self) -> None:
+        self.console.control(Control.move_to_column(0), Control((ControlType.ERASE_IN_LINE, 2)))
+
+    def _prefill_progress(self, event: PrefillProgress) -> None:
+        """A long prompt's reading progress, in place of 'thinking…' (colour terminals only)."""
+        if self.waiting and event.total >= PREFILL_NOTE_FROM:
+            self._erase_line()
+            self.console.print(Text(prefill_text(event), style=NOTE_STYLE), end="")
 
     def event(self, event: Any) -> None:
         """Draw one item of a reply stream (engine events, notices, compare output)."""
+        if isinstance(event, PrefillProgress):
+            return self._prefill_progress(event)
         if not isinstance(event, StepDone):
             self._stop_waiting()
         if isinstance(event, Token):
@@ -152,9 +164,18 @@ def gamma_text(gamma: int, mean_gamma: float | None = None) -> str:
     return str(gamma)
 
 
+def prefill_text(event: PrefillProgress) -> str:
+    """`reading prompt 1,536 / 4,102 tokens · 212 tok/s`"""
+    return f"reading prompt {event.done:,} / {event.total:,} tokens · {event.tokens_per_s:.0f} tok/s"
+
+
 def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | None = None) -> str:
-    """` 96 tok · 9.8 tok/s · ttft 0.31 s · accepted 71/88 drafts (81%) · 3.4 tok/step · γ 4`"""
+    """` 96 tok · 9.8 tok/s · ttft 0.31 s · accepted 71/88 drafts (81%) · 3.4 tok/step · γ 4`, with
+    `· prompt 4,102 tok in 19.3 s (212 tok/s)` after the ttft when a long prompt was read."""
     parts = [f" {stats.new_tokens} tok", f"{stats.tokens_per_s:.1f} tok/s", f"ttft {stats.ttft_s:.2f} s"]
+    if stats.prefill_tokens >= PREFILL_NOTE_FROM:
+        parts.append(f"prompt {stats.prefill_tokens:,} tok in {stats.prefill_s:.1f} s "
+                     f"({stats.prefill_tokens_per_s:.0f} tok/s)")
     if stats.mode == "spec":
         parts.append(f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%})")
         parts.append(f"{stats.tokens_per_step:.1f} tok/step")
