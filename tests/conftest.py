@@ -3,6 +3,7 @@ config, engines on them, one reply run to its end, and transformers' greedy refe
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -77,6 +78,26 @@ def run_reply(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
     done = events[-1]
     assert isinstance(done, ReplyDone)
     return events, done
+
+
+def reference_probs(logits: torch.Tensor, sampling: SamplingConfig) -> dict[int, float]:
+    """Next-token law written from the definitions, independent of specchat.core.sampling: softmax of
+    logits / T over the top_k tokens, then the most likely of those until their mass reaches top_p,
+    renormalized; a token tied with the last one kept at either cut is kept too. Plain Python, float64."""
+    scaled = [x / sampling.temperature for x in logits.double().tolist()]
+    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+    if sampling.top_k:
+        order = [i for i in order if scaled[i] >= scaled[order[min(sampling.top_k, len(order)) - 1]]]
+    weights = {i: math.exp(scaled[i] - scaled[order[0]]) for i in order}
+    total = sum(weights.values())
+    kept, mass = [], 0.0
+    for i in order:
+        if mass >= sampling.top_p and scaled[i] != scaled[kept[-1]]:
+            break
+        kept.append(i)
+        mass += weights[i] / total
+    norm = sum(weights[i] for i in kept)
+    return {i: weights[i] / norm for i in kept}
 
 
 def hf_greedy(model, ids, n):

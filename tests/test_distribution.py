@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import specchat.core.step
-from conftest import make_engine, prompt_ids
+from conftest import make_engine, prompt_ids, reference_probs
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.core.events import ReplyDone
-from specchat.core.sampling import probs_from_logits, sample
+from specchat.core.sampling import sample
 from specchat.core.verify import Verdict
 
 SAMPLING = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2)
@@ -29,28 +29,36 @@ Z = 4.5
 @torch.inference_mode()
 def exact_first_two(target, ids, sampling) -> dict[tuple[int, int], float]:
     def next_probs(seq):
-        return probs_from_logits(target(torch.tensor([seq])).logits[0, -1:], sampling)[0]
+        return reference_probs(target(torch.tensor([seq])).logits[0, -1], sampling)
     joint = {}
-    p1 = next_probs(ids)
-    for a in torch.nonzero(p1).flatten().tolist():
-        p2 = next_probs(ids + [a])
-        for b in torch.nonzero(p2).flatten().tolist():
-            joint[(a, b)] = float(p1[a] * p2[b])
+    for a, p_a in next_probs(ids).items():
+        for b, p_b in next_probs(ids + [a]).items():
+            joint[(a, b)] = p_a * p_b
     return joint
 
 
-def empirical_first_two(engine, ids, gamma, drafter_vocab=0) -> Counter:
+def engine_replies(engine, ids, gamma, drafter_vocab=0):
+    """reply(seed, n) -> (ids, stats) of one seeded reply of n tokens from the engine."""
+    speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab)
+
+    def reply(seed, n):
+        sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed, "max_new_tokens": n})
+        done = [e for e in engine.stream(ids, sampling, speculation)][-1]
+        assert isinstance(done, ReplyDone)
+        return done.ids, done.stats
+    return reply
+
+
+def empirical_first_two(reply, gamma) -> Counter:
     """The first two tokens of RUNS seeded replies of gamma + 1 tokens, so that the first step really
     drafts gamma tokens (a 2-token reply caps the draft at 1): rejections at every draft position, and
     second tokens that follow a rollback, are all counted."""
     counts, drafted_at = Counter(), Counter()
-    speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab)
     for seed in range(RUNS):
-        sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed, "max_new_tokens": max(2, gamma + 1)})
-        done = [e for e in engine.stream(ids, sampling, speculation)][-1]
-        assert isinstance(done, ReplyDone) and len(done.ids) == max(2, gamma + 1)
-        counts[tuple(done.ids[:2])] += 1
-        drafted_at.update(dict(enumerate(done.stats.per_position_drafted, start=1)))
+        ids, stats = reply(seed, max(2, gamma + 1))
+        assert len(ids) == max(2, gamma + 1)
+        counts[tuple(ids[:2])] += 1
+        drafted_at.update(dict(enumerate(stats.per_position_drafted, start=1)))
     assert max(drafted_at) == gamma and drafted_at[gamma] >= RUNS // 2  # the drafts ran to gamma
     return counts
 
@@ -91,7 +99,7 @@ def test_sampled_speculative_matches_target_distribution(setting, target, tokeni
     ids, joint = setting
     assert 4 <= len(joint) <= 36  # top-k/top-p really cut the support
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
-    counts = empirical_first_two(engine, ids, gamma, drafter_vocab)
+    counts = empirical_first_two(engine_replies(engine, ids, gamma, drafter_vocab), gamma)
     assert worst_deviation(joint, counts) <= 1.0
 
 
@@ -100,7 +108,7 @@ def test_the_check_catches_a_verifier_without_residual_resampling(setting, targe
     ids, joint = setting
     monkeypatch.setattr(specchat.core.step, "verify_sampled", broken_verify_sampled)
     engine = make_engine(target, similar_drafter_model, tokenizer)
-    counts = empirical_first_two(engine, ids, gamma=1)
+    counts = empirical_first_two(engine_replies(engine, ids, 1), gamma=1)
     assert worst_deviation(joint, counts) > 1.0
 
 
@@ -123,5 +131,18 @@ def test_sampled_speculative_with_a_w8a8_pair_matches_the_w8a8_targets_distribut
     ids = prompt_ids(tokenizer, "The quick brown")
     joint = exact_first_two(target, ids, SAMPLING)
     assert 4 <= len(joint) <= 36
-    counts = empirical_first_two(make_engine(target, drafter, tokenizer), ids, gamma=2)
+    counts = empirical_first_two(engine_replies(make_engine(target, drafter, tokenizer), ids, 2), gamma=2)
     assert worst_deviation(joint, counts) <= 1.0
+
+
+def test_sampled_output_of_the_public_function_matches_the_target_distribution(setting, target,
+                                                                               similar_drafter_model):
+    import specchat
+    ids, joint = setting
+
+    def reply(seed, n):
+        result = specchat.speculative_generate(ids, similar_drafter_model, target, gamma=3, seed=seed,
+                                               temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
+                                               top_p=SAMPLING.top_p, max_new_tokens=n, eos_token_ids=[])
+        return result.ids, result.stats
+    assert worst_deviation(joint, empirical_first_two(reply, gamma=3)) <= 1.0

@@ -160,3 +160,21 @@ def test_probing_and_off_plans_have_no_floor():
         auto.observe(4, 0)
     plans = [auto.plan() for _ in range(auto.probe_every)]
     assert DraftPlan(0, 0.0, 1.0) in plans and DraftPlan(1, 0.0, 1.0) in plans
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.9),
+                                                       (1.3, 12, 0.75), (0.5, 3, 0.5), (2.0, 40, 0.95)])
+def test_probs_from_logits_follow_the_written_definitions_ties_included(temperature, top_k, top_p):
+    """Against conftest.reference_probs (plain Python from the definitions, not the code under test),
+    on random logits, half of them rounded so that ties sit at the top-k and top-p cuts."""
+    from conftest import reference_probs
+    generator = torch.Generator().manual_seed(11)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    for row in range(40):
+        logits = torch.randn(64, generator=generator) * 3
+        if row % 2:
+            logits = (logits * 2).round() / 2  # many exact ties
+        expected = reference_probs(logits, sampling)
+        got = probs_from_logits(logits[None], sampling)[0]
+        assert set(torch.nonzero(got).flatten().tolist()) == set(expected)
+        assert all(abs(float(got[i]) - p) < 1e-5 for i, p in expected.items())
