@@ -252,6 +252,49 @@ def test_interrupted_conversion_leaves_no_cache_entry(gguf_file, cache, monkeypa
     assert list((cache / "converted").iterdir()) == []
 
 
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "missing file", "unreadable record",
+                                    "legacy record, truncated"])
+def test_a_damaged_conversion_is_rebuilt_with_one_notice(gguf_file, tok, cache, damage):
+    path, original = gguf_file
+    load_model(ModelConfig(source=str(path), dtype="float32"))
+    directory = next((cache / "converted").iterdir())
+    weights, meta = directory / "model.safetensors", directory / gguf_convert.META
+    record = json.loads(meta.read_text())
+    assert record["files"]["model.safetensors"]["bytes"] == weights.stat().st_size
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:-100])
+    elif damage == "flipped byte":
+        data = bytearray(weights.read_bytes())
+        data[-5] ^= 0xFF
+        weights.write_bytes(bytes(data))
+    elif damage == "missing file":
+        (directory / "config.json").unlink()
+    elif damage == "unreadable record":
+        meta.write_text("{not json")
+    else:  # written by the previous release: no file records, so only the safetensors check can tell
+        meta.write_text(json.dumps({k: v for k, v in record.items() if k != "files"}))
+        weights.write_bytes(weights.read_bytes()[:-100])
+    seen = []
+    model, tokenizer, _ = load_model(ModelConfig(source=str(path), dtype="float32"),
+                                     progress=lambda message, fraction: seen.append(message))
+    notices = [m for m in seen if m.startswith("rebuilding the converted checkpoint")]
+    assert len(notices) == 1, seen
+    assert torch.equal(logits(model, tokenizer), logits(original, tok))
+    assert gguf_convert.damage(directory) == ""
+
+
+def test_a_whole_conversion_is_not_rebuilt_and_records_the_gguf_relative_to_the_cache(gguf_file, cache, monkeypatch):
+    path, _ = gguf_file
+    load_model(ModelConfig(source=str(path), dtype="float32"))
+    monkeypatch.setattr(gguf_convert, "convert_gguf", lambda *a: pytest.fail("converted again"))
+    monkeypatch.setattr(gguf_convert, "file_sha256", lambda *a: pytest.fail("hashed again"))
+    load_model(ModelConfig(source=str(path), dtype="float32"))
+    directory = next((cache / "converted").iterdir())
+    recorded = gguf_convert.read_meta(directory)["gguf"]
+    inside = path.resolve().is_relative_to(cache.resolve())
+    assert recorded == (str(path.resolve().relative_to(cache.resolve())) if inside else str(path.resolve()))
+
+
 def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache, monkeypatch, tmp_path):
     path, original = gguf_file
     data = path.read_bytes()
@@ -358,6 +401,32 @@ def test_dtype_auto_follows_the_cpu_flags(tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "CPUINFO", with_bf16)
     assert devices.resolve_dtype("auto", "cpu") == torch.bfloat16
     assert devices.resolve_dtype("float16", "cpu") == torch.float16
+
+
+def test_dtype_auto_on_a_gpu_asks_that_gpu_for_native_bf16(monkeypatch):
+    """A T4 (7.5) or V100 (7.0) only emulates bf16: float16 there; an A100 (8.0) or later: bf16."""
+    capabilities = {0: (7, 5), 1: (8, 0), 2: (7, 0)}
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or capabilities[index])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: pytest.fail("asks the current device only"))
+    assert devices.resolve_dtype("auto", "cuda") == torch.float16
+    assert devices.resolve_dtype("auto", "cuda:1") == torch.bfloat16
+    assert devices.resolve_dtype("auto", "cuda:2") == torch.float16
+    assert asked == [0, 1, 2]
+
+
+def test_a_pair_split_over_device_types_is_refused_before_loading(monkeypatch):
+    devices.check_device_types("cuda:0", "cuda:1")  # two GPUs: one generator type serves both
+    with pytest.raises(ModelLoadError, match="the target is on cuda and the drafter on cpu: put both on") as err:
+        devices.check_device_types("cuda", "cpu")
+    assert "\n" not in str(err.value)
+    monkeypatch.setattr(devices, "resolve_device", lambda device: device)
+    import specchat.loading.models as models
+    monkeypatch.setattr(models, "resolve_device", lambda device: device)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded before the check"))
+    cfg = Config(target=ModelConfig(source="t", device="cuda"), drafter=ModelConfig(source="d", device="cpu"))
+    with pytest.raises(ModelLoadError, match="put both on"):
+        load_pair(cfg)
 
 
 def test_missing_gpu_is_a_one_line_error(monkeypatch):

@@ -141,6 +141,12 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def mark_verified(path: Path, sha256: str) -> None:
+    """Record that `path`, as it stands now, holds bytes of this sha256 (is_verified will not re-hash)."""
+    stat = path.stat()
+    _stamp_path(path).write_text(f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n")
+
+
 def _stamp_path(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 

@@ -41,6 +41,23 @@ def cpu_has_fast_bf16(cpuinfo: Path | None = None) -> bool:
     return any(flag in flags for flag in FAST_BF16_FLAGS)
 
 
+def cuda_computes_bf16(device: str) -> bool:
+    """Native bf16 on that GPU (compute capability 8.0 on: Ampere and later). T4 and V100 only emulate
+    it, slowly, though torch.cuda.is_bf16_supported() says yes there, and asks the current device only."""
+    index = torch.device(device).index
+    major, _minor = torch.cuda.get_device_capability(0 if index is None else index)
+    return major >= 8
+
+
+def check_device_types(target_device: str, drafter_device: str) -> None:
+    """Both models on one device type: one seeded sampling generator serves both (a CUDA generator
+    cannot sample a CPU drafter's tokens)."""
+    target_type, drafter_type = torch.device(target_device).type, torch.device(drafter_device).type
+    if target_type != drafter_type:
+        raise ModelLoadError(f"the target is on {target_device} and the drafter on {drafter_device}: put both on "
+                             f"the same kind of device (target.device / drafter.device), e.g. both cuda")
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     """auto -> bf16 where the device computes it fast, else float16 on GPUs and float32 on CPUs."""
     if dtype != "auto":
@@ -48,7 +65,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
             raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         return getattr(torch, dtype)  # config.DTYPES names torch dtypes: float32, bfloat16, float16
     if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cuda_computes_bf16(device) else torch.float16
     if device == "mps":
         return torch.float16
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32

@@ -2,7 +2,9 @@
 GGUF's sha256 and the stored dtype, so every later start loads it directly (fast, mmap-able).
 
 A conversion is written to a temporary directory and renamed into place only when complete;
-`specchat.json` inside marks a finished conversion and records the facts the banner shows.
+`specchat.json` inside marks a finished conversion and records the facts the banner shows, and the
+size and sha256 of every file written. A conversion found damaged at a later start (a file missing,
+cut short or changed) is rebuilt from its GGUF, with one notice line.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.loading.assets import cache_dir, file_sha256, remove_stale_temporaries
+from specchat.loading.assets import cache_dir, file_sha256, is_verified, mark_verified, remove_stale_temporaries
 from specchat.loading.devices import dtype_name
 from specchat.loading.progress import Progress
 from specchat.loading.errors import ModelLoadError, one_line
@@ -52,7 +54,12 @@ def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
     """The converted checkpoint for `gguf` in `dtype`, converting it first if it is not cached."""
     out = converted_dir(sha256, dtype)
     if (out / META).exists():
-        return out
+        problem = damage(out, progress)
+        if not problem:
+            return out
+        if progress:
+            progress(f"rebuilding the converted checkpoint of {name}: {problem}", None)
+        shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
@@ -94,8 +101,56 @@ def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
     model = _gguf_model(gguf, dtype, progress)
     save_checkpoint(model, tokenizer, out)
     meta = {"name": name, "quantization": facts["quantization"], "dtype": dtype_name(dtype),
-            "architecture": facts["architecture"], "gguf": str(gguf)}
+            "architecture": facts["architecture"], "gguf": _cache_relative(gguf), "files": _file_records(out)}
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def _cache_relative(path: Path) -> str:
+    """A path under the cache root as relative to it (the cache may move), any other as absolute."""
+    path = path.resolve()
+    root = cache_dir().resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _file_records(directory: Path) -> dict:
+    """{name: {"bytes", "sha256"}} of every file written, each marked verified as it stands."""
+    records = {}
+    for path in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")):
+        records[path.name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        mark_verified(path, records[path.name]["sha256"])
+    return records
+
+
+def damage(directory: Path, progress: Progress | None = None) -> str:
+    """'' when a finished conversion is whole, else what is wrong with it: its record unreadable, a
+    recorded file missing or not at its size and sha256 (hashed once per change), or a safetensors
+    file cut short (also checked for conversions written before files were recorded)."""
+    try:
+        files = read_meta(directory).get("files", {})
+    except (OSError, ValueError):
+        return f"its {META} is unreadable"
+    for name, record in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if not is_verified(path, record["bytes"], record["sha256"], progress):
+            return f"{name} differs from what was written (size or sha256)"
+    for path in directory.glob("*.safetensors"):
+        if not safetensors_whole(path):
+            return f"{path.name} is cut short"
+    return ""
+
+
+def safetensors_whole(path: Path) -> bool:
+    """True when the file's header reads and its tensors end exactly at the end of the file."""
+    try:
+        with path.open("rb") as src:
+            length = int.from_bytes(src.read(8), "little")
+            header = json.loads(src.read(length))
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+        return path.stat().st_size == 8 + length + max(ends, default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def _gguf_tokenizer(gguf: Path):
@@ -135,4 +190,6 @@ def save_checkpoint(model, tokenizer, out: Path) -> None:
 
 
 def is_converted(sha256: str, dtype: torch.dtype) -> bool:
-    return (converted_dir(sha256, dtype) / META).exists()
+    """A finished conversion is in the cache; a damaged one is not (ensure_converted rebuilds it)."""
+    directory = converted_dir(sha256, dtype)
+    return (directory / META).exists() and not damage(directory)

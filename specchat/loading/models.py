@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from specchat.config import W8A8_MODES, Config, ModelConfig, drafter_needed
-from specchat.loading.devices import dtype_name, placement_kwargs, resolve_device, resolve_dtype
+from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
 from specchat.loading.sources import Source, resolve_source
@@ -74,6 +74,8 @@ class Checkpoint:
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     """Load the target and (when configured) the drafter, check they fit together."""
     _check_drafter_needed(cfg)
+    if cfg.drafter.source:
+        check_device_types(resolve_device(cfg.target.device), resolve_device(cfg.drafter.device))
     target, tokenizer, target_facts = load_model(cfg.target, progress, role="target")
     drafter, drafter_facts = None, None
     if cfg.drafter.source:
