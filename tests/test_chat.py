@@ -125,6 +125,21 @@ def test_cancel_keeps_the_partial_reply_marked_as_cut(session):
     assert after.stop_reason == "max_tokens"
 
 
+def test_a_cancel_before_the_first_token_leaves_the_conversation_as_it_was(session):
+    """Ctrl-C while a long paste is read: nothing was answered, so the paste is not kept either
+    (it would be read again, whole, before every later reply)."""
+    reply(session, "hello")
+    before = list(session.messages)
+    cancel = threading.Event()
+    cancel.set()
+    events = list(session.reply("a long paste " * 50, cancel))
+    assert any(isinstance(e, ReplyDone) and e.stop_reason == "cancelled" and e.ids == () for e in events)
+    assert events[-1].text == "cancelled before the reply began: the message was not added to the conversation"
+    assert session.messages == before
+    _, after = reply(session, "go on")
+    assert after.stop_reason == "max_tokens" and session.messages[-2]["content"] == "go on"
+
+
 def test_mode_without_drafter_is_a_chat_error(target, tokenizer):
     alone = ChatSession(make_engine(target, None, tokenizer), tokenizer, CONFIG, 1024)
     with pytest.raises(ChatError, match="needs a drafter model"):

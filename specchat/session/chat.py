@@ -170,6 +170,9 @@ class ChatSession:
             elif isinstance(event, ReplyDone):
                 done = event
             yield event
+        if done.stop_reason == "cancelled" and not done.ids:
+            yield Notice("cancelled before the reply began: the message was not added to the conversation")
+            return
         self._record(text, done, tokens)
         if self.compare_fn and self.config.speculation.compare != "off" and done.stop_reason != "cancelled":
             yield from self.compare_fn(self, prompt_ids, done, cancel)
