@@ -9,7 +9,8 @@ and instead:
 - rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
 - a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces;
 - the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
-- w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once.
+- w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once,
+  and, packed as one matrix, take one kernel call.
 Other architectures, sliding-window models and models spread over several devices keep the transformers path.
 """
 from __future__ import annotations

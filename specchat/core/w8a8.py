@@ -13,8 +13,9 @@ Every step is per row or per element, so the layer is batch-invariant bitwise.
 
 Activations have outlier channels (LLM.int8(), SmoothQuant), worst at the input of the MLP's output
 projection, where a row spans about 2,500× from peak to median. A second pass multiplies each row's
-rounding residual with a range of its own: about 16-bit activations for twice that layer's kernel
-time (see activation_passes for which layers take it). A fixed, calibrated set of outlier channels
+rounding residual with a range of its own: about 16-bit activations (see activation_passes for which
+layers take it). Both passes' rows go through one kernel call, so the weights are still read once.
+Layers that read one input (q/k/v, gate/up) are packed as one matrix (SharedInput). A fixed, calibrated set of outlier channels
 multiplied apart measured no better than the second pass, and cost 196 more kernel calls a step.
 
 torch's quantized ops live in this module only, so the kernel can be swapped in one place.
