@@ -295,6 +295,36 @@ def test_a_whole_conversion_is_not_rebuilt_and_records_the_gguf_relative_to_the_
     assert recorded == (str(path.resolve().relative_to(cache.resolve())) if inside else str(path.resolve()))
 
 
+def test_two_cold_starts_at_once_convert_once_and_the_second_waits_saying_so(gguf_file, tok, cache, monkeypatch):
+    import threading
+    import time
+    path, original = gguf_file
+    calls, converting = [], threading.Event()
+    real = gguf_convert.convert_gguf
+
+    def slow_convert(*args):
+        calls.append(args)
+        converting.set()
+        time.sleep(0.5)
+        real(*args)
+    monkeypatch.setattr(gguf_convert, "convert_gguf", slow_convert)
+    messages, loaded = ([], []), {}
+
+    def start(i):
+        loaded[i] = load_model(ModelConfig(source=str(path), dtype="float32"),
+                               progress=lambda message, fraction: messages[i].append(message))
+    first = threading.Thread(target=start, args=(0,))
+    first.start()
+    assert converting.wait(60)
+    second = threading.Thread(target=start, args=(1,))
+    second.start()
+    first.join(), second.join()
+    assert len(calls) == 1
+    assert any(m.startswith("another specchat is building the converted checkpoint") for m in messages[1])
+    for model, tokenizer, _ in loaded.values():
+        assert torch.equal(logits(model, tokenizer), logits(original, tok))
+
+
 def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache, monkeypatch, tmp_path):
     path, original = gguf_file
     data = path.read_bytes()

@@ -96,12 +96,14 @@ def _part_path(dist_name: str, index: int) -> Path | None:
 
 def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
     """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use."""
+    from specchat.loading.locks import building
     model = bundled_model(name)
     dest = cache_dir() / "gguf" / model.filename
     if dest.exists() and is_verified(dest, model.size, model.sha256, progress):
         return dest
-    parts = find_parts(model)
-    assemble(parts, dest, model.size, model.sha256, progress)
+    with building(dest, dest.name, progress):
+        if not (dest.exists() and is_verified(dest, model.size, model.sha256, progress)):  # still missing
+            assemble(find_parts(model), dest, model.size, model.sha256, progress)
     return dest
 
 

@@ -20,6 +20,7 @@ import torch
 
 from specchat.loading.assets import cache_dir, file_sha256, is_verified, mark_verified, remove_stale_temporaries
 from specchat.loading.devices import dtype_name
+from specchat.loading.locks import building
 from specchat.loading.progress import Progress
 from specchat.loading.errors import ModelLoadError, one_line
 
@@ -53,25 +54,31 @@ def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
                      progress: Progress | None = None) -> Path:
     """The converted checkpoint for `gguf` in `dtype`, converting it first if it is not cached."""
     out = converted_dir(sha256, dtype)
-    if (out / META).exists():
-        problem = damage(out, progress)
-        if not problem:
-            return out
-        if progress:
-            progress(f"rebuilding the converted checkpoint of {name}: {problem}", None)
-        shutil.rmtree(out, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if (out / META).exists() and not damage(out, progress):
+        return out
+    with building(out, f"the converted checkpoint of {name}", progress):
+        if (out / META).exists():  # damaged, or converted by another process while this one waited
+            problem = damage(out, progress)
+            if not problem:
+                return out
+            if progress:
+                progress(f"rebuilding the converted checkpoint of {name}: {problem}", None)
+            shutil.rmtree(out, ignore_errors=True)
+        _convert_into(out, gguf, dtype, name, progress)
+    return out
+
+
+def _convert_into(out: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None) -> None:
+    """Convert in a temporary directory and rename it into place only when complete."""
     remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         convert_gguf(gguf, dtype, tmp, name, progress)
-        if not (out / META).exists():  # unless another process finished first
-            shutil.rmtree(out, ignore_errors=True)  # an incomplete directory, if any
-            os.replace(tmp, out)
+        shutil.rmtree(out, ignore_errors=True)  # an incomplete directory, if any
+        os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def gguf_facts(gguf: Path) -> dict:

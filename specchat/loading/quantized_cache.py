@@ -19,6 +19,7 @@ from torch import nn
 
 from specchat.core.int8_weights import Int8Block, quantize_linears
 from specchat.core.w8a8 import quantize_w8a8
+from specchat.loading.locks import building
 from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
 from specchat.loading.progress import Progress, report
 
@@ -52,16 +53,26 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w
 
     Returns a notice line when a damaged cache file was rebuilt, else None.
     """
-    blocks, notice = _read(path, progress)
-    if blocks is not None and set(blocks) != _linear_names(model):
-        blocks, notice = None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
+    blocks, notice = _sound_blocks(model, path, progress)
     if blocks is None:
-        report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
-        _write(path, QUANTIZERS[mode](model, None))
-        return notice
+        with building(path, f"the {DESCRIPTIONS[mode]} weights of {label}", progress):
+            blocks, again = _sound_blocks(model, path, progress)  # another process may have written them
+            notice = again or notice  # a damaged file is gone after the first read
+            if blocks is None:
+                report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
+                _write(path, QUANTIZERS[mode](model, None))
+                return notice
     report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)
     QUANTIZERS[mode](model, blocks)
     return None
+
+
+def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None):
+    """(blocks, notice): the cached blocks when whole and for this model's layers, else (None, why)."""
+    blocks, notice = _read(path, progress)
+    if blocks is not None and set(blocks) != _linear_names(model):
+        return None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
+    return blocks, notice
 
 
 def _linear_names(model: nn.Module) -> set[str]:
