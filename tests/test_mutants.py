@@ -79,7 +79,7 @@ def test_the_checks_pass_on_the_real_engine(target, similar_drafter_model, token
     assert drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 
-def _shifted_crop(module, shift: int):
+def _shifted_crop(shift: int):
     """A stand-in for `module.kvcache` whose crop_to keeps `shift` more tokens than asked (when it can)."""
     def crop_to(cache, length):
         kvcache.crop_to(cache, min(kvcache.cache_length(cache), length + shift))
@@ -88,7 +88,7 @@ def _shifted_crop(module, shift: int):
 
 def test_a_target_crop_that_keeps_a_rejected_draft_breaks_exactness(target, similar_drafter_model, tokenizer,
                                                                    monkeypatch):
-    monkeypatch.setattr(specchat.core.engine, "kvcache", _shifted_crop(specchat.core.engine, 1))
+    monkeypatch.setattr(specchat.core.engine, "kvcache", _shifted_crop(1))
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
 
@@ -100,7 +100,7 @@ def test_a_skipped_drafter_rollback_is_caught_by_the_drafter_check(target, simil
 
 def test_a_drafter_crop_off_by_one_is_caught_by_the_drafter_check(target, similar_drafter_model, tokenizer,
                                                                   monkeypatch):
-    monkeypatch.setattr(specchat.core.drafters, "kvcache", _shifted_crop(specchat.core.drafters, 1))
+    monkeypatch.setattr(specchat.core.drafters, "kvcache", _shifted_crop(1))
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 

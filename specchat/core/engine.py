@@ -131,7 +131,7 @@ class Engine:
         the models the mode uses, PREFILL_CHUNK tokens at a time, with progress after each chunk.
         Cancelling stops between chunks: the caches then hold a prefix of the prompt, which the next
         reply reuses or crops like any other."""
-        end, start = len(self.ids) - 1, self.target_seen if mode != "drafter" else self.drafter.seen
+        end, start = len(self.ids) - 1, self._prompt_read(mode)
         began = time.perf_counter()
         chunk_ends = [*range(start + PREFILL_CHUNK, end, PREFILL_CHUNK), end] if end > start else []
         for upto in chunk_ends:
@@ -142,8 +142,11 @@ class Engine:
             if self.drafter and mode != "target":
                 self.drafter.catch_up(self.ids, upto)
             yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
-        recorder.record_prefill((self.target_seen if mode != "drafter" else self.drafter.seen) - start,
-                                time.perf_counter() - began)
+        recorder.record_prefill(self._prompt_read(mode) - start, time.perf_counter() - began)
+
+    def _prompt_read(self, mode: str) -> int:
+        """Tokens in the cache of the model that leads the mode (the drafter's in drafter mode)."""
+        return self.drafter.seen if mode == "drafter" else self.target_seen
 
     def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
         """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Never past max_new_tokens."""
