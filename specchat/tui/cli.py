@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from specchat.core.engine import build_engine
 from specchat.core.events import ReplyDone, Token
 from specchat.loading.errors import ModelLoadError
 from specchat.loading.models import load_pair
+from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
 
 Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.loading.models.load_pair)
@@ -195,12 +197,17 @@ def main(argv: list[str] | None = None, load: Loader = load_pair, compare: Compa
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     try:
         args = build_parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-        return run(args, load, compare, stdin, stdout, stderr)
+        with leave_on_signals():
+            return run(args, load, compare, stdin, stdout, stderr)
     except USER_ERRORS as err:
         stderr.write(f"specchat: error: {err}\n")
         return 2 if isinstance(err, (UsageError, ConfigError)) else 1
     except KeyboardInterrupt:
         stderr.write("specchat: interrupted\n")
         return 130
+    except Terminated as signalled:  # SIGTERM, or SIGHUP when the terminal closed: leave as Ctrl-D does
+        if signalled.signum == signal.SIGHUP:
+            silence_lost_terminal()
+        return signalled.exit_status
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0

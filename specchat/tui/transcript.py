@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from specchat.config import as_flat_dict
+from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatError, ChatSession
 from specchat.tui.render import stats_line
 
@@ -37,7 +38,7 @@ def save_transcript(session: ChatSession, path_text: str) -> Path:
     if path.suffix.lower() not in writers:
         raise ChatError(f"cannot save to '{path}': the name must end in .md or .json")
     try:
-        path.write_text(writers[path.suffix.lower()](transcript(session)) + "\n", encoding="utf-8")
+        write_text_atomic(path, writers[path.suffix.lower()](transcript(session)) + "\n")
     except OSError as err:
         raise ChatError(f"cannot save to '{path}': {err.strerror or err}") from None
     return path

@@ -1,0 +1,61 @@
+"""SIGTERM and SIGHUP (the terminal closed) leave the chat the way Ctrl-D does.
+
+The handler raises `Terminated`, a BaseException, so no `except Exception` swallows it: every
+`finally` on the way out runs (the terminal's echo and raw mode are restored, half-written temp
+files are removed) and `cli.main` turns it into a quiet exit with status 128 + the signal number.
+Input history needs nothing more: prompt_toolkit appends each line to the file as it is entered.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+LEAVING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(BaseException):
+    """The process was asked to leave by a signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextmanager
+def leave_on_signals(signals=LEAVING_SIGNALS) -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise Terminated in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _raise_terminated) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def silence_lost_terminal(stream_fds=(1, 2)) -> None:
+    """After SIGHUP the terminal is gone: point stdout/stderr at /dev/null so the last flush at exit
+    does not fail with EIO and print an 'Exception ignored' report nobody can read."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    for fd in stream_fds:
+        try:
+            os.dup2(devnull, fd)
+        except OSError:
+            continue
+    os.close(devnull)
