@@ -102,9 +102,19 @@ def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
     if dest.exists() and is_verified(dest, model.size, model.sha256, progress):
         return dest
     with building(dest, dest.name, progress):
-        if not (dest.exists() and is_verified(dest, model.size, model.sha256, progress)):  # still missing
-            assemble(find_parts(model), dest, model.size, model.sha256, progress)
+        if dest.exists() and is_verified(dest, model.size, model.sha256, progress):
+            return dest  # assembled by another process while this one waited
+        if dest.exists():  # damaged: say what is rebuilt and why, once
+            report(progress, f"rebuilding {dest.name}: {_difference(dest, model)}", None)
+        assemble(find_parts(model), dest, model.size, model.sha256, progress)
     return dest
+
+
+def _difference(path: Path, model: BundledModel) -> str:
+    size = path.stat().st_size
+    if size != model.size:
+        return f"it holds {size:,} bytes, not {model.size:,}"
+    return "its sha256 differs from the bundled parts'"
 
 
 def is_verified(path: Path, size: int, sha256: str, progress: Progress | None = None) -> bool:
