@@ -15,6 +15,7 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.core import kvcache
 from specchat.core.draft_vocab import DraftVocab
+from specchat.core.insight import Ranked, drafter_ranked
 from specchat.core.lookup import Guesser, NoGuess, PromptLookup
 from specchat.core.sampling import pick
 
@@ -39,7 +40,17 @@ class Draft:
     tokens: torch.Tensor          # [k] int64
     q_probs: torch.Tensor | None  # [k, vocab] drafter probabilities (None when greedy)
     forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
-    confidences: list[float] = field(default_factory=list)  # per token, when a draft may end early
+    confidences: list[float] = field(default_factory=list)  # per token: the drafter's q of it
+    rows: list[torch.Tensor] = field(default_factory=list)  # per token: the [1, width] logits it came from
+    vocab: DraftVocab | None = None  # maps a row's positions to ids when the drafter scores a subset
+
+    def ranked_at(self, position: int, sampling: SamplingConfig) -> Ranked:
+        """The drafter's most likely tokens where it drafted tokens[position] (/why)."""
+        if not self.rows:  # a drafter without a distribution (prompt lookup): q is one-hot
+            return ((int(self.tokens[position]), 1.0),)
+        row = self.rows[position]
+        ids = self.vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if self.vocab else None
+        return drafter_ranked(row, sampling, ids)
 
 
 def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | None) -> float:
@@ -159,6 +170,7 @@ class _Drafting:
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor | None] = []
         self.confidences: list[float] = []
+        self.rows: list[torch.Tensor] = []
         self.forwards: list[tuple[int, float]] = []
         self.path = 1.0      # estimated probability that every token so far is accepted
         self.doubt = False   # a token fell below min_confidence or the path below path_floor
@@ -173,9 +185,10 @@ class _Drafting:
         token = int(self.vocab.to_ids(position) if self.vocab else position)
         self.tokens.append(token)
         self.probs.append(q)
+        self.rows.append(logits)
+        sure = confidence(logits, position, q)
+        self.confidences.append(sure)
         if self.plan.tracks_confidence:
-            sure = confidence(logits, position, q)
-            self.confidences.append(sure)
             self.path *= min(1.0, self.plan.confidence_scale * sure)
             # a draft the drafter itself doubts is likely rejected: verify what we have
             self.doubt = sure < self.plan.min_confidence or self.path < self.plan.path_floor
@@ -185,4 +198,5 @@ class _Drafting:
         q_probs = torch.cat(self.probs) if self.probs and self.probs[0] is not None else None
         if q_probs is not None and self.vocab:
             q_probs = self.vocab.full_width(q_probs, vocab_size)
-        return Draft(torch.tensor(self.tokens, dtype=torch.long), q_probs, self.forwards, self.confidences)
+        return Draft(torch.tensor(self.tokens, dtype=torch.long), q_probs, self.forwards, self.confidences,
+                     self.rows, self.vocab)

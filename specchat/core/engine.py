@@ -21,6 +21,7 @@ from specchat.core import kvcache
 from specchat.core.adaptive import AutoGamma, GammaPolicy
 from specchat.core.detok import Detokenizer
 from specchat.core.drafters import Drafter, DraftPlan, ModelDrafter
+from specchat.core.insight import accept_probability
 from specchat.core.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.core.metrics import StatsRecorder
 from specchat.core.sampling import make_generator
@@ -84,7 +85,7 @@ class Engine:
             elif isinstance(item, PrefillProgress):
                 yield item
             else:
-                yield from _step_events(item, detok)
+                yield from _step_events(item, detok, sampling.is_greedy)
 
     def steps(self, prompt_ids: list[int], sampling: SamplingConfig, speculation: SpeculationConfig,
               cancel: threading.Event | None = None) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
@@ -109,7 +110,7 @@ class Engine:
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
         generator = make_generator(seed, self.device)
         yield from self._prefill(speculation.mode, cancel, recorder)
-        produced, stop_reason = 0, "max_tokens"
+        produced, stop_reason, index = 0, "max_tokens", 0
         while produced < sampling.max_new_tokens:
             if cancel.is_set():
                 stop_reason = "cancelled"
@@ -117,6 +118,9 @@ class Engine:
             remaining = sampling.max_new_tokens - produced
             step = self._step(speculation, sampling, remaining, generator)
             finished = self._commit(step, remaining)
+            step.index, index = index, index + 1
+            if step.rejection is not None:
+                step.rejection = dataclasses.replace(step.rejection, step=step.index)
             produced += len(step.tokens)
             recorder.record(step, kept=len(step.tokens))
             step.last = finished or produced >= sampling.max_new_tokens
@@ -174,8 +178,9 @@ class Engine:
                 keep, hit_eos = i + 1, True
                 break
         if keep < len(step.tokens):
-            del step.tokens[keep:], step.origins[keep:]
-            step.rejected = [] if hit_eos else step.rejected
+            del step.tokens[keep:], step.origins[keep:], step.p_tokens[keep:], step.q_tokens[keep:]
+            if hit_eos:
+                step.rejected, step.rejection = [], None
         self.ids.extend(step.tokens)
         kvcache.crop_to(self.cache, min(self.target_seen, len(self.ids) - 1))
         if self.drafter:
@@ -183,16 +188,19 @@ class Engine:
         return hit_eos
 
 
-def _step_events(step: StepResult, detok: Detokenizer) -> Iterator[Event]:
-    """A committed step as events: accepted drafts, the rejected ones, the target's token."""
+def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator[Event]:
+    """A committed step as events: accepted drafts, the rejected ones, the target's token, each
+    token with its p and q (core/insight.py)."""
     n_accepted = sum(1 for o in step.origins if o == Origin.DRAFTED)
     for i, (token, origin) in enumerate(zip(step.tokens, step.origins)):
         if i == n_accepted and step.rejected:
-            yield Rejected(tuple(step.rejected), detok.decode(step.rejected))
+            yield Rejected(tuple(step.rejected), detok.decode(step.rejected), step.rejection)
         text = detok.push(token)
         if step.last and i == len(step.tokens) - 1:
             text += detok.flush()  # a tail held back for an incomplete character, now final
-        yield Token(token, text, origin)
+        p, q = step.p_tokens[i], step.q_tokens[i]
+        accept_p = accept_probability(p, q, greedy, True) if origin == Origin.DRAFTED else None
+        yield Token(token, text, origin, step.index, i, p, q, accept_p)
     yield StepDone(step.drafted, step.accepted)
 
 

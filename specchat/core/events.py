@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Union
 
+from specchat.core.insight import Rejection
 from specchat.core.metrics import ReplyStats
 
 
@@ -21,12 +22,18 @@ class Token:
     id: int
     text: str  # the text delta this token adds; all deltas concatenated == tokenizer.decode(ids)
     origin: Origin
+    step: int = -1                # the reply's step that produced it (0-based)
+    position: int = 0             # its place in that step: drafts 0..n-1, then the target's token at n
+    p: float | None = None        # the target's probability of it (core/insight.py says under what)
+    q: float | None = None        # the drafter's, for drafted tokens
+    accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q)
 
 
 @dataclass(frozen=True)
 class Rejected:
     ids: tuple[int, ...]  # drafts the target refused, in order
     text: str             # their decoded text, for a UI that shows them struck through
+    detail: Rejection | None = None  # p, q and each model's top tokens at the first of them (/why)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ cache then holds every fed token; the Engine crops it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,7 @@ from specchat.config import SamplingConfig
 from specchat.core import kvcache
 from specchat.core.drafters import Draft, DraftPlan, Drafter
 from specchat.core.events import Origin
+from specchat.core.insight import Rejection, rejection_at, token_probs
 from specchat.core.sampling import probs_from_logits
 from specchat.core.verify import Verdict, verify_greedy, verify_sampled
 
@@ -36,6 +37,10 @@ class StepResult:
     target_seconds: float = 0.0       # the verification forward plus verification
     target_fed: int = 0               # tokens the target forward was fed (0: no target forward)
     last: bool = False                # set by the Engine: the reply ends with this step
+    index: int = 0                    # set by the Engine: the step's place in the reply
+    p_tokens: list[float | None] = field(default_factory=list)  # per token: the target's p (insight.py)
+    q_tokens: list[float | None] = field(default_factory=list)  # per token: the drafter's q
+    rejection: Rejection | None = None  # why the first refused draft was refused (/why)
 
     @property
     def target_timed(self) -> bool:
@@ -66,24 +71,39 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     feed = torch.cat([pending[:, -1:], drafts.view(1, -1)], dim=1)  # [1, 1 + drafted]
     logits = kvcache.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
-    verdict = _verify(drafts, draft, logits, sampling, generator)
+    verdict, p = _verify(drafts, draft, logits, sampling, generator)
     seconds = time.perf_counter() - start
-    return _result(drafts.tolist(), verdict, draft, seconds, pending.shape[1] + drafted)
+    result = _result(drafts.tolist(), verdict, draft, seconds, pending.shape[1] + drafted)
+    _score(result, logits, p, sampling)
+    return result
 
 
 def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig,
                  generator: torch.Generator) -> StepResult:
     """Drafter-only decoding: one token from the drafter, no target forward."""
     draft = drafter.propose(ids, DraftPlan(1), sampling, generator)
-    return StepResult([int(draft.tokens[0])], [Origin.DRAFTER], [], 0, 0, draft)
+    return StepResult([int(draft.tokens[0])], [Origin.DRAFTER], [], 0, 0, draft,
+                      p_tokens=[None], q_tokens=draft.confidences[:1])
 
 
-def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator) -> Verdict:
+def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator) -> tuple[Verdict, torch.Tensor | None]:
+    """The verdict, and the target's probabilities it used (None in greedy mode)."""
     if sampling.is_greedy:
-        return verify_greedy(drafts, logits)
+        return verify_greedy(drafts, logits), None
     p = probs_from_logits(logits, sampling)  # [gamma+1, vocab]
     q = draft.q_probs.to(logits.device) if draft.q_probs is not None else p[:0]
-    return verify_sampled(drafts, q, p, generator)
+    return verify_sampled(drafts, q, p, generator), p
+
+
+def _score(step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampling: SamplingConfig) -> None:
+    """Each token's p and q, and the rejection's record when a draft was refused (insight.py)."""
+    n = step.accepted
+    step.p_tokens = token_probs(logits, p, step.tokens)
+    step.q_tokens = [*step.draft.confidences[:n], None] if step.draft else [None]
+    if n < step.drafted:
+        drafted = step.rejected[0]
+        step.rejection = rejection_at(-1, n, drafted, step.tokens[-1], logits, p, step.draft.confidences[n],
+                                      step.draft.ranked_at(n, sampling))
 
 
 def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, fed: int) -> StepResult:
