@@ -110,6 +110,16 @@ def _int_range(lo, hi):
     return lambda v: None if lo <= v <= hi else f"an integer from {lo} to {hi}"
 
 
+def undecodable_at(text: str) -> int | None:
+    """Index of the first lone surrogate in `text`, else None. A terminal's bytes that are not UTF-8 arrive
+    so (prompt_toolkit and argv decode with surrogateescape); no tokenizer or UTF-8 output takes them."""
+    return next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+
+
+def _check_text(v: str):
+    return None if undecodable_at(v) is None else "UTF-8 text (this holds a byte the terminal could not decode)"
+
+
 def _check_device(v: str):
     ok = v in ("auto", "cpu", "cuda", "mps") or (v.startswith("cuda:") and v[5:].isdigit())
     return None if ok else "auto, cpu, cuda, cuda:N or mps"
@@ -134,6 +144,7 @@ VALIDATORS = {
     ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
     else "0 (the whole vocabulary) or an id limit of at least 256",
     ("ui", "context_limit"): _int_range(0, 10_000_000),
+    ("ui", "system_prompt"): _check_text,
 }
 
 

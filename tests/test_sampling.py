@@ -37,6 +37,18 @@ def test_top_p_always_keeps_the_most_likely_token():
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
+@pytest.mark.parametrize("temperature", [1e-320, 1e-40, 1e-38, 1e-30])  # logits / T was inf or nan (REPL fuzz)
+def test_a_tiny_temperature_samples_the_most_likely_token(temperature):
+    probs = probs_from_logits(LOGITS * 40, SamplingConfig(temperature=temperature, top_k=3, top_p=0.9))[0]
+    assert probs[0] == 1.0 and probs[1:].sum() == 0
+
+
+@pytest.mark.parametrize("top_p", [1e-320, 1e-46, 5e-324])  # 0 once compared in float32 (REPL fuzz, issue 13)
+def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token(top_p):
+    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=top_p))[0]
+    assert probs[0] == 1.0 and probs[1:].sum() == 0
+
+
 def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> list[set[int]]:
     """Reference: sort each row, keep tokens while the mass before them is below top_p."""
     sets = []

@@ -15,6 +15,9 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     return gen
 
 
+SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny  # a float32 division by less gives inf or nan
+
+
 def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
     """[n, vocab] logits -> [n, vocab] float32 probabilities after temperature, top-k, top-p.
 
@@ -23,7 +26,10 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     logits = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    scaled = logits / params.temperature
+    # the best logit of each row moves to 0 first (the softmax is the same), so a tiny temperature sends the others
+    # to -inf and never the best to inf (inf - inf = nan); below float32's least normal number the law is one-hot
+    best = logits.amax(dim=-1, keepdim=True)  # [n, 1]
+    scaled = (logits - best) / max(params.temperature, SMALLEST_TEMPERATURE)
     if params.top_k and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]  # [n, 1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -48,7 +54,8 @@ def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     while True:
         top = torch.topk(probs, k, dim=-1).values  # [n, k], descending
         mass_before = torch.cumsum(top, dim=-1) - top
-        kept = (mass_before < top_p).sum(dim=-1, keepdim=True)  # [n, 1]; at least 1 (top_p > 0)
+        # [n, 1]; at least 1: a top_p below float32's least subnormal (1e-320) rounds to 0 in the comparison
+        kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp(min=1)
         if k == width or bool((kept < k).all()):
             break
         k = min(width, k * 8)  # some row's nucleus may reach past the candidates

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specchat.config import Config, drafter_needed
+from specchat.config import Config, drafter_needed, undecodable_at
 from specchat.core.events import Origin, ReplyDone, Token
 from specchat.core.metrics import ReplyStats
 
@@ -155,6 +155,10 @@ class ChatSession:
     def reply(self, text: str, cancel: threading.Event | None = None) -> Iterator[Any]:
         """Stream one reply to `text`: Notice, then the engine's events, then any compare output."""
         self.check_mode()
+        bad = undecodable_at(text)
+        if bad is not None:
+            raise ChatError(f"the message has a byte that is not UTF-8 at character {bad + 1} (the terminal could "
+                            f"not decode it); nothing was sent")
         cancel = cancel or threading.Event()
         wanted = self.messages + [{"role": "user", "content": text}]
         prompt_ids, dropped = self.fit_prompt(wanted)

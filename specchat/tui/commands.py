@@ -255,7 +255,12 @@ def cmd_history(session: ChatSession, arg: str) -> Outcome:
 def cmd_save(session: ChatSession, arg: str) -> Outcome:
     if not arg:
         return fail("/save: usage /save PATH.md or /save PATH.json")
-    path = save_transcript(session, arg)
+    try:
+        path = save_transcript(session, arg)
+    except ChatError:
+        raise
+    except (ValueError, RuntimeError) as err:  # a NUL in the name; ~user when there is no such user
+        return fail(f"/save: cannot save to {arg!r}: {err}")
     return Outcome(f"saved {len(session.records)} replies to {path}")
 
 

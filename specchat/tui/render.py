@@ -6,6 +6,7 @@ escape code is ever written; rejected drafts then appear as ~~text~~.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any, TextIO
 
@@ -146,15 +147,21 @@ class Renderer:
     # ----- messages ----------------------------------------------------------------------------
     def note(self, message: str) -> None:
         self.newline()
-        self.console.print(Text(message, style=NOTE_STYLE if self.color else ""), soft_wrap=True)
+        self.console.print(Text(printable(message), style=NOTE_STYLE if self.color else ""), soft_wrap=True)
 
     def info(self, message: Any) -> None:
         self.newline()
-        self.console.print(message if not isinstance(message, str) else Text(message))
+        self.console.print(message if not isinstance(message, str) else Text(printable(message)))
 
     def error(self, message: str) -> None:
         self.newline()
-        self.console.print(Text(message, style=ERROR_STYLE if self.color else ""), soft_wrap=True)
+        self.console.print(Text(printable(message), style=ERROR_STYLE if self.color else ""), soft_wrap=True)
+
+
+def printable(message: str) -> str:
+    """`message` with each lone surrogate (an undecodable input byte echoed back, e.g. in 'got ...') shown as
+    U+FFFD: a UTF-8 terminal's stream raises UnicodeEncodeError on one, mid-chat."""
+    return re.sub("[\ud800-\udfff]", "\ufffd", message)
 
 
 # ----- one-line texts ------------------------------------------------------------------------------
