@@ -24,6 +24,7 @@ W8A8_MODES = ("w8a8", "w8a8-fast")  # int8×int8 on fbgemm: 16-bit activations i
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")
+DRAFTERS = ("model", "lookup")  # who drafts in spec mode: the drafter model, or prompt lookup (no model)
 
 
 class ConfigError(ValueError):
@@ -66,6 +67,7 @@ class SpeculationConfig:
     drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
     prompt_lookup: bool = False    # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
+    drafter: str = "model"    # model (the drafter model) | lookup (prompt lookup, no model)
 
 
 @dataclass(frozen=True)
@@ -89,13 +91,14 @@ GAMMA_AUTO = -1
 GAMMA_MAX = 16
 
 
-def drafter_needed(has_drafter: bool, mode: str, compare: str = "off") -> str | None:
-    """Why a speculation mode (and compare setting) cannot run without a drafter model; None when it can.
+def drafter_needed(has_drafter: bool, mode: str, compare: str = "off", drafter: str = "model") -> str | None:
+    """Why a speculation mode (and compare setting, and drafter kind) cannot run without a drafter model;
+    None when it can. Prompt lookup drafts with no model, but only in spec mode.
 
     The one place that decides it: loading, the CLI, the session, the commands and the engine ask here."""
     if has_drafter:
         return None
-    if mode != "target":
+    if mode == "drafter" or (mode == "spec" and drafter == "model"):
         return f"mode '{mode}' needs a drafter model"
     if compare == "drafter":
         return "compare 'drafter' needs a drafter model"
@@ -140,6 +143,7 @@ VALIDATORS = {
     else f"an integer from 0 to {GAMMA_MAX}, or auto",
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
+    ("speculation", "drafter"): _one_of(DRAFTERS),
     ("speculation", "draft_confidence"): lambda v: None if 0.0 <= v < 1.0 else "a probability in [0, 1) (0 = off)",
     ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
     else "0 (the whole vocabulary) or an id limit of at least 256",

@@ -115,6 +115,7 @@ class ScriptedEngine:
     def __init__(self, replies: list[list], with_drafter: bool = True):
         self.replies = list(replies)
         self.drafter = "scripted drafter" if with_drafter else None
+        self.has_model_drafter = with_drafter
         self.ids: list[int] = []
         self.prompts: list[list[int]] = []  # every prompt it was asked to answer
 

@@ -37,9 +37,9 @@ def exact_first_two(target, ids, sampling) -> dict[tuple[int, int], float]:
     return joint
 
 
-def engine_replies(engine, ids, gamma, drafter_vocab=0):
+def engine_replies(engine, ids, gamma, drafter_vocab=0, drafter="model"):
     """reply(seed, n) -> (ids, stats) of one seeded reply of n tokens from the engine."""
-    speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab)
+    speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab, drafter=drafter)
 
     def reply(seed, n):
         sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed, "max_new_tokens": n})
@@ -146,3 +146,35 @@ def test_sampled_output_of_the_public_function_matches_the_target_distribution(s
                                                top_p=SAMPLING.top_p, max_new_tokens=n, eos_token_ids=[])
         return result.ids, result.stats
     assert worst_deviation(joint, empirical_first_two(reply, gamma=3)) <= 1.0
+
+
+def lookup_prompt(target, tokenizer) -> list[int]:
+    """A prompt whose newest three tokens occurred earlier, followed by two tokens a, b that the target
+    itself finds likely there (found by a few rounds of fixed-point search), so that the lookup
+    drafter's one-hot drafts are accepted often and rejected often."""
+    start, filler = prompt_ids(tokenizer, "def reverse(items):"), prompt_ids(tokenizer, " so")
+    a = b = 0
+    for _ in range(8):
+        seq = start + [a, b] + filler + start[-3:]
+        law_a = exact_law(target, seq)
+        a = max(law_a, key=law_a.get)
+        law_b = exact_law(target, seq + [a])
+        b = max(law_b, key=law_b.get)
+    seq = start + [a, b] + filler + start[-3:]
+    assert 0.1 < exact_law(target, seq).get(a, 0) < 0.9 and 0.1 < exact_law(target, seq + [a]).get(b, 0) < 0.9
+    return seq
+
+
+@torch.inference_mode()
+def exact_law(target, ids):
+    return reference_probs(target(torch.tensor([ids])).logits[0, -1], SAMPLING)
+
+
+def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution(target, tokenizer):
+    """The lookup drafter's q is one-hot: a copy is accepted with probability p(x), and a rejection
+    resamples p without x. Two drafts per step, both in the target's support."""
+    ids = lookup_prompt(target, tokenizer)
+    joint = exact_first_two(target, ids, SAMPLING)
+    engine = make_engine(target, None, tokenizer)
+    counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="lookup"), gamma=2)
+    assert worst_deviation(joint, counts) <= 1.0

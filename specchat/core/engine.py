@@ -21,6 +21,7 @@ from specchat.core import kvcache
 from specchat.core.adaptive import AutoGamma, GammaPolicy
 from specchat.core.detok import Detokenizer
 from specchat.core.drafters import Drafter, DraftPlan, ModelDrafter
+from specchat.core.lookup_drafter import LookupDrafter
 from specchat.core.insight import accept_probability
 from specchat.core.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.core.metrics import StatsRecorder
@@ -52,6 +53,21 @@ class Engine:
         self.cache = kvcache.new_cache(target)
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
+        self.drafters: dict[str, Drafter] = {"lookup": LookupDrafter(self.vocab_size)}
+        if drafter is not None:
+            self.drafters["model"] = drafter
+
+    @property
+    def has_model_drafter(self) -> bool:
+        return "model" in self.drafters
+
+    def use_drafter(self, name: str) -> None:
+        """Make drafters[name] the one that drafts. It starts from an empty cache: what it cached when
+        it last drafted may belong to another conversation."""
+        chosen = self.drafters[name]
+        if chosen is not self.drafter:
+            chosen.reset()
+            self.drafter = chosen
 
     # ----- state -------------------------------------------------------------------------------
     @property
@@ -62,8 +78,8 @@ class Engine:
         """Forget every cached token (both models). The gamma policy keeps what it learnt."""
         self.cache = kvcache.new_cache(self.target)
         self.ids = []
-        if self.drafter:
-            self.drafter.reset()
+        for drafter in self.drafters.values():
+            drafter.reset()
 
     def _adopt_prompt(self, prompt_ids: list[int]) -> int:
         """Make `prompt_ids` the committed sequence, keeping cached KV for the common prefix."""
@@ -93,9 +109,12 @@ class Engine:
         ids, no text) and a final ReplyEnd."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        missing = drafter_needed(self.drafter is not None, speculation.mode)
+        missing = drafter_needed(self.has_model_drafter, speculation.mode, drafter=speculation.drafter)
         if missing:
             raise ValueError(missing)
+        wanted = "model" if speculation.mode == "drafter" else speculation.drafter
+        if wanted in self.drafters:
+            self.use_drafter(wanted)
         try:
             yield from self._run(list(prompt_ids), sampling, speculation, cancel or threading.Event())
         except BaseException:
@@ -107,6 +126,7 @@ class Engine:
             self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup)
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids),
                                  self._adopt_prompt(prompt_ids))
+        recorder.stats.drafter = speculation.drafter if speculation.mode == "spec" else ""
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
         generator = make_generator(seed, self.device)
         yield from self._prefill(speculation.mode, cancel, recorder)

@@ -32,6 +32,7 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
 class ReplyStats:
     mode: str = "spec"
     gamma: int = 0
+    drafter: str = ""     # who drafted in spec mode: model | lookup
     prompt_tokens: int = 0
     new_tokens: int = 0
     drafted: int = 0

@@ -253,10 +253,11 @@ def context_limit(cfg: Config, target, tokenizer) -> int:
 
 
 def _check_drafter_needed(cfg: Config) -> None:
-    problem = drafter_needed(bool(cfg.drafter.source), cfg.speculation.mode, cfg.speculation.compare)
+    problem = drafter_needed(bool(cfg.drafter.source), cfg.speculation.mode, cfg.speculation.compare,
+                             cfg.speculation.drafter)
     if problem:
-        raise ModelLoadError(f"{problem}, and drafter.source is empty: set drafter.source, "
-                             f"or use speculation.mode=target and speculation.compare=on|off")
+        raise ModelLoadError(f"{problem}, and drafter.source is empty: set drafter.source, use "
+                             f"speculation.drafter=lookup (no model), or speculation.mode=target")
 
 
 def _check_target_width(target, tokenizer, name: str) -> None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specchat.config import Config, drafter_needed, undecodable_at
-from specchat.core.events import Origin, ReplyDone, Token
+from specchat.core.events import Origin, Rejected, ReplyDone, Token
+from specchat.core.insight import Rejection
 from specchat.core.metrics import ReplyStats
 
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
@@ -66,6 +67,7 @@ class ReplyRecord:
     stats: ReplyStats
     stop_reason: str
     tokens: list[Token] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)  # each step's first refused draft (/why)
 
     @property
     def cut(self) -> bool:
@@ -145,12 +147,13 @@ class ChatSession:
     # ----- a turn ----------------------------------------------------------------------------
     @property
     def has_drafter(self) -> bool:
-        return self.engine.drafter is not None
+        return self.engine.has_model_drafter
 
     def check_mode(self) -> None:
-        problem = drafter_needed(self.has_drafter, self.config.speculation.mode)
+        problem = drafter_needed(self.has_drafter, self.config.speculation.mode, drafter=self.config.speculation.drafter)
         if problem:
-            raise ChatError(f"{problem}, and none is loaded; use /mode target")
+            hint = "/drafter lookup or /mode target" if self.config.speculation.mode == "spec" else "/mode target"
+            raise ChatError(f"{problem}, and none is loaded; use {hint}")
 
     def reply(self, text: str, cancel: threading.Event | None = None) -> Iterator[Any]:
         """Stream one reply to `text`: Notice, then the engine's events, then any compare output."""
@@ -167,24 +170,26 @@ class ChatSession:
             yield Notice(f"context full: dropped the oldest {_turns(dropped)} "
                          f"to fit {self.context_limit} tokens")
         self.last_prompt_ids = prompt_ids
-        done, tokens = None, []
+        done, tokens, rejections = None, [], []
         for event in self.engine.stream(prompt_ids, self.config.sampling, self.config.speculation, cancel):
             if isinstance(event, Token):
                 tokens.append(event)
+            elif isinstance(event, Rejected) and event.detail is not None:
+                rejections.append(event.detail)
             elif isinstance(event, ReplyDone):
                 done = event
             yield event
         if done.stop_reason == "cancelled" and not done.ids:
             yield Notice("cancelled before the reply began: the message was not added to the conversation")
             return
-        self._record(text, done, tokens)
+        self._record(text, done, tokens, rejections)
         if self.compare_fn and self.config.speculation.compare != "off" and done.stop_reason != "cancelled":
             yield from self.compare_fn(self, prompt_ids, done, cancel)
 
-    def _record(self, user: str, done: ReplyDone, tokens: list[Token]) -> None:
+    def _record(self, user: str, done: ReplyDone, tokens: list[Token], rejections: list[Rejection]) -> None:
         self.messages.append({"role": "user", "content": user})
         self.messages.append({"role": "assistant", "content": done.text})
-        self.records.append(ReplyRecord(user, done.text, done.stats, done.stop_reason, tokens))
+        self.records.append(ReplyRecord(user, done.text, done.stats, done.stop_reason, tokens, rejections))
         self.totals.add(done.stats)
 
 

@@ -167,9 +167,11 @@ def run_once(session: ChatSession, text: str, renderer: render.Renderer, as_json
 
 
 def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
-    problem = drafter_needed(pair.drafter is not None, cfg.speculation.mode, cfg.speculation.compare)
+    problem = drafter_needed(pair.drafter is not None, cfg.speculation.mode, cfg.speculation.compare,
+                             cfg.speculation.drafter)
     if problem:
-        raise ConfigError(f"{problem}, but none was loaded; set drafter.source or speculation.mode=target")
+        raise ConfigError(f"{problem}, but none was loaded; set drafter.source, speculation.drafter=lookup "
+                          f"or speculation.mode=target")
     return ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit,
                        compare_fn=compare(pair) if compare else None)
 
@@ -183,7 +185,7 @@ def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdou
     pair, session = prepare(cfg, load, compare, status)
     if prompt is not None:
         return run_once(session, prompt, renderer, args.json, stdout)
-    renderer.info(render.banner(pair))
+    renderer.info(render.banner(pair, cfg.speculation.drafter))
     renderer.info(render.legend(cfg.speculation.mode, renderer.color, cfg.ui.show_rejected))
     history, problem = open_history(history_path())
     if problem:

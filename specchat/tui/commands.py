@@ -17,7 +17,11 @@ from prompt_toolkit.document import Document
 from rich.table import Table
 
 from specchat.tui import render, stats_view
+from specchat.session.drafter_race import race
+from specchat.tui.compare_view import race_view
 from specchat.tui.transcript import save_transcript
+from specchat.tui.trace import write_trace
+from specchat.tui.why_view import why
 from specchat.session.chat import ChatError, ChatSession
 from specchat.config import ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
@@ -189,8 +193,9 @@ def cmd_sample(session: ChatSession, arg: str) -> Outcome:
 
 
 def cmd_mode(session: ChatSession, arg: str) -> Outcome:
-    if arg and drafter_needed(session.has_drafter, arg):
-        return fail(f"/mode: '{arg}' needs a drafter model, and none is loaded; only target is possible")
+    if arg and drafter_needed(session.has_drafter, arg, drafter=session.config.speculation.drafter):
+        possible = "target, or spec after /drafter lookup" if arg == "spec" else "target, and spec with /drafter lookup"
+        return fail(f"/mode: '{arg}' needs a drafter model, and none is loaded; possible: {possible}")
     outcome = show_or_set(session, "mode", "speculation.mode", "spec|target|drafter", arg)
     if not arg:
         return outcome
@@ -198,7 +203,27 @@ def cmd_mode(session: ChatSession, arg: str) -> Outcome:
     return Outcome(render.group(render.Text(outcome.message), legend))
 
 
+def cmd_drafter(session: ChatSession, arg: str) -> Outcome:
+    if arg == "model" and not session.has_drafter:
+        return fail("/drafter: no drafter model is loaded; lookup (prompt lookup, no model) is possible")
+    return show_or_set(session, "drafter", "speculation.drafter", "model|lookup", arg)
+
+
+def cmd_compare_drafters(session: ChatSession) -> Outcome:
+    try:
+        runs = race(session)
+    except ValueError as err:
+        return fail(f"/compare: {err}")
+    except KeyboardInterrupt:
+        runs = None
+    if runs is None:
+        return fail("/compare drafters: cancelled; nothing changed")
+    return Outcome(race_view(runs))
+
+
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:
+    if arg == "drafters":
+        return cmd_compare_drafters(session)
     if arg and drafter_needed(session.has_drafter, "target", arg):
         return fail("/compare: 'drafter' needs a drafter model, and none is loaded; use /compare on")
     outcome = show_or_set(session, "compare", "speculation.compare", "on|off|drafter", arg)
@@ -264,6 +289,18 @@ def cmd_save(session: ChatSession, arg: str) -> Outcome:
     return Outcome(f"saved {len(session.records)} replies to {path}")
 
 
+def cmd_why(session: ChatSession, arg: str) -> Outcome:
+    try:
+        return Outcome(why(session, arg.strip()))
+    except ValueError as err:
+        return fail(str(err))
+
+
+def cmd_trace(session: ChatSession, arg: str) -> Outcome:
+    path, lines = write_trace(session, arg)
+    return Outcome(f"wrote {lines} token records to {path}")
+
+
 def cmd_config(session: ChatSession, arg: str) -> Outcome:
     rows = [(key, shown(key, value)) for key, value in as_flat_dict(session.config).items()]
     rows.append(("(context)", f"{session.context_used}/{session.context_limit} tokens used"))
@@ -310,11 +347,17 @@ def build_registry() -> Registry:
                         {"random": None, "0": None}),
         Command("mode", "spec|target|drafter", "who writes: speculative, the target alone, the drafter alone",
                 cmd_mode, {"spec": None, "target": None, "drafter": None}),
-        Command("compare", "on|off|drafter", "also run each prompt target-only (or drafter-only) side by side",
-                cmd_compare, {**on_off, "drafter": None}),
+        Command("compare", "on|off|drafter|drafters",
+                "also run each prompt target-only (or drafter-only) side by side; drafters: race every "
+                "drafter on the last prompt", cmd_compare, {**on_off, "drafter": None, "drafters": None}),
+        Command("drafter", "model|lookup", "who drafts: the drafter model, or prompt lookup (no model)",
+                cmd_drafter, {"model": None, "lookup": None}),
         Command("show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show,
                 {"rejected": on_off}),
         Command("stats", "", "the last reply in detail, and session totals", cmd_stats),
+        Command("why", "[N]", "the last reply's rejected drafts: p, q, min(1, p/q), each model's top 5", cmd_why),
+        Command("trace", "[all] PATH.jsonl", "write each token's origin, p and q as JSON lines (last reply, or all)",
+                cmd_trace, PathCompleter(expanduser=True)),
         Command("system", "TEXT", "set the system prompt (no text: show it)", cmd_system),
         Command("reset", "", "forget the conversation", cmd_reset),
         Command("history", "", "show the conversation", cmd_history),

@@ -68,3 +68,20 @@ def view_compare_fn(comparer):
         for report in comparer(session, prompt_ids, done, cancel):
             yield CompareView(report)
     return compare_fn
+
+
+def race_view(runs) -> Group:
+    """/compare drafters: one row per drafter (and none), the fastest marked, and how to switch to it."""
+    best = max(runs, key=lambda run: run.stats.tokens_per_s)
+    table = Table(header_style="bold", box=None, pad_edge=False)
+    for name in ("drafter", "tok/s", "acceptance", "tok/step", "c", "speedup", ""):
+        table.add_column(name, justify="left" if name in ("drafter", "") else "right")
+    for run in runs:
+        s = run.stats
+        acceptance = f"{s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})" if s.drafted else "–"
+        cost = f"{s.cost_ratio:.2f}" if s.drafted and s.drafter_timed else "–"
+        table.add_row(run.drafter, f"{s.tokens_per_s:.1f}", acceptance, f"{s.tokens_per_step:.2f}", cost,
+                      f"{run.speedup:.2f}×", "◀ fastest" if run is best else "")
+    advice = ("the target alone was fastest on this prompt: /mode target" if best.drafter == "none"
+              else f"fastest: {best.drafter} — switch with /drafter {best.drafter}")
+    return Group(table, Text(advice, style="bold"))

@@ -187,6 +187,8 @@ def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | Non
         parts.append(f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%})")
         parts.append(f"{stats.tokens_per_step:.1f} tok/step")
         parts.append(f"γ {gamma_text(stats.gamma, stats.mean_gamma)}")
+        if stats.drafter and stats.drafter != "model":
+            parts.append(f"{stats.drafter} drafter")
     else:
         parts.append(f"{stats.mode} only")
     if speedup is not None:
@@ -226,15 +228,18 @@ def model_facts_text(role: str, facts) -> str:
             f"{facts.backend} forward, {facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
 
 
-def banner(pair) -> Text:
+def banner(pair, drafter: str = "model") -> Text:
+    """The models, and who drafts (`drafter` is speculation.drafter)."""
     text = Text("specchat", style="bold")
     text.append(" · " + model_facts_text("target", pair.target_facts))
     if getattr(pair.target_facts, "template", "own") == "plain":
         text.append("\n         · the tokenizer has no chat template: using plain User:/Assistant: turns")
-    if pair.drafter_facts is not None:
+    if drafter == "lookup":
+        text.append("\n         · drafter: prompt lookup, no model (/drafter switches)")
+    elif pair.drafter_facts is not None:
         text.append("\n         · " + model_facts_text("drafter", pair.drafter_facts))
     else:
-        text.append("\n         · no drafter (target-only)")
+        text.append("\n         · no drafter model (target-only, or /drafter lookup)")
     return text
 
 

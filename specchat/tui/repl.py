@@ -84,7 +84,8 @@ def toolbar_text(session: ChatSession) -> str:
     temperature = "greedy" if s.is_greedy else f"temp {s.temperature:g}"
     last = session.last_stats
     acceptance = f"{last.acceptance_rate:.0%}" if last is not None and last.drafted else "–"
-    return (f" {sp.mode} · γ {render.gamma_text(sp.gamma)} · {temperature} · top-k {s.top_k or 'off'} · "
+    drafter = f" · drafter {sp.drafter}" if sp.mode == "spec" else ""
+    return (f" {sp.mode}{drafter} · γ {render.gamma_text(sp.gamma)} · {temperature} · top-k {s.top_k or 'off'} · "
             f"top-p {s.top_p:g} · compare {sp.compare} · last acceptance {acceptance} · "
             f"ctx {session.context_used}/{session.context_limit} · F2 compare · /help ")
 

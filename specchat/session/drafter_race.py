@@ -1,0 +1,59 @@
+"""/compare drafters: rerun the last prompt with each available drafter, and with none, side by side.
+
+Every run gets a fresh engine on the same loaded models (empty caches, a copy of the chat's gamma
+policy) and the same seed, so the chat's history and caches are untouched and the runs are fair.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import threading
+from dataclasses import dataclass
+
+from specchat.core.drafters import ModelDrafter
+from specchat.core.engine import Engine
+from specchat.core.events import ReplyEnd
+from specchat.core.metrics import ReplyStats
+
+NO_DRAFTER = "none"
+
+
+@dataclass(frozen=True)
+class RaceRun:
+    drafter: str          # model | lookup | none (the target alone)
+    stats: ReplyStats
+    speedup: float        # tok/s over the target-only run's
+
+
+def fresh_engine(engine: Engine) -> Engine:
+    """An engine on `engine`'s models with caches of its own and a copy of its gamma policy."""
+    model = engine.drafters.get("model")
+    drafter = ModelDrafter(model.model, model.vocab_size) if model is not None else None
+    return Engine(engine.target, engine.tokenizer, drafter, engine.eos_ids, engine.vocab_size,
+                  copy.deepcopy(engine.policy))
+
+
+def contenders(engine: Engine) -> list[str]:
+    return [NO_DRAFTER, *(name for name in ("model", "lookup") if name in engine.drafters)]
+
+
+def race(session, cancel: threading.Event | None = None) -> list[RaceRun] | None:
+    """Each contender on the last prompt; None when cancelled. Raises ValueError before any reply."""
+    if not session.records:
+        raise ValueError("no reply yet: /compare drafters reruns the last prompt with each drafter")
+    cfg = session.config
+    seed = cfg.sampling.seed if cfg.sampling.seed >= 0 else random.randrange(2**63)
+    sampling = dataclasses.replace(cfg.sampling, seed=seed)
+    stats = {}
+    for name in contenders(session.engine):
+        mode, drafter = ("target", "model") if name == NO_DRAFTER else ("spec", name)
+        speculation = dataclasses.replace(cfg.speculation, mode=mode, drafter=drafter)
+        final = None
+        for item in fresh_engine(session.engine).steps(session.last_prompt_ids, sampling, speculation, cancel):
+            final = item if isinstance(item, ReplyEnd) else final
+        if final is None or final.stop_reason == "cancelled":
+            return None
+        stats[name] = final.stats
+    base = stats[NO_DRAFTER].tokens_per_s
+    return [RaceRun(name, s, s.tokens_per_s / base if base else 0.0) for name, s in stats.items()]
