@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ W8A8_MODES = ("w8a8", "w8a8-fast")  # int8×int8 on fbgemm: 16-bit activations i
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")
-DRAFTERS = ("model", "lookup")  # who drafts in spec mode: the drafter model, or prompt lookup (no model)
+DRAFTERS = ("model", "lookup", "self:N")  # who drafts in spec mode: the drafter model, prompt lookup (no
+# model), or the target's own first N layers (no second model)
 
 
 class ConfigError(ValueError):
@@ -67,7 +69,7 @@ class SpeculationConfig:
     drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
     prompt_lookup: bool = False    # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
-    drafter: str = "model"    # model (the drafter model) | lookup (prompt lookup, no model)
+    drafter: str = "model"    # model (the drafter model) | lookup (prompt lookup, no model) | self:N
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,8 @@ VALIDATORS = {
     else f"an integer from 0 to {GAMMA_MAX}, or auto",
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
-    ("speculation", "drafter"): _one_of(DRAFTERS),
+    ("speculation", "drafter"): lambda v: None if v in DRAFTERS[:2] or re.fullmatch(r"self:[1-9][0-9]{0,2}", v)
+    else "model, lookup or self:N (the target's first N layers draft)",
     ("speculation", "draft_confidence"): lambda v: None if 0.0 <= v < 1.0 else "a probability in [0, 1) (0 = off)",
     ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
     else "0 (the whole vocabulary) or an id limit of at least 256",

@@ -178,3 +178,11 @@ def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution
     engine = make_engine(target, None, tokenizer)
     counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="lookup"), gamma=2)
     assert worst_deviation(joint, counts) <= 1.0
+
+
+def test_sampled_speculation_with_the_self_drafter_matches_target_distribution(setting, target, tokenizer):
+    """The target's first two layers draft (self:2): q is their own law, p the whole target's."""
+    ids, joint = setting
+    engine = make_engine(target, None, tokenizer)
+    counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="self:2"), gamma=2)
+    assert worst_deviation(joint, counts) <= 1.0

@@ -41,3 +41,32 @@ def test_the_set_only_grows_and_rescans_a_shorter_conversation():
     assert vocab.to_ids(torch.tensor([3, 4, 5])).tolist() == [5, 6, 8]
     vocab.update([9])  # a new, shorter conversation
     assert vocab.width == 3 + 4
+
+
+def test_a_conversation_that_changes_early_forgets_the_ids_seen_after_the_change():
+    vocab = DraftVocab(head(), limit=3, always_ids=[11])
+    vocab.update([5, 6, 8])
+    vocab.keep_first(3)  # nothing changed within what was read
+    assert vocab.width == 3 + 4
+    vocab.keep_first(1)  # the conversation differs after its first id: 6 and 8 may be gone
+    vocab.update([5, 7])
+    assert vocab.to_ids(torch.arange(vocab.width)).tolist() == [0, 1, 2, 5, 7, 11]
+
+
+def test_drafter_only_replies_do_not_depend_on_an_earlier_conversation(target, similar_drafter_model, tokenizer):
+    """With a restricted drafter vocabulary, a drafter-only reply after /system and /reset equals a fresh
+    engine's: ids seen in the old conversation are no longer proposable (found by the churn test)."""
+    from conftest import make_engine
+    from specchat.config import SamplingConfig, SpeculationConfig
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=20)
+    speculation = SpeculationConfig(mode="drafter", drafter_vocab=256)
+    new = tokenizer.encode("plain words then hello")
+    whole_vocab = SpeculationConfig(mode="drafter", drafter_vocab=0)
+    own = list(make_engine(target, similar_drafter_model, tokenizer).stream(new, sampling, whole_vocab))[-1].ids
+    beyond = [i for i in own if i >= 256 and i not in new]
+    assert beyond  # the drafter's own choices include ids a fresh restricted drafter cannot propose
+    used = make_engine(target, similar_drafter_model, tokenizer)
+    list(used.stream(list(own) + new, sampling, speculation))  # an old conversation that holds them
+    again = list(used.stream(new, sampling, speculation))[-1].ids
+    fresh = list(make_engine(target, similar_drafter_model, tokenizer).stream(new, sampling, speculation))[-1].ids
+    assert again == fresh

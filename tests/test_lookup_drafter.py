@@ -68,7 +68,7 @@ def test_the_drafter_command_and_the_toolbar(target, tokenizer):
     list(session.reply(REPEATING))
     assert session.records[-1].stats.drafter == "lookup"
     outcome = registry.run(session, "/drafter sideways")
-    assert outcome.error and "one of model, lookup" in outcome.message
+    assert outcome.error and "model, lookup or self:N" in outcome.message
 
 
 def test_compare_drafters_races_each_drafter_and_leaves_the_chat_untouched(target, similar_drafter_model,
@@ -82,7 +82,7 @@ def test_compare_drafters_races_each_drafter_and_leaves_the_chat_untouched(targe
               len(session.records), session.config)
     from specchat.session.drafter_race import race
     runs = race(session)
-    assert [run.drafter for run in runs] == ["none", "model", "lookup"]
+    assert [run.drafter for run in runs] == ["none", "model", "lookup", "self:1"]  # a quarter of 3 layers
     for run in runs:
         assert run.stats.new_tokens == session.records[-1].stats.new_tokens  # greedy: the same reply each time
     assert runs[0].stats.drafted == 0 and runs[1].stats.drafted > 0 and runs[0].speedup == 1.0

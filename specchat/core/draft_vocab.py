@@ -17,7 +17,8 @@ class DraftVocab:
         self.head = head
         self.limit = limit
         self._low = head_rows(head, slice(0, limit))
-        self._extra: list[int] = sorted({int(i) for i in always_ids if i >= limit})
+        self._always = sorted({int(i) for i in always_ids if i >= limit})
+        self._extra: list[int] = list(self._always)
         self._extra_index = torch.tensor(self._extra, dtype=torch.long)
         self._high = None          # the head's rows for the extra ids, rebuilt when the set grows
         self._scanned = 0          # how much of the id list has been looked at
@@ -36,6 +37,14 @@ class DraftVocab:
             self._extra = sorted(set(self._extra) | fresh)
             self._extra_index = torch.tensor(self._extra, dtype=torch.long)
             self._high = None
+
+    def keep_first(self, length: int) -> None:
+        """The conversation may differ after its first `length` ids (a new system prompt, dropped
+        turns): forget the ids seen after them, so the drafter proposes what a fresh one would."""
+        if length >= self._scanned:
+            return
+        self._extra, self._scanned, self._high = list(self._always), 0, None
+        self._extra_index = torch.tensor(self._extra, dtype=torch.long)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, hidden] -> [rows, width]: ids below the limit first, then the extra ids in order."""

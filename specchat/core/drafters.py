@@ -106,6 +106,8 @@ class ModelDrafter:
     def rollback(self, committed_len: int) -> None:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
         kvcache.crop_to(self.cache, min(self.seen, committed_len - 1))
+        if self._vocab is not None:
+            self._vocab.keep_first(committed_len - 1)
 
     @torch.inference_mode()
     def catch_up(self, ids: list[int], upto: int) -> None:

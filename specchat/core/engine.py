@@ -22,6 +22,7 @@ from specchat.core.adaptive import AutoGamma, GammaPolicy
 from specchat.core.detok import Detokenizer
 from specchat.core.drafters import Drafter, DraftPlan, ModelDrafter
 from specchat.core.lookup_drafter import LookupDrafter
+from specchat.core.self_drafter import check_self_layers, self_drafter, self_layers
 from specchat.core.insight import accept_probability
 from specchat.core.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.core.metrics import StatsRecorder
@@ -61,10 +62,26 @@ class Engine:
     def has_model_drafter(self) -> bool:
         return "model" in self.drafters
 
+    def drafter_problem(self, name: str) -> str | None:
+        """Why drafter `name` cannot draft here (an unknown name, or a self:N with N out of range)."""
+        n = self_layers(name)
+        if n is not None:
+            return check_self_layers(self.target, n)
+        return None if name in self.drafters or name == "model" else f"no drafter named {name}"
+
+    def _drafter_named(self, name: str) -> Drafter:
+        """drafters[name], building a self:N drafter on first use (it shares the target's weights)."""
+        if name not in self.drafters:
+            problem = self.drafter_problem(name)
+            if problem:
+                raise ValueError(problem)
+            self.drafters[name] = self_drafter(self.target, self_layers(name), self.vocab_size)
+        return self.drafters[name]
+
     def use_drafter(self, name: str) -> None:
         """Make drafters[name] the one that drafts. It starts from an empty cache: what it cached when
         it last drafted may belong to another conversation."""
-        chosen = self.drafters[name]
+        chosen = self._drafter_named(name)
         if chosen is not self.drafter:
             chosen.reset()
             self.drafter = chosen
@@ -113,7 +130,7 @@ class Engine:
         if missing:
             raise ValueError(missing)
         wanted = "model" if speculation.mode == "drafter" else speculation.drafter
-        if wanted in self.drafters:
+        if wanted in self.drafters or self_layers(wanted) is not None:
             self.use_drafter(wanted)
         try:
             yield from self._run(list(prompt_ids), sampling, speculation, cancel or threading.Event())

@@ -150,10 +150,14 @@ class ChatSession:
         return self.engine.has_model_drafter
 
     def check_mode(self) -> None:
-        problem = drafter_needed(self.has_drafter, self.config.speculation.mode, drafter=self.config.speculation.drafter)
+        speculation = self.config.speculation
+        problem = drafter_needed(self.has_drafter, speculation.mode, drafter=speculation.drafter)
         if problem:
-            hint = "/drafter lookup or /mode target" if self.config.speculation.mode == "spec" else "/mode target"
+            hint = "/drafter lookup or /mode target" if speculation.mode == "spec" else "/mode target"
             raise ChatError(f"{problem}, and none is loaded; use {hint}")
+        unusable = self.engine.drafter_problem(speculation.drafter) if speculation.mode == "spec" else None
+        if unusable:
+            raise ChatError(f"{unusable}; choose another with /drafter")
 
     def reply(self, text: str, cancel: threading.Event | None = None) -> Iterator[Any]:
         """Stream one reply to `text`: Notice, then the engine's events, then any compare output."""

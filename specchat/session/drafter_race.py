@@ -15,13 +15,14 @@ from specchat.core.drafters import ModelDrafter
 from specchat.core.engine import Engine
 from specchat.core.events import ReplyEnd
 from specchat.core.metrics import ReplyStats
+from specchat.core.self_drafter import layer_count, self_layers
 
 NO_DRAFTER = "none"
 
 
 @dataclass(frozen=True)
 class RaceRun:
-    drafter: str          # model | lookup | none (the target alone)
+    drafter: str          # model | lookup | self:N | none (the target alone)
     stats: ReplyStats
     speedup: float        # tok/s over the target-only run's
 
@@ -34,8 +35,13 @@ def fresh_engine(engine: Engine) -> Engine:
                   copy.deepcopy(engine.policy))
 
 
-def contenders(engine: Engine) -> list[str]:
-    return [NO_DRAFTER, *(name for name in ("model", "lookup") if name in engine.drafters)]
+def contenders(engine: Engine, current: str) -> list[str]:
+    """None, the drafter model if loaded, lookup, and a self drafter: the current one if it is self:N,
+    else the target's first quarter of layers."""
+    names = [NO_DRAFTER, *(name for name in ("model", "lookup") if name in engine.drafters)]
+    if self_layers(current) is None:
+        current = f"self:{max(1, layer_count(engine.target) // 4)}"
+    return names + ([current] if engine.drafter_problem(current) is None else [])
 
 
 def race(session, cancel: threading.Event | None = None) -> list[RaceRun] | None:
@@ -46,7 +52,7 @@ def race(session, cancel: threading.Event | None = None) -> list[RaceRun] | None
     seed = cfg.sampling.seed if cfg.sampling.seed >= 0 else random.randrange(2**63)
     sampling = dataclasses.replace(cfg.sampling, seed=seed)
     stats = {}
-    for name in contenders(session.engine):
+    for name in contenders(session.engine, cfg.speculation.drafter):
         mode, drafter = ("target", "model") if name == NO_DRAFTER else ("spec", name)
         speculation = dataclasses.replace(cfg.speculation, mode=mode, drafter=drafter)
         final = None

@@ -172,7 +172,11 @@ def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
     if problem:
         raise ConfigError(f"{problem}, but none was loaded; set drafter.source, speculation.drafter=lookup "
                           f"or speculation.mode=target")
-    return ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit,
+    engine = build_engine(pair)
+    problem = engine.drafter_problem(cfg.speculation.drafter)
+    if problem:
+        raise ConfigError(f"speculation.drafter: {problem}")
+    return ChatSession(engine, pair.tokenizer, cfg, pair.context_limit,
                        compare_fn=compare(pair) if compare else None)
 
 

@@ -205,8 +205,11 @@ def cmd_mode(session: ChatSession, arg: str) -> Outcome:
 
 def cmd_drafter(session: ChatSession, arg: str) -> Outcome:
     if arg == "model" and not session.has_drafter:
-        return fail("/drafter: no drafter model is loaded; lookup (prompt lookup, no model) is possible")
-    return show_or_set(session, "drafter", "speculation.drafter", "model|lookup", arg)
+        return fail("/drafter: no drafter model is loaded; lookup or self:N (no second model) is possible")
+    problem = session.engine.drafter_problem(arg) if re.fullmatch(r"self:\d+", arg) else None
+    if problem:
+        return fail(f"/drafter: {problem}")
+    return show_or_set(session, "drafter", "speculation.drafter", "model|lookup|self:N", arg)
 
 
 def cmd_compare_drafters(session: ChatSession) -> Outcome:
@@ -350,8 +353,9 @@ def build_registry() -> Registry:
         Command("compare", "on|off|drafter|drafters",
                 "also run each prompt target-only (or drafter-only) side by side; drafters: race every "
                 "drafter on the last prompt", cmd_compare, {**on_off, "drafter": None, "drafters": None}),
-        Command("drafter", "model|lookup", "who drafts: the drafter model, or prompt lookup (no model)",
-                cmd_drafter, {"model": None, "lookup": None}),
+        Command("drafter", "model|lookup|self:N",
+                "who drafts: the drafter model, prompt lookup (no model), or the target's first N layers",
+                cmd_drafter, {"model": None, "lookup": None, "self:4": None, "self:8": None}),
         Command("show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show,
                 {"rejected": on_off}),
         Command("stats", "", "the last reply in detail, and session totals", cmd_stats),

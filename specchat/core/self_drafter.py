@@ -1,0 +1,68 @@
+"""The self drafter (`self:N`): the target's own first N layers, then its final norm and head, draft
+for the whole target (LayerSkip-style self-speculation; transformers' `assistant_early_exit`).
+
+It shares every weight with the target, so it costs no memory beyond its own KV cache and needs no
+second model. It runs through the same ModelDrafter as a drafter model, with a cache of its own. How
+well a model drafts for itself from an early layer depends on the model: ones trained for early exit
+(LayerSkip) do well; others accept less, which `/compare drafters` shows.
+"""
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+
+from specchat.core import kvcache
+from specchat.core.drafters import ModelDrafter
+
+PREFIX = "self:"
+
+
+def self_layers(name: str) -> int | None:
+    """N of a 'self:N' drafter name; None for another name."""
+    if not name.startswith(PREFIX):
+        return None
+    digits = name[len(PREFIX):]
+    return int(digits) if digits.isdigit() else None
+
+
+def layer_count(model) -> int:
+    return len(model.get_decoder().layers)
+
+
+def check_self_layers(model, n: int) -> str | None:
+    """Why `self:n` cannot draft for `model`; None when it can."""
+    total = layer_count(model)
+    if not 1 <= n < total:
+        return f"self:{n}: the target has {total} layers, so N must be from 1 to {total - 1}"
+    return None
+
+
+def truncated_model(model, n: int):
+    """A view of `model` that runs only its first n decoder layers: new module objects around the same
+    layers, norm, embeddings and head (no weight is copied), with a config that says n layers."""
+    config = copy.copy(model.config)
+    config.num_hidden_layers = n
+    if getattr(config, "layer_types", None):
+        config.layer_types = list(config.layer_types)[:n]
+    decoder = copy.copy(model.get_decoder())
+    decoder._modules = dict(decoder._modules)
+    decoder.layers = nn.ModuleList(list(decoder.layers)[:n])
+    decoder.config = config
+    view = copy.copy(model)
+    view._modules = dict(view._modules)
+    view.__dict__.pop(kvcache.LEAN, None)  # the target's lean forward runs all its layers
+    setattr(view, _decoder_attribute(model), decoder)
+    view.config = config
+    if getattr(model, kvcache.LEAN, None) is not None:
+        kvcache.attach_lean(view)
+    return view
+
+
+def _decoder_attribute(model) -> str:
+    decoder = model.get_decoder()
+    return next(name for name, module in model.named_children() if module is decoder)
+
+
+def self_drafter(model, n: int, vocab_size: int) -> ModelDrafter:
+    return ModelDrafter(truncated_model(model, n), vocab_size)
