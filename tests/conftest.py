@@ -116,11 +116,11 @@ class ScriptedEngine:
         self.replies = list(replies)
         self.drafter = "scripted drafter" if with_drafter else None
         self.has_model_drafter = with_drafter
-
-    def drafter_problem(self, name: str) -> str | None:
-        return None
         self.ids: list[int] = []
         self.prompts: list[list[int]] = []  # every prompt it was asked to answer
+
+    def drafter_problem(self, name: str) -> str | None:
+        return None  # every drafter name is fine: nothing drafts
 
     def reset(self) -> None:
         self.ids = []
