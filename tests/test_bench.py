@@ -182,3 +182,21 @@ def test_only_picks_prompts_by_name_and_names_the_unknown_ones():
     assert names == ["linked-list", "explain-gil"]  # the prompt set's own order
     with pytest.raises(ConfigError, match="no prompt called nope"):
         bench.load_prompts(None, False, "linked-list,nope")
+
+
+def test_lookup_and_self_drafter_rows_run_exact_and_methods_filter_keeps_baselines(target, similar_drafter_model,
+                                                                                   tokenizer):
+    cfg = with_value(Config(), "drafter.source", "tiny")
+    methods = bench.chosen_methods(default_methods(cfg, drafters=("lookup", "self:2")), "lookup,self:")
+    assert [m.name for m in methods] == ["specchat target-only", "specchat lookup γ4", "specchat self:2 γ4"]
+    runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), methods, "")
+    rows = bench.run_bench(runner, PROMPTS, ["greedy"], max_new=16, progress=lambda label: None)
+    greedy = {s["method"]: s for s in map(bench.summarise, rows)}
+    assert all(s["exact"] for s in greedy.values())
+    assert greedy["specchat self:2 γ4"]["alpha"] is not None  # it drafted, with the target's own layers
+    assert bench.chosen_methods(methods, "") == methods
+
+
+def test_a_bad_drafter_row_is_a_one_line_error(capsys):
+    assert bench.main(["--drafters", "lookup,self:x"]) == 2
+    assert "--drafters: " in capsys.readouterr().err

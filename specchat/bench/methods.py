@@ -19,6 +19,7 @@ SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)
 LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
 UNQUANTIZED = " · unquantized drafter"  # name suffix: transformers with the drafter as shipped
 HF_GAMMAS = (4, 8)
+DRAFTER_ROW_GAMMA = 4  # the lookup and self:N rows draft as many as the model row γ4
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Method:
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
     drafter: str = "loaded"    # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
     target: str = ""           # specchat: "" the configured target, else another quantization of it
+    speculator: str = "model"  # specchat spec: who drafts (speculation.drafter: model | lookup | self:N)
 
     @property
     def baseline(self) -> str:
@@ -59,11 +61,13 @@ class Measurement:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: bool = False) -> list[Method]:
+def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: bool = False,
+                    drafters: tuple[str, ...] = ()) -> list[Method]:
     """Target-only both ways; with a drafter, transformers assisted generation on the same drafter
     (and on the unquantized drafter when the config quantizes it) and specchat at several gammas.
-    Each of `other_targets` (target quantizations) adds specchat's rows on that target; `llamacpp`
-    adds llama.cpp's target-only and speculative rows on the same GGUF files."""
+    Each of `drafters` (lookup, self:N: no drafter model needed) adds a specchat row at γ
+    DRAFTER_ROW_GAMMA. Each of `other_targets` (target quantizations) adds specchat's rows on that
+    target; `llamacpp` adds llama.cpp's target-only and speculative rows on the same GGUF files."""
     methods = [Method(target_only_name(""), "specchat", "target"),
                Method("HF generate target-only", "hf", "target")]
     if cfg.drafter.source:
@@ -71,6 +75,8 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
         if cfg.drafter.quantization != "none":
             methods += _hf_assisted("unquantized", UNQUANTIZED)
         methods += _specchat_spec("")
+    methods += [Method(f"specchat {name} γ{DRAFTER_ROW_GAMMA}", "specchat", "spec", DRAFTER_ROW_GAMMA,
+                       speculator=name) for name in drafters]
     for quantization in other_targets:
         methods.append(Method(target_only_name(quantization), "specchat", "target", target=quantization))
         methods += _specchat_spec(quantization) if cfg.drafter.source else []
@@ -171,7 +177,8 @@ class Runner:
         engine = self.engines[method.target]
         engine.reset()  # every method pays its own prefill, as generate() does
         engine.policy = AutoGamma()  # and learns alone: no method trains the next one's auto gamma
-        speculation = dataclasses.replace(self.speculation, gamma=method.gamma or 0, mode=method.mode)
+        speculation = dataclasses.replace(self.speculation, gamma=method.gamma or 0, mode=method.mode,
+                                          drafter=method.speculator)
         done = [e for e in engine.steps(ids, sampling, speculation) if isinstance(e, ReplyEnd)][0]
         s = done.stats
         spec = method.mode == "spec"

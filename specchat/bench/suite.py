@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specchat.bench.methods import LLAMACPP_TARGET_ONLY, Measurement, Method, Runner, default_methods
 from specchat.bench.turns import compare_reuse
-from specchat.config import QUANTIZATIONS, ConfigError, SamplingConfig, load_config
+from specchat.config import QUANTIZATIONS, ConfigError, SamplingConfig, load_config, with_value
 from specchat.loading.errors import ModelLoadError
 
 PROMPTS_FILE = Path(__file__).parent.parent / "prompts" / "bench.json"
@@ -56,6 +56,10 @@ def parse_args(argv):
                         help="also run specchat on the target quantized these ways, e.g. w8a8 or none")
     parser.add_argument("--no-llamacpp", action="store_true",
                         help="leave out llama.cpp's rows (they run when llama-cpp-python is installed)")
+    parser.add_argument("--drafters", default="lookup,self:7", metavar="NAMES",
+                        help="drafters beyond the model with a row each at γ4: lookup, self:N (\"\" for none)")
+    parser.add_argument("--methods", default="", metavar="WORDS",
+                        help="only rows whose name contains one of these (comma-separated); baselines always run")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and PNG results")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
@@ -166,6 +170,17 @@ def _fail(message: str) -> int:
     return 2
 
 
+def chosen_methods(methods: list[Method], words: str) -> list[Method]:
+    """The methods whose name contains one of the comma-separated words, with the baselines they are
+    compared with; all of them when there are no words."""
+    wanted = [w.strip() for w in words.split(",") if w.strip()]
+    if not wanted:
+        return methods
+    kept = {m.name for m in methods if any(w in m.name for w in wanted)}
+    kept |= {m.baseline for m in methods if m.name in kept}
+    return [m for m in methods if m.name in kept]
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from rich.console import Console
@@ -184,11 +199,20 @@ def main(argv=None) -> int:
     if any(q not in QUANTIZATIONS or q == cfg.target.quantization for q in other_targets):
         return _fail(f"--other-targets takes quantizations other than the configured target's "
                      f"({', '.join(QUANTIZATIONS)}), got '{args.other_targets}'")
-    llamacpp = not args.no_llamacpp and _llamacpp_available(cfg, console)
     try:
-        runner = Runner.load(cfg, default_methods(cfg, other_targets, llamacpp), console)
+        drafters = tuple(with_value(cfg, "speculation.drafter", d.strip()).speculation.drafter
+                         for d in args.drafters.split(",") if d.strip())
+    except ConfigError as err:
+        return _fail(f"--drafters: {err}")
+    llamacpp = not args.no_llamacpp and _llamacpp_available(cfg, console)
+    methods = chosen_methods(default_methods(cfg, other_targets, llamacpp, drafters), args.methods)
+    try:
+        runner = Runner.load(cfg, methods, console)
     except ModelLoadError as err:
         return _fail(str(err))
+    problems = [runner.engine.drafter_problem(d) for d in drafters]
+    if any(problems):
+        return _fail(f"--drafters: {next(p for p in problems if p)}")
     started = time.time()
     total = len(settings) * len(prompts) * len(runner.methods)
     rows = with_progress(console, total, lambda tick: run_bench(runner, prompts, settings, max_new, tick))
