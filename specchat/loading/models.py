@@ -121,11 +121,15 @@ def _backend(model, backend: str) -> str:
 
 def runnable_quantization(mc: ModelConfig, device: str, role: str,
                           progress: Progress | None = None) -> ModelConfig:
-    """w8a8 runs on fbgemm, a CPU kernel: elsewhere the model loads unquantized, with one notice."""
-    if mc.quantization not in W8A8_MODES or torch.device(device).type == "cpu":
+    """specchat's own int8 modes are for the CPU: elsewhere the model loads unquantized, with one notice.
+
+    w8a8 runs on fbgemm, a CPU kernel. Weight-only int8 runs on a GPU too, but dequantizes every weight
+    on every call there, which is slower than the 16-bit weights it replaces (use 4bit or 8bit there)."""
+    if mc.quantization not in ("int8", *W8A8_MODES) or torch.device(device).type == "cpu":
         return mc
-    report(progress, f"{role}: quantization {mc.quantization} runs on the CPU only; loading it unquantized on {device}",
-           None)
+    why = ("is fast on the CPU only (elsewhere it dequantizes every weight on every call)"
+           if mc.quantization == "int8" else "runs on the CPU only")
+    report(progress, f"{role}: quantization {mc.quantization} {why}; loading it unquantized on {device}", None)
     return dataclasses.replace(mc, quantization="none")
 
 
