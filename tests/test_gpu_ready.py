@@ -57,3 +57,45 @@ def test_int8_on_the_cpu_stays_int8(target_dir, cache):
                                                        dtype="float32"))
     assert facts.quantization == "int8"
     assert any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+# ----- item 2: base models get the BOS their tokenizer normally adds ------------------------------
+BOS = "<|endoftext|>"
+
+
+def base_tokenizer(adds_bos: bool, names_bos: bool = True):
+    """The tiny tokenizer without a chat template (a base model's), putting BOS before text or not."""
+    from tokenizers import processors
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = None
+    if names_bos:
+        tokenizer.bos_token = BOS  # gpt2 names a BOS but does not add it
+    if adds_bos:
+        bos_id = tokenizer.convert_tokens_to_ids(BOS)
+        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)])
+    return tokenizer
+
+
+@pytest.mark.parametrize("adds_bos, names_bos", [(True, True), (False, True), (False, False)])
+def test_plain_template_opens_with_bos_only_where_the_tokenizer_adds_one(adds_bos, names_bos):
+    tokenizer = base_tokenizer(adds_bos, names_bos)
+    assert (tokenizer("a")["input_ids"][0] == tokenizer.bos_token_id) == adds_bos  # what the template follows
+    tokenizer.chat_template = models.plain_template(tokenizer)
+    turn = [{"role": "user", "content": "hi"}]
+    text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    assert text == (BOS if adds_bos else "") + "User: hi\nAssistant:"
+    ids = tokenizer.apply_chat_template(turn, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert (ids[0] == tokenizer.convert_tokens_to_ids(BOS)) == adds_bos
+    assert ids.count(tokenizer.convert_tokens_to_ids(BOS)) == int(adds_bos)  # once, never twice
+
+
+def test_a_base_model_loaded_from_disk_gets_its_bos(tmp_path, tok):
+    from specchat.session.chat import render_prompt
+    path = tmp_path / "base"
+    build_model(len(tok), seed=3, layers=1, hidden=32).save_pretrained(path)
+    base_tokenizer(adds_bos=True).save_pretrained(path)
+    _model, tokenizer, facts = models.load_model(ModelConfig(source=str(path), dtype="float32", device="cpu"))
+    assert facts.template == "plain"
+    ids = render_prompt(tokenizer, "Be brief.", [{"role": "user", "content": "hi"}])
+    assert ids[0] == tokenizer.bos_token_id and tokenizer.decode(ids[1:]) == "Be brief.\n\nUser: hi\nAssistant:"

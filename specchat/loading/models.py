@@ -218,8 +218,18 @@ def _load_tokenizer(checkpoint: Checkpoint, mc: ModelConfig, source: Source):
         raise _load_error(err, source, "the tokenizer") from err
     if getattr(tokenizer, "chat_template", None):
         return tokenizer, "own"
-    tokenizer.chat_template = PLAIN_TEMPLATE
+    tokenizer.chat_template = plain_template(tokenizer)
     return tokenizer, "plain"
+
+
+def plain_template(tokenizer) -> str:
+    """PLAIN_TEMPLATE, opened with the BOS token when the tokenizer puts one before ordinary text (Llama-2 does,
+    gpt2 and bloom do not): apply_chat_template adds no special tokens of its own."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    ids = tokenizer("a")["input_ids"]
+    if bos is not None and ids and ids[0] == bos:
+        return "{{ bos_token }}" + PLAIN_TEMPLATE
+    return PLAIN_TEMPLATE
 
 
 def _load_error(err: Exception, source: Source, what: str) -> ModelLoadError:
