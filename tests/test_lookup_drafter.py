@@ -1,6 +1,8 @@
 """The lookup drafter (prompt lookup, no model), switching drafters live, and /compare drafters."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from conftest import hf_greedy, make_engine, prompt_ids, run_reply
@@ -81,13 +83,36 @@ def test_compare_drafters_races_each_drafter_and_leaves_the_chat_untouched(targe
     before = (list(session.messages), list(engine.ids), cache_length(engine.cache), engine.drafter.seen,
               len(session.records), session.config)
     from specchat.session.drafter_race import race
-    runs = race(session)
+    runs = list(race(session, threading.Event()))
     assert [run.drafter for run in runs] == ["none", "model", "lookup", "self:1"]  # a quarter of 3 layers
     for run in runs:
         assert run.stats.new_tokens == session.records[-1].stats.new_tokens  # greedy: the same reply each time
     assert runs[0].stats.drafted == 0 and runs[1].stats.drafted > 0 and runs[0].speedup == 1.0
     outcome = registry.run(session, "/compare drafters")
-    assert not outcome.error
+    assert not outcome.error and outcome.message.startswith("racing 4 ways to answer the last prompt")
+    lines = list(outcome.work(threading.Event()))
+    assert [line.split(":")[0] for line in lines[:4]] == ["  1/4 none", "  2/4 model", "  3/4 lookup", "  4/4 self"]
+    cancelled = threading.Event()
+    cancelled.set()
+    assert list(outcome.work(cancelled)) == ["/compare drafters: cancelled; nothing changed"]
     after = (list(session.messages), list(engine.ids), cache_length(engine.cache), engine.drafter.seen,
              len(session.records), session.config)
     assert after == before
+
+
+def test_compare_drafters_runs_in_the_repl_with_progress(target, similar_drafter_model, tokenizer):
+    import io
+    from prompt_toolkit.history import InMemoryHistory
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+    from specchat.tui.render import Renderer, make_console
+    from specchat.tui.repl import Repl
+    session = session_on(target, similar_drafter_model, tokenizer)
+    out = io.StringIO()
+    with create_pipe_input() as pipe:
+        pipe.send_text("def add(a, b): return a + b; def add(a, b):\r/compare drafters\r/quit\r")
+        Repl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(), pt_input=pipe,
+             pt_output=DummyOutput()).run()
+    screen = out.getvalue()
+    assert "racing 4 ways" in screen and "4/4 self:1" in screen and "◀ fastest" in screen
+    assert len(session.records) == 1

@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import random
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specchat.core.drafters import ModelDrafter
@@ -44,14 +45,15 @@ def contenders(engine: Engine, current: str) -> list[str]:
     return names + ([current] if engine.drafter_problem(current) is None else [])
 
 
-def race(session, cancel: threading.Event | None = None) -> list[RaceRun] | None:
-    """Each contender on the last prompt; None when cancelled. Raises ValueError before any reply."""
+def race(session, cancel: threading.Event) -> Iterator[RaceRun]:
+    """Each contender's run on the last prompt, as it finishes (the target alone first, the speedups
+    relative to it). Stops early when `cancel` is set. Raises ValueError before any reply."""
     if not session.records:
         raise ValueError("no reply yet: /compare drafters reruns the last prompt with each drafter")
     cfg = session.config
     seed = cfg.sampling.seed if cfg.sampling.seed >= 0 else random.randrange(2**63)
     sampling = dataclasses.replace(cfg.sampling, seed=seed)
-    stats = {}
+    base = None
     for name in contenders(session.engine, cfg.speculation.drafter):
         mode, drafter = ("target", "model") if name == NO_DRAFTER else ("spec", name)
         speculation = dataclasses.replace(cfg.speculation, mode=mode, drafter=drafter)
@@ -59,7 +61,6 @@ def race(session, cancel: threading.Event | None = None) -> list[RaceRun] | None
         for item in fresh_engine(session.engine).steps(session.last_prompt_ids, sampling, speculation, cancel):
             final = item if isinstance(item, ReplyEnd) else final
         if final is None or final.stop_reason == "cancelled":
-            return None
-        stats[name] = final.stats
-    base = stats[NO_DRAFTER].tokens_per_s
-    return [RaceRun(name, s, s.tokens_per_s / base if base else 0.0) for name, s in stats.items()]
+            return
+        base = base or final.stats.tokens_per_s
+        yield RaceRun(name, final.stats, final.stats.tokens_per_s / base if base else 0.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from prompt_toolkit.document import Document
 from rich.table import Table
 
 from specchat.tui import render, stats_view
-from specchat.session.drafter_race import race
+from specchat.session.drafter_race import contenders, race
 from specchat.tui.compare_view import race_view
 from specchat.tui.transcript import save_transcript
 from specchat.tui.trace import write_trace
@@ -34,6 +35,8 @@ class Outcome:
     message: Any = None  # a str or a rich renderable
     error: bool = False
     quit: bool = False
+    work: Callable[[threading.Event], Iterator[Any]] | None = None  # a long job the REPL runs after the
+    # message, drawing what it yields (progress lines, then its result); Ctrl-C sets the event
 
 
 Handler = Callable[[ChatSession, str], Outcome]
@@ -213,15 +216,20 @@ def cmd_drafter(session: ChatSession, arg: str) -> Outcome:
 
 
 def cmd_compare_drafters(session: ChatSession) -> Outcome:
-    try:
-        runs = race(session)
-    except ValueError as err:
-        return fail(f"/compare: {err}")
-    except KeyboardInterrupt:
-        runs = None
-    if runs is None:
-        return fail("/compare drafters: cancelled; nothing changed")
-    return Outcome(race_view(runs))
+    if not session.records:
+        return fail("/compare: no reply yet: /compare drafters reruns the last prompt with each drafter")
+    names = contenders(session.engine, session.config.speculation.drafter)
+    return Outcome(f"racing {len(names)} ways to answer the last prompt ({', '.join(names)}); Ctrl-C stops",
+                   work=lambda cancel: race_lines(session, cancel, len(names)))
+
+
+def race_lines(session: ChatSession, cancel: threading.Event, total: int) -> Iterator[Any]:
+    """/compare drafters as it runs: one line per finished run, then the table (or why not)."""
+    runs = []
+    for run in race(session, cancel):
+        runs.append(run)
+        yield f"  {len(runs)}/{total} {run.drafter}: {run.stats.tokens_per_s:.1f} tok/s"
+    yield race_view(runs) if len(runs) == total else "/compare drafters: cancelled; nothing changed"
 
 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:

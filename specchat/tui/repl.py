@@ -156,9 +156,17 @@ class Repl:
             self.renderer.error(outcome.message)
         elif outcome.message is not None:
             self.renderer.info(outcome.message)
+        if outcome.work is not None:
+            self.follow(outcome.work)
         self.renderer.show_rejected = self.session.config.ui.show_rejected
         self.renderer.set_color(self.session.config.ui.color)
         return True
+
+    def follow(self, work) -> None:
+        """Run a command's long job, drawing what it yields; Ctrl-C asks it to stop."""
+        with sigint_sets(threading.Event()) as cancel, quiet_terminal(sys.stdin):
+            for item in work(cancel):
+                self.renderer.info(item)
 
     def reply(self, text: str) -> None:
         """Stream one reply; Ctrl-C cuts it after the current step and the chat goes on."""
