@@ -32,7 +32,7 @@ def cache(tmp_path, monkeypatch):
 def pretend_gpu(monkeypatch, device: str = "cuda:0") -> None:
     """load_model decides for `device`, but the weights still land on the CPU (there is no GPU here)."""
     monkeypatch.setattr(models, "resolve_device", lambda asked: device)
-    monkeypatch.setattr(models, "resolve_dtype", lambda dtype, device: torch.float32)
+    monkeypatch.setattr(models, "resolve_dtype", lambda dtype, device, quantization="none": torch.float32)
     place = models.placement_kwargs
     monkeypatch.setattr(models, "placement_kwargs", lambda mc, role, device, dtype: place(mc, role, "cpu", dtype))
 
@@ -99,3 +99,42 @@ def test_a_base_model_loaded_from_disk_gets_its_bos(tmp_path, tok):
     assert facts.template == "plain"
     ids = render_prompt(tokenizer, "Be brief.", [{"role": "user", "content": "hi"}])
     assert ids[0] == tokenizer.bos_token_id and tokenizer.decode(ids[1:]) == "Be brief.\n\nUser: hi\nAssistant:"
+
+
+# ----- item 6: bitsandbytes 8-bit on a GPU --------------------------------------------------------
+def test_bitsandbytes_8bit_keeps_its_outliers_on_a_gpu_and_is_row_wise_on_the_cpu():
+    from specchat.loading import devices
+    on_gpu = devices.quantization_config("8bit", torch.float16, "cuda:1")
+    assert on_gpu.load_in_8bit and on_gpu.llm_int8_threshold == 6.0  # LLM.int8's fp16 outlier decomposition
+    on_cpu = devices.quantization_config("8bit", torch.float32, "cpu")
+    assert on_cpu.load_in_8bit and on_cpu.llm_int8_threshold == 0.0  # batch-invariant: greedy exact
+    kwargs = devices.placement_kwargs(ModelConfig(quantization="8bit"), "target", "cuda", torch.float16)
+    assert kwargs["quantization_config"].llm_int8_threshold == 6.0
+    four = devices.quantization_config("4bit", torch.bfloat16, "cuda")
+    assert four.load_in_4bit and four.bnb_4bit_compute_dtype == torch.bfloat16
+
+
+def test_bitsandbytes_8bit_on_a_gpu_computes_in_float16_unless_told(monkeypatch):
+    from specchat.loading import devices
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))  # a GPU with native bf16
+    assert devices.resolve_dtype("auto", "cuda:0", "8bit") == torch.float16  # what bnb's int8 kernel reads
+    assert devices.resolve_dtype("auto", "cuda:0", "4bit") == torch.bfloat16
+    assert devices.resolve_dtype("auto", "cuda:0") == torch.bfloat16
+    assert devices.resolve_dtype("bfloat16", "cuda:0", "8bit") == torch.bfloat16  # asked for: cast, quietly
+    monkeypatch.setattr(devices, "cpu_has_fast_bf16", lambda: True)
+    assert devices.resolve_dtype("auto", "cpu", "8bit") == torch.bfloat16  # the CPU keeps its own rule
+
+
+def test_bitsandbytes_8bit_cast_warning_is_not_repeated_on_every_call(target_dir, caplog):
+    model, tokenizer, _facts = models.load_model(ModelConfig(source=str(target_dir), quantization="8bit",
+                                                             dtype="bfloat16", device="cpu"))
+    assert type(model.model.layers[0].mlp.up_proj).__name__ == "Linear8bitLt"
+    with caplog.at_level("WARNING"), torch.inference_mode():
+        model(torch.tensor([tokenizer.encode("Hello, how are you")]))
+        model(torch.tensor([tokenizer.encode("Hello")]))
+    assert not [r for r in caplog.records if "will be cast" in r.getMessage()]
+    import logging
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # other bitsandbytes warnings still come through
+        logging.getLogger("bitsandbytes.autograd._functions").warning("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]

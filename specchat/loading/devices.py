@@ -58,13 +58,16 @@ def check_device_types(target_device: str, drafter_device: str) -> None:
                              f"the same kind of device (target.device / drafter.device), e.g. both cuda")
 
 
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """auto -> bf16 where the device computes it fast, else float16 on GPUs and float32 on CPUs."""
+def resolve_dtype(dtype: str, device: str, quantization: str = "none") -> torch.dtype:
+    """auto -> bf16 where the device computes it fast, else float16 on GPUs and float32 on CPUs; bitsandbytes
+    8-bit on a GPU gets float16, the activations its int8 kernel reads (see quantization_config)."""
     if dtype != "auto":
         if dtype not in DTYPES:
             raise ModelLoadError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         return getattr(torch, dtype)  # config.DTYPES names torch dtypes: float32, bfloat16, float16
     if device.startswith("cuda"):
+        if quantization == "8bit":
+            return torch.float16
         return torch.bfloat16 if cuda_computes_bf16(device) else torch.float16
     if device == "mps":
         return torch.float16
@@ -75,14 +78,27 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def quantization_config(quantization: str, compute_dtype: torch.dtype):
+LLM_INT8_THRESHOLD = 6.0  # bitsandbytes' default: activations above it go through the fp16 outlier path
+
+
+def quantization_config(quantization: str, compute_dtype: torch.dtype, device: str = "cpu"):
     """A BitsAndBytesConfig for 4bit (nf4, double quant) or 8bit; None for none, int8 and w8a8
     (specchat's own int8 layers, applied after loading: see int8_weights.py and w8a8.py).
 
-    8bit is LLM.int8 *without* the fp16 outlier decomposition (llm_int8_threshold=0): the
-    decomposition picks its outlier columns from the whole batch, so a (gamma+1)-token
-    verification forward would score a token differently from a one-token forward, and greedy
-    speculative output would no longer equal target-only output. Row-wise int8 is batch-invariant.
+    8bit trades quality against batch invariance, differently on each device:
+    - on a GPU, LLM.int8 with its fp16 outlier decomposition (llm_int8_threshold 6). Models from about
+      6.7B parameters up have a few activation columns far larger than the rest; quantized with them, every
+      other column loses its precision, and quality falls apart (Dettmers et al. 2022). The price: the
+      outlier columns are picked from the whole batch, so a (gamma+1)-token verification forward can score
+      a token a little differently from a one-token forward, and greedy speculative output can then differ
+      from target-only output at a near tie (GPU matmuls are not batch-invariant in general anyway). The
+      rejection rule stays exact for the logits the target computed.
+    - on the CPU (small models), row-wise int8 without the decomposition (llm_int8_threshold 0): batch-invariant,
+      so greedy speculative output equals target-only output.
+    The int8 kernel reads float16 activations and casts others on every call, logging a warning each time:
+    dtype auto is float16 for 8bit on a GPU (resolve_dtype), and that warning is silenced (hfquiet.py) for
+    an explicit bfloat16, whose cast is the user's choice. float16 activations can overflow in some models
+    trained in bf16 (gemma); such a model wants 4bit, or dtype = "bfloat16" with the cast.
     """
     if quantization in ("none", "int8", *W8A8_MODES):
         return None
@@ -91,7 +107,8 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                   bnb_4bit_use_double_quant=True,
                                   bnb_4bit_compute_dtype=compute_dtype)
-    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0)
+    threshold = LLM_INT8_THRESHOLD if torch.device(device).type == "cuda" else 0.0
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=threshold)
 
 
 def max_memory_map(max_memory: dict) -> dict:
@@ -122,7 +139,7 @@ def placement_kwargs(mc: ModelConfig, role: str, device: str, dtype: torch.dtype
         if mc.max_memory:
             raise ModelLoadError(f"{role}.max_memory needs {role}.device_map = \"auto\"")
         kwargs["device_map"] = {"": device}
-    bnb = quantization_config(mc.quantization, dtype)
+    bnb = quantization_config(mc.quantization, dtype, device)
     if bnb is not None:
         kwargs["quantization_config"] = bnb
     return kwargs

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 from collections.abc import Iterator
 
@@ -42,3 +43,18 @@ class BarsToProgress(io.TextIOBase):
             done, total = (int(n) for n in found[-1])
             self.progress(self.message, done / total if total else None)
         return len(text)
+
+
+BNB_CAST = "MatMul8bitLt: inputs will be cast"
+
+
+def _not_a_cast_warning(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(BNB_CAST)
+
+
+def quiet_bitsandbytes_casts() -> None:
+    """Drop bitsandbytes' 8-bit warning that activations other than float16 are cast: it comes on every layer
+    of every forward, and the cast is the configured dtype's (see devices.quantization_config). Idempotent."""
+    log = logging.getLogger("bitsandbytes.autograd._functions")
+    if _not_a_cast_warning not in log.filters:
+        log.addFilter(_not_a_cast_warning)

@@ -93,7 +93,10 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     source = resolve_source(mc.source)
     device = resolve_device(mc.device)
     mc = runnable_quantization(mc, device, role, progress)
-    dtype = resolve_dtype(mc.dtype, device)
+    dtype = resolve_dtype(mc.dtype, device, mc.quantization)
+    if mc.quantization == "8bit":
+        from specchat.loading.hfquiet import quiet_bitsandbytes_casts
+        quiet_bitsandbytes_casts()
     kwargs = placement_kwargs(mc, role, device, dtype)
     checkpoint = checkpoint_for(source, mc, dtype, progress)
     report(progress, f"loading {role} {source.name}", None)
