@@ -138,3 +138,42 @@ def test_bitsandbytes_8bit_cast_warning_is_not_repeated_on_every_call(target_dir
     with caplog.at_level("WARNING"):  # other bitsandbytes warnings still come through
         logging.getLogger("bitsandbytes.autograd._functions").warning("something else")
     assert [r.getMessage() for r in caplog.records] == ["something else"]
+
+
+# ----- item 7: a target spread by device_map = "auto" leaves the drafter room ---------------------
+@pytest.fixture(scope="module")
+def drafter_dir(tmp_path_factory, tok):
+    path = tmp_path_factory.mktemp("drafter")
+    build_model(len(tok), seed=2, layers=1, hidden=32).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("device_map, first", [("auto", "drafter"), ("", "target")])
+def test_the_drafter_is_placed_before_a_target_spread_by_device_map_auto(target_dir, drafter_dir, monkeypatch,
+                                                                         device_map, first):
+    from specchat.config import Config, SpeculationConfig
+    pretend_gpu(monkeypatch)
+    loads = []
+    load_weights = models._load_weights
+
+    def recorded(checkpoint, mc, source, placement):
+        loads.append((checkpoint.location, placement))
+        here = {key: value for key, value in placement.items() if key != "max_memory"}  # no GPU 0 here
+        return load_weights(checkpoint, mc, source, here)
+
+    monkeypatch.setattr(models, "_load_weights", recorded)
+    max_memory = {"0": "20GiB", "cpu": "64GiB"} if device_map else {}
+    cfg = Config(target=ModelConfig(source=str(target_dir), device="cuda", device_map=device_map, max_memory=max_memory),
+                 drafter=ModelConfig(source=str(drafter_dir), device="cuda:0"),
+                 speculation=SpeculationConfig(mode="spec"))
+    assert models.drafter_loads_first(cfg) == (first == "drafter")
+    pair = models.load_pair(cfg)
+    order = [location for location, _ in loads]
+    assert order == ([str(drafter_dir), str(target_dir)] if first == "drafter" else [str(target_dir), str(drafter_dir)])
+    placements = {location: placement for location, placement in loads}
+    assert placements[str(drafter_dir)]["device_map"] == {"": "cpu"}  # pretend_gpu's stand-in for cuda:0
+    if device_map:
+        assert placements[str(target_dir)]["device_map"] == "auto"
+        assert placements[str(target_dir)]["max_memory"] == {0: "20GiB", "cpu": "64GiB"}
+    assert pair.drafter is not None and pair.drafter_facts.name and pair.target_facts.name

@@ -76,15 +76,24 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     _check_drafter_needed(cfg)
     if cfg.drafter.source:
         check_device_types(resolve_device(cfg.target.device), resolve_device(cfg.drafter.device))
-    target, tokenizer, target_facts = load_model(cfg.target, progress, role="target")
-    drafter, drafter_facts = None, None
-    if cfg.drafter.source:
+    drafter, drafter_tok, drafter_facts = None, None, None
+    if drafter_loads_first(cfg):
         drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, role="drafter")
+    target, tokenizer, target_facts = load_model(cfg.target, progress, role="target")
+    if cfg.drafter.source and drafter is None:
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, role="drafter")
+    if drafter is not None:
         check_pair(tokenizer, drafter_tok, drafter, target_facts.name, drafter_facts.name)
     _check_target_width(target, tokenizer, target_facts.name)
     eos = stop_ids(tokenizer, target.generation_config.eos_token_id, cfg.speculation.extra_eos)
     return LoadedPair(target, drafter, tokenizer, eos, len(tokenizer),
                       context_limit(cfg, target, tokenizer), target_facts, drafter_facts)
+
+
+def drafter_loads_first(cfg: Config) -> bool:
+    """A target spread by device_map = "auto" fills each GPU's free memory (as accelerate measures it) up to its
+    max_memory; the drafter is placed before it, so that the target's map leaves the drafter's weights room."""
+    return bool(cfg.drafter.source) and cfg.target.device_map == "auto"
 
 
 def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "target"):
