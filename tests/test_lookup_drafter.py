@@ -116,3 +116,19 @@ def test_compare_drafters_runs_in_the_repl_with_progress(target, similar_drafter
     screen = out.getvalue()
     assert "racing 4 ways" in screen and "4/4 self:1" in screen and "◀ fastest" in screen
     assert len(session.records) == 1
+
+
+def test_a_drafter_that_drafted_nothing_is_never_called_the_fastest():
+    from specchat.core.metrics import ReplyStats
+    from specchat.session.drafter_race import RaceRun
+    from specchat.tui.compare_view import race_view
+    from specchat.tui.render import make_console
+    import io
+    runs = [RaceRun("none", ReplyStats(new_tokens=40, wall_s=40.0, target_forwards=40), 1.0),
+            RaceRun("lookup", ReplyStats(new_tokens=40, wall_s=20.0, target_forwards=40), 2.0),
+            RaceRun("model", ReplyStats(new_tokens=40, wall_s=30.0, drafted=30, accepted=20, target_forwards=15), 1.3)]
+    out = io.StringIO()
+    make_console(False, out).print(race_view(runs))
+    screen = out.getvalue()
+    assert "fastest: model — switch with /drafter model" in screen
+    assert [line.split()[0] for line in screen.splitlines() if "◀ fastest" in line] == ["model"]

@@ -72,7 +72,8 @@ def view_compare_fn(comparer):
 
 def race_view(runs) -> Group:
     """/compare drafters: one row per drafter (and none), the fastest marked, and how to switch to it."""
-    best = max(runs, key=lambda run: run.stats.tokens_per_s)
+    drafted = [run for run in runs if run.drafter == "none" or run.stats.drafted]  # one that drafted nothing
+    best = max(drafted, key=lambda run: run.stats.tokens_per_s)  # ran as the target alone: its lead is noise
     table = Table(header_style="bold", box=None, pad_edge=False)
     for name in ("drafter", "tok/s", "acceptance", "tok/step", "c", "speedup", ""):
         table.add_column(name, justify="left" if name in ("drafter", "") else "right")
