@@ -177,3 +177,44 @@ def test_the_drafter_is_placed_before_a_target_spread_by_device_map_auto(target_
         assert placements[str(target_dir)]["device_map"] == "auto"
         assert placements[str(target_dir)]["max_memory"] == {0: "20GiB", "cpu": "64GiB"}
     assert pair.drafter is not None and pair.drafter_facts.name and pair.target_facts.name
+
+
+# ----- item 9: timed regions wait for the GPU ------------------------------------------------------
+def count_syncs(monkeypatch) -> list:
+    synced = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(str(device)))
+    return synced
+
+
+def test_cuda_devices_of_a_model_follow_its_device_map(tok):
+    from specchat.core.timing import cuda_devices
+    model = build_model(len(tok), seed=1, layers=1, hidden=32)
+    assert cuda_devices(model) == set()
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": "cuda:1", "model.norm": "cpu", "lm_head": "disk"}
+    assert cuda_devices(model) == {torch.device("cuda", 0), torch.device("cuda", 1)}
+
+
+@pytest.mark.parametrize("device_map, expected", [(None, set()), ({"": 0}, {"cuda:0"}),
+                                                  ({"model": 0, "lm_head": 1}, {"cuda:0", "cuda:1"})])
+def test_each_timed_forward_synchronizes_the_models_cuda_devices(tok, monkeypatch, device_map, expected):
+    """The pair runs on the CPU; a device_map saying cuda makes the timing code treat it as on the GPU."""
+    from specchat.config import SamplingConfig, SpeculationConfig
+    from specchat.core.drafters import ModelDrafter
+    from specchat.core.engine import Engine
+    target = build_model(len(tok), seed=1, layers=2)
+    drafter = build_model(len(tok), seed=2, layers=1, hidden=32)
+    if device_map:
+        target.hf_device_map, drafter.hf_device_map = device_map, {"": 0}
+    engine = Engine(target, tok, ModelDrafter(drafter, len(tok)), eos_ids=())
+    synced = count_syncs(monkeypatch)
+    steps = [item for item in engine.steps(tok.encode("def reverse(lst):"), SamplingConfig(temperature=0.0, max_new_tokens=9),
+                                           SpeculationConfig(gamma=4)) if hasattr(item, "drafted")]
+    if not device_map:
+        assert synced == []  # a CPU model never waits: no call at all
+        return
+    forwards = sum(len(step.draft.forwards) for step in steps)
+    # each step: before and after the target's forward on each of its devices; each drafter forward: before and after
+    # on cuda:0; the prefill's end: the union of both models' devices
+    assert sorted(synced) == sorted([*sorted(expected) * 2 * len(steps), *["cuda:0"] * 2 * forwards,
+                                     *sorted(expected | {"cuda:0"})])

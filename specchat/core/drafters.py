@@ -6,7 +6,6 @@ A drafter keeps its own state (e.g. a KV cache) in step with the committed seque
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,6 +17,7 @@ from specchat.core.draft_vocab import DraftVocab
 from specchat.core.insight import Ranked, drafter_ranked
 from specchat.core.lookup import Guesser, NoGuess, PromptLookup
 from specchat.core.sampling import pick
+from specchat.core.timing import clock
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class ModelDrafter:
         Row j is conditioned on guess[:j], so it is the drafter's own next-token distribution as long
         as every earlier guessed token is the one drafted. The cache keeps only that matching part.
         """
-        start, before = time.perf_counter(), self.seen
+        start, before = clock(self.model), self.seen
         step_ids = torch.tensor([feed + guess], dtype=torch.long, device=self.device)  # [1, fed]
         rows = self._next_logits(step_ids, drafting.vocab, keep=len(guess) + 1)  # [len(guess)+1, width]
         used = 0
@@ -144,7 +144,7 @@ class ModelDrafter:
                 used = j
                 break
         kvcache.crop_to(self.cache, before + len(feed) + used)
-        drafting.forwards.append((len(feed) + len(guess), time.perf_counter() - start))
+        drafting.forwards.append((len(feed) + len(guess), clock(self.model) - start))
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
         if not self.vocab_limit or self.vocab_limit >= self.vocab_size:

@@ -28,6 +28,7 @@ from specchat.core.events import Event, Origin, PrefillProgress, Rejected, Reply
 from specchat.core.metrics import StatsRecorder
 from specchat.core.sampling import make_generator
 from specchat.core.step import StepResult, drafter_step, speculative_step
+from specchat.core.timing import clock
 
 
 PREFILL_CHUNK = 128  # prompt tokens per forward while reading a new prompt: the longest a cancel waits
@@ -183,7 +184,8 @@ class Engine:
             if self.drafter and mode != "target":
                 self.drafter.catch_up(self.ids, upto)
             yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
-        recorder.record_prefill(self._prompt_read(mode) - start, time.perf_counter() - began)
+        recorder.record_prefill(self._prompt_read(mode) - start,
+                                clock(self.target, getattr(self.drafter, "model", None)) - began)
 
     def _prompt_read(self, mode: str) -> int:
         """Tokens in the cache of the model that leads the mode (the drafter's in drafter mode)."""

@@ -10,13 +10,13 @@ cache then holds every fed token; the Engine crops it.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from specchat.config import SamplingConfig
 from specchat.core import kvcache
+from specchat.core.timing import clock
 from specchat.core.drafters import Draft, DraftPlan, Drafter
 from specchat.core.events import Origin
 from specchat.core.insight import Rejection, rejection_at, token_probs
@@ -65,14 +65,14 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
     drafted = drafts.shape[0]
     pending = torch.tensor([ids[kvcache.cache_length(cache):]], dtype=torch.long, device=device)
-    start = time.perf_counter()
+    start = clock(target)
     if pending.shape[1] > 1:  # the prompt alone first: the same forward whether drafts follow or not
         kvcache.forward_tensor(target, cache, pending[:, :-1], keep=1)
     feed = torch.cat([pending[:, -1:], drafts.view(1, -1)], dim=1)  # [1, 1 + drafted]
     logits = kvcache.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
     verdict, p = _verify(drafts, draft, logits, sampling, generator)
-    seconds = time.perf_counter() - start
+    seconds = clock(target) - start
     result = _result(drafts.tolist(), verdict, draft, seconds, pending.shape[1] + drafted)
     _score(result, logits, p, sampling)
     return result
