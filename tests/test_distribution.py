@@ -1,10 +1,14 @@
 """Statistical exactness: sampled speculative output follows the target's own distribution.
 
-The exact joint distribution of the first two tokens is enumerated from the target's logits
-(after temperature, top-k and top-p). Over N seeded runs, each cell's empirical frequency must lie
-within z standard errors of its probability (z = 4.5 with a Bonferroni-sized family, so a correct
-engine fails with probability < 1e-3), and no token outside the support may appear.
-A verifier without the residual resample must fail the same check.
+The exact joint distribution of the first two (or three) tokens is enumerated from the model's logits
+(after temperature, top-k and top-p) with the hand-written `reference_probs`. Over N seeded runs, each
+cell's empirical frequency must lie within z standard errors of its probability (z = 4.5 with a
+Bonferroni-sized family, so a correct engine fails with probability < 1e-3), and no token outside the
+support may appear. Every case runs FAST_RUNS replies by default and RUNS under the `slow` marker.
+Negative controls plant one bug each and assert that the same check fails.
+
+The tiny models run on one thread here: on two threads shared with anything else, each forward
+costs ten times as much.
 """
 from __future__ import annotations
 
@@ -14,52 +18,81 @@ from collections import Counter
 import pytest
 import torch
 
+import specchat.core.engine
 import specchat.core.step
-from conftest import make_engine, prompt_ids, reference_probs
-from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.events import ReplyDone
+from conftest import CheapDrafterGamma, make_engine, prompt_ids, reference_probs
+from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.core.events import ReplyEnd
 from specchat.core.sampling import sample
+from specchat.core.step import StepResult
 from specchat.core.verify import Verdict
 
 SAMPLING = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2)
 RUNS = 3000
+FAST_RUNS = 600
+SIZES = [FAST_RUNS, pytest.param(RUNS, marks=pytest.mark.slow)]
 Z = 4.5
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @torch.inference_mode()
-def exact_first_two(target, ids, sampling) -> dict[tuple[int, int], float]:
-    def next_probs(seq):
-        return reference_probs(target(torch.tensor([seq])).logits[0, -1], sampling)
-    joint = {}
-    for a, p_a in next_probs(ids).items():
-        for b, p_b in next_probs(ids + [a]).items():
-            joint[(a, b)] = p_a * p_b
+def exact_joint(model, ids, sampling, n) -> dict[tuple[int, ...], float]:
+    """The law of the first n tokens, enumerated: every prefix in the support, times its next-token law."""
+    joint = {(): 1.0}
+    for _ in range(n):
+        grown = {}
+        for prefix, p_prefix in joint.items():
+            law = reference_probs(model(torch.tensor([ids + list(prefix)])).logits[0, -1], sampling)
+            for token, p in law.items():
+                grown[prefix + (token,)] = p_prefix * p
+        joint = grown
     return joint
 
 
-def engine_replies(engine, ids, gamma, drafter_vocab=0, drafter="model"):
-    """reply(seed, n) -> (ids, stats) of one seeded reply of n tokens from the engine."""
-    speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab, drafter=drafter)
+def exact_first_two(target, ids, sampling) -> dict[tuple[int, int], float]:
+    return exact_joint(target, ids, sampling, 2)
+
+
+def engine_replies(engine, ids, gamma=0, drafter_vocab=0, drafter="model", sampling=SAMPLING, **speculation):
+    """reply(seed, n) -> (ids, stats, steps) of one seeded reply of n tokens from the engine."""
+    speculation = SpeculationConfig(gamma=gamma, drafter_vocab=drafter_vocab, drafter=drafter, **speculation)
 
     def reply(seed, n):
-        sampling = SamplingConfig(**{**SAMPLING.__dict__, "seed": seed, "max_new_tokens": n})
-        done = [e for e in engine.stream(ids, sampling, speculation)][-1]
-        assert isinstance(done, ReplyDone)
-        return done.ids, done.stats
+        params = SamplingConfig(**{**sampling.__dict__, "seed": seed, "max_new_tokens": n})
+        items = list(engine.steps(ids, params, speculation))
+        end = items[-1]
+        assert isinstance(end, ReplyEnd)
+        return end.ids, end.stats, [s for s in items if isinstance(s, StepResult)]
     return reply
 
 
-def empirical_first_two(reply, gamma) -> Counter:
-    """The first two tokens of RUNS seeded replies of gamma + 1 tokens, so that the first step really
+def sampled(reply, runs, length, k=2, observe=None) -> Counter:
+    """The first k tokens of `runs` seeded replies of `length` tokens; observe(stats, steps) sees each."""
+    counts = Counter()
+    for seed in range(runs):
+        ids, stats, steps = reply(seed, length)
+        assert len(ids) == length
+        counts[tuple(ids[:k])] += 1
+        if observe:
+            observe(stats, steps)
+    return counts
+
+
+def empirical_first_two(reply, gamma, runs=RUNS) -> Counter:
+    """The first two tokens of seeded replies of gamma + 1 tokens, so that the first step really
     drafts gamma tokens (a 2-token reply caps the draft at 1): rejections at every draft position, and
     second tokens that follow a rollback, are all counted."""
-    counts, drafted_at = Counter(), Counter()
-    for seed in range(RUNS):
-        ids, stats = reply(seed, max(2, gamma + 1))
-        assert len(ids) == max(2, gamma + 1)
-        counts[tuple(ids[:2])] += 1
-        drafted_at.update(dict(enumerate(stats.per_position_drafted, start=1)))
-    assert max(drafted_at) == gamma and drafted_at[gamma] >= RUNS // 2  # the drafts ran to gamma
+    drafted_at = Counter()
+    counts = sampled(reply, runs, max(2, gamma + 1),
+                     observe=lambda stats, _: drafted_at.update(dict(enumerate(stats.per_position_drafted, 1))))
+    assert max(drafted_at) == gamma and drafted_at[gamma] >= runs // 2  # the drafts ran to gamma
     return counts
 
 
@@ -67,10 +100,18 @@ def worst_deviation(joint, counts) -> float:
     """Largest |freq - p| in units of the allowed bound; > 1 fails. Cells outside the support count as inf."""
     if set(counts) - set(joint):
         return math.inf
+    runs = sum(counts.values())
     worst = 0.0
     for cell, p in joint.items():
-        bound = Z * math.sqrt(p * (1 - p) / RUNS) + 1.0 / RUNS
-        worst = max(worst, abs(counts.get(cell, 0) / RUNS - p) / bound)
+        bound = Z * math.sqrt(p * (1 - p) / runs) + 1.0 / runs
+        worst = max(worst, abs(counts.get(cell, 0) / runs - p) / bound)
+    return worst
+
+
+def check(joint, counts, name) -> float:
+    """The worst deviation, printed (pytest -s shows each case's margin)."""
+    worst = worst_deviation(joint, counts)
+    print(f"\n{name}: {len(joint)} cells, {sum(counts.values())} runs, worst deviation {worst:.3f}")
     return worst
 
 
@@ -90,17 +131,18 @@ def setting(target, similar_drafter_model, tokenizer):
     return ids, exact_first_two(target, ids, SAMPLING)
 
 
+@pytest.mark.parametrize("runs", SIZES)
 @pytest.mark.parametrize("gamma,drafter_vocab,drafter", [(1, 0, "similar_drafter_model"),
                                                          (3, 0, "similar_drafter_model"),
                                                          (2, 300, "similar_drafter_model"),
                                                          (2, 300, "int8_drafter_model")])
 def test_sampled_speculative_matches_target_distribution(setting, target, tokenizer, gamma, drafter_vocab,
-                                                         drafter, request):
+                                                         drafter, runs, request):
     ids, joint = setting
     assert 4 <= len(joint) <= 36  # top-k/top-p really cut the support
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
-    counts = empirical_first_two(engine_replies(engine, ids, gamma, drafter_vocab), gamma)
-    assert worst_deviation(joint, counts) <= 1.0
+    counts = empirical_first_two(engine_replies(engine, ids, gamma, drafter_vocab), gamma, runs)
+    assert check(joint, counts, f"gamma {gamma} vocab {drafter_vocab} {drafter}") <= 1.0
 
 
 def test_the_check_catches_a_verifier_without_residual_resampling(setting, target, similar_drafter_model,
@@ -108,8 +150,8 @@ def test_the_check_catches_a_verifier_without_residual_resampling(setting, targe
     ids, joint = setting
     monkeypatch.setattr(specchat.core.step, "verify_sampled", broken_verify_sampled)
     engine = make_engine(target, similar_drafter_model, tokenizer)
-    counts = empirical_first_two(engine_replies(engine, ids, 1), gamma=1)
-    assert worst_deviation(joint, counts) > 1.0
+    counts = empirical_first_two(engine_replies(engine, ids, 1), 1, RUNS)
+    assert check(joint, counts, "mutant: no residual resample") > 1.0
 
 
 @pytest.fixture(scope="module")
@@ -126,17 +168,19 @@ def w8a8_pair(target, similar_drafter_model):
     return pair
 
 
-def test_sampled_speculative_with_a_w8a8_pair_matches_the_w8a8_targets_distribution(w8a8_pair, tokenizer):
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_speculative_with_a_w8a8_pair_matches_the_w8a8_targets_distribution(w8a8_pair, tokenizer, runs):
     target, drafter = w8a8_pair
     ids = prompt_ids(tokenizer, "The quick brown")
     joint = exact_first_two(target, ids, SAMPLING)
     assert 4 <= len(joint) <= 36
-    counts = empirical_first_two(engine_replies(make_engine(target, drafter, tokenizer), ids, 2), gamma=2)
-    assert worst_deviation(joint, counts) <= 1.0
+    counts = empirical_first_two(engine_replies(make_engine(target, drafter, tokenizer), ids, 2), 2, runs)
+    assert check(joint, counts, "w8a8 pair, gamma 2") <= 1.0
 
 
+@pytest.mark.parametrize("runs", SIZES)
 def test_sampled_output_of_the_public_function_matches_the_target_distribution(setting, target,
-                                                                               similar_drafter_model):
+                                                                               similar_drafter_model, runs):
     import specchat
     ids, joint = setting
 
@@ -144,8 +188,8 @@ def test_sampled_output_of_the_public_function_matches_the_target_distribution(s
         result = specchat.speculative_generate(ids, similar_drafter_model, target, gamma=3, seed=seed,
                                                temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
                                                top_p=SAMPLING.top_p, max_new_tokens=n, eos_token_ids=[])
-        return result.ids, result.stats
-    assert worst_deviation(joint, empirical_first_two(reply, gamma=3)) <= 1.0
+        return result.ids, result.stats, []
+    assert check(joint, empirical_first_two(reply, 3, runs), "speculative_generate, gamma 3") <= 1.0
 
 
 def lookup_prompt(target, tokenizer) -> list[int]:
@@ -170,19 +214,187 @@ def exact_law(target, ids):
     return reference_probs(target(torch.tensor([ids])).logits[0, -1], SAMPLING)
 
 
-def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution(target, tokenizer):
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution(target, tokenizer, runs):
     """The lookup drafter's q is one-hot: a copy is accepted with probability p(x), and a rejection
     resamples p without x. Two drafts per step, both in the target's support."""
     ids = lookup_prompt(target, tokenizer)
     joint = exact_first_two(target, ids, SAMPLING)
     engine = make_engine(target, None, tokenizer)
-    counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="lookup"), gamma=2)
-    assert worst_deviation(joint, counts) <= 1.0
+    counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="lookup"), 2, runs)
+    assert check(joint, counts, "lookup drafter, gamma 2") <= 1.0
 
 
-def test_sampled_speculation_with_the_self_drafter_matches_target_distribution(setting, target, tokenizer):
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_speculation_with_the_self_drafter_matches_target_distribution(setting, target, tokenizer, runs):
     """The target's first two layers draft (self:2): q is their own law, p the whole target's."""
     ids, joint = setting
     engine = make_engine(target, None, tokenizer)
-    counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="self:2"), gamma=2)
-    assert worst_deviation(joint, counts) <= 1.0
+    counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="self:2"), 2, runs)
+    assert check(joint, counts, "self:2 drafter, gamma 2") <= 1.0
+
+
+THREE = SamplingConfig(temperature=0.8, top_k=3, top_p=1.0)  # 27 cells for three tokens
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_the_joint_of_three_tokens_at_gamma_1(setting, target, similar_drafter_model, tokenizer, runs):
+    """Three-token replies at gamma 1: the second and third tokens come from steps that follow an
+    accepted draft (bonus), a rejection (rollback) or both, so the law of every token after a rollback
+    is checked, not only the first two."""
+    ids, _ = setting
+    joint = exact_joint(target, ids, THREE, 3)
+    assert 8 <= len(joint) <= 27
+    seen = Counter()
+
+    def observe(stats, steps):
+        seen["rejections"] += stats.rejections
+        seen["drafting steps after a rejection"] += any(s.drafted for s in steps[1:]) and bool(steps[0].rejected)
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = sampled(engine_replies(engine, ids, 1, sampling=THREE), runs, 3, k=3, observe=observe)
+    assert seen["drafting steps after a rejection"] >= runs // 10
+    assert check(joint, counts, "three tokens, gamma 1") <= 1.0
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_auto_gamma_with_a_cheap_drafter_matches_target_distribution(setting, target, similar_drafter_model,
+                                                                      tokenizer, runs):
+    """Auto gamma that takes the drafter to be cheap really drafts, several tokens a step, and its drafts
+    end by the path floor (the policy learns across the runs, as it does across a chat's replies)."""
+    ids, joint = setting
+    engine = make_engine(target, similar_drafter_model, tokenizer, policy=CheapDrafterGamma())
+    seen = Counter()
+
+    def observe(stats, steps):
+        seen["drafted"] += stats.drafted
+        seen["rejections"] += stats.rejections
+        seen["long drafts"] += sum(s.drafted >= 2 for s in steps)
+    counts = sampled(engine_replies(engine, ids, GAMMA_AUTO), runs, 6, observe=observe)
+    assert seen["drafted"] > 0 and seen["rejections"] > 0 and seen["long drafts"] >= runs // 4
+    assert check(joint, counts, "auto gamma, cheap drafter") <= 1.0
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_draft_confidence_matches_target_distribution(setting, target, similar_drafter_model, tokenizer, runs):
+    """gamma 3 with draft_confidence 0.25: a draft ends after a token the drafter gives less than 0.25,
+    so first steps draft 1, 2 or 3 tokens."""
+    ids, joint = setting
+    lengths = Counter()
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = sampled(engine_replies(engine, ids, 3, draft_confidence=0.25), runs, 4,
+                     observe=lambda stats, steps: lengths.update([steps[0].drafted]))
+    assert set(lengths) == {1, 2, 3} and min(lengths.values()) >= runs // 20
+    assert check(joint, counts, "draft_confidence 0.25, gamma 3") <= 1.0
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_prompt_lookup_on_the_model_drafter_matches_target_distribution(target, similar_drafter_model,
+                                                                        tokenizer, runs):
+    """prompt_lookup on the model drafter, with a prompt that repeats: the drafter feeds the guessed
+    continuation with its current token and drafts from the guess's rows while they match."""
+    ids = lookup_prompt(target, tokenizer)
+    joint = exact_first_two(target, ids, SAMPLING)
+    guessed = Counter()
+
+    def observe(stats, steps):  # a draft of more tokens than drafter forwards used a guess's row
+        guessed["steps"] += sum(len(s.draft.tokens) > len(s.draft.forwards) for s in steps if s.draft)
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = sampled(engine_replies(engine, ids, 3, prompt_lookup=True), runs, 4, observe=observe)
+    assert guessed["steps"] >= runs // 10
+    assert check(joint, counts, "model drafter with prompt lookup, gamma 3") <= 1.0
+
+
+FIRST_SEED = 12345
+
+
+def follow_up_replies(engine, first, second_text, tokenizer, gamma=3):
+    """reply(seed, n): the first prompt answered with FIRST_SEED (4 tokens), then on the same engine a
+    second prompt that extends that conversation, answered with `seed`; returns the second reply. Each
+    run's first prompt is a prefix of the previous run's conversation, so the engine crops its caches
+    back to it; each second prompt reuses the first turn's caches and reads only its new tokens."""
+    first_reply = engine_replies(engine, first, gamma)
+    second = {}
+
+    def reply(seed, n):
+        ids, stats, _ = first_reply(FIRST_SEED, 4)
+        assert stats.drafted and (seed == 0 or stats.reused_tokens >= len(first) - 1)
+        if not second:
+            second["prompt"] = first + list(ids) + prompt_ids(tokenizer, second_text)
+            second["reply"] = engine_replies(engine, second["prompt"], gamma)
+        assert first + list(ids) == second["prompt"][:len(first) + 4]  # the same first reply every run
+        out = second["reply"](seed, n)
+        assert out[1].reused_tokens >= len(first) + 3 and out[1].prefill_tokens >= 2
+        return out
+    return reply, second
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_a_follow_up_turn_that_reuses_the_caches_matches_target_distribution(setting, target,
+                                                                              similar_drafter_model, tokenizer,
+                                                                              runs):
+    ids, _ = setting
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    reply, second = follow_up_replies(engine, ids, " over the lazy", tokenizer)
+    counts = empirical_first_two(reply, 3, runs)
+    joint = exact_first_two(target, second["prompt"], SAMPLING)
+    assert check(joint, counts, "follow-up turn, gamma 3") <= 1.0
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_target_only_mode_follows_the_target(setting, target, similar_drafter_model, tokenizer, runs):
+    ids, joint = setting
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = sampled(engine_replies(engine, ids, 3, mode="target"), runs, 2)
+    assert check(joint, counts, "target-only mode") <= 1.0
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_drafter_only_mode_follows_the_drafter(setting, target, unrelated_drafter_model, tokenizer, runs):
+    """Drafter-only mode's law is the drafter's own (top-k and top-p applied to its logits), not the target's."""
+    ids, target_joint = setting
+    joint = exact_first_two(unrelated_drafter_model, ids, SAMPLING)
+    assert 4 <= len(joint) <= 36 and set(joint) != set(target_joint)
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    counts = sampled(engine_replies(engine, ids, 3, mode="drafter"), runs, 2)
+    assert check(joint, counts, "drafter-only mode") <= 1.0
+
+
+def forward_numbering_from_zero(model, cache, new_ids, keep):
+    """Wrong on purpose: feeds new_ids at positions 0, 1, ... whatever the cache already holds (a
+    prompt read after a reused prefix gets the positions of the conversation's start)."""
+    from specchat.core import kvcache
+    if isinstance(cache, kvcache.LeanCache):
+        raise NotImplementedError("the mutant is written for transformers' cache")
+    positions = torch.arange(len(new_ids)).unsqueeze(0)
+    out = model(input_ids=torch.tensor([new_ids]), position_ids=positions, past_key_values=cache,
+                use_cache=True, logits_to_keep=keep)
+    return out.logits[0, -keep:]
+
+
+def test_the_follow_up_check_catches_a_prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model,
+                                                                          tokenizer, monkeypatch):
+    """Only a follow-up turn reads a prompt after a reused cache: a single-turn reply reads from
+    position 0, where the mutant is right, so the other cases cannot see it."""
+    import types
+    from specchat.core import kvcache
+    ids, _ = setting
+    mutant = types.SimpleNamespace(**{**vars(kvcache), "forward": forward_numbering_from_zero})
+    monkeypatch.setattr(specchat.core.engine, "kvcache", mutant)  # the engine's prompt reading only
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    reply, second = follow_up_replies(engine, ids, " over the lazy", tokenizer)
+    counts = empirical_first_two(reply, 3, FAST_RUNS)
+    assert check(exact_first_two(target, second["prompt"], SAMPLING), counts, "mutant: prompt at position 0") > 1.0
+
+
+def test_the_drafter_only_check_catches_a_drafter_that_ignores_the_sampling_settings(
+        setting, target, unrelated_drafter_model, tokenizer, monkeypatch):
+    """Drafter-only replies drawn from the drafter's plain softmax (temperature 1, no top-k or top-p)."""
+    ids, _ = setting
+    real_drafter_step = specchat.core.engine.drafter_step
+
+    def plain_drafter_step(drafter, committed, sampling, generator):
+        return real_drafter_step(drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator)
+    monkeypatch.setattr(specchat.core.engine, "drafter_step", plain_drafter_step)
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    counts = sampled(engine_replies(engine, ids, 3, mode="drafter"), FAST_RUNS, 2)
+    assert check(exact_first_two(unrelated_drafter_model, ids, SAMPLING), counts, "mutant: plain drafter") > 1.0
