@@ -7,7 +7,7 @@ import pytest
 
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.events import ReplyDone, StepDone, Token
+from specchat.core.events import Origin, ReplyDone, StepDone, Token
 
 
 @pytest.mark.parametrize("drafter", ["unrelated_drafter_model", "similar_drafter_model"])
@@ -39,16 +39,27 @@ def test_max_new_tokens_is_exact(target, tokenizer, limit, gamma):
     assert engine.target_seen == len(engine.ids) - 1
 
 
-def test_eos_stops_and_drops_tokens_after_it(target, unrelated_drafter_model, tokenizer):
+def test_eos_stops_and_drops_tokens_after_it(target, tokenizer):
+    """The drafter is the target itself, so every draft is accepted and a step writes nine tokens: the
+    EOS arrives as an accepted draft in the middle of a step, the step's later tokens are dropped, the
+    caches hold the reply up to the EOS, and the next reply on the same engine is exact."""
     ids = prompt_ids(tokenizer, "Hello, how are you")
     reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
-    eos = reference[6]
+    eos = reference[4]
     first = reference.index(eos)
-    engine = make_engine(target, unrelated_drafter_model, tokenizer, eos_ids={eos})
-    _, done = run_reply(engine, ids, gamma=8)
-    assert list(done.ids) == reference[:first + 1]
-    assert done.stop_reason == "eos"
-    assert engine.target_seen == len(engine.ids) - 1
+    assert first < 8  # inside the first step's run of 8 accepted drafts, not its last token
+    engine = make_engine(target, target, tokenizer, eos_ids={eos})
+    events, done = run_reply(engine, ids, gamma=8)
+    tokens = [e for e in events if isinstance(e, Token)]
+    assert list(done.ids) == reference[:first + 1] and done.stop_reason == "eos"
+    assert tokens[-1].id == eos and tokens[-1].origin == Origin.DRAFTED  # nothing follows it
+    step = next(e for e in events if isinstance(e, StepDone))
+    assert step.accepted == step.drafted == 8 > len(tokens)  # the run went on past the EOS and was cut
+    assert engine.target_seen == len(engine.ids) - 1 and engine.drafter.seen <= len(engine.ids) - 1
+    follow_up = ids + list(done.ids) + prompt_ids(tokenizer, " and the fox?")
+    _, again = run_reply(engine, follow_up, gamma=8)
+    expected = hf_greedy(target, follow_up, GREEDY.max_new_tokens)
+    assert list(again.ids) == (expected[:expected.index(eos) + 1] if eos in expected else expected)
 
 
 def test_cancel_stops_within_a_step_and_the_next_reply_is_exact(target, unrelated_drafter_model, tokenizer):

@@ -104,6 +104,27 @@ def test_context_limit_override_and_extra_eos(target_dir, tok):
     assert tok.convert_tokens_to_ids("def") in pair.eos_ids
 
 
+@pytest.mark.parametrize("mode", ["spec", "target"])
+def test_extra_eos_stops_a_reply(target_dir, drafter_dir, tok, mode):
+    """A stop string configured as speculation.extra_eos ends the greedy reply at its token, which the
+    reply without it writes later on (and, in spec mode, possibly inside a step's accepted drafts)."""
+    ids = tok.encode(PROMPT)
+    plain = greedy_reply(load_pair(local_cfg(str(target_dir[0]), str(drafter_dir[0]))), mode, ids)
+    stop_at = next(i for i, t in enumerate(plain) if i >= 3 and t not in plain[:i]
+                   and tok.encode(tok.decode([t]), add_special_tokens=False) == [t])
+    text = tok.decode([plain[stop_at]])
+    cfg = replace(local_cfg(str(target_dir[0]), str(drafter_dir[0])),
+                  speculation=SpeculationConfig(mode=mode, extra_eos=(text,)))
+    pair = load_pair(cfg)
+    assert plain[stop_at] in pair.eos_ids
+    drafter = ModelDrafter(pair.drafter, pair.vocab_size)
+    engine = Engine(pair.target, pair.tokenizer, drafter, eos_ids=pair.eos_ids, vocab_size=pair.vocab_size)
+    done = list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=24),
+                              SpeculationConfig(gamma=4, mode=mode)))[-1]
+    assert list(done.ids) == plain[:stop_at + 1] and done.stop_reason == "eos"
+    assert done.text.endswith(text)
+
+
 def test_multi_token_extra_eos_is_a_one_line_error(target_dir):
     cfg = replace(local_cfg(str(target_dir[0])),
                   speculation=SpeculationConfig(mode="target", extra_eos=("reverse the list",)))
