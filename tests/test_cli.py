@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,15 +140,21 @@ def test_no_color_env_and_flag_keep_a_terminal_plain(pair, monkeypatch):
         assert not ESCAPE.search(out.getvalue()) and " tok/s " in out.getvalue()
 
 
-DRIVER = ("import sys; sys.path.insert(0, 'tests'); from tinypair import tiny_pair, loader; "
-          "from specchat.tui.cli import main; raise SystemExit(main(sys.argv[1:], load=loader(tiny_pair())))")
+# The tiny pair, with the first reply's third target forward held until Ctrl-C arrives (it creates the
+# file $HELD_FLAG then): no race.
+DRIVER = ("import os, sys; sys.path.insert(0, 'tests'); "
+          "from tinypair import tiny_pair, loader, hold_the_first_reply_until_ctrl_c; "
+          "from specchat.tui.cli import main; pair = tiny_pair(); "
+          "hold_the_first_reply_until_ctrl_c(pair.target, os.environ.get('HELD_FLAG', '')); "
+          "raise SystemExit(main(sys.argv[1:], load=loader(pair)))")
 
 
 def test_interactive_session_in_a_real_terminal(tmp_path):
     """pexpect drives the real CLI in a pty: banner, a reply, a command, Ctrl-C mid-reply, /quit."""
     pexpect = pytest.importorskip("pexpect")
+    held = tmp_path / "held"
     env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="120", LINES="40",
-               NO_COLOR="1", TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
+               NO_COLOR="1", TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1", HELD_FLAG=str(held))
     child = pexpect.spawn(sys.executable, ["-c", DRIVER, "sampling.max_new_tokens=400", "ui.context_limit=1024"],
                           cwd=str(ROOT), env=env, encoding="utf-8", timeout=120, dimensions=(40, 120))
     try:
@@ -160,8 +167,11 @@ def test_interactive_session_in_a_real_terminal(tmp_path):
         child.expect("unknown command /nope")
         child.send("tell me a story\r")
         child.expect_exact("\x1b[?2004l")  # the prompt has handed the terminal over to the reply
-        child.expect(".")  # and the reply has started streaming
-        child.sendintr()  # Ctrl-C mid-reply
+        deadline = time.monotonic() + 60
+        while not held.exists() and time.monotonic() < deadline:  # two steps done, the third held
+            time.sleep(0.02)
+        assert held.exists()
+        child.sendintr()  # Ctrl-C mid-reply (the held forward goes on once it has arrived)
         child.expect("cut")
         child.expect(r"tok/s · ttft [\d.]+ s · accepted \d+/\d+ drafts")
         child.expect("cancelled")

@@ -1,6 +1,8 @@
 """A LoadedPair-shaped bundle of the tiny conftest models, so the CLI and REPL run without real models."""
 from __future__ import annotations
 
+import signal
+import time
 from dataclasses import dataclass, field
 
 from specchat.bench.tiny_models import build_model, build_tokenizer
@@ -52,3 +54,31 @@ def loader(pair: TinyPair):
         pair.progress_calls.append(cfg)
         return pair
     return load
+
+
+def hold_the_first_reply_until_ctrl_c(model, held_flag: str = "", forwards: int = 3, limit_s: float = 60.0) -> None:
+    """A forward pre-hook on `model`: in the first reply that streams (while the REPL's Ctrl-C handler
+    is installed, repl.sigint_sets), its `forwards`-th forward creates the file `held_flag` (if given)
+    and waits until a Ctrl-C has arrived (at most limit_s), once. A test that sends Ctrl-C once the
+    flag exists lands it mid-reply, after earlier steps, on any machine: the reply cannot end first."""
+    state = {"forwards": 0, "held": False}
+
+    def hook(module, args):
+        handler = signal.getsignal(signal.SIGINT)
+        if state["held"] or handler in (signal.default_int_handler, signal.SIG_DFL, signal.SIG_IGN, None):
+            return
+        state["forwards"] += 1
+        if state["forwards"] < forwards:
+            return
+        state["held"], arrived = True, []
+        if held_flag:
+            open(held_flag, "w").close()
+
+        def interrupted(signum, frame):  # the REPL restores its own handler when the reply ends
+            arrived.append(signum)
+            handler(signum, frame)
+        signal.signal(signal.SIGINT, interrupted)
+        deadline = time.monotonic() + limit_s
+        while not arrived and time.monotonic() < deadline:
+            time.sleep(0.01)
+    model.register_forward_pre_hook(hook)
