@@ -186,3 +186,33 @@ def test_save_markdown_and_json_with_each_replys_stats(session, tmp_path):
     with pytest.raises(ChatError, match="must end in .md or .json"):
         save_transcript(session, str(tmp_path / "t.txt"))
     assert dataclasses.asdict(session.totals)["replies"] == 1
+
+
+def test_a_system_prompt_changed_mid_conversation_gives_an_exact_reply(session, target, tokenizer):
+    """The new system prompt changes the conversation's first tokens: the engine must drop the cached
+    turns after the change instead of reusing them, and the greedy reply equals transformers' own."""
+    from conftest import hf_greedy
+    reply(session, "first question about foxes")
+    session.config = with_value(session.config, "ui.system_prompt", "You are terse.")
+    _, done = reply(session, "and about dogs?")
+    prompt = session.last_prompt_ids
+    assert tokenizer.decode(prompt).startswith("<|im_start|>system\nYou are terse.<|im_end|>")
+    assert "first question about foxes" in tokenizer.decode(prompt)  # the conversation went on
+    assert done.stats.reused_tokens < len(tokenizer.encode("<|im_start|>system\nYou are terse."))
+    assert list(done.ids) == hf_greedy(target, prompt, len(done.ids))
+
+
+def test_dropping_two_turns_says_how_many(session):
+    reply(session, "first question about foxes")
+    reply(session, "second question about dogs")
+    reply(session, "third question about cats")
+    full = session.render(session.messages + [{"role": "user", "content": "fourth"}])
+    last_two = session.render(session.messages[-2:] + [{"role": "user", "content": "fourth"}])
+    # room for the last turn plus the new message only: two turns must go
+    session.model_context_limit = len(last_two) + CONFIG.sampling.max_new_tokens
+    assert len(full) > session.model_context_limit
+    events, _ = reply(session, "fourth")
+    notices = [e.text for e in events if isinstance(e, Notice)]
+    assert len(notices) == 1 and notices[0].startswith("context full: dropped the oldest 2 turns to fit ")
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == [
+        "third question about cats", "fourth"]

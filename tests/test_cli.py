@@ -186,3 +186,69 @@ def test_interactive_session_in_a_real_terminal(tmp_path):
         child.close()
     assert child.exitstatus == 0
     assert "tell me a story" in (tmp_path / "state" / "specchat" / "history").read_text()
+
+
+def test_json_output_says_why_the_reply_stopped(pair):
+    status, out, err = run_cli(["--prompt", "hi", "--json", "sampling.max_new_tokens=3"], pair)
+    assert status == 0, err
+    assert json.loads(out)["stop_reason"] == "max_tokens"
+    eos = next(iter(pair.eos_ids))
+    status, out, err = run_cli(["--prompt", "hi", "--json", "sampling.max_new_tokens=3"],
+                               tiny_pair_stopping_at_once(pair, eos))
+    assert status == 0, err
+    data = json.loads(out)
+    assert data["stop_reason"] == "eos" and [t["id"] for t in data["tokens"]][-1:] == [eos]
+
+
+def tiny_pair_stopping_at_once(pair, eos):
+    """The pair with a target whose head always favours `eos`: every reply is that one token."""
+    import copy
+    import torch
+    target = copy.deepcopy(pair.target)
+    with torch.no_grad():
+        target.lm_head.weight[eos] = target.lm_head.weight[eos] * 0 + 10 * target.lm_head.weight.abs().max()
+        target.model.norm.weight.abs_()
+    return tiny_pair(pair.tokenizer, target, pair.drafter)
+
+
+def test_ctrl_c_while_the_models_load_exits_130_in_one_line(pair):
+    def load(cfg, progress=None):
+        progress("reading weights", 0.3)
+        raise KeyboardInterrupt
+    status, out, err = run_cli(["--prompt", "hello"], pair, load=load)
+    assert status == 130 and out == "" and "Traceback" not in err
+    assert err.splitlines() == ["reading weights", "specchat: interrupted"]  # the progress so far, then one line
+
+
+def test_help_lists_the_usage_and_exits_0(pair, capsys):
+    status, out, err = run_cli(["--help"], pair)
+    shown = out + capsys.readouterr().out  # argparse writes to sys.stdout
+    assert status == 0 and err == "" and not pair.progress_calls  # nothing loaded
+    assert shown.startswith("usage: specchat ") and "--prompt" in shown and "section.key=value" in shown
+
+
+def test_the_specchat_console_script_runs_the_cli():
+    """The installed `specchat` script (pyproject's [project.scripts]) reaches cli.main: --help, and a
+    bad option's one-line error with status 2, without loading any model."""
+    import subprocess
+    script = Path(sys.executable).with_name("specchat")
+    if not script.exists():
+        pytest.skip(f"no specchat script next to {sys.executable}: the package is not installed in this venv")
+    shown = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: specchat ")
+    bad = subprocess.run([str(script), "--bogus"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr == "specchat: error: unrecognized arguments: --bogus (try --help)\n"
+
+
+def test_show_rejected_from_a_config_file_marks_the_refused_drafts(pair, tmp_path):
+    """ui.show_rejected = true in a --config file: the one-shot reply shows the refused drafts (~~x~~ in plain
+    text); the same reply without it shows none."""
+    config = tmp_path / "mine.toml"
+    config.write_text("[ui]\nshow_rejected = true\n[speculation]\ngamma = 4\n[sampling]\nmax_new_tokens = 12\n")
+    status, shown, err = run_cli(["--config", str(config), "--prompt", "hello there"], pair)
+    assert status == 0, err
+    assert pair.progress_calls[-1].ui.show_rejected
+    config.write_text("[speculation]\ngamma = 4\n[sampling]\nmax_new_tokens = 12\n")
+    status, hidden, err = run_cli(["--config", str(config), "--prompt", "hello there"], pair)
+    assert status == 0, err
+    assert shown.count("~~") >= 2 and "~~" not in hidden

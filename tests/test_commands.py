@@ -223,3 +223,17 @@ def test_mode_change_shows_the_new_legend(session, registry):
     text = plain(registry.run(session, "/mode target").message)
     assert text.startswith("speculation.mode = 'target'\nlegend: target-only")
     assert "legend: drafter-only" in plain(registry.run(session, "/mode drafter").message)
+
+
+@pytest.mark.parametrize("on, off, key, values", [
+    ("/compare on", "/compare off", "speculation.compare", ("on", "off")),
+    ("/compare drafter", "/compare off", "speculation.compare", ("drafter", "off")),
+    ("/show rejected on", "/show rejected off", "ui.show_rejected", (True, False)),
+    ("/seed 7", "/seed random", "sampling.seed", (7, -1)),
+])
+def test_switching_off_undoes_switching_on(session, registry, on, off, key, values):
+    section, name = key.split(".")
+    for line, value in zip((on, off), values):
+        outcome = registry.run(session, line)
+        assert not outcome.error, outcome.message
+        assert getattr(getattr(session.config, section), name) == value

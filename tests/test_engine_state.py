@@ -121,3 +121,50 @@ def test_a_prompt_gets_a_target_forward_of_its_own_before_any_draft(target, simi
     new_turn = len(history) - engine.target_seen
     run_reply(engine, history, gamma=gamma, mode=mode)
     assert new_turn > 2 and fed[:2] == [new_turn - 1, 1 + gamma]  # a follow-up turn: the same, after the reuse
+
+
+def test_sampling_greedy_on_overrides_a_temperature(target, unrelated_drafter_model, tokenizer):
+    """sampling.greedy = true with temperature 0.9: the reply is greedy (transformers' own), whatever the seed."""
+    ids = prompt_ids(tokenizer, "The quick brown")
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    replies = {tuple(run_reply(engine, ids, SamplingConfig(temperature=0.9, top_k=50, greedy=True, seed=seed,
+                                                           max_new_tokens=20), gamma=4)[1].ids)
+               for seed in (0, 1, 2)}
+    assert replies == {tuple(hf_greedy(target, ids, 20))}
+
+
+def test_an_exception_mid_reply_resets_the_engine_and_the_next_reply_is_exact(target, unrelated_drafter_model,
+                                                                             tokenizer):
+    """A forward that raises mid-reply (after the engine cached some of it) leaves both caches empty, not
+    half-updated, and the next reply on the same engine is exact."""
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    calls = []
+
+    def fail_on_the_fourth_forward(module, args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("out of memory (planted)")
+    handle = target.register_forward_pre_hook(fail_on_the_fourth_forward)
+    try:
+        ids = prompt_ids(tokenizer, "def reverse(lst):")
+        with pytest.raises(RuntimeError, match="planted"):
+            run_reply(engine, ids, gamma=4)
+    finally:
+        handle.remove()
+    assert engine.ids == [] and engine.target_seen == 0 and engine.drafter.seen == 0
+    other = prompt_ids(tokenizer, "The quick brown fox")
+    _, again = run_reply(engine, other, gamma=4)
+    assert list(again.ids) == hf_greedy(target, other, GREEDY.max_new_tokens)
+
+
+def test_seed_random_draws_a_fresh_seed_each_reply_and_reports_it(target, unrelated_drafter_model, tokenizer):
+    """sampling.seed = -1 (/seed random): each reply draws its own seed and reports it, and that seed
+    given back reproduces the reply."""
+    ids = prompt_ids(tokenizer, "The quick brown")
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    free = SamplingConfig(temperature=1.0, seed=-1, max_new_tokens=12)
+    replies = [run_reply(engine, ids, free, gamma=3)[1] for _ in range(3)]
+    seeds = [r.seed for r in replies]
+    assert len(set(seeds)) == 3 and min(seeds) >= 0
+    again = run_reply(engine, ids, SamplingConfig(temperature=1.0, seed=seeds[1], max_new_tokens=12), gamma=3)[1]
+    assert again.ids == replies[1].ids and again.seed == seeds[1]
