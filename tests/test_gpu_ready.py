@@ -218,3 +218,37 @@ def test_each_timed_forward_synchronizes_the_models_cuda_devices(tok, monkeypatc
     # on cuda:0; the prefill's end: the union of both models' devices
     assert sorted(synced) == sorted([*sorted(expected) * 2 * len(steps), *["cuda:0"] * 2 * forwards,
                                      *sorted(expected | {"cuda:0"})])
+
+
+# ----- item 8: a constant number of host reads per speculative step --------------------------------
+def sync_counts(target, drafter_model, tokenizer, gamma: int, temperature: float, **speculation):
+    from syncs import reads_per_step
+    from specchat.config import SamplingConfig, SpeculationConfig
+    from specchat.core.drafters import ModelDrafter
+    from specchat.core.engine import Engine
+    engine = Engine(target, tokenizer, ModelDrafter(drafter_model, len(tokenizer)), eos_ids=())
+    sampling = SamplingConfig(temperature=temperature, top_k=40, max_new_tokens=40, seed=3)
+    return reads_per_step(engine, tokenizer.encode("def reverse(lst):"), sampling,
+                          SpeculationConfig(gamma=gamma, **speculation))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("speculation", [{}, {"drafter_vocab": 300}], ids=["whole vocabulary", "restricted head"])
+def test_a_speculative_step_reads_the_device_a_constant_number_of_times(target, similar_drafter_model, tokenizer,
+                                                                       temperature, speculation):
+    """One read for the verdict, the drafts and every token's p and q; one more when a draft was refused (the /why
+    record). It was 2γ + 9 before (γ 2: 13, γ 8: 25 in greedy mode)."""
+    counts = {gamma: sync_counts(target, similar_drafter_model, tokenizer, gamma, temperature, **speculation)
+              for gamma in (2, 4, 8)}
+    for gamma, steps in counts.items():
+        assert any(drafted and accepted < drafted for _, drafted, accepted in steps)  # rejections happen
+        for reads, drafted, accepted in steps:
+            assert reads == 1 + (accepted < drafted), (gamma, reads, drafted, accepted)
+    assert max(r for r, _, _ in counts[2]) == max(r for r, _, _ in counts[8]) == 2
+
+
+def test_a_draft_that_may_end_early_reads_each_token_once(target, similar_drafter_model, tokenizer):
+    """An early end on the drafter's confidence is decided on the host, token by token: one read each."""
+    for reads, drafted, accepted in sync_counts(target, similar_drafter_model, tokenizer, 8, 0.0,
+                                                draft_confidence=0.3):
+        assert reads == drafted + 1 + (accepted < drafted)

@@ -20,6 +20,7 @@ class DraftVocab:
         self._always = sorted({int(i) for i in always_ids if i >= limit})
         self._extra: list[int] = list(self._always)
         self._extra_index = torch.tensor(self._extra, dtype=torch.long)
+        self._placed: torch.Tensor | None = None  # _extra_index on the device that last asked for it
         self._high = None          # the head's rows for the extra ids, rebuilt when the set grows
         self._scanned = 0          # how much of the id list has been looked at
 
@@ -36,14 +37,14 @@ class DraftVocab:
         if fresh:
             self._extra = sorted(set(self._extra) | fresh)
             self._extra_index = torch.tensor(self._extra, dtype=torch.long)
-            self._high = None
+            self._high, self._placed = None, None
 
     def keep_first(self, length: int) -> None:
         """The conversation may differ after its first `length` ids (a new system prompt, dropped
         turns): forget the ids seen after them, so the drafter proposes what a fresh one would."""
         if length >= self._scanned:
             return
-        self._extra, self._scanned, self._high = list(self._always), 0, None
+        self._extra, self._scanned, self._high, self._placed = list(self._always), 0, None, None
         self._extra_index = torch.tensor(self._extra, dtype=torch.long)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,7 @@ class DraftVocab:
         if not self._extra:
             return low
         if self._high is None:
-            self._high = head_rows(self.head, self._extra_index.to(hidden.device))
+            self._high = head_rows(self.head, self._index_on(hidden.device))
         return torch.cat([low, self._high(hidden)], dim=-1)
 
     @property
@@ -60,11 +61,17 @@ class DraftVocab:
         """The head rows built so far: ids below the limit, and the extra ids once scored."""
         return [self._low] + ([self._high] if self._high is not None else [])
 
+    def _index_on(self, device: torch.device) -> torch.Tensor:
+        """The extra ids on `device`, copied there once (not once per drafted token)."""
+        if self._placed is None or self._placed.device != device:
+            self._placed = self._extra_index.to(device)
+        return self._placed
+
     def to_ids(self, positions: torch.Tensor) -> torch.Tensor:
         """Positions in [0, width) -> vocabulary ids."""
         if not self._extra:
             return positions
-        extra = self._extra_index.to(positions.device)
+        extra = self._index_on(positions.device)
         return torch.where(positions < self.limit, positions, extra[(positions - self.limit).clamp(min=0)])
 
     def full_width(self, q: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -72,5 +79,5 @@ class DraftVocab:
         full = torch.zeros(q.shape[0], vocab_size, dtype=q.dtype, device=q.device)
         full[:, :self.limit] = q[:, :self.limit]
         if self._extra:
-            full[:, self._extra_index.to(q.device)] = q[:, self.limit:]
+            full[:, self._index_on(q.device)] = q[:, self.limit:]
         return full

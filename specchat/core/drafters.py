@@ -14,8 +14,9 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.core import kvcache
 from specchat.core.draft_vocab import DraftVocab
-from specchat.core.insight import Ranked, drafter_ranked
+from specchat.core.insight import drafter_top
 from specchat.core.lookup import Guesser, NoGuess, PromptLookup
+from specchat.core.readback import read_back
 from specchat.core.sampling import pick
 from specchat.core.timing import clock
 
@@ -37,28 +38,32 @@ class DraftPlan:
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor          # [k] int64
+    tokens: torch.Tensor          # [k] int64, on the drafter's device
     q_probs: torch.Tensor | None  # [k, vocab] drafter probabilities (None when greedy)
     forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
-    confidences: list[float] = field(default_factory=list)  # per token: the drafter's q of it
+    confidences: list[float] = field(default_factory=list)  # per token: the drafter's q of it (see `sure`)
     rows: list[torch.Tensor] = field(default_factory=list)  # per token: the [1, width] logits it came from
     vocab: DraftVocab | None = None  # maps a row's positions to ids when the drafter scores a subset
+    sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
+    #                                   its verdict (step.py), `confidences` may be empty
 
-    def ranked_at(self, position: int, sampling: SamplingConfig) -> Ranked:
-        """The drafter's most likely tokens where it drafted tokens[position] (/why)."""
-        if not self.rows:  # a drafter without a distribution (prompt lookup): q is one-hot
-            return ((int(self.tokens[position]), 1.0),)
+    def top_at(self, position: int, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
+        on the device; None for a drafter without a distribution (prompt lookup: q is one-hot)."""
+        if not self.rows:
+            return None
         row = self.rows[position]
         ids = self.vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if self.vocab else None
-        return drafter_ranked(row, sampling, ids)
+        return drafter_top(row, sampling, ids)
 
 
-def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | None) -> float:
-    """The drafter's probability for the token it chose: q(x) when sampling, softmax max when greedy."""
+def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
+    """The drafter's probability for the token it chose, [1] on the device: q(x) when sampling, softmax max when
+    greedy."""
     if q is not None:
-        return float(q[0, position])
+        return q[0, position]
     logits = logits.float()
-    return float(torch.exp(logits.max() - torch.logsumexp(logits, dim=-1)))
+    return torch.exp(logits.max() - torch.logsumexp(logits, dim=-1))
 
 
 class Drafter(Protocol):
@@ -118,33 +123,42 @@ class ModelDrafter:
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        """Up to plan.gamma tokens, ended early as the plan says."""
-        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids))
-        feed = ids[self.seen:]  # [>=1] tokens: the newest committed one, plus any catch-up
-        while not drafting.finished:
-            room = plan.gamma - len(drafting.tokens) - 1
-            guess = self.guesser.guess(ids, drafting.tokens, room)
-            self._draft_forward(feed, guess, drafting)
-            feed = drafting.tokens[-1:]
-        return drafting.draft(self.vocab_size)
+        """Up to plan.gamma tokens, ended early as the plan says.
 
-    def _draft_forward(self, feed: list[int], guess: list[int], drafting: "_Drafting") -> None:
-        """One forward over feed + guess; draft from its rows while the guess matches what was drafted.
+        The tokens stay on the device, each fed to the next forward as it is, unless the host must see each one:
+        to end the draft early on its confidence, or to look for prompt-lookup guesses after it."""
+        guessing = not isinstance(self.guesser, NoGuess)
+        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids),
+                             host=guessing or plan.tracks_confidence)
+        # [>=1] tokens: the newest committed one, plus any catch-up
+        feed = torch.tensor(ids[self.seen:], dtype=torch.long, device=self.device)
+        while not drafting.finished:
+            room = plan.gamma - drafting.count - 1
+            guess = self.guesser.guess(ids, drafting.tokens, room) if guessing else []
+            self._draft_forward(feed, guess, drafting)
+            feed = drafting.ids[-1]
+        return drafting.draft(self.vocab_size, self.device)
+
+    def _draft_forward(self, feed: torch.Tensor, guess: list[int], drafting: "_Drafting") -> None:
+        """One forward over feed [n] + guess; draft from its rows while the guess matches what was drafted.
 
         Row j is conditioned on guess[:j], so it is the drafter's own next-token distribution as long
         as every earlier guessed token is the one drafted. The cache keeps only that matching part.
         """
         start, before = clock(self.model), self.seen
-        step_ids = torch.tensor([feed + guess], dtype=torch.long, device=self.device)  # [1, fed]
-        rows = self._next_logits(step_ids, drafting.vocab, keep=len(guess) + 1)  # [len(guess)+1, width]
-        used = 0
+        if guess:
+            feed_and_guess = torch.cat([feed, torch.tensor(guess, dtype=torch.long, device=self.device)])
+        else:
+            feed_and_guess = feed
+        rows = self._next_logits(feed_and_guess.view(1, -1), drafting.vocab, keep=len(guess) + 1)
+        used = 0  # rows: [len(guess)+1, width]
         for j in range(len(guess) + 1):
-            token = drafting.add(rows[j:j + 1])
+            token = drafting.add(rows[j:j + 1])  # None unless drafting.host; there are guesses only then
             if drafting.finished or j == len(guess) or token != guess[j]:
                 used = j
                 break
-        kvcache.crop_to(self.cache, before + len(feed) + used)
-        drafting.forwards.append((len(feed) + len(guess), clock(self.model) - start))
+        kvcache.crop_to(self.cache, before + feed.shape[0] + used)
+        drafting.forwards.append((feed.shape[0] + len(guess), clock(self.model) - start))
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
         if not self.vocab_limit or self.vocab_limit >= self.vocab_size:
@@ -164,41 +178,55 @@ class ModelDrafter:
 
 
 class _Drafting:
-    """One draft in progress: its tokens, q rows, confidences, and whether its plan says stop."""
+    """One draft in progress: its tokens, q rows, confidences, and whether its plan says stop.
+
+    Tokens and confidences stay on the device; with `host`, each is also read back as it is drafted (one read
+    per token, for an early end or a prompt-lookup guess)."""
 
     def __init__(self, plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator,
-                 vocab: DraftVocab | None):
-        self.plan, self.sampling, self.generator, self.vocab = plan, sampling, generator, vocab
-        self.tokens: list[int] = []
+                 vocab: DraftVocab | None, host: bool = False):
+        self.plan, self.sampling, self.generator, self.vocab, self.host = plan, sampling, generator, vocab, host
+        self.ids: list[torch.Tensor] = []      # per token: its id, [1] on the device
+        self.sure: list[torch.Tensor] = []     # per token: the drafter's q of it, [1] on the device
+        self.tokens: list[int] = []            # the same on the host, with `host` only
+        self.confidences: list[float] = []     # the same on the host, with `host` only
         self.probs: list[torch.Tensor | None] = []
-        self.confidences: list[float] = []
         self.rows: list[torch.Tensor] = []
         self.forwards: list[tuple[int, float]] = []
         self.path = 1.0      # estimated probability that every token so far is accepted
         self.doubt = False   # a token fell below min_confidence or the path below path_floor
 
     @property
-    def finished(self) -> bool:
-        return self.doubt or len(self.tokens) >= self.plan.gamma
+    def count(self) -> int:
+        return len(self.ids)
 
-    def add(self, logits: torch.Tensor) -> int:
-        """Draft one token from [1, width] logits; returns its id."""
+    @property
+    def finished(self) -> bool:
+        return self.doubt or self.count >= self.plan.gamma
+
+    def add(self, logits: torch.Tensor) -> int | None:
+        """Draft one token from [1, width] logits; returns its id with `host`, else None (it stays on the device)."""
         position, q = pick(logits, self.sampling, self.generator)  # [1], [1, width] or None when greedy
-        token = int(self.vocab.to_ids(position) if self.vocab else position)
-        self.tokens.append(token)
+        token = self.vocab.to_ids(position) if self.vocab else position  # [1]
+        self.ids.append(token)
+        self.sure.append(confidence(logits, position, q))
         self.probs.append(q)
         self.rows.append(logits)
-        sure = confidence(logits, position, q)
+        if not self.host:
+            return None
+        (token_id,), (sure,) = read_back(token, self.sure[-1])
+        self.tokens.append(int(token_id))
         self.confidences.append(sure)
         if self.plan.tracks_confidence:
             self.path *= min(1.0, self.plan.confidence_scale * sure)
             # a draft the drafter itself doubts is likely rejected: verify what we have
             self.doubt = sure < self.plan.min_confidence or self.path < self.plan.path_floor
-        return token
+        return self.tokens[-1]
 
-    def draft(self, vocab_size: int) -> Draft:
+    def draft(self, vocab_size: int, device: torch.device) -> Draft:
         q_probs = torch.cat(self.probs) if self.probs and self.probs[0] is not None else None
         if q_probs is not None and self.vocab:
             q_probs = self.vocab.full_width(q_probs, vocab_size)
-        return Draft(torch.tensor(self.tokens, dtype=torch.long), q_probs, self.forwards, self.confidences,
-                     self.rows, self.vocab)
+        tokens = torch.cat(self.ids) if self.ids else torch.empty(0, dtype=torch.long, device=device)
+        sure = torch.cat(self.sure) if self.sure else None
+        return Draft(tokens, q_probs, self.forwards, self.confidences, self.rows, self.vocab, sure)

@@ -5,7 +5,8 @@ rule used (temperature, top-k, top-p). In greedy mode the rule compares argmaxes
 both are then the models' plain softmax (temperature 1), shown for insight, and the acceptance
 probability of a draft is 1 when it equals the target's argmax and 0 otherwise.
 
-The cost is one gather per step for the tokens' p, plus two top-5s at a rejected position only.
+The cost is one gather per step for the tokens' p (read back with the step's verdict), plus two top-5s at a
+rejected position only, read back together.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.core.readback import ints, read_back
 from specchat.core.sampling import probs_from_logits
 
 TOP = 5  # tokens of each model shown per rejection
@@ -42,21 +44,32 @@ def accept_probability(p: float, q: float, greedy: bool, accepted: bool) -> floa
     return min(1.0, p / q) if q > 0 else 1.0
 
 
-def token_probs(logits: torch.Tensor, probs: torch.Tensor | None, tokens: list[int]) -> list[float]:
-    """The probability of tokens[i] in row i: from `probs` when sampling, else a softmax of `logits`."""
-    rows = len(tokens)
-    index = torch.tensor(tokens, dtype=torch.long, device=logits.device).view(-1, 1)
+def token_probs(logits: torch.Tensor, probs: torch.Tensor | None, drafts: torch.Tensor,
+                accepted, emitted) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device: the probability of each draft in its row [gamma], and of the emitted token in row `accepted`
+    [1] (accepted and emitted: ints or 0-dim tensors), from `probs` when sampling, else a softmax of `logits`.
+    A step's tokens are drafts[:accepted] and then the emitted one."""
+    rows = torch.arange(drafts.shape[0], device=logits.device)
+    at = torch.as_tensor(accepted, device=logits.device).view(1)
+    token = torch.as_tensor(emitted, device=logits.device).view(1)
     if probs is not None:
-        return probs[:rows].gather(1, index).squeeze(1).tolist()
-    scores = logits[:rows].float()
-    return torch.exp(scores.gather(1, index).squeeze(1) - torch.logsumexp(scores, dim=-1)).tolist()
+        return probs[rows, drafts], probs[at, token]
+    scores = logits.float()
+    total = torch.logsumexp(scores, dim=-1)  # [gamma+1]
+    return torch.exp(scores[rows, drafts] - total[rows]), torch.exp(scores[at, token] - total[at])
+
+
+def top(probs_row: torch.Tensor, ids: torch.Tensor | None = None, k: int = TOP) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device: the ids [k] and probabilities [k] of the k most likely entries of a [width] probability row;
+    `ids` maps positions to token ids."""
+    best = torch.topk(probs_row.float(), min(k, probs_row.shape[-1]))
+    return (best.indices if ids is None else ids[best.indices]), best.values
 
 
 def ranked(probs_row: torch.Tensor, ids: torch.Tensor | None = None, k: int = TOP) -> Ranked:
-    """The k most likely entries of a [width] probability row; `ids` maps positions to token ids."""
-    top = torch.topk(probs_row.float(), min(k, probs_row.shape[-1]))
-    positions = top.indices if ids is None else ids[top.indices]
-    return tuple(zip(positions.tolist(), top.values.tolist()))
+    """The k most likely entries of a [width] probability row, read back: ((id, probability), ...)."""
+    positions, values = read_back(*top(probs_row, ids, k))
+    return tuple(zip(ints(positions), values))
 
 
 def target_row_probs(logits_row: torch.Tensor, probs_row: torch.Tensor | None) -> torch.Tensor:
@@ -64,19 +77,25 @@ def target_row_probs(logits_row: torch.Tensor, probs_row: torch.Tensor | None) -
 
 
 def rejection_at(step: int, position: int, drafted: int, emitted: int, logits: torch.Tensor,
-                 probs: torch.Tensor | None, q: float, drafter_top: Ranked) -> Rejection:
+                 probs: torch.Tensor | None, q: float,
+                 drafter_best: tuple[torch.Tensor, torch.Tensor] | None) -> Rejection:
     """The record of a rejection at `position`: logits [rows, vocab] of the target's verification
-    forward; probs the same rows after the sampling settings (None in greedy mode)."""
+    forward; probs the same rows after the sampling settings (None in greedy mode); drafter_best the drafter's
+    top ids and probabilities there (drafter_top), None for a one-hot q (the drafted token, probability 1).
+    Everything is read back in one transfer."""
     row = target_row_probs(logits[position], None if probs is None else probs[position])
-    p = float(row[drafted])
     greedy = probs is None
-    margin = float(logits[position].max() - logits[position, drafted]) if greedy else None
-    accept_p = None if greedy else accept_probability(p, q, greedy, False)
-    return Rejection(step, position, drafted, emitted, p, q, accept_p, ranked(row), drafter_top, margin)
+    margin = logits[position].max() - logits[position, drafted] if greedy else 0.0
+    drafter_ids, drafter_p = drafter_best if drafter_best is not None else (drafted, 1.0)
+    p, gap, target_ids, target_p, drafter_ids, drafter_p = read_back(
+        row[drafted], margin, *top(row), drafter_ids, drafter_p)
+    accept_p = None if greedy else accept_probability(p[0], q, greedy, False)
+    return Rejection(step, position, drafted, emitted, p[0], q, accept_p, tuple(zip(ints(target_ids), target_p)),
+                     tuple(zip(ints(drafter_ids), drafter_p)), gap[0] if greedy else None)
 
 
-def drafter_ranked(logits_row: torch.Tensor, sampling, ids: torch.Tensor | None) -> Ranked:
-    """The drafter's top tokens at one drafted position, from its [1, width] logits row."""
+def drafter_top(logits_row: torch.Tensor, sampling, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's top tokens at one drafted position, from its [1, width] logits row (on the device)."""
     row = probs_from_logits(logits_row, sampling)[0] if not sampling.is_greedy else \
         torch.softmax(logits_row[0].float(), dim=-1)
-    return ranked(row, ids)
+    return top(row, ids)

@@ -20,6 +20,7 @@ from specchat.core.timing import clock
 from specchat.core.drafters import Draft, DraftPlan, Drafter
 from specchat.core.events import Origin
 from specchat.core.insight import Rejection, rejection_at, token_probs
+from specchat.core.readback import ints, read_back
 from specchat.core.sampling import probs_from_logits
 from specchat.core.verify import Verdict, verify_greedy, verify_sampled
 
@@ -72,17 +73,30 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     logits = kvcache.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
     verdict, p = _verify(drafts, draft, logits, sampling, generator)
+    p_drafts, p_emitted = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token)
+    unread = draft.sure if draft.sure is not None and len(draft.confidences) < drafted else drafts[:0]
+    # the step's one read: what the rule decided, the drafts, each token's p and the drafter's q
+    accepted, emitted, drafted_ids, p_drafts, p_emitted, sure = read_back(
+        verdict.accepted, verdict.next_token, drafts, p_drafts, p_emitted, unread)
     seconds = clock(target) - start
-    result = _result(drafts.tolist(), verdict, draft, seconds, pending.shape[1] + drafted)
+    if len(sure):
+        draft.confidences = sure
+    verdict = Verdict(int(accepted[0]), int(emitted[0]))
+    result = _result(ints(drafted_ids), verdict, draft, seconds, pending.shape[1] + drafted)
+    result.p_tokens = [*p_drafts[:verdict.accepted], *p_emitted]
     _score(result, logits, p, sampling)
     return result
 
 
 def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig,
                  generator: torch.Generator) -> StepResult:
-    """Drafter-only decoding: one token from the drafter, no target forward."""
+    """Drafter-only decoding: one token from the drafter, no target forward; one read."""
     draft = drafter.propose(ids, DraftPlan(1), sampling, generator)
-    return StepResult([int(draft.tokens[0])], [Origin.DRAFTER], [], 0, 0, draft,
+    unread = draft.sure[:1] if draft.sure is not None and not draft.confidences else draft.tokens[:0]
+    (token,), sure = read_back(draft.tokens[:1], unread)
+    if len(sure):
+        draft.confidences = sure
+    return StepResult([int(token)], [Origin.DRAFTER], [], 0, 0, draft,
                       p_tokens=[None], q_tokens=draft.confidences[:1])
 
 
@@ -96,14 +110,13 @@ def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator) -
 
 
 def _score(step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampling: SamplingConfig) -> None:
-    """Each token's p and q, and the rejection's record when a draft was refused (insight.py)."""
+    """Each token's q, and the rejection's record when a draft was refused (insight.py); p is read already."""
     n = step.accepted
-    step.p_tokens = token_probs(logits, p, step.tokens)
     step.q_tokens = [*step.draft.confidences[:n], None] if step.draft else [None]
     if n < step.drafted:
         drafted = step.rejected[0]
         step.rejection = rejection_at(-1, n, drafted, step.tokens[-1], logits, p, step.draft.confidences[n],
-                                      step.draft.ranked_at(n, sampling))
+                                      step.draft.top_at(n, sampling))
 
 
 def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, fed: int) -> StepResult:
