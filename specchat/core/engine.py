@@ -142,8 +142,9 @@ class Engine:
     def _run(self, prompt_ids, sampling, speculation, cancel) -> Iterator[StepResult | ReplyEnd]:
         if self.drafter:
             self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup)
+        self._adopt_prompt(prompt_ids)  # the reused tokens: those the leading model's cache still holds
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids),
-                                 self._adopt_prompt(prompt_ids))
+                                 self._prompt_read(speculation.mode))
         recorder.stats.drafter = speculation.drafter if speculation.mode == "spec" else ""
         seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
         generator = make_generator(seed, self.device)
