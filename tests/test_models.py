@@ -21,6 +21,15 @@ from specchat.loading.models import LoadedPair, ModelFacts, ModelLoadError, load
 PROMPT = "def reverse(lst):"
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu(monkeypatch):
+    """These tests mean the CPU (they feed CPU ids, expect CPU kernels): device "auto" resolves to it even where
+    torch sees a GPU. tests/gpu/ runs a pair on CUDA."""
+    from specchat.loading import models as loading
+    resolve = devices.resolve_device
+    monkeypatch.setattr(loading, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
+
+
 # ----- tiny checkpoints on disk -----------------------------------------------------------------
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
