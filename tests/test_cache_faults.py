@@ -130,10 +130,10 @@ class Kind:
 
     def config(self, world: World) -> ModelConfig:
         if self.name == "assembled":
-            return ModelConfig(source=f"bundled:{BUNDLE}", dtype="float32")
+            return ModelConfig(source=f"bundled:{BUNDLE}", dtype="float32", device="cpu")
         if self.name == "converted":
-            return ModelConfig(source=str(world.gguf), dtype="float32")
-        return ModelConfig(source=str(world.model_dir), dtype="float32", quantization="w8a8")
+            return ModelConfig(source=str(world.gguf), dtype="float32", device="cpu")
+        return ModelConfig(source=str(world.model_dir), dtype="float32", quantization="w8a8", device="cpu")
 
     @property
     def artefact(self) -> Artefact:
