@@ -1,6 +1,8 @@
 """The benchmark harness on tiny models: every method runs, greedy exactness is checked, files are written."""
 from __future__ import annotations
 
+import copy
+
 import json
 
 import matplotlib.pyplot as plt
@@ -16,6 +18,17 @@ from specchat.loading.models import LoadedPair, ModelFacts
 
 PROMPTS = [{"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},
            {"name": "chat", "kind": "chat", "messages": [{"role": "user", "content": "Hello, how are you"}]}]
+
+
+@pytest.fixture(autouse=True)
+def session_models_left_as_found(target, similar_drafter_model, int8_drafter_model):
+    """HF assisted rows set the drafter's generation_config; the models are session-wide fixtures, so
+    each test here puts every one back, and later tests never depend on the order they ran in."""
+    models = (target, similar_drafter_model, int8_drafter_model)
+    saved = [copy.deepcopy(m.generation_config) for m in models]
+    yield
+    for model, config in zip(models, saved):
+        model.generation_config = config
 
 
 def tiny_pair(target, drafter, tokenizer) -> LoadedPair:

@@ -115,3 +115,26 @@ def test_view_is_side_by_side_when_wide_and_stacked_when_narrow(target, similar_
     diverged = dataclasses.replace(report, divergence=comparer.explain(session.last_prompt_ids, (40,), (41,)),
                                    others=(dataclasses.replace(report.target, ids=(41,)),))
     assert "texts differ from token 0" in render(diverged, 140)
+
+
+def test_a_compare_cancelled_mid_rerun_shows_nothing_and_keeps_the_reply(target, similar_drafter_model, tokenizer,
+                                                                         monkeypatch):
+    """Ctrl-C while the target-only rerun runs: no report (nothing fair to show), the chat's reply is
+    recorded, and the next reply's compare is whole and identical."""
+    import threading
+    session, comparer = session_with_compare(target, similar_drafter_model, tokenizer)
+    cancel = threading.Event()
+    real_steps = comparer.target_engine.steps
+
+    def cancelled_after_one_step(*args, **kwargs):
+        for n, item in enumerate(real_steps(*args, **kwargs)):
+            if n == 1:
+                cancel.set()
+            yield item
+    monkeypatch.setattr(comparer.target_engine, "steps", cancelled_after_one_step)
+    events = list(session.reply("Hello, how are you", cancel))
+    assert cancel.is_set() and reports(events) == []
+    assert [r.stop_reason for r in session.records] == ["max_tokens"]
+    monkeypatch.undo()
+    [report] = reports(list(session.reply("and the fox?")))
+    assert report.identical

@@ -214,3 +214,11 @@ def test_unwritable_history_is_reported(tmp_path):
     blocker.write_text("")
     history, problem = open_history(blocker / "history")
     assert problem and "input history is not saved" in problem
+
+
+def test_f2_and_ctrl_t_toggle_compare_at_the_prompt(session):
+    assert session.config.speculation.compare == "off"
+    status, _ = run_script(session, "\x1bOQ/quit\r")  # F2
+    assert status == 0 and session.config.speculation.compare == "on"
+    run_script(session, "\x14/quit\r")  # Ctrl-T
+    assert session.config.speculation.compare == "off"
