@@ -1,6 +1,6 @@
 """SIGTERM and SIGHUP (the terminal closed) leave the chat the way Ctrl-D does.
 
-The handler raises `Terminated`, a BaseException, so no `except Exception` swallows it: every
+The handler raises `Terminated`, a SystemExit, so no `except Exception` swallows it: every
 `finally` on the way out runs (the terminal's echo and raw mode are restored, half-written temp
 files are removed) and `cli.main` turns it into a quiet exit with status 128 + the signal number.
 Input history needs nothing more: prompt_toolkit appends each line to the file as it is entered.
@@ -16,11 +16,13 @@ from contextlib import contextmanager
 LEAVING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-class Terminated(BaseException):
-    """The process was asked to leave by a signal."""
+class Terminated(SystemExit):
+    """The process was asked to leave by a signal. A SystemExit, because asyncio re-raises only
+    SystemExit and KeyboardInterrupt from its callbacks: a signal landing while prompt_toolkit's event
+    loop runs one would otherwise be caught there and shown as "Press ENTER to continue..."."""
 
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(128 + signum)
         self.signum = signum
 
     @property
