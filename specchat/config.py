@@ -20,8 +20,10 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8", "w8a8-fast")
+QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8", "w8a8-fast", "w4a8")
 W8A8_MODES = ("w8a8", "w8a8-fast")  # int8×int8 on fbgemm: 16-bit activations into the MLP and head, or 8-bit everywhere
+# specchat's batch-invariant CPU kernels: float32 out, so norms and attention stay in float32
+INVARIANT_MODES = (*W8A8_MODES, "w4a8")  # w4a8: 4-bit weights × 8-bit activations (core/q4.py)
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from specchat.config import DTYPES, W8A8_MODES, ModelConfig
+from specchat.config import DTYPES, INVARIANT_MODES, ModelConfig
 from specchat.loading.errors import ModelLoadError
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -100,7 +100,7 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype, device: s
     an explicit bfloat16, whose cast is the user's choice. float16 activations can overflow in some models
     trained in bf16 (gemma); such a model wants 4bit, or dtype = "bfloat16" with the cast.
     """
-    if quantization in ("none", "int8", *W8A8_MODES):
+    if quantization in ("none", "int8", *INVARIANT_MODES):
         return None
     from transformers import BitsAndBytesConfig
     if quantization == "4bit":

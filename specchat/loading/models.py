@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specchat.config import W8A8_MODES, Config, ModelConfig, drafter_needed
+from specchat.config import INVARIANT_MODES, Config, ModelConfig, drafter_needed
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
@@ -112,7 +112,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     model = _load_weights(checkpoint, mc, source, kwargs)
     params = model.num_parameters()  # before int8 turns weights into buffers
     _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
-    if mc.quantization in W8A8_MODES:  # the int8 kernel returns float32: norms and attention stay in it
+    if mc.quantization in INVARIANT_MODES:  # the int8 kernels return float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
@@ -135,9 +135,9 @@ def runnable_quantization(mc: ModelConfig, device: str, role: str,
                           progress: Progress | None = None) -> ModelConfig:
     """specchat's own int8 modes are for the CPU: elsewhere the model loads unquantized, with one notice.
 
-    w8a8 runs on fbgemm, a CPU kernel. Weight-only int8 runs on a GPU too, but dequantizes every weight
+    w8a8 runs on fbgemm, a CPU kernel; w4a8 on specchat's own AVX2 kernel. Weight-only int8 runs on a GPU too, but dequantizes every weight
     on every call there, which is slower than the 16-bit weights it replaces (use 4bit or 8bit there)."""
-    if mc.quantization not in ("int8", *W8A8_MODES) or torch.device(device).type == "cpu":
+    if mc.quantization not in ("int8", *INVARIANT_MODES) or torch.device(device).type == "cpu":
         return mc
     why = ("is fast on the CPU only (elsewhere it dequantizes every weight on every call)"
            if mc.quantization == "int8" else "runs on the CPU only")
@@ -147,16 +147,19 @@ def runnable_quantization(mc: ModelConfig, device: str, role: str,
 
 def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtype: torch.dtype,
                             label: str, progress: Progress | None) -> None:
-    """specchat's own int8 modes, cached once quantized: weight-only int8, or int8×int8 with
+    """specchat's own modes, cached once quantized: weight-only int8, or int8×int8 / 4-bit×int8 with
     batch-invariant attention."""
-    if mc.quantization not in ("int8", *W8A8_MODES):
+    if mc.quantization not in ("int8", *INVARIANT_MODES):
         return
     from specchat.loading import quantized_cache
+    if mc.quantization == "w4a8":  # compiled before the weights are quantized, so its wait is said first
+        from specchat.loading.kernels import q4_kernel
+        q4_kernel(progress)
     path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype), mc.quantization)
     notice = quantized_cache.quantize_with_cache(model, path, label, mc.quantization, progress)
     if notice:
         report(progress, notice, None)
-    if mc.quantization in W8A8_MODES:
+    if mc.quantization in INVARIANT_MODES:
         from specchat.core.invariant_attention import use_batch_invariant_attention
         use_batch_invariant_attention(model)
 

@@ -1,5 +1,5 @@
-"""Quantize once: a model's int8 weights (w8a8 or weight-only int8), cached on disk beside the
-converted checkpoint.
+"""Quantize once: a model's int8 or 4-bit weights (w8a8, weight-only int8, w4a8), cached on disk
+beside the converted checkpoint.
 
 Quantizing the 1.5B target takes tens of seconds; loading its int8 weights takes a few. The file
 is keyed by the source's identity (the GGUF's sha256, or a fingerprint of a model directory), the
@@ -9,6 +9,7 @@ write, a full disk) is rebuilt from the model with one notice line instead of an
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 from torch import nn
 
 from specchat.core.int8_weights import Int8Block, quantize_linears
+from specchat.core.q4 import Q4Block, quantize_w4a8
 from specchat.core.w8a8 import quantize_w8a8
 from specchat.loading.locks import building
 from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
@@ -26,9 +28,16 @@ from specchat.loading.progress import Progress, report
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 
 
+def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None) -> dict[str, Q4Block]:
+    from specchat.loading.kernels import q4_kernel
+    return quantize_w4a8(model, blocks, q4_kernel())
+
+
 QUANTIZERS = {"w8a8": quantize_w8a8, "w8a8-fast": partial(quantize_w8a8, passes=1),
-              "int8": quantize_linears}  # (model, blocks | None) -> blocks
-DESCRIPTIONS = {"w8a8": "int8×int8", "w8a8-fast": "int8×int8 (8-bit activations)", "int8": "int8"}
+              "int8": quantize_linears, "w4a8": _quantize_w4a8}  # (model, blocks | None) -> blocks
+DESCRIPTIONS = {"w8a8": "int8×int8", "w8a8-fast": "int8×int8 (8-bit activations)", "int8": "int8",
+                "w4a8": "4-bit×int8"}
+BLOCK_TYPES = {"w4a8": Q4Block}  # how each mode's blocks are stored; Int8Block otherwise
 SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activations are multiplied
 
 
@@ -53,10 +62,10 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w
 
     Returns a notice line when a damaged cache file was rebuilt, else None.
     """
-    blocks, notice = _sound_blocks(model, path, progress)
+    blocks, notice = _sound_blocks(model, path, progress, mode)
     if blocks is None:
         with building(path, f"the {DESCRIPTIONS[mode]} weights of {label}", progress):
-            blocks, again = _sound_blocks(model, path, progress)  # another process may have written them
+            blocks, again = _sound_blocks(model, path, progress, mode)  # another process may have written them
             notice = again or notice  # a damaged file is gone after the first read
             if blocks is None:
                 report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
@@ -67,9 +76,9 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w
     return None
 
 
-def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None):
+def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str):
     """(blocks, notice): the cached blocks when whole and for this model's layers, else (None, why)."""
-    blocks, notice = _read(path, progress)
+    blocks, notice = _read(path, progress, BLOCK_TYPES.get(mode, Int8Block))
     if blocks is not None and set(blocks) != _linear_names(model):
         return None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
     return blocks, notice
@@ -79,39 +88,39 @@ def _linear_names(model: nn.Module) -> set[str]:
     return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
 
-def _read(path: Path, progress: Progress | None) -> tuple[dict[str, Int8Block] | None, str | None]:
+def _read(path: Path, progress: Progress | None, kind: type = Int8Block) -> tuple[dict | None, str | None]:
     if not path.exists():
         return None, None
     try:
         meta = json.loads(_meta_path(path).read_text())
         if not is_verified(path, meta["size"], meta["sha256"], progress):
             raise ValueError("its size or checksum does not match what was written")
-        return _blocks_from_file(path), None
+        return _blocks_from_file(path, kind), None
     except Exception as err:  # a damaged file: say so once, rebuild it
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         path.unlink(missing_ok=True)
         return None, f"rebuilt the quantized-weights cache {path.name}: {reason}"
 
 
-def _blocks_from_file(path: Path) -> dict[str, Int8Block]:
-    """The blocks in fresh, 64-byte-aligned memory: safetensors maps the file, and its tensors start
-    wherever the header ends; torch's CPU int8 kernel crashes on misaligned weights from 8 rows up."""
+def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
+    """The blocks (of dataclass `kind`) in fresh, 64-byte-aligned memory: safetensors maps the file, and
+    its tensors start wherever the header ends; torch's CPU int8 kernel crashes on misaligned weights
+    from 8 rows up."""
     from safetensors.torch import load_file
     tensors = {key: tensor.clone() for key, tensor in load_file(str(path)).items()}
     names = {key.rsplit(".", 1)[0] for key in tensors}
-    return {name: Int8Block(tensors[f"{name}.weight"], tensors[f"{name}.scale"],
-                            tensors[f"{name}.row_sums"]) for name in names}
+    fields = [field.name for field in dataclasses.fields(kind)]
+    return {name: kind(*(tensors[f"{name}.{field}"] for field in fields)) for name in names}
 
 
-def _write(path: Path, blocks: dict[str, Int8Block]) -> None:
+def _write(path: Path, blocks: dict) -> None:
     from safetensors.torch import save_file
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tensors = {}
     for name, block in blocks.items():
-        tensors.update({f"{name}.weight": block.weight, f"{name}.scale": block.scale,
-                        f"{name}.row_sums": block.row_sums})
+        tensors.update({f"{name}.{field.name}": getattr(block, field.name) for field in dataclasses.fields(block)})
     try:
         save_file(tensors, str(tmp))
         meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}

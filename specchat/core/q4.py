@@ -1,0 +1,139 @@
+"""4-bit weights × 8-bit activations (`quantization = "w4a8"`): a quarter of bf16's bytes per step,
+a kernel whose cost grows slowly from 1 to gamma+1 rows, and a result per row that never depends on
+the other rows of its batch.
+
+Why: decoding on a CPU reads every weight once per forward, so the bytes per step decide. 4-bit
+weights in groups of 32 (a scale and an offset each, as llama.cpp's Q4_K) read about 0.6 of int8's.
+The activations are mapped per row and per 128-block onto int8, so the dot products are integer
+(AVX2 `maddubs`), exact, and the same whatever else the batch holds: greedy speculative output
+equals greedy target-only output in the dtype the chat runs.
+
+The kernel (q4_kernel.cpp) is compiled once with the machine's C++ compiler into specchat's cache.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+GROUP, BLOCK = 32, 128  # levels share a scale per 32-group; scales share a float per 128-block
+
+
+@dataclass
+class Q4Block:
+    """Weights [out, in] as 4-bit levels: w = d·sc·level − dmin·m (see q4_kernel.cpp for the layout)."""
+    qs: torch.Tensor    # uint8 [out, in/2]
+    sc: torch.Tensor    # uint8 [out, in/32]
+    m: torch.Tensor     # uint8 [out, in/32]
+    d: torch.Tensor     # float32 [out, in/128]
+    dmin: torch.Tensor  # float32 [out, in/128]
+
+    @classmethod
+    def quantize(cls, weight: torch.Tensor) -> "Q4Block":
+        w = weight.detach().float()
+        rows, width = w.shape
+        if width % BLOCK:
+            raise ValueError(f"w4a8 needs input widths divisible by {BLOCK}, not {width}")
+        groups = w.view(rows, width // GROUP, GROUP)
+        low = groups.amin(dim=2).clamp(max=0.0)                      # [out, in/32], ≤ 0
+        step = (groups.amax(dim=2) - low) / 15.0                      # [out, in/32]
+        d, sc = _in_units(step)
+        dmin, m = _in_units(-low)
+        step_q = d.repeat_interleave(BLOCK // GROUP, 1) * sc.float()
+        offset_q = dmin.repeat_interleave(BLOCK // GROUP, 1) * m.float()
+        levels = ((groups + offset_q[..., None]) / step_q.clamp(min=1e-30)[..., None]).round_().clamp_(0, 15)
+        return cls(_pack_levels(levels.to(torch.uint8)), sc, m, d, dmin)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights [out, in] these levels stand for."""
+        levels = _unpack_levels(self.qs).float()                      # [out, in/32, 32]
+        per = BLOCK // GROUP
+        step = self.d.repeat_interleave(per, 1) * self.sc.float()
+        offset = self.dmin.repeat_interleave(per, 1) * self.m.float()
+        return (levels * step[..., None] - offset[..., None]).flatten(1)
+
+
+def _in_units(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [out, in/32] ≥ 0 as unit [out, in/128] float32 × count [out, in/32] uint8 (0..255)."""
+    rows = values.shape[0]
+    blocks = values.view(rows, -1, BLOCK // GROUP)
+    unit = blocks.amax(dim=2) / 255.0
+    counts = (blocks / unit.clamp(min=1e-30)[..., None]).round_().clamp_(0, 255)
+    return unit.contiguous(), counts.to(torch.uint8).view(rows, -1).contiguous()
+
+
+def _pack_levels(levels: torch.Tensor) -> torch.Tensor:
+    """uint8 levels [out, in/32, 32] → [out, in/2]: byte i of a 64-chunk holds level i of its first
+    32-group (low nibble) and level i of the second (high nibble)."""
+    pairs = levels.view(levels.shape[0], -1, 2, GROUP)
+    return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).flatten(1).contiguous()
+
+
+def _unpack_levels(packed: torch.Tensor) -> torch.Tensor:
+    """[out, in/2] → uint8 levels [out, in/32, 32]."""
+    chunks = packed.view(packed.shape[0], -1, 1, GROUP)
+    return torch.cat([chunks & 0x0F, chunks >> 4], dim=2).flatten(1, 2)
+
+
+KERNEL_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]  # no contraction: every row rounds alike
+
+
+def build_kernel(build_dir: str):
+    """The compiled kernel module (q4_kernel.cpp), built once into build_dir with the machine's C++
+    compiler; later calls load it. Raises RuntimeError where the CPU lacks AVX2 or nothing compiles."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        raise RuntimeError("w4a8 needs a CPU with AVX2")
+    import os
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import load
+    try:  # the ninja package's binary, for a venv that is not on PATH
+        import ninja
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+    except ImportError:
+        pass
+    source = Path(__file__).with_name("q4_kernel.cpp")
+    Path(build_dir).mkdir(parents=True, exist_ok=True)
+    return load("specchat_q4", [str(source)], extra_cflags=KERNEL_FLAGS, extra_ldflags=["-fopenmp"],
+                build_directory=build_dir)
+
+
+class Q4Linear(nn.Module):
+    """A drop-in nn.Linear: 4-bit weights, 8-bit activations per row and 128-block, float32 products."""
+
+    def __init__(self, block: Q4Block, bias: torch.Tensor | None, kernel):
+        super().__init__()
+        self.block, self.kernel = block, kernel
+        self.out_features = block.qs.shape[0]
+        self.in_features = block.qs.shape[1] * 2
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.block
+        y = self.kernel.q4_linear(x.reshape(-1, self.in_features).float(), b.qs, b.sc, b.m, b.d, b.dmin)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def rows(self, index: torch.Tensor | slice) -> "Q4Linear":
+        """A layer computing only the output rows `index`."""
+        b = self.block
+        block = Q4Block(*(t[index].contiguous() for t in (b.qs, b.sc, b.m, b.d, b.dmin)))
+        return Q4Linear(block, None if self.bias is None else self.bias[index], self.kernel)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit weights × 8-bit activations"
+
+
+def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel) -> dict[str, Q4Block]:
+    """Replace every nn.Linear of `model` (the head too) by a Q4Linear, from `blocks` (by module name)
+    when given, else by quantizing its weights; returns the blocks used. `kernel`: build_kernel's module."""
+    from specchat.core.int8_weights import replace_linears
+    used: dict[str, Q4Block] = {}
+
+    def build(name: str, linear: nn.Linear) -> Q4Linear:
+        block = used[name] = blocks[name] if blocks is not None else Q4Block.quantize(linear.weight)
+        return Q4Linear(block, linear.bias, kernel)
+    replace_linears(model, build)
+    return used

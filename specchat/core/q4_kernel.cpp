@@ -1,0 +1,168 @@
+// 4-bit weights × 8-bit activations on AVX2, batch-invariant: a row's result never depends on the
+// other rows fed with it (integer dot products are exact, and every row takes the same float steps
+// in the same order whatever the batch).
+//
+// Weights [N, K], K a multiple of 128, per output row n:
+//   qs    uint8 [N, K/2]   two 4-bit levels per byte: byte i of a 64-chunk holds level i of its first
+//                          32-group (low nibble) and level i of the second (high nibble), levels 0..15
+//   sc, m uint8 [N, K/32]  each 32-group's scale and offset, in units of its 128-block's d and dmin
+//   d, dmin float [N, K/128]
+//   w = d·sc·level − dmin·m
+// Activations x [M, K] float32 are mapped per row and per 128-block onto int8 (scale amax/127), as
+// llama.cpp's Q8 blocks do, so an outlier channel costs precision only inside its own block.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int64_t GROUP = 32;
+constexpr int64_t BLOCK = 128;
+constexpr int64_t GROUPS_PER_BLOCK = BLOCK / GROUP;
+constexpr int TILE = 4;  // activation rows multiplied per pass over a weight row
+
+struct Activations {
+  std::vector<int8_t> levels;   // [M, K]
+  std::vector<float> scales;    // [M, K/128]
+  std::vector<float> sums;      // [M, K/32]: each 32-group's sum of levels times its block's scale
+};
+
+Activations quantize_rows(const float* x, int64_t rows, int64_t width) {
+  const int64_t blocks = width / BLOCK, groups = width / GROUP;
+  Activations a{std::vector<int8_t>(rows * width), std::vector<float>(rows * blocks),
+                std::vector<float>(rows * groups)};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* in = x + r * width + b * BLOCK;
+      float amax = 0.f;
+      for (int64_t i = 0; i < BLOCK; ++i) amax = std::fmax(amax, std::fabs(in[i]));
+      const float scale = amax / 127.f;
+      const float inverse = scale > 0.f ? 1.f / scale : 0.f;
+      a.scales[r * blocks + b] = scale;
+      int8_t* out = a.levels.data() + r * width + b * BLOCK;
+      for (int64_t g = 0; g < GROUPS_PER_BLOCK; ++g) {
+        int32_t sum = 0;
+        for (int64_t i = g * GROUP; i < (g + 1) * GROUP; ++i) {
+          const int32_t level = static_cast<int32_t>(std::nearbyint(in[i] * inverse));
+          out[i] = static_cast<int8_t>(level);
+          sum += level;
+        }
+        a.sums[r * groups + b * GROUPS_PER_BLOCK + g] = scale * static_cast<float>(sum);
+      }
+    }
+  }
+  return a;
+}
+
+inline float horizontal_sum(__m256 v) {
+  __m128 low = _mm256_castps256_ps128(v), high = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(low, high);
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+struct WeightRow {
+  const uint8_t* qs; const uint8_t* sc; const uint8_t* m; const float* d; const float* dmin;
+};
+
+inline __m256i group_product(__m256i levels, const int8_t* acts, __m256i scale) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acts));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(levels, a), scale);  // |pair| <= 2*15*127: no saturation
+}
+
+// out[r] = W[n] . x[r] for the R rows of one tile; each row's arithmetic is the same whatever R is.
+// Per 64 weights: 32 bytes, the low nibbles one 32-group and the high nibbles the next.
+template <int R>
+void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, int64_t width, float* out) {
+  const int64_t blocks = width / BLOCK, groups = width / GROUP;
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const int8_t* acts[R];
+  const float* sums[R];
+  const float* act_scales[R];
+  __m256 total[R];
+  for (int r = 0; r < R; ++r) {
+    acts[r] = a.levels.data() + (first_row + r) * width;
+    sums[r] = a.sums.data() + (first_row + r) * groups;
+    act_scales[r] = a.scales.data() + (first_row + r) * blocks;
+    total[r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m256i block_sum[R];
+    for (int r = 0; r < R; ++r) block_sum[r] = _mm256_setzero_si256();
+    for (int64_t pair = 0; pair < GROUPS_PER_BLOCK / 2; ++pair) {
+      const int64_t group = b * GROUPS_PER_BLOCK + 2 * pair;
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + group * GROUP / 2));
+      const __m256i first = _mm256_and_si256(packed, low_nibbles);
+      const __m256i second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+      const __m256i scale_1 = _mm256_set1_epi16(static_cast<int16_t>(w.sc[group]));
+      const __m256i scale_2 = _mm256_set1_epi16(static_cast<int16_t>(w.sc[group + 1]));
+      for (int r = 0; r < R; ++r) {
+        const int8_t* row = acts[r] + group * GROUP;
+        block_sum[r] = _mm256_add_epi32(block_sum[r], _mm256_add_epi32(
+            group_product(first, row, scale_1), group_product(second, row + GROUP, scale_2)));
+      }
+    }
+    // the offsets: dmin * m of each 32-group times the group's scaled activation sum, in the low lanes
+    const __m128i m4 = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(w.m + b * GROUPS_PER_BLOCK)));
+    const __m256 mins = _mm256_zextps128_ps256(_mm_mul_ps(_mm_cvtepi32_ps(m4), _mm_set1_ps(w.dmin[b])));
+    for (int r = 0; r < R; ++r) {
+      const __m256 step = _mm256_set1_ps(w.d[b] * act_scales[r][b]);
+      total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r]), step, total[r]);
+      const __m256 group_sums = _mm256_zextps128_ps256(_mm_loadu_ps(sums[r] + b * GROUPS_PER_BLOCK));
+      total[r] = _mm256_fnmadd_ps(group_sums, mins, total[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = horizontal_sum(total[r]);
+}
+
+void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, int64_t width,
+              float* out, int64_t out_stride) {
+  float tile[TILE];
+  for (int64_t first = 0; first < rows; first += TILE) {
+    const int64_t count = std::min<int64_t>(TILE, rows - first);
+    switch (count) {
+      case 4: dot_tile<4>(w, a, first, width, tile); break;
+      case 3: dot_tile<3>(w, a, first, width, tile); break;
+      case 2: dot_tile<2>(w, a, first, width, tile); break;
+      default: dot_tile<1>(w, a, first, width, tile); break;
+    }
+    for (int64_t r = 0; r < count; ++r) out[(first + r) * out_stride] = tile[r];
+  }
+}
+
+}  // namespace
+
+// x [M, K] float32 → W x [M, N] float32.
+torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
+                        torch::Tensor d, torch::Tensor dmin) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
+  const int64_t rows = x.size(0), width = x.size(1), outs = qs.size(0);
+  TORCH_CHECK(width % BLOCK == 0 && qs.size(1) * 2 == width, "K must be a multiple of 128 and match the weights");
+  auto input = x.contiguous();
+  const Activations a = quantize_rows(input.data_ptr<float>(), rows, width);
+  auto out = torch::empty({rows, outs}, x.options());
+  float* out_data = out.data_ptr<float>();
+  const uint8_t* qs_data = qs.data_ptr<uint8_t>();
+  const uint8_t* sc_data = sc.data_ptr<uint8_t>();
+  const uint8_t* m_data = m.data_ptr<uint8_t>();
+  const float* d_data = d.data_ptr<float>();
+  const float* dmin_data = dmin.data_ptr<float>();
+  const int64_t groups = width / GROUP, blocks = width / BLOCK;
+  at::parallel_for(0, outs, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const WeightRow w{qs_data + n * width / 2, sc_data + n * groups, m_data + n * groups,
+                        d_data + n * blocks, dmin_data + n * blocks};
+      dot_rows(w, a, rows, width, out_data + n, outs);
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("q4_linear", &q4_linear, "4-bit weights x 8-bit activations, batch-invariant (AVX2)",
+             pybind11::call_guard<pybind11::gil_scoped_release>());
+}
