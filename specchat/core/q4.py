@@ -102,16 +102,17 @@ def build_kernel(build_dir: str):
 class Q4Linear(nn.Module):
     """A drop-in nn.Linear: 4-bit weights, 8-bit activations per row and 128-block, float32 products."""
 
-    def __init__(self, block: Q4Block, bias: torch.Tensor | None, kernel):
+    def __init__(self, block: Q4Block, bias: torch.Tensor | None, product):
+        """product: the kernel's q4_linear (a builtin function, so the layer can be deep-copied)."""
         super().__init__()
-        self.block, self.kernel = block, kernel
+        self.block, self.product = block, product
         self.out_features = block.qs.shape[0]
         self.in_features = block.qs.shape[1] * 2
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self.block
-        y = self.kernel.q4_linear(x.reshape(-1, self.in_features).float(), b.qs, b.sc, b.m, b.d, b.dmin)
+        y = self.product(x.reshape(-1, self.in_features).float(), b.qs, b.sc, b.m, b.d, b.dmin)
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -120,7 +121,7 @@ class Q4Linear(nn.Module):
         """A layer computing only the output rows `index`."""
         b = self.block
         block = Q4Block(*(t[index].contiguous() for t in (b.qs, b.sc, b.m, b.d, b.dmin)))
-        return Q4Linear(block, None if self.bias is None else self.bias[index], self.kernel)
+        return Q4Linear(block, None if self.bias is None else self.bias[index], self.product)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit weights × 8-bit activations"
@@ -134,6 +135,6 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel) -
 
     def build(name: str, linear: nn.Linear) -> Q4Linear:
         block = used[name] = blocks[name] if blocks is not None else Q4Block.quantize(linear.weight)
-        return Q4Linear(block, linear.bias, kernel)
+        return Q4Linear(block, linear.bias, kernel.q4_linear)
     replace_linears(model, build)
     return used

@@ -1,0 +1,147 @@
+"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (core/q4.py, core/q4_kernel.cpp)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import CheapDrafterGamma, make_engine, prompt_ids
+from specchat.bench.tiny_models import build_model
+from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.core.events import ReplyDone
+from specchat.core.invariant_attention import use_batch_invariant_attention
+from specchat.core.q4 import Q4Block, Q4Linear, quantize_w4a8
+from specchat.loading import quantized_cache
+from specchat.loading.kernels import q4_kernel
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return q4_kernel()  # compiled once per machine into specchat's cache
+
+
+def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
+    """W x the long way, in float64 from integers: x mapped per row and 128-block onto int8 (amax/127,
+    ties to even), each 32-group's integer dot product scaled by its weights' d·sc and offset dmin·m."""
+    rows, width = x.shape
+    xb = x.double().view(rows, width // 128, 128)
+    act_scale = xb.abs().amax(dim=2) / 127                                          # [M, in/128]
+    acts = torch.round(xb / act_scale.clamp(min=1e-300)[..., None]).view(rows, width // 32, 32)
+    levels = torch.cat([block.qs.view(block.qs.shape[0], -1, 1, 32) & 15,
+                        block.qs.view(block.qs.shape[0], -1, 1, 32) >> 4], dim=2).view(block.qs.shape[0], -1, 32)
+    dots = torch.einsum("ngk,mgk->mng", levels.double(), acts)                      # [M, out, in/32]
+    sums = acts.sum(dim=2)                                                          # [M, in/32]
+    per_group = lambda unit: unit.double().repeat_interleave(4, dim=1)              # noqa: E731
+    step = per_group(block.d) * block.sc.double()                                   # [out, in/32]
+    offset = per_group(block.dmin) * block.m.double()
+    scale_of_group = act_scale.repeat_interleave(4, dim=1)                          # [M, in/32]
+    return ((dots * step - sums[:, None, :] * offset) * scale_of_group[:, None, :]).sum(dim=2)
+
+
+def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_product(kernel):
+    torch.manual_seed(0)
+    weight = torch.randn(96, 384) * 0.05
+    x = torch.randn(6, 384)
+    x[:, 7] *= 40  # an outlier channel costs precision only inside its 128-block
+    block = Q4Block.quantize(weight)
+    out = kernel.q4_linear(x, block.qs, block.sc, block.m, block.d, block.dmin)
+    reference = integer_reference(x, block)
+    assert torch.allclose(out.double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
+    exact = x @ weight.T
+    assert ((out - exact).norm() / exact.norm()) < 0.12
+    assert ((out - x @ block.dequantize().T).norm() / exact.norm()) < 0.04  # the activations' own rounding
+
+
+def test_weights_already_on_a_4bit_grid_come_back_exactly():
+    torch.manual_seed(1)
+    levels = torch.randint(0, 16, (8, 256, ), dtype=torch.int64).view(8, 8, 32)
+    levels[:, :, 0], levels[:, :, 1] = 0, 15  # each group spans its whole range
+    step = torch.tensor([255, 128, 64, 32]).repeat(8, 2) / 256  # [8, 8]: whole multiples of the block's unit
+    weight = (levels * step[..., None] - 4 * step[..., None]).view(8, 256)
+    block = Q4Block.quantize(weight)
+    assert int(block.qs.max()) > 15 and torch.equal(block.dequantize(), weight)
+
+
+def test_quantizing_keeps_levels_in_range_and_a_gaussian_weight_close():
+    torch.manual_seed(2)
+    weight = torch.randn(64, 512)
+    block = Q4Block.quantize(weight)
+    assert block.qs.dtype == torch.uint8 and block.qs.shape == (64, 256)
+    assert ((block.dequantize() - weight).norm() / weight.norm()) < 0.1
+    with pytest.raises(ValueError, match="divisible by 128"):
+        Q4Block.quantize(torch.randn(4, 96))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 13])
+def test_a_row_gets_bitwise_the_same_result_alone_or_anywhere_in_a_batch(kernel, rows):
+    torch.manual_seed(3)
+    layer = Q4Linear(Q4Block.quantize(torch.randn(200, 640) * 0.1), None, kernel.q4_linear)
+    row = torch.randn(1, 640)
+    alone = layer(row)
+    for position in range(rows):
+        batch = torch.randn(rows, 640) * 3
+        batch[position] = row[0]
+        assert torch.equal(layer(batch)[position], alone[0])
+
+
+def w4a8_model(model: torch.nn.Module, kernel, dtype: torch.dtype) -> torch.nn.Module:
+    quantized = copy.deepcopy(model)
+    quantize_w4a8(quantized, None, kernel)
+    use_batch_invariant_attention(quantized)
+    return quantized.to(dtype)
+
+
+@pytest.fixture(scope="module")
+def w4a8_pair(tokenizer, kernel):
+    target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
+    drafter = copy.deepcopy(target)
+    with torch.no_grad():
+        head = drafter.lm_head.weight
+        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(5)) * head.std() * 0.6)
+    return w4a8_model(target, kernel, torch.bfloat16), w4a8_model(drafter, kernel, torch.bfloat16)
+
+
+def reply(engine, ids, gamma, mode="spec"):
+    events = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=gamma, mode=mode)))
+    assert isinstance(events[-1], ReplyDone)
+    return events[-1]
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8, GAMMA_AUTO])
+@pytest.mark.parametrize("text", ["def reverse(lst):", "The quick brown"])
+def test_greedy_speculative_equals_target_only_with_a_w4a8_target_in_bf16(w4a8_pair, tokenizer, gamma, text):
+    target, drafter = w4a8_pair
+    ids = prompt_ids(tokenizer, text)
+    target_only = reply(make_engine(target, None, tokenizer), ids, 0, mode="target")
+    spec = reply(make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma()), ids, gamma)
+    assert list(spec.ids) == list(target_only.ids)
+    assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95  # drafts do get rejected
+
+
+def test_a_multi_turn_w4a8_reply_stays_exact_when_the_cache_is_reused(w4a8_pair, tokenizer):
+    target, drafter = w4a8_pair
+    spec_engine = make_engine(target, drafter, tokenizer)
+    solo_engine = make_engine(target, None, tokenizer)
+    history = prompt_ids(tokenizer, "Hello, how are you")
+    for turn in ("for i in range(10):", "The quick brown"):
+        spec, solo = reply(spec_engine, history, 4), reply(solo_engine, history, 0, mode="target")
+        assert list(spec.ids) == list(solo.ids)
+        history = history + list(spec.ids) + prompt_ids(tokenizer, turn)
+    assert spec.stats.reused_tokens > 0
+
+
+def test_the_w4a8_weights_cache_round_trips_without_quantizing_again(tmp_path, tokenizer, monkeypatch, kernel):
+    model = build_model(len(tokenizer), seed=1, layers=2, hidden=128)
+    path = tmp_path / "model-float32-w4a8.safetensors"
+    first = copy.deepcopy(model)
+    assert quantized_cache.quantize_with_cache(first, path, "tiny", "w4a8") is None and path.exists()
+    with monkeypatch.context() as patch:  # the second start must not quantize at all
+        patch.setattr(Q4Block, "quantize", lambda weight: pytest.fail("quantized again"))
+        again = copy.deepcopy(model)
+        assert quantized_cache.quantize_with_cache(again, path, "tiny", "w4a8") is None
+    assert isinstance(again.model.layers[0].mlp.down_proj, Q4Linear)
+    ids = torch.tensor([list(range(3, 30))])
+    assert torch.equal(first(ids).logits, again(ids).logits)
