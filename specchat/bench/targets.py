@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specchat.config import QUANTIZATIONS, ConfigError, load_config
-from specchat.core.kvcache import crop_to, new_cache
+from specchat.core.kvcache import crop_to, forward, new_cache
 from specchat.loading.errors import ModelLoadError
 
 TEXT_FILES = ("README.md", "specchat/core/engine.py")
@@ -37,10 +37,9 @@ def fixed_text() -> str:
 def next_token_logprobs(model, ids: list[int]) -> torch.Tensor:
     """log-softmax of the next-token logits at every position of `ids`, fed in chunks ([n, vocab])."""
     cache, rows = new_cache(model), []
-    device = next(model.parameters()).device
     for start in range(0, len(ids), CHUNK):
-        piece = torch.tensor([ids[start:start + CHUNK]], device=device)
-        logits = model(input_ids=piece, past_key_values=cache, use_cache=True).logits[0]
+        piece = ids[start:start + CHUNK]
+        logits = forward(model, cache, piece, keep=len(piece))  # the lean forward where attached
         rows.append(torch.log_softmax(logits.float(), dim=-1).cpu())
     return torch.cat(rows)
 
@@ -58,13 +57,12 @@ def agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[float, floa
 def forward_ms(model, ids: list[int], rows: int, repeats: int = 7) -> float:
     """Median ms of one forward of `rows` tokens after a 256-token context (the cache cut back each time)."""
     cache = new_cache(model)
-    device = next(model.parameters()).device
-    model(input_ids=torch.tensor([ids[:CHUNK]], device=device), past_key_values=cache, use_cache=True)
-    piece = torch.tensor([ids[CHUNK:CHUNK + rows]], device=device)
+    forward(model, cache, ids[:CHUNK], keep=1)
+    piece = ids[CHUNK:CHUNK + rows]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        model(input_ids=piece, past_key_values=cache, use_cache=True, logits_to_keep=rows)
+        forward(model, cache, piece, keep=rows)
         times.append(time.perf_counter() - start)
         crop_to(cache, CHUNK)
     return sorted(times)[len(times) // 2] * 1e3
