@@ -59,7 +59,7 @@ class ReplyDone:
     stats: ReplyStats
     text: str         # the whole reply, tokenizer.decode(ids)
     ids: tuple[int, ...]
-    stop_reason: str  # "eos" | "max_tokens" | "cancelled"
+    stop_reason: str  # "eos" | "max_tokens" | "cancelled"; ChatSession adds "stop_string" (a reply it cut)
     seed: int = -1    # the sampling seed the reply really used (drawn when the setting is random)
 
 

@@ -32,6 +32,7 @@ PLAIN_TEMPLATE = (
     "{% else %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
+PLAIN_TURN_STOP = "\nUser:"  # a base model under PLAIN_TEMPLATE that writes this has begun the user's next turn
 
 __all__ = ["ModelLoadError", "ModelFacts", "LoadedPair", "load_pair", "load_model"]
 
@@ -245,6 +246,12 @@ def plain_template(tokenizer) -> str:
     if bos is not None and ids and ids[0] == bos:
         return "{{ bos_token }}" + PLAIN_TEMPLATE
     return PLAIN_TEMPLATE
+
+
+def reply_stops(facts: ModelFacts) -> tuple[str, ...]:
+    """The text that ends a reply: the plain template's next user turn, for a model that chats in it
+    (a model's own template ends its turns with a stop token instead)."""
+    return (PLAIN_TURN_STOP,) if getattr(facts, "template", "own") == "plain" else ()
 
 
 def _load_error(err: Exception, source: Source, what: str) -> ModelLoadError:

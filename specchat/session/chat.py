@@ -15,6 +15,7 @@ from specchat.config import Config, drafter_needed, undecodable_at
 from specchat.core.events import Origin, Rejected, ReplyDone, Token
 from specchat.core.insight import Rejection
 from specchat.core.metrics import ReplyStats
+from specchat.session.stop_strings import StopFilter, StopOrCancel
 
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
 # specchat/compare.py provides it; without it, compare mode only records the setting.
@@ -87,12 +88,13 @@ class SessionTotals(ReplyStats):
 
 class ChatSession:
     def __init__(self, engine, tokenizer, config: Config, model_context_limit: int,
-                 compare_fn: CompareFn | None = None):
+                 compare_fn: CompareFn | None = None, stop_strings: tuple[str, ...] = ()):
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
         self.model_context_limit = model_context_limit
         self.compare_fn = compare_fn
+        self.stop_strings = tuple(stop_strings)  # text that ends a reply (the plain template's "\nUser:")
         self.messages: list[dict[str, str]] = []  # user/assistant turns; the system prompt is separate
         self.records: list[ReplyRecord] = []
         self.totals = SessionTotals()
@@ -175,7 +177,7 @@ class ChatSession:
                          f"to fit {self.context_limit} tokens")
         self.last_prompt_ids = prompt_ids
         done, tokens, rejections = None, [], []
-        for event in self.engine.stream(prompt_ids, self.config.sampling, self.config.speculation, cancel):
+        for event in self._generate(prompt_ids, cancel):
             if isinstance(event, Token):
                 tokens.append(event)
             elif isinstance(event, Rejected) and event.detail is not None:
@@ -189,6 +191,16 @@ class ChatSession:
         self._record(text, done, tokens, rejections)
         if self.compare_fn and self.config.speculation.compare != "off" and done.stop_reason != "cancelled":
             yield from self.compare_fn(self, prompt_ids, done, cancel)
+
+    def _generate(self, prompt_ids: list[int], cancel: threading.Event) -> Iterator[Any]:
+        """The engine's events for one reply, cut before the first stop string: the engine is halted
+        after the step that wrote it, and the next prompt (rendered from the cut text) replaces the
+        tokens after the cut, since the engine reuses only the ids the new prompt really shares."""
+        stops, halt = StopFilter(self.stop_strings), StopOrCancel(cancel)
+        for event in self.engine.stream(prompt_ids, self.config.sampling, self.config.speculation, halt):
+            yield from stops.feed(event)
+            if stops.cut:
+                halt.stopped.set()
 
     def _record(self, user: str, done: ReplyDone, tokens: list[Token], rejections: list[Rejection]) -> None:
         self.messages.append({"role": "user", "content": user})

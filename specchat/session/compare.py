@@ -19,6 +19,7 @@ from specchat.core import kvcache
 from specchat.core.engine import Engine, build_engine
 from specchat.core.events import ReplyDone, ReplyEnd
 from specchat.core.metrics import ReplyStats
+from specchat.session.stop_strings import STOP_STRING
 
 NEAR_TIE = 0.05  # the least margin called a near tie (float32 logits)
 TIE_ULPS = 2     # and at least this many units in the last place of the logits' dtype at the top logit
@@ -91,6 +92,8 @@ class Comparer:
             runs.append(self._rerun(self.drafter_engine, "drafter", prompt_ids, cfg, sampling, cancel))
         if any(r is None for r in runs):
             return  # cancelled during a rerun: nothing fair to show
+        if done.stop_reason == STOP_STRING:  # the reply was cut there; the reruns were not
+            runs = [self._clipped(run, len(done.ids)) for run in runs]
         spec = Run(cfg.speculation.mode, done.text, done.ids, done.stats)
         greedy = cfg.sampling.is_greedy
         divergence = None
@@ -108,6 +111,11 @@ class Comparer:
             return None
         text = self.tokenizer.decode(list(final.ids), skip_special_tokens=True)
         return Run(f"{mode}-only", text, final.ids, final.stats)
+
+    def _clipped(self, run: Run, length: int) -> Run:
+        """`run` as far as the chat's reply went (its stats stay those of the whole rerun)."""
+        ids = run.ids[:length]
+        return Run(run.label, self.tokenizer.decode(list(ids), skip_special_tokens=True), ids, run.stats)
 
     def explain(self, prompt_ids: list[int], a: tuple[int, ...], b: tuple[int, ...]) -> Divergence:
         position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

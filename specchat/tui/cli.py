@@ -25,7 +25,7 @@ from specchat.core.adaptive import AutoGamma
 from specchat.core.engine import build_engine
 from specchat.core.events import ReplyDone, Token
 from specchat.loading.errors import ModelLoadError
-from specchat.loading.models import load_pair
+from specchat.loading.models import load_pair, reply_stops
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
 
@@ -177,7 +177,7 @@ def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
     if problem:
         raise ConfigError(f"speculation.drafter: {problem}")
     return ChatSession(engine, pair.tokenizer, cfg, pair.context_limit,
-                       compare_fn=compare(pair) if compare else None)
+                       compare_fn=compare(pair) if compare else None, stop_strings=reply_stops(pair.target_facts))
 
 
 def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:

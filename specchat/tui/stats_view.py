@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.core.metrics import ReplyStats
+from specchat.session.stop_strings import STOP_STRING
 from specchat.tui.render import as_table, gamma_text
 
 
@@ -50,7 +51,8 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
         ("speedup", f"measured {stats.measured_speedup:.2f}× (vs one target forward per token) "
                     f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α per draft "
                     f"{stats.alpha_per_draft:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
-        ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)"}
+        ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)",
+                     STOP_STRING: "the model began the next User: turn (cut there)"}
          .get(stop_reason, stop_reason)),
     ]
     return as_table(rows, ("last reply", f"mode {stats.mode}"))
