@@ -24,27 +24,29 @@ def kernel():
 
 
 def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
-    """W x the long way, in float64 from integers: x mapped per row and 128-block onto int8 (amax/127,
+    """W x the long way, in float64 from integers: x mapped per row and block onto int8 (amax/127,
     ties to even), each 32-group's integer dot product scaled by its weights' d·sc and offset dmin·m."""
     rows, width = x.shape
-    xb = x.double().view(rows, width // 128, 128)
-    act_scale = xb.abs().amax(dim=2) / 127                                          # [M, in/128]
+    outs, blocks = block.d.shape
+    per_block = width // blocks // 32
+    xb = x.double().view(rows, blocks, width // blocks)
+    act_scale = xb.abs().amax(dim=2) / 127                                          # [M, blocks]
     acts = torch.round(xb / act_scale.clamp(min=1e-300)[..., None]).view(rows, width // 32, 32)
-    levels = torch.cat([block.qs.view(block.qs.shape[0], -1, 1, 32) & 15,
-                        block.qs.view(block.qs.shape[0], -1, 1, 32) >> 4], dim=2).view(block.qs.shape[0], -1, 32)
+    chunks = block.qs.view(outs, -1, 1, 32)
+    levels = torch.cat([chunks & 15, chunks >> 4], dim=2).view(outs, -1, 32)        # [out, in/32, 32]
     dots = torch.einsum("ngk,mgk->mng", levels.double(), acts)                      # [M, out, in/32]
     sums = acts.sum(dim=2)                                                          # [M, in/32]
-    per_group = lambda unit: unit.double().repeat_interleave(4, dim=1)              # noqa: E731
-    step = per_group(block.d) * block.sc.double()                                   # [out, in/32]
-    offset = per_group(block.dmin) * block.m.double()
-    scale_of_group = act_scale.repeat_interleave(4, dim=1)                          # [M, in/32]
+    step = block.d.double().repeat_interleave(per_block, dim=1) * block.sc.double()  # [out, in/32]
+    offset = block.dmin.double().repeat_interleave(per_block, dim=1) * block.m.double()
+    scale_of_group = act_scale.repeat_interleave(per_block, dim=1)                  # [M, in/32]
     return ((dots * step - sums[:, None, :] * offset) * scale_of_group[:, None, :]).sum(dim=2)
 
 
-def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_product(kernel):
+@pytest.mark.parametrize("width", [384, 512])  # blocks of 128 and of 256 inputs
+def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_product(kernel, width):
     torch.manual_seed(0)
-    weight = torch.randn(96, 384) * 0.05
-    x = torch.randn(6, 384)
+    weight = torch.randn(96, width) * 0.05
+    x = torch.randn(6, width)
     x[:, 7] *= 40  # an outlier channel costs precision only inside its 128-block
     block = Q4Block.quantize(weight)
     out = kernel.q4_linear(x, block.qs, block.sc, block.m, block.d, block.dmin)
@@ -69,7 +71,8 @@ def test_quantizing_keeps_levels_in_range_and_a_gaussian_weight_close():
     torch.manual_seed(2)
     weight = torch.randn(64, 512)
     block = Q4Block.quantize(weight)
-    assert block.qs.dtype == torch.uint8 and block.qs.shape == (64, 256)
+    assert block.qs.dtype == torch.uint8 and block.qs.shape == (64, 256) and block.d.shape == (64, 2)
+    assert Q4Block.quantize(torch.randn(4, 384)).d.shape == (4, 3)  # 128-wide blocks where 256 do not fit
     assert ((block.dequantize() - weight).norm() / weight.norm()) < 0.1
     with pytest.raises(ValueError, match="divisible by 128"):
         Q4Block.quantize(torch.randn(4, 96))

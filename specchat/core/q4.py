@@ -4,7 +4,7 @@ the other rows of its batch.
 
 Why: decoding on a CPU reads every weight once per forward, so the bytes per step decide. 4-bit
 weights in groups of 32 (a scale and an offset each, as llama.cpp's Q4_K) read about 0.6 of int8's.
-The activations are mapped per row and per 128-block onto int8, so the dot products are integer
+The activations are mapped per row and per block of 256 (or 128) inputs onto int8, so the dot products are integer
 (AVX2 `maddubs`), exact, and the same whatever else the batch holds: greedy speculative output
 equals greedy target-only output in the dtype the chat runs.
 
@@ -17,7 +17,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-GROUP, BLOCK = 32, 128  # levels share a scale per 32-group; scales share a float per 128-block
+GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
+
+
+def block_width(width: int) -> int:
+    """Inputs per block: 256 where the width allows (half the kernel's float work per row), else 128."""
+    if width % 256 == 0:
+        return 256
+    if width % 128 == 0:
+        return 128
+    raise ValueError(f"w4a8 needs input widths divisible by 128, not {width}")
 
 
 @dataclass
@@ -26,38 +35,37 @@ class Q4Block:
     qs: torch.Tensor    # uint8 [out, in/2]
     sc: torch.Tensor    # uint8 [out, in/32]
     m: torch.Tensor     # uint8 [out, in/32]
-    d: torch.Tensor     # float32 [out, in/128]
-    dmin: torch.Tensor  # float32 [out, in/128]
+    d: torch.Tensor     # float32 [out, blocks]: a block is 256 inputs where the width allows, else 128
+    dmin: torch.Tensor  # float32 [out, blocks]
 
     @classmethod
     def quantize(cls, weight: torch.Tensor) -> "Q4Block":
         w = weight.detach().float()
         rows, width = w.shape
-        if width % BLOCK:
-            raise ValueError(f"w4a8 needs input widths divisible by {BLOCK}, not {width}")
+        per_block = block_width(width) // GROUP
         groups = w.view(rows, width // GROUP, GROUP)
         low = groups.amin(dim=2).clamp(max=0.0)                      # [out, in/32], ≤ 0
         step = (groups.amax(dim=2) - low) / 15.0                      # [out, in/32]
-        d, sc = _in_units(step)
-        dmin, m = _in_units(-low)
-        step_q = d.repeat_interleave(BLOCK // GROUP, 1) * sc.float()
-        offset_q = dmin.repeat_interleave(BLOCK // GROUP, 1) * m.float()
+        d, sc = _in_units(step, per_block)
+        dmin, m = _in_units(-low, per_block)
+        step_q = d.repeat_interleave(per_block, 1) * sc.float()
+        offset_q = dmin.repeat_interleave(per_block, 1) * m.float()
         levels = ((groups + offset_q[..., None]) / step_q.clamp(min=1e-30)[..., None]).round_().clamp_(0, 15)
         return cls(_pack_levels(levels.to(torch.uint8)), sc, m, d, dmin)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
         levels = _unpack_levels(self.qs).float()                      # [out, in/32, 32]
-        per = BLOCK // GROUP
+        per = self.sc.shape[1] // self.d.shape[1]                     # 32-groups a block
         step = self.d.repeat_interleave(per, 1) * self.sc.float()
         offset = self.dmin.repeat_interleave(per, 1) * self.m.float()
         return (levels * step[..., None] - offset[..., None]).flatten(1)
 
 
-def _in_units(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """values [out, in/32] ≥ 0 as unit [out, in/128] float32 × count [out, in/32] uint8 (0..255)."""
+def _in_units(values: torch.Tensor, per_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [out, in/32] ≥ 0 as unit [out, blocks] float32 × count [out, in/32] uint8 (0..255)."""
     rows = values.shape[0]
-    blocks = values.view(rows, -1, BLOCK // GROUP)
+    blocks = values.view(rows, -1, per_block)
     unit = blocks.amax(dim=2) / 255.0
     counts = (blocks / unit.clamp(min=1e-30)[..., None]).round_().clamp_(0, 255)
     return unit.contiguous(), counts.to(torch.uint8).view(rows, -1).contiguous()
@@ -100,7 +108,7 @@ def build_kernel(build_dir: str):
 
 
 class Q4Linear(nn.Module):
-    """A drop-in nn.Linear: 4-bit weights, 8-bit activations per row and 128-block, float32 products."""
+    """A drop-in nn.Linear: 4-bit weights, 8-bit activations per row and block, float32 products."""
 
     def __init__(self, block: Q4Block, bias: torch.Tensor | None, product):
         """product: the kernel's q4_linear (a builtin function, so the layer can be deep-copied)."""

@@ -2,17 +2,18 @@
 // other rows fed with it (integer dot products are exact, and every row takes the same float steps
 // in the same order whatever the batch).
 //
-// Weights [N, K], K a multiple of 128, per output row n:
+// Weights [N, K], per output row n, in blocks of B = 256 inputs where K allows, else 128:
 //   qs    uint8 [N, K/2]   two 4-bit levels per byte: byte i of a 64-chunk holds level i of its first
 //                          32-group (low nibble) and level i of the second (high nibble), levels 0..15
-//   sc, m uint8 [N, K/32]  each 32-group's scale and offset, in units of its 128-block's d and dmin
-//   d, dmin float [N, K/128]
+//   sc, m uint8 [N, K/32]  each 32-group's scale and offset, in units of its block's d and dmin
+//   d, dmin float [N, K/B]
 //   w = d·sc·level − dmin·m
-// Activations x [M, K] float32 are mapped per row and per 128-block onto int8 (scale amax/127), as
+// Activations x [M, K] float32 are mapped per row and per block onto int8 (scale amax/127), as
 // llama.cpp's Q8 blocks do, so an outlier channel costs precision only inside its own block.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -20,40 +21,41 @@
 namespace {
 
 constexpr int64_t GROUP = 32;
-constexpr int64_t BLOCK = 128;
-constexpr int64_t GROUPS_PER_BLOCK = BLOCK / GROUP;
 constexpr int TILE = 4;  // activation rows multiplied per pass over a weight row
 
 struct Activations {
+  int64_t width, block;
   std::vector<int8_t> levels;   // [M, K]
-  std::vector<float> scales;    // [M, K/128]
+  std::vector<float> scales;    // [M, K/B]
   std::vector<float> sums;      // [M, K/32]: each 32-group's sum of levels times its block's scale
 };
 
-Activations quantize_rows(const float* x, int64_t rows, int64_t width) {
-  const int64_t blocks = width / BLOCK, groups = width / GROUP;
-  Activations a{std::vector<int8_t>(rows * width), std::vector<float>(rows * blocks),
-                std::vector<float>(rows * groups)};
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* in = x + r * width + b * BLOCK;
-      float amax = 0.f;
-      for (int64_t i = 0; i < BLOCK; ++i) amax = std::fmax(amax, std::fabs(in[i]));
-      const float scale = amax / 127.f;
-      const float inverse = scale > 0.f ? 1.f / scale : 0.f;
-      a.scales[r * blocks + b] = scale;
-      int8_t* out = a.levels.data() + r * width + b * BLOCK;
-      for (int64_t g = 0; g < GROUPS_PER_BLOCK; ++g) {
-        int32_t sum = 0;
-        for (int64_t i = g * GROUP; i < (g + 1) * GROUP; ++i) {
-          const int32_t level = static_cast<int32_t>(std::nearbyint(in[i] * inverse));
-          out[i] = static_cast<int8_t>(level);
-          sum += level;
-        }
-        a.sums[r * groups + b * GROUPS_PER_BLOCK + g] = scale * static_cast<float>(sum);
+void quantize_row(const float* in, int64_t width, int64_t block, int8_t* levels, float* scales, float* sums) {
+  for (int64_t b = 0; b < width / block; ++b) {
+    const float* x = in + b * block;
+    float amax = 0.f;
+    for (int64_t i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float scale = amax / 127.f;
+    const float inverse = scale > 0.f ? 1.f / scale : 0.f;
+    scales[b] = scale;
+    for (int64_t g = 0; g < block / GROUP; ++g) {
+      int32_t sum = 0;
+      for (int64_t i = g * GROUP; i < (g + 1) * GROUP; ++i) {
+        const int32_t level = static_cast<int32_t>(std::nearbyint(x[i] * inverse));
+        levels[b * block + i] = static_cast<int8_t>(level);
+        sum += level;
       }
+      sums[b * (block / GROUP) + g] = scale * static_cast<float>(sum);
     }
   }
+}
+
+Activations quantize_rows(const float* x, int64_t rows, int64_t width, int64_t block) {
+  Activations a{width, block, std::vector<int8_t>(rows * width), std::vector<float>(rows * (width / block)),
+                std::vector<float>(rows * (width / GROUP))};
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(x + r * width, width, block, a.levels.data() + r * width,
+                 a.scales.data() + r * (width / block), a.sums.data() + r * (width / GROUP));
   return a;
 }
 
@@ -74,11 +76,29 @@ inline __m256i group_product(__m256i levels, const int8_t* acts, __m256i scale) 
   return _mm256_madd_epi16(_mm256_maddubs_epi16(levels, a), scale);  // |pair| <= 2*15*127: no saturation
 }
 
-// out[r] = W[n] . x[r] for the R rows of one tile; each row's arithmetic is the same whatever R is.
-// Per 64 weights: 32 bytes, the low nibbles one 32-group and the high nibbles the next.
-template <int R>
-void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, int64_t width, float* out) {
-  const int64_t blocks = width / BLOCK, groups = width / GROUP;
+// G groups' dmin·m as floats (the low lanes when G = 4), and their activation sums likewise.
+template <int G>
+inline __m256 load_groups(const float* sums) {
+  if constexpr (G == 8) return _mm256_loadu_ps(sums);
+  else return _mm256_zextps128_ps256(_mm_loadu_ps(sums));
+}
+
+template <int G>
+inline __m256 group_offsets(const uint8_t* m, float dmin) {
+  if constexpr (G == 8) {
+    const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(m8), _mm256_set1_ps(dmin));
+  } else {
+    const __m128i m4 = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(m)));
+    return _mm256_zextps128_ps256(_mm_mul_ps(_mm_cvtepi32_ps(m4), _mm_set1_ps(dmin)));
+  }
+}
+
+// out[r] = W[n] . x[r] for the R rows of one tile, G 32-groups a block; each row's arithmetic is the
+// same whatever R is. Per 64 weights: 32 bytes, the low nibbles one 32-group and the high nibbles the next.
+template <int R, int G>
+void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float* out) {
+  const int64_t width = a.width, blocks = width / (G * GROUP), groups = width / GROUP;
   const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   const int8_t* acts[R];
   const float* sums[R];
@@ -93,8 +113,8 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, int64
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i block_sum[R];
     for (int r = 0; r < R; ++r) block_sum[r] = _mm256_setzero_si256();
-    for (int64_t pair = 0; pair < GROUPS_PER_BLOCK / 2; ++pair) {
-      const int64_t group = b * GROUPS_PER_BLOCK + 2 * pair;
+    for (int64_t pair = 0; pair < G / 2; ++pair) {
+      const int64_t group = b * G + 2 * pair;
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + group * GROUP / 2));
       const __m256i first = _mm256_and_si256(packed, low_nibbles);
       const __m256i second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
@@ -106,29 +126,26 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, int64
             group_product(first, row, scale_1), group_product(second, row + GROUP, scale_2)));
       }
     }
-    // the offsets: dmin * m of each 32-group times the group's scaled activation sum, in the low lanes
-    const __m128i m4 = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(w.m + b * GROUPS_PER_BLOCK)));
-    const __m256 mins = _mm256_zextps128_ps256(_mm_mul_ps(_mm_cvtepi32_ps(m4), _mm_set1_ps(w.dmin[b])));
+    const __m256 mins = group_offsets<G>(w.m + b * G, w.dmin[b]);
     for (int r = 0; r < R; ++r) {
       const __m256 step = _mm256_set1_ps(w.d[b] * act_scales[r][b]);
       total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r]), step, total[r]);
-      const __m256 group_sums = _mm256_zextps128_ps256(_mm_loadu_ps(sums[r] + b * GROUPS_PER_BLOCK));
-      total[r] = _mm256_fnmadd_ps(group_sums, mins, total[r]);
+      total[r] = _mm256_fnmadd_ps(load_groups<G>(sums[r] + b * G), mins, total[r]);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = horizontal_sum(total[r]);
 }
 
-void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, int64_t width,
-              float* out, int64_t out_stride) {
+template <int G>
+void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, float* out, int64_t out_stride) {
   float tile[TILE];
   for (int64_t first = 0; first < rows; first += TILE) {
     const int64_t count = std::min<int64_t>(TILE, rows - first);
     switch (count) {
-      case 4: dot_tile<4>(w, a, first, width, tile); break;
-      case 3: dot_tile<3>(w, a, first, width, tile); break;
-      case 2: dot_tile<2>(w, a, first, width, tile); break;
-      default: dot_tile<1>(w, a, first, width, tile); break;
+      case 4: dot_tile<4, G>(w, a, first, tile); break;
+      case 3: dot_tile<3, G>(w, a, first, tile); break;
+      case 2: dot_tile<2, G>(w, a, first, tile); break;
+      default: dot_tile<1, G>(w, a, first, tile); break;
     }
     for (int64_t r = 0; r < count; ++r) out[(first + r) * out_stride] = tile[r];
   }
@@ -136,14 +153,16 @@ void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, int64_t wi
 
 }  // namespace
 
-// x [M, K] float32 → W x [M, N] float32.
+// x [M, K] float32 → W x [M, N] float32; the block size is K / d.size(1) (128 or 256).
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
                         torch::Tensor d, torch::Tensor dmin) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
   const int64_t rows = x.size(0), width = x.size(1), outs = qs.size(0);
-  TORCH_CHECK(width % BLOCK == 0 && qs.size(1) * 2 == width, "K must be a multiple of 128 and match the weights");
+  TORCH_CHECK(qs.size(1) * 2 == width && d.size(1) > 0 && width % d.size(1) == 0, "x does not match the weights");
+  const int64_t block = width / d.size(1);
+  TORCH_CHECK(block == 128 || block == 256, "blocks must be 128 or 256 inputs wide");
   auto input = x.contiguous();
-  const Activations a = quantize_rows(input.data_ptr<float>(), rows, width);
+  const Activations a = quantize_rows(input.data_ptr<float>(), rows, width, block);
   auto out = torch::empty({rows, outs}, x.options());
   float* out_data = out.data_ptr<float>();
   const uint8_t* qs_data = qs.data_ptr<uint8_t>();
@@ -151,12 +170,13 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   const uint8_t* m_data = m.data_ptr<uint8_t>();
   const float* d_data = d.data_ptr<float>();
   const float* dmin_data = dmin.data_ptr<float>();
-  const int64_t groups = width / GROUP, blocks = width / BLOCK;
+  const int64_t groups = width / GROUP, blocks = width / block;
   at::parallel_for(0, outs, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const WeightRow w{qs_data + n * width / 2, sc_data + n * groups, m_data + n * groups,
                         d_data + n * blocks, dmin_data + n * blocks};
-      dot_rows(w, a, rows, width, out_data + n, outs);
+      if (block == 256) dot_rows<8>(w, a, rows, out_data + n, outs);
+      else dot_rows<4>(w, a, rows, out_data + n, outs);
     }
   });
   return out;

@@ -26,6 +26,7 @@ from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_
 from specchat.loading.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
+FORMATS = {"w4a8": 2}  # a mode's own format number, where it changed apart from the others
 
 
 def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None) -> dict[str, Q4Block]:
@@ -43,7 +44,7 @@ SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activation
 
 def cache_path(identity: str, dtype_label: str, mode: str) -> Path:
     mode = SAME_WEIGHTS.get(mode, mode)
-    return cache_dir() / "quantized" / f"{identity[:16]}-{dtype_label}-{mode}-v{FORMAT}.safetensors"
+    return cache_dir() / "quantized" / f"{identity[:16]}-{dtype_label}-{mode}-v{FORMATS.get(mode, FORMAT)}.safetensors"
 
 
 def directory_identity(directory: Path) -> str:
