@@ -148,3 +148,38 @@ def test_the_w4a8_weights_cache_round_trips_without_quantizing_again(tmp_path, t
     assert isinstance(again.model.layers[0].mlp.down_proj, Q4Linear)
     ids = torch.tensor([list(range(3, 30))])
     assert torch.equal(first(ids).logits, again(ids).logits)
+
+
+def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(kernel, tokenizer, monkeypatch):
+    from specchat.core import lean, q4
+    model = build_model(len(tokenizer), seed=2, layers=1, hidden=256)
+    quantize_w4a8(model, None, kernel)
+    attention = model.model.layers[0].self_attn
+    layers = [attention.q_proj, attention.k_proj, attention.v_proj]
+    assert all(layer.group is not None and layer.group[0] is layers[0].group[0] for layer in layers)
+    x = torch.randn(1, 5, 256)
+    alone = [layer(x) for layer in layers]  # each layer's own kernel call on its view of the fused rows
+    calls = []
+    monkeypatch.setattr(q4.Q4Group, "products", lambda self, rows: calls.append(1) or
+                        list(self.product(rows, *self.fused.tensors()).split(self.widths, dim=1)))
+    together = lean.same_input(layers, x)
+    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(alone, together))
+    mlp = model.model.layers[0].mlp
+    assert mlp.gate_proj.group[0] is mlp.up_proj.group[0] and mlp.down_proj.group is None
+
+
+@pytest.mark.parametrize("gamma", [4, GAMMA_AUTO])
+def test_greedy_speculative_equals_target_only_on_the_lean_forward_with_w4a8(tokenizer, kernel, gamma):
+    from specchat.core.kvcache import attach_lean
+    target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
+    drafter = copy.deepcopy(target)
+    with torch.no_grad():
+        drafter.lm_head.weight.add_(torch.randn(drafter.lm_head.weight.shape,
+                                                generator=torch.Generator().manual_seed(5)) * 0.1)
+    target, drafter = w4a8_model(target, kernel, torch.float32), w4a8_model(drafter, kernel, torch.float32)
+    assert attach_lean(target) == "" and attach_lean(drafter) == ""  # "": the lean forward runs
+    ids = prompt_ids(tokenizer, "def reverse(lst):")
+    target_only = reply(make_engine(target, None, tokenizer), ids, 0, mode="target")
+    spec = reply(make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma()), ids, gamma)
+    assert list(spec.ids) == list(target_only.ids)
+    assert spec.stats.drafted > 0 and spec.stats.rejections > 0

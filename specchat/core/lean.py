@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from specchat.core.invariant_attention import batch_invariant_attention
-from specchat.core.w8a8 import same_input
+from specchat.core import q4, w8a8
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 FIRST_CAPACITY = 1024
@@ -160,6 +160,13 @@ class LeanForward:
         mlp = layer.mlp
         gate, up = same_input([mlp.gate_proj, mlp.up_proj], layer.post_attention_layernorm(hidden))
         return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of layers that all read x, fused where their kind allows (w4a8, w8a8)."""
+    if isinstance(layers[0], q4.Q4Linear):
+        return q4.same_input(layers, x)
+    return w8a8.same_input(layers, x)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

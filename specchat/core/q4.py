@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specchat.core.w8a8 import shared_input_groups
+
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
 
 
@@ -52,6 +54,10 @@ class Q4Block:
         offset_q = dmin.repeat_interleave(per_block, 1) * m.float()
         levels = ((groups + offset_q[..., None]) / step_q.clamp(min=1e-30)[..., None]).round_().clamp_(0, 15)
         return cls(_pack_levels(levels.to(torch.uint8)), sc, m, d, dmin)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """(qs, sc, m, d, dmin), the kernel's arguments after x."""
+        return self.qs, self.sc, self.m, self.d, self.dmin
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
@@ -114,13 +120,16 @@ class Q4Linear(nn.Module):
         """product: the kernel's q4_linear (a builtin function, so the layer can be deep-copied)."""
         super().__init__()
         self.block, self.product = block, product
+        self.group: tuple["Q4Group", int] | None = None  # set by Q4Group when fused with its neighbours
         self.out_features = block.qs.shape[0]
         self.in_features = block.qs.shape[1] * 2
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b = self.block
-        y = self.product(x.reshape(-1, self.in_features).float(), b.qs, b.sc, b.m, b.d, b.dmin)
+        return self.finish(self.product(x.reshape(-1, self.in_features).float(), *self.block.tensors()), x)
+
+    def finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The layer's output for input x from its product W x [rows, out] float32: bias, dtype, shape."""
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
@@ -144,5 +153,45 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel) -
     def build(name: str, linear: nn.Linear) -> Q4Linear:
         block = used[name] = blocks[name] if blocks is not None else Q4Block.quantize(linear.weight)
         return Q4Linear(block, linear.bias, kernel.q4_linear)
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     replace_linears(model, build)
+    for names in shared_input_groups(linears, lambda name: 1):
+        group_layers(model, names)
     return used
+
+
+class Q4Group:
+    """Layers that read one input (q/k/v, gate/up) as one matrix: one kernel call gives every
+    layer's product, bitwise the same as each layer's own (every output is a dot product of its own).
+    The layers' blocks become views of the fused rows, so the weights are held once."""
+
+    def __init__(self, layers: list[Q4Linear]):
+        parts = zip(*(layer.block.tensors() for layer in layers))
+        self.fused = Q4Block(*(torch.cat(tensors).contiguous() for tensors in parts))
+        self.widths = [layer.out_features for layer in layers]
+        self.product = layers[0].product
+        start = 0
+        for index, layer in enumerate(layers):
+            rows = slice(start, start + layer.out_features)
+            layer.block = Q4Block(*(tensor[rows] for tensor in self.fused.tensors()))
+            layer.group, start = (self, index), start + layer.out_features
+
+    def products(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """W x of every layer, float32 [rows, width], from x [rows, in] float32, in the layers' order."""
+        return list(self.product(x, *self.fused.tensors()).split(self.widths, dim=1))
+
+
+def group_layers(model: nn.Module, names: list[str]) -> None:
+    """Fuse the Q4Linear layers `names` of `model`, which read one input, into a Q4Group."""
+    Q4Group([model.get_submodule(name) for name in names])
+
+
+def same_input(layers: list[Q4Linear], x: torch.Tensor) -> list[torch.Tensor]:
+    """The outputs of Q4Linear layers that all read x: a whole Q4Group's in one kernel call."""
+    group = getattr(layers[0], "group", None)
+    whole = group is not None and len(layers) == len(group[0].widths) and all(
+        getattr(layer, "group", (None,))[0] is group[0] for layer in layers)
+    if not whole:
+        return [layer(x) for layer in layers]
+    products = group[0].products(x.reshape(-1, layers[0].in_features).float())
+    return [layer.finish(products[layer.group[1]], x) for layer in layers]
