@@ -33,7 +33,8 @@ def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
     act_scale = xb.abs().amax(dim=2) / 127                                          # [M, blocks]
     acts = torch.round(xb / act_scale.clamp(min=1e-300)[..., None]).view(rows, width // 32, 32)
     chunks = block.qs.view(outs, -1, 1, 32)
-    levels = torch.cat([chunks & 15, chunks >> 4], dim=2).view(outs, -1, 32)        # [out, in/32, 32]
+    levels = (torch.cat([chunks & 15, chunks >> 4], dim=2).view(outs, -1, 32) if block.qs.shape[1] * 2 == width
+              else block.qs.view(outs, -1, 32))                                     # [out, in/32, 32]
     dots = torch.einsum("ngk,mgk->mng", levels.double(), acts)                      # [M, out, in/32]
     sums = acts.sum(dim=2)                                                          # [M, in/32]
     step = block.d.double().repeat_interleave(per_block, dim=1) * block.sc.double()  # [out, in/32]
@@ -42,18 +43,19 @@ def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
     return ((dots * step - sums[:, None, :] * offset) * scale_of_group[:, None, :]).sum(dim=2)
 
 
+@pytest.mark.parametrize("bits", [4, 7])
 @pytest.mark.parametrize("width", [384, 512])  # blocks of 128 and of 256 inputs
-def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_product(kernel, width):
+def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_product(kernel, width, bits):
     torch.manual_seed(0)
     weight = torch.randn(96, width) * 0.05
     x = torch.randn(6, width)
     x[:, 7] *= 40  # an outlier channel costs precision only inside its 128-block
-    block = Q4Block.quantize(weight)
+    block = Q4Block.quantize(weight, bits)
     out = kernel.q4_linear(x, block.qs, block.sc, block.m, block.d, block.dmin)
     reference = integer_reference(x, block)
     assert torch.allclose(out.double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
     exact = x @ weight.T
-    assert ((out - exact).norm() / exact.norm()) < 0.12
+    assert ((out - exact).norm() / exact.norm()) < (0.12 if bits == 4 else 0.04)
     assert ((out - x @ block.dequantize().T).norm() / exact.norm()) < 0.04  # the activations' own rounding
 
 
@@ -76,12 +78,16 @@ def test_quantizing_keeps_levels_in_range_and_a_gaussian_weight_close():
     assert ((block.dequantize() - weight).norm() / weight.norm()) < 0.1
     with pytest.raises(ValueError, match="divisible by 128"):
         Q4Block.quantize(torch.randn(4, 96))
+    fine = Q4Block.quantize(weight, bits=7)
+    assert fine.qs.shape == (64, 512) and int(fine.qs.max()) <= 127
+    assert ((fine.dequantize() - weight).norm() / weight.norm()) < 0.01
 
 
+@pytest.mark.parametrize("bits", [4, 7])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 13])
-def test_a_row_gets_bitwise_the_same_result_alone_or_anywhere_in_a_batch(kernel, rows):
+def test_a_row_gets_bitwise_the_same_result_alone_or_anywhere_in_a_batch(kernel, rows, bits):
     torch.manual_seed(3)
-    layer = Q4Linear(Q4Block.quantize(torch.randn(200, 640) * 0.1), None, kernel.q4_linear)
+    layer = Q4Linear(Q4Block.quantize(torch.randn(200, 640) * 0.1, bits), None, kernel.q4_linear)
     row = torch.randn(1, 640)
     alone = layer(row)
     for position in range(rows):

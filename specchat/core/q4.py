@@ -33,27 +33,32 @@ def block_width(width: int) -> int:
 
 @dataclass
 class Q4Block:
-    """Weights [out, in] as 4-bit levels: w = d·sc·level − dmin·m (see q4_kernel.cpp for the layout)."""
-    qs: torch.Tensor    # uint8 [out, in/2]
+    """Weights [out, in] as 4-bit (or 7-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
+    qs: torch.Tensor    # uint8 [out, in/2] (4-bit levels, two a byte) or [out, in] (7-bit levels)
     sc: torch.Tensor    # uint8 [out, in/32]
     m: torch.Tensor     # uint8 [out, in/32]
     d: torch.Tensor     # float32 [out, blocks]: a block is 256 inputs where the width allows, else 128
     dmin: torch.Tensor  # float32 [out, blocks]
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor) -> "Q4Block":
+    def quantize(cls, weight: torch.Tensor, bits: int = 4) -> "Q4Block":
+        """Min/max levels per 32-group: 4 bits (two a byte), or 7 for layers kept finer (one a byte)."""
+        if bits not in (4, 7):
+            raise ValueError(f"w4a8 levels are 4 or 7 bits, not {bits}")
+        top = float(2 ** bits - 1)
         w = weight.detach().float()
         rows, width = w.shape
         per_block = block_width(width) // GROUP
         groups = w.view(rows, width // GROUP, GROUP)
         low = groups.amin(dim=2).clamp(max=0.0)                      # [out, in/32], ≤ 0
-        step = (groups.amax(dim=2) - low) / 15.0                      # [out, in/32]
+        step = (groups.amax(dim=2) - low) / top                       # [out, in/32]
         d, sc = _in_units(step, per_block)
         dmin, m = _in_units(-low, per_block)
         step_q = d.repeat_interleave(per_block, 1) * sc.float()
         offset_q = dmin.repeat_interleave(per_block, 1) * m.float()
-        levels = ((groups + offset_q[..., None]) / step_q.clamp(min=1e-30)[..., None]).round_().clamp_(0, 15)
-        return cls(_pack_levels(levels.to(torch.uint8)), sc, m, d, dmin)
+        levels = ((groups + offset_q[..., None]) / step_q.clamp(min=1e-30)[..., None]).round_().clamp_(0, top)
+        levels = levels.to(torch.uint8)
+        return cls(_pack_levels(levels) if bits == 4 else levels.flatten(1).contiguous(), sc, m, d, dmin)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """(qs, sc, m, d, dmin), the kernel's arguments after x."""
@@ -61,7 +66,9 @@ class Q4Block:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
-        levels = _unpack_levels(self.qs).float()                      # [out, in/32, 32]
+        rows, width = self.sc.shape[0], self.sc.shape[1] * GROUP
+        packed = self.qs.shape[1] * 2 == width
+        levels = (_unpack_levels(self.qs) if packed else self.qs.view(rows, -1, GROUP)).float()  # [out, in/32, 32]
         per = self.sc.shape[1] // self.d.shape[1]                     # 32-groups a block
         step = self.d.repeat_interleave(per, 1) * self.sc.float()
         offset = self.dmin.repeat_interleave(per, 1) * self.m.float()
@@ -122,7 +129,7 @@ class Q4Linear(nn.Module):
         self.block, self.product = block, product
         self.group: tuple["Q4Group", int] | None = None  # set by Q4Group when fused with its neighbours
         self.out_features = block.qs.shape[0]
-        self.in_features = block.qs.shape[1] * 2
+        self.in_features = block.sc.shape[1] * GROUP
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,14 +151,27 @@ class Q4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit weights × 8-bit activations"
 
 
-def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel) -> dict[str, Q4Block]:
-    """Replace every nn.Linear of `model` (the head too) by a Q4Linear, from `blocks` (by module name)
-    when given, else by quantizing its weights; returns the blocks used. `kernel`: build_kernel's module."""
+def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
+                  exact: dict[str, Q4Block] | None = None, finer_bits: int = 7) -> dict[str, Q4Block]:
+    """Replace every nn.Linear of `model` (the head too) by a Q4Linear; returns the blocks used.
+
+    From `blocks` (by module name) when given. Else a layer takes its block from `exact` (a GGUF's own
+    4-bit blocks: the file's weights bit for bit) or is quantized from its weights: with
+    `finer_bits` levels when `exact` is given (the file kept that layer finer than 4 bits) or when it
+    is the output head, else 4 bits. finer_bits = 4 makes every layer 4-bit (w4a8-fast).
+    `kernel`: build_kernel's module."""
     from specchat.core.int8_weights import replace_linears
     used: dict[str, Q4Block] = {}
 
+    def bits_for(name: str) -> int:
+        return finer_bits if exact is not None or name == "lm_head" else 4
+
     def build(name: str, linear: nn.Linear) -> Q4Linear:
-        block = used[name] = blocks[name] if blocks is not None else Q4Block.quantize(linear.weight)
+        if blocks is not None:
+            block = blocks[name]
+        else:
+            block = (exact or {}).get(name) or Q4Block.quantize(linear.weight, bits_for(name))
+        used[name] = block
         return Q4Linear(block, linear.bias, kernel.q4_linear)
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     replace_linears(model, build)
@@ -182,8 +202,11 @@ class Q4Group:
 
 
 def group_layers(model: nn.Module, names: list[str]) -> None:
-    """Fuse the Q4Linear layers `names` of `model`, which read one input, into a Q4Group."""
-    Q4Group([model.get_submodule(name) for name in names])
+    """Fuse the Q4Linear layers `names` of `model`, which read one input, into a Q4Group, where their
+    levels are stored alike (4- or 7-bit, same block width)."""
+    layers = [model.get_submodule(name) for name in names]
+    if len({(layer.block.qs.shape[1], layer.block.d.shape[1]) for layer in layers}) == 1:
+        Q4Group(layers)
 
 
 def same_input(layers: list[Q4Linear], x: torch.Tensor) -> list[torch.Tensor]:

@@ -4,7 +4,8 @@
 //
 // Weights [N, K], per output row n, in blocks of B = 256 inputs where K allows, else 128:
 //   qs    uint8 [N, K/2]   two 4-bit levels per byte: byte i of a 64-chunk holds level i of its first
-//                          32-group (low nibble) and level i of the second (high nibble), levels 0..15
+//                          32-group (low nibble) and level i of the second (high nibble), levels 0..15;
+//         or uint8 [N, K]  one level per byte, levels 0..127 (7-bit: layers kept finer than 4 bits)
 //   sc, m uint8 [N, K/32]  each 32-group's scale and offset, in units of its block's d and dmin
 //   d, dmin float [N, K/B]
 //   w = d·sc·level − dmin·m
@@ -73,7 +74,7 @@ struct WeightRow {
 
 inline __m256i group_product(__m256i levels, const int8_t* acts, __m256i scale) {
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acts));
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(levels, a), scale);  // |pair| <= 2*15*127: no saturation
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(levels, a), scale);
 }
 
 // G groups' dmin·m as floats (the low lanes when G = 4), and their activation sums likewise.
@@ -94,12 +95,25 @@ inline __m256 group_offsets(const uint8_t* m, float dmin) {
   }
 }
 
+// Two 32-groups' levels: from 32 bytes of nibbles, or from 64 bytes of 7-bit levels.
+template <bool PACKED>
+inline void load_levels(const uint8_t* qs, int64_t group, __m256i& first, __m256i& second) {
+  if constexpr (PACKED) {
+    const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + group * GROUP / 2));
+    first = _mm256_and_si256(packed, low_nibbles);
+    second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+  } else {  // |pair| <= 2*127*127 < 2^15: maddubs never saturates
+    first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + group * GROUP));
+    second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + (group + 1) * GROUP));
+  }
+}
+
 // out[r] = W[n] . x[r] for the R rows of one tile, G 32-groups a block; each row's arithmetic is the
-// same whatever R is. Per 64 weights: 32 bytes, the low nibbles one 32-group and the high nibbles the next.
-template <int R, int G>
+// same whatever R is.
+template <int R, int G, bool PACKED>
 void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float* out) {
   const int64_t width = a.width, blocks = width / (G * GROUP), groups = width / GROUP;
-  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
   const int8_t* acts[R];
   const float* sums[R];
   const float* act_scales[R];
@@ -115,9 +129,8 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
     for (int r = 0; r < R; ++r) block_sum[r] = _mm256_setzero_si256();
     for (int64_t pair = 0; pair < G / 2; ++pair) {
       const int64_t group = b * G + 2 * pair;
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + group * GROUP / 2));
-      const __m256i first = _mm256_and_si256(packed, low_nibbles);
-      const __m256i second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+      __m256i first, second;
+      load_levels<PACKED>(w.qs, group, first, second);
       const __m256i scale_1 = _mm256_set1_epi16(static_cast<int16_t>(w.sc[group]));
       const __m256i scale_2 = _mm256_set1_epi16(static_cast<int16_t>(w.sc[group + 1]));
       for (int r = 0; r < R; ++r) {
@@ -136,16 +149,16 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
   for (int r = 0; r < R; ++r) out[r] = horizontal_sum(total[r]);
 }
 
-template <int G>
+template <int G, bool PACKED>
 void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, float* out, int64_t out_stride) {
   float tile[TILE];
   for (int64_t first = 0; first < rows; first += TILE) {
     const int64_t count = std::min<int64_t>(TILE, rows - first);
     switch (count) {
-      case 4: dot_tile<4, G>(w, a, first, tile); break;
-      case 3: dot_tile<3, G>(w, a, first, tile); break;
-      case 2: dot_tile<2, G>(w, a, first, tile); break;
-      default: dot_tile<1, G>(w, a, first, tile); break;
+      case 4: dot_tile<4, G, PACKED>(w, a, first, tile); break;
+      case 3: dot_tile<3, G, PACKED>(w, a, first, tile); break;
+      case 2: dot_tile<2, G, PACKED>(w, a, first, tile); break;
+      default: dot_tile<1, G, PACKED>(w, a, first, tile); break;
     }
     for (int64_t r = 0; r < count; ++r) out[(first + r) * out_stride] = tile[r];
   }
@@ -158,7 +171,9 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
                         torch::Tensor d, torch::Tensor dmin) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
   const int64_t rows = x.size(0), width = x.size(1), outs = qs.size(0);
-  TORCH_CHECK(qs.size(1) * 2 == width && d.size(1) > 0 && width % d.size(1) == 0, "x does not match the weights");
+  const bool packed = qs.size(1) * 2 == width;
+  TORCH_CHECK((packed || qs.size(1) == width) && d.size(1) > 0 && width % d.size(1) == 0,
+              "x does not match the weights");
   const int64_t block = width / d.size(1);
   TORCH_CHECK(block == 128 || block == 256, "blocks must be 128 or 256 inputs wide");
   auto input = x.contiguous();
@@ -166,6 +181,7 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   auto out = torch::empty({rows, outs}, x.options());
   float* out_data = out.data_ptr<float>();
   const uint8_t* qs_data = qs.data_ptr<uint8_t>();
+  const int64_t row_bytes = qs.size(1);
   const uint8_t* sc_data = sc.data_ptr<uint8_t>();
   const uint8_t* m_data = m.data_ptr<uint8_t>();
   const float* d_data = d.data_ptr<float>();
@@ -173,10 +189,16 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   const int64_t groups = width / GROUP, blocks = width / block;
   at::parallel_for(0, outs, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const WeightRow w{qs_data + n * width / 2, sc_data + n * groups, m_data + n * groups,
+      const WeightRow w{qs_data + n * row_bytes, sc_data + n * groups, m_data + n * groups,
                         d_data + n * blocks, dmin_data + n * blocks};
-      if (block == 256) dot_rows<8>(w, a, rows, out_data + n, outs);
-      else dot_rows<4>(w, a, rows, out_data + n, outs);
+      float* out_n = out_data + n;
+      if (packed) {
+        if (block == 256) dot_rows<8, true>(w, a, rows, out_n, outs);
+        else dot_rows<4, true>(w, a, rows, out_n, outs);
+      } else {
+        if (block == 256) dot_rows<8, false>(w, a, rows, out_n, outs);
+        else dot_rows<4, false>(w, a, rows, out_n, outs);
+      }
     }
   });
   return out;

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specchat.config import INVARIANT_MODES, Config, ModelConfig, drafter_needed
+from specchat.config import INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
@@ -70,6 +70,7 @@ class Checkpoint:
     local: bool
     quantization: str  # what the checkpoint itself is: none, or a GGUF type
     identity: str = ""  # what the weights are, for caches derived from them (a sha256, a fingerprint)
+    gguf_source: Source | None = None  # the GGUF file (or bundled model) it was converted from
 
 
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
@@ -153,11 +154,12 @@ def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtyp
     if mc.quantization not in ("int8", *INVARIANT_MODES):
         return
     from specchat.loading import quantized_cache
-    if mc.quantization == "w4a8":  # compiled before the weights are quantized, so its wait is said first
+    if mc.quantization in W4A8_MODES:  # compiled before the weights are quantized, so its wait is said first
         from specchat.loading.kernels import q4_kernel
         q4_kernel(progress)
     path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype), mc.quantization)
-    notice = quantized_cache.quantize_with_cache(model, path, label, mc.quantization, progress)
+    notice = quantized_cache.quantize_with_cache(model, path, label, mc.quantization, progress,
+                                                 gguf=_gguf_file(checkpoint, progress))
     if notice:
         report(progress, notice, None)
     if mc.quantization in INVARIANT_MODES:
@@ -183,7 +185,18 @@ def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype,
                           identity=directory_identity(Path(source.location)))
     directory = _converted(source, dtype, progress)
     return Checkpoint(str(directory), local=True, quantization=gguf_convert.read_meta(directory)["quantization"],
-                      identity=directory.name)
+                      identity=directory.name, gguf_source=source)
+
+
+def _gguf_file(checkpoint: Checkpoint, progress: Progress | None):
+    """A function giving the GGUF file a checkpoint was converted from (found only when called), or None."""
+    source = checkpoint.gguf_source
+    if source is None:
+        return None
+    if source.kind == "bundled":
+        from specchat.loading import assets
+        return lambda: assets.bundled_gguf_path(source.location, progress)
+    return lambda: Path(source.location)
 
 
 def _converted(source: Source, dtype: torch.dtype, progress: Progress | None) -> Path:

@@ -26,19 +26,27 @@ from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_
 from specchat.loading.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
-FORMATS = {"w4a8": 2}  # a mode's own format number, where it changed apart from the others
+FORMATS = {"w4a8": 3, "w4a8-fast": 3}  # a mode's own format number, where it changed apart from the others
 
 
-def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None) -> dict[str, Q4Block]:
+def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, gguf=None,
+                   finer_bits: int = 7) -> dict[str, Q4Block]:
+    """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
+    the model came from, that file's own Q4_K blocks bit for bit (the file's finer layers: finer_bits)."""
     from specchat.loading.kernels import q4_kernel
-    return quantize_w4a8(model, blocks, q4_kernel())
+    exact = None
+    if blocks is None and gguf is not None:
+        from specchat.loading.gguf_blocks import matching_blocks
+        exact = matching_blocks(gguf(), model)
+    return quantize_w4a8(model, blocks, q4_kernel(), exact, finer_bits)
 
 
 QUANTIZERS = {"w8a8": quantize_w8a8, "w8a8-fast": partial(quantize_w8a8, passes=1),
-              "int8": quantize_linears, "w4a8": _quantize_w4a8}  # (model, blocks | None) -> blocks
+              "int8": quantize_linears, "w4a8": _quantize_w4a8,
+              "w4a8-fast": partial(_quantize_w4a8, finer_bits=4)}  # (model, blocks | None) -> blocks
 DESCRIPTIONS = {"w8a8": "int8×int8", "w8a8-fast": "int8×int8 (8-bit activations)", "int8": "int8",
-                "w4a8": "4-bit×int8"}
-BLOCK_TYPES = {"w4a8": Q4Block}  # how each mode's blocks are stored; Int8Block otherwise
+                "w4a8": "4-bit×int8", "w4a8-fast": "4-bit×int8 (every layer 4-bit)"}
+BLOCK_TYPES = {"w4a8": Q4Block, "w4a8-fast": Q4Block}  # how each mode's blocks are stored; Int8Block otherwise
 SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activations are multiplied
 
 
@@ -58,8 +66,10 @@ def directory_identity(directory: Path) -> str:
 
 
 def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w8a8",
-                        progress: Progress | None = None) -> str | None:
+                        progress: Progress | None = None, gguf=None) -> str | None:
     """Quantize `model` in place (a mode of QUANTIZERS), from `path` when it holds a sound copy.
+    gguf: for the w4a8 modes, a function giving the GGUF file the model came from (its Q4_K blocks are
+    used as they are), or None.
 
     Returns a notice line when a damaged cache file was rebuilt, else None.
     """
@@ -70,7 +80,8 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w
             notice = again or notice  # a damaged file is gone after the first read
             if blocks is None:
                 report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
-                _write(path, QUANTIZERS[mode](model, None))
+                options = {"gguf": gguf} if mode in BLOCK_TYPES else {}
+                _write(path, QUANTIZERS[mode](model, None, **options))
                 return notice
     report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)
     QUANTIZERS[mode](model, blocks)
