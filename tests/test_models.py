@@ -604,8 +604,8 @@ def test_bundled_pair_greedy_speculation_equals_target_only():
 
 @pytest.mark.slow
 def test_bundled_pair_as_the_chat_loads_it_is_exact_in_its_own_dtype():
-    """The default config (w8a8 target, int8 drafter, lean forwards): speculative == target-only for
-    gamma 1, 4 and 8 over a longer reply, with no float32 anywhere but where the chat uses it."""
+    """The default config (w4a8 target on the GGUF's own Q4_K blocks, w4a8-fast drafter, lean forwards):
+    speculative == target-only for gamma 1, 4 and 8 over a longer reply, in the dtype the chat runs."""
     from specchat.config import load_config
     pair = load_pair(load_config(None, []))
     assert pair.target_facts.backend == pair.drafter_facts.backend == "lean"
@@ -648,12 +648,13 @@ def test_broken_local_checkpoints_are_one_line_errors(tmp_path, tok):
     assert "\n" not in str(err.value)
 
 
-def test_w8a8_off_the_cpu_loads_unquantized_with_one_notice():
+@pytest.mark.parametrize("mode", ["w8a8", "w4a8", "w4a8-fast"])
+def test_w8a8_off_the_cpu_loads_unquantized_with_one_notice(mode):
     from specchat.config import ModelConfig
     from specchat.loading.models import runnable_quantization
     notices = []
-    mc = ModelConfig(source="bundled:x", quantization="w8a8")
+    mc = ModelConfig(source="bundled:x", quantization=mode)
     on_gpu = runnable_quantization(mc, "cuda:0", "target", lambda m, f: notices.append(m))
     assert on_gpu.quantization == "none" and notices == [
-        "target: quantization w8a8 runs on the CPU only; loading it unquantized on cuda:0"]
+        f"target: quantization {mode} runs on the CPU only; loading it unquantized on cuda:0"]
     assert runnable_quantization(mc, "cpu", "target") is mc  # as resolve_device names devices
