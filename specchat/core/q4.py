@@ -49,7 +49,7 @@ class Q4Block:
         w = weight.detach().float()
         rows, width = w.shape
         per_block = block_width(width) // GROUP
-        groups = w.view(rows, width // GROUP, GROUP)
+        groups = w.reshape(rows, width // GROUP, GROUP)
         low = groups.amin(dim=2).clamp(max=0.0)                      # [out, in/32], ≤ 0
         step = (groups.amax(dim=2) - low) / top                       # [out, in/32]
         d, sc = _in_units(step, per_block)
