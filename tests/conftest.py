@@ -67,6 +67,10 @@ class CheapDrafterGamma(AutoGamma):
     def cost_ratio(self) -> float:
         return 0.1
 
+    @property
+    def planning_ratio(self) -> float:
+        return 0.1
+
 
 def prompt_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)

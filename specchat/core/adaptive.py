@@ -5,6 +5,12 @@ maximum-likelihood estimate when each draft position is accepted independently w
 alpha until the first rejection. Both alpha and c decay, so the choice follows the text.
 When no gamma beats target-only, it drafts nothing, probing with gamma 1 now and then.
 
+The target's forward is not free per row: verifying gamma drafts feeds gamma+1 rows, and on a CPU
+kernel each row adds a share r of a one-row step (about 0.18 for w4a8 here, 0.01 for bf16). The
+policy fits T(n) = t1 + s·(n−1) to the timed target forwards (their row counts vary as drafts end by
+confidence) and plans with c = drafter forward ÷ t1 plus r = s ÷ t1: Leviathan's formula with cost
+γ·c + 1 + γ·r against a target-only step of t1. Until two row counts have been seen, r is 0.
+
 Otherwise a draft runs up to `max_draft` tokens and ends once the estimated probability that all
 its tokens so far are accepted (`path`, the product of min(1, scale * confidence) over its tokens)
 drops below path_floor(): one more token then adds about path * alpha expected tokens, less than the
@@ -42,6 +48,7 @@ class AutoGamma:
     drafter_n: float = 0.0
     target_s: float = 0.0
     target_n: float = 0.0
+    target_rows: "RowCostFit" = None  # T(n) of the target's forwards by rows fed; made in __post_init__
     decay: float = 0.9
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
@@ -49,6 +56,10 @@ class AutoGamma:
     said: float = 1.0          # decayed sums for calibrating the drafter's confidences
     seen: float = 1.0
     _idle_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.target_rows is None:
+            self.target_rows = RowCostFit(self.decay)
 
     @property
     def alpha(self) -> float:
@@ -60,10 +71,19 @@ class AutoGamma:
             return 0.25  # prior until both models have been timed
         return (self.drafter_s / self.drafter_n) / (self.target_s / self.target_n)
 
+    @property
+    def planning_ratio(self) -> float:
+        """c + r, both against a one-row target step: what one more drafted token costs, in target steps."""
+        fit = self.target_rows.fit()
+        if fit is None or self.drafter_n == 0:
+            return self.cost_ratio
+        one_row, per_row = fit
+        return (self.drafter_s / self.drafter_n + per_row) / one_row
+
     def choose(self) -> int:
         best_gamma, best = 0, 1.0
         for gamma in range(1, self.max_gamma + 1):
-            speedup = leviathan_speedup(self.alpha, gamma, self.cost_ratio)
+            speedup = leviathan_speedup(self.alpha, gamma, self.planning_ratio)
             if speedup > best * 1.01:
                 best_gamma, best = gamma, speedup
         if best_gamma == 0:
@@ -85,8 +105,9 @@ class AutoGamma:
         return self.seen / self.said
 
     def path_floor(self, gamma: int) -> float:
-        speedup = max(1.0, leviathan_speedup(self.alpha, gamma, self.cost_ratio))
-        return min(0.95, self.cost_ratio * speedup / max(self.alpha, 1e-3))
+        ratio = self.planning_ratio
+        speedup = max(1.0, leviathan_speedup(self.alpha, gamma, ratio))
+        return min(0.95, ratio * speedup / max(self.alpha, 1e-3))
 
     def observe_confidences(self, confidences: list[float], accepted: int) -> None:
         """Compare the drafter's confidences in the judged tokens with how many were accepted."""
@@ -103,6 +124,7 @@ class AutoGamma:
                 self.observe_cost("drafter", seconds)
         if step.target_fed and step.target_timed:
             self.observe_cost("target", step.target_seconds)
+            self.target_rows.observe(step.target_fed, step.target_seconds)
         self.observe(step.drafted, step.accepted)
         if step.draft is not None:
             self.observe_confidences(step.draft.confidences, step.accepted)
@@ -120,3 +142,36 @@ class AutoGamma:
         else:
             self.target_s = self.target_s * self.decay + seconds
             self.target_n = self.target_n * self.decay + 1
+
+
+@dataclass
+class RowCostFit:
+    """A decayed least-squares fit of a forward's time against its rows fed: T(n) = t1 + s·(n−1)."""
+    decay: float = 0.9
+    weight: float = 0.0
+    x: float = 0.0   # decayed sums of x = rows − 1, y = seconds, x², x·y
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def observe(self, rows: int, seconds: float) -> None:
+        x = rows - 1
+        self.weight = self.weight * self.decay + 1
+        self.x = self.x * self.decay + x
+        self.y = self.y * self.decay + seconds
+        self.xx = self.xx * self.decay + x * x
+        self.xy = self.xy * self.decay + x * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(t1, s) in seconds, or None until the rows fed have varied enough to tell them apart."""
+        if self.weight == 0:
+            return None
+        mean_x, mean_y = self.x / self.weight, self.y / self.weight
+        spread = self.xx / self.weight - mean_x * mean_x
+        if spread < 0.25:
+            return None
+        slope = max(0.0, (self.xy / self.weight - mean_x * mean_y) / spread)
+        one_row = mean_y - slope * mean_x
+        if one_row <= 0:
+            return None
+        return one_row, slope
