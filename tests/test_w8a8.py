@@ -78,7 +78,8 @@ def test_a_w8a8_linear_is_batch_invariant_and_close_to_the_float_product(passes)
     assert all(torch.equal(layer(x[i:i + 1])[0], together[i]) for i in range(9))
     exact = torch.nn.functional.linear(x, weight, bias)
     relative = ((together - exact).norm() / exact.norm()).item()
-    assert relative < (0.02 if passes == 1 else 0.01)
+    from specchat.core.w8a8 import _REDUCE_RANGE  # 7-bit activations without VNNI: twice the step
+    assert relative < (0.02 if passes == 1 else 0.01) * (2 if _REDUCE_RANGE else 1)
 
 
 @pytest.mark.parametrize("passes", [1, 2])

@@ -126,7 +126,7 @@ class LeanForward:
         for piece in input_ids.split(PREFILL_CHUNK, dim=1):
             hidden = self._decode(cache, piece)
             tail = hidden if tail is None else torch.cat([tail, hidden], dim=1)[:, -keep:]
-        hidden = self.norm(tail[:, -keep:])
+        hidden = rms_norm(self.norm, tail[:, -keep:])
         return self.head(hidden)[0] if head else hidden[0]
 
     def _decode(self, cache: LeanCache, input_ids: torch.Tensor) -> torch.Tensor:
@@ -144,7 +144,7 @@ class LeanForward:
 
     def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int):
         attention = layer.self_attn
-        normed = layer.input_layernorm(hidden)
+        normed = rms_norm(layer.input_layernorm, hidden)
         fed = hidden.shape[1]
         query, key, value = same_input([attention.q_proj, attention.k_proj, attention.v_proj], normed)
         query = query.view(fed, self.heads, self.head_dim).transpose(0, 1)
@@ -158,8 +158,17 @@ class LeanForward:
                                            cache.values[index][None, :, :end], mask, self.scaling)
         hidden = hidden + attention.o_proj(out.reshape(1, fed, -1))
         mlp = layer.mlp
-        gate, up = same_input([mlp.gate_proj, mlp.up_proj], layer.post_attention_layernorm(hidden))
+        gate, up = same_input([mlp.gate_proj, mlp.up_proj], rms_norm(layer.post_attention_layernorm, hidden))
         return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+
+
+def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A Llama/Qwen2 RMSNorm module's output as torch's one fused op (one dispatch, not six; per row,
+    so batch-invariant); any other norm module is called as it is."""
+    eps = getattr(norm, "variance_epsilon", None)
+    if eps is None or x.dtype != torch.float32:
+        return norm(x)
+    return nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, eps)
 
 
 def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:

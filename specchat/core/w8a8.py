@@ -51,13 +51,27 @@ def pack_rows(block: Int8Block) -> list:
             for start in range(0, rows, PACK_ROWS)]
 
 
+def has_vnni() -> bool:
+    """Whether the CPU multiplies int8 with AVX512-VNNI. Without it fbgemm sums pairs of u8×s8
+    products into saturating int16 (`maddubs`): 8-bit activations overflow there, 7-bit ones do not."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            return any("avx512_vnni" in line.split() for line in info if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+_REDUCE_RANGE = not has_vnni()  # 7-bit activations where 8-bit ones would saturate (the x86 default)
+_KERNEL_LEVELS = 127 if _REDUCE_RANGE else 255
+
+
 def _int8_product(x: torch.Tensor, packed) -> torch.Tensor:
-    """fbgemm's dynamic int8×int8 linear; 8-bit activations (the x86 default is 7)."""
-    return torch.ops.quantized.linear_dynamic(x, packed, False)
+    """fbgemm's dynamic int8×int8 linear: 8-bit activations with VNNI, else 7-bit (no saturation)."""
+    return torch.ops.quantized.linear_dynamic(x, packed, _REDUCE_RANGE)
 
 
-_STEP = torch.tensor(2.0) / 255  # the kernel's activation step once the tensor's range is [−1, 1]
-_LEVELS = 127.0                   # each row spans −127…127 of those steps: the grid's ends are exact
+_STEP = torch.tensor(2.0) / _KERNEL_LEVELS  # the kernel's activation step once the tensor's range is [−1, 1]
+_LEVELS = float(_KERNEL_LEVELS // 2)        # each row spans ±127 (7-bit: ±63) of those steps, on the grid
 
 
 _BOUNDS: dict[int, torch.Tensor] = {}  # by input width: the two constant rows +1 and −1
@@ -74,7 +88,7 @@ def _on_grid(x: torch.Tensor, rounded: bool):
     (unit, scale, centre, levels), where levels are the rounded steps when `rounded`."""
     low, high = torch.aminmax(x, dim=1, keepdim=True)
     centre = (high + low) * 0.5
-    step = ((high - low) * (0.5 / _LEVELS)).clamp_(min=1e-30)  # a row spans ±127 steps
+    step = ((high - low) * (0.5 / _LEVELS)).clamp_(min=1e-30)  # a row spans ±_LEVELS steps
     levels = (x - centre).div_(step)
     levels = levels.round_().clamp_(-_LEVELS, _LEVELS) if rounded else levels.clamp_(-_LEVELS, _LEVELS)
     return levels * _STEP, step / _STEP, centre, (levels, step)
