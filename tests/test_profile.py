@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from specchat.bench import profile
+from specchat.bench.tiny_models import build_model
 from specchat.core import kvcache
 from specchat.core.w8a8 import quantize_w8a8
 
@@ -70,19 +71,26 @@ def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_
     for row in rows.values():
         assert row["matmuls"] > 0 and row["attention"] > 0
         assert abs(row["matmuls"] + row["attention"] + row["other"] - row["total"]) < 1e-6
-        assert row["int8 kernel"] == 0  # no w8a8 layer in these models
+        assert row["kernel"] == 0  # no w8a8 or w4a8 layer in these models
 
 
+@pytest.mark.parametrize("mode", ["w8a8", "w4a8"])
 @pytest.mark.parametrize("forward", ["transformers", "lean"])
-def test_the_int8_kernel_is_timed_inside_the_matmuls_of_a_w8a8_model(target, tokenizer, forward):
+def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tokenizer, forward, mode):
     model = copy.deepcopy(target).float()
-    quantize_w8a8(model)
+    if mode == "w8a8":
+        quantize_w8a8(model)
+    else:  # w4a8 needs input widths divisible by 128
+        from specchat.core.q4 import quantize_w4a8
+        from specchat.loading.kernels import q4_kernel
+        model = build_model(len(tokenizer), seed=1, layers=2, hidden=128)
+        quantize_w4a8(model, None, q4_kernel())
     if forward == "lean":  # q/k/v and gate/up run through w8a8.same_input, not their modules
         kvcache.attach_lean(model)
     pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})
     rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0,
                                 repeats=2)
-    assert all(0 < row["int8 kernel"] < row["matmuls"] for row in rows.values())
+    assert all(0 < row["kernel"] < row["matmuls"] for row in rows.values())
 
 
 def test_host_rows_time_greedy_and_sampled_verification(tokenizer):

@@ -5,8 +5,8 @@
 For one decode step of the target (1 token), a verification forward of the target (gamma+1 tokens)
 and one decode step of the drafter (1 token, with the drafter's restricted head as the chat runs it),
 it prints the median time split by what ran, measured by timing hooks on the modules:
-- matmuls: every linear layer (the head too), whatever its kind; for w8a8 layers, the int8 kernel
-  calls alone are shown apart as "int8 kernel";
+- matmuls: every linear layer (the head too), whatever its kind; for w8a8 and w4a8 layers, the
+  kernel calls alone (fbgemm's int8 product, specchat's 4-bit one) are shown apart as "kernel";
 - attention: the attention modules minus their projections (scores, softmax, rotary, cache writes);
   with the lean forward, which calls no attention module, the attention function alone;
 - other: the rest of the forward (Python and dispatch, norms, embeddings, masks, cache bookkeeping).
@@ -26,13 +26,13 @@ import torch
 from torch import nn
 
 from specchat.config import ConfigError, SamplingConfig, load_config
-from specchat.core import kvcache, lean, w8a8
+from specchat.core import kvcache, lean, q4, w8a8
 from specchat.core.draft_vocab import DraftVocab
 from specchat.core.sampling import make_generator, pick, probs_from_logits
 from specchat.core.verify import verify_greedy, verify_sampled
 from specchat.loading.errors import ModelLoadError
 
-PARTS = ("matmuls", "int8 kernel", "attention", "other")
+PARTS = ("matmuls", "kernel", "attention", "other")
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
 
 
@@ -110,10 +110,11 @@ def timed_function(owner, name: str, seconds: dict[str, float], key: str, timer:
 
 @contextmanager
 def timed_calls(timer: PartTimer):
-    """w8a8's int8×int8 kernel calls; the lean forward's attention (it calls no attention module) and
+    """w8a8's and w4a8's kernel calls; the lean forward's attention (it calls no attention module) and
     its linear layers that share one input (they skip their modules' forward)."""
     seconds = timer.seconds
-    with timed_function(w8a8, "_int8_product", seconds, "int8 kernel"), \
+    with timed_function(w8a8, "_int8_product", seconds, "kernel"), \
+            timed_function(q4, "run_kernel", seconds, "kernel"), \
             timed_function(lean, "batch_invariant_attention", seconds, "lean attention"), \
             timed_function(lean, "same_input", seconds, "linear", timer):
         yield
@@ -142,7 +143,7 @@ def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[st
 def _parts(seconds: dict[str, float], total: float) -> dict[str, float]:
     linear = seconds.get("linear", 0.0)
     attention = seconds.get("attention", 0.0) - seconds.get("projections", 0.0) + seconds.get("lean attention", 0.0)
-    return {"matmuls": linear, "int8 kernel": seconds.get("int8 kernel", 0.0),
+    return {"matmuls": linear, "kernel": seconds.get("kernel", 0.0),
             "attention": attention, "other": total - linear - attention, "total": total}
 
 
@@ -210,10 +211,10 @@ def host_rows(pair, gamma: int, draft_width: int, repeats: int) -> dict[str, flo
 
 
 def forward_table(rows: dict[str, dict]) -> str:
-    lines = ["| forward | total ms | matmuls | (of which int8 kernel) | attention | other |",
+    lines = ["| forward | total ms | matmuls | (of which the kernel) | attention | other |",
              "|---|---|---|---|---|---|"]
     for name, r in rows.items():
-        lines.append(f"| {name} | {r['total']:.1f} | {r['matmuls']:.1f} | {r['int8 kernel']:.1f} | "
+        lines.append(f"| {name} | {r['total']:.1f} | {r['matmuls']:.1f} | {r['kernel']:.1f} | "
                      f"{r['attention']:.1f} | {r['other']:.1f} |")
     return "\n".join(lines)
 

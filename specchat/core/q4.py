@@ -120,6 +120,11 @@ def build_kernel(build_dir: str):
                 build_directory=build_dir)
 
 
+def run_kernel(product, x: torch.Tensor, block: Q4Block) -> torch.Tensor:
+    """The kernel's W x [rows, out] float32 for x [rows, in] float32 (one place to time it)."""
+    return product(x, *block.tensors())
+
+
 class Q4Linear(nn.Module):
     """A drop-in nn.Linear: 4-bit weights, 8-bit activations per row and block, float32 products."""
 
@@ -133,7 +138,7 @@ class Q4Linear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.finish(self.product(x.reshape(-1, self.in_features).float(), *self.block.tensors()), x)
+        return self.finish(run_kernel(self.product, x.reshape(-1, self.in_features).float(), self.block), x)
 
     def finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The layer's output for input x from its product W x [rows, out] float32: bias, dtype, shape."""
@@ -198,7 +203,7 @@ class Q4Group:
 
     def products(self, x: torch.Tensor) -> list[torch.Tensor]:
         """W x of every layer, float32 [rows, width], from x [rows, in] float32, in the layers' order."""
-        return list(self.product(x, *self.fused.tensors()).split(self.widths, dim=1))
+        return list(run_kernel(self.product, x, self.fused).split(self.widths, dim=1))
 
 
 def group_layers(model: nn.Module, names: list[str]) -> None:
