@@ -115,11 +115,13 @@ def _read(path: Path, progress: Progress | None, kind: type = Int8Block) -> tupl
 
 
 def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
-    """The blocks (of dataclass `kind`) in fresh, 64-byte-aligned memory: safetensors maps the file, and
-    its tensors start wherever the header ends; torch's CPU int8 kernel crashes on misaligned weights
-    from 8 rows up."""
+    """The blocks (of dataclass `kind`); Int8Blocks in fresh, 64-byte-aligned memory: safetensors maps
+    the file, and its tensors start wherever the header ends; torch's CPU int8 kernel crashes on
+    misaligned weights from 8 rows up."""
     from safetensors.torch import load_file
-    tensors = {key: tensor.clone() for key, tensor in load_file(str(path)).items()}
+    tensors = load_file(str(path))
+    if kind is Int8Block:  # w4a8's kernel reads unaligned memory: its blocks stay where safetensors put them
+        tensors = {key: tensor.clone() for key, tensor in tensors.items()}
     names = {key.rsplit(".", 1)[0] for key in tensors}
     fields = [field.name for field in dataclasses.fields(kind)]
     return {name: kind(*(tensors[f"{name}.{field}"] for field in fields)) for name in names}
