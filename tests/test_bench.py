@@ -36,6 +36,9 @@ def tiny_pair(target, drafter, tokenizer) -> LoadedPair:
     return LoadedPair(target, drafter, tokenizer, {2}, len(tokenizer), 1024, facts, facts)
 
 
+# Slow (many seconds: every method, HF's too, both settings): the fast default checks run_bench's exactness
+# check on fewer rows below (another target's rows, the lookup and self-drafter rows, a reported mismatch).
+@pytest.mark.slow
 def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_drafter_model, int8_drafter_model,
                                                             tokenizer, tmp_path):
     cfg = with_value(with_value(Config(), "drafter.source", "tiny"), "drafter.quantization", "int8")

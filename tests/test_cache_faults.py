@@ -476,8 +476,15 @@ def server(tmp_path_factory):
     forks.close()
 
 
-@pytest.mark.parametrize("kind_name, point, rebuilding, expect", KILLS,
-                         ids=[f"{k}-{p}{'-rebuilding' if r else ''}" for k, p, r, _ in KILLS])
+# The fast default (`pytest -m "not slow"`) kills one worker of each kind, one of them while it rebuilds and
+# one after the rename; the whole matrix is slow (it runs in a plain `pytest`).
+FAST_KILLS = {("assembled", "half written", False), ("converted", "weights written, tokenizer not yet", False),
+              ("quantized", "renamed into place", False), ("quantized", "record written, before the rename", True)}
+KILL_CASES = [pytest.param(k, p, r, e, id=f"{k}-{p}{'-rebuilding' if r else ''}",
+                           marks=() if (k, p, r) in FAST_KILLS else pytest.mark.slow) for k, p, r, e in KILLS]
+
+
+@pytest.mark.parametrize("kind_name, point, rebuilding, expect", KILL_CASES)
 def test_a_kill_during_the_work_leaves_nothing_taken_as_complete(kind_name, point, rebuilding, expect, world,
                                                                  references, cache, server, tmp_path,
                                                                  monkeypatch):

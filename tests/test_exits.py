@@ -38,7 +38,9 @@ def leave_by(pexpect, child, signum) -> str:
     return child.before
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+# Each case spawns the chat in a pty (seconds each): SIGTERM at the prompt is slow, as SIGHUP at the prompt
+# and SIGTERM mid-reply (below) run the same handlers in the fast default.
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGHUP])
 def test_a_signal_at_the_prompt_leaves_quietly_with_the_history_saved(tmp_path, signum):
     pexpect, child = spawn_chat(tmp_path)
     child.send("/gamma 2\r")

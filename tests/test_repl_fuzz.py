@@ -35,7 +35,9 @@ from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import Repl
 
 SEED = 13
-LINES = 600           # lines handled directly by Repl.handle
+LINES = 600           # lines handled directly by Repl.handle (slow: it runs in a plain `pytest`)
+QUICK_LINES = 150     # the same fuzz on fewer lines, in the fast default (`pytest -m "not slow"`), with
+QUICK_SEED = 0        # a seed whose 150 lines include a /save that goes through (SEED's and seed 1's do not)
 PIPE_LINES = 60       # of those, printable ones typed again through prompt_toolkit
 REPLY_TOKENS = 6      # a text line's reply is capped at this many tokens, to keep the test fast
 CONTEXT = 256         # the tiny models' context limit here: short prompts stay cheap, a long paste cannot fit
@@ -249,25 +251,34 @@ def assert_answers_exactly(repl: CheckedRepl, target, tokenizer) -> None:
     assert reply.text == done.text
 
 
-def fuzz_lines(registry: Registry, rng: random.Random) -> list[str]:
-    lines = [random_line(registry, rng) for _ in range(LINES)]
+def fuzz_lines(registry: Registry, rng: random.Random, count: int = LINES) -> list[str]:
+    lines = [random_line(registry, rng) for _ in range(count)]
     # every command, alias and blank form at least once, whatever the seed drew
     lines += [f"/{name}" for name in registry.names()] + BLANK
     rng.shuffle(lines)
     return lines
 
 
-def test_random_lines_never_break_the_chat(session, target, tokenizer, tmp_path):
+def random_lines_never_break_the_chat(session, target, tokenizer, tmp_path, count, seed):
     registry = build_registry()
     renderer = RecordingRenderer(make_console(True, terminal_stream()))  # colour path: 'thinking…', styles
     repl = CheckedRepl(session, registry, renderer)
-    lines = fuzz_lines(registry, random.Random(SEED))
+    lines = fuzz_lines(registry, random.Random(seed), count)
     quits = 0
     for line in lines:
         quits += not repl.handle(line)  # /quit: the loop would end here; the fuzz goes on with the same session
     assert repl.handled == len(lines) and quits > 0 and repl.refused > len(lines) // 4 and repl.replies > 3
     assert_answers_exactly(repl, target, tokenizer)
     assert any(p.suffix.lower() in (".md", ".json") for p in tmp_path.iterdir())  # some /save went through, here
+
+
+@pytest.mark.slow
+def test_random_lines_never_break_the_chat(session, target, tokenizer, tmp_path):
+    random_lines_never_break_the_chat(session, target, tokenizer, tmp_path, LINES, SEED)
+
+
+def test_fewer_random_lines_never_break_the_chat(session, target, tokenizer, tmp_path):
+    random_lines_never_break_the_chat(session, target, tokenizer, tmp_path, QUICK_LINES, QUICK_SEED)
 
 
 def typeable(line: str) -> bool:
