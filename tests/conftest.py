@@ -76,6 +76,37 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)
 
 
+def noisy_head_copy(model, spread: float = 0.6, seed: int = 5):
+    """A drafter for `model`: a deep copy whose output head has noise of `spread` × its weights' std."""
+    import copy
+    drafter = copy.deepcopy(model)
+    with torch.no_grad():
+        head = drafter.lm_head.weight
+        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(seed)) * head.std() * spread)
+    return drafter
+
+
+def assert_greedy_spec_is_target_only(target, drafter, tokenizer, text: str, gamma) -> None:
+    """Greedy speculative == greedy target-only on `text`, with drafts made and some rejected."""
+    ids = prompt_ids(tokenizer, text)
+    _, target_only = run_reply(make_engine(target, None, tokenizer), ids, gamma=0, mode="target")
+    _, spec = run_reply(make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma()), ids, gamma=gamma)
+    assert list(spec.ids) == list(target_only.ids)
+    assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95  # drafts do get rejected
+
+
+def assert_multi_turn_exact(target, drafter, tokenizer) -> None:
+    """Three turns on one engine each: speculative == target-only while the caches are reused."""
+    spec_engine, solo_engine = make_engine(target, drafter, tokenizer), make_engine(target, None, tokenizer)
+    history = prompt_ids(tokenizer, "Hello, how are you")
+    for turn in ("for i in range(10):", "The quick brown"):
+        _, spec = run_reply(spec_engine, history, gamma=4)
+        _, solo = run_reply(solo_engine, history, gamma=0, mode="target")
+        assert list(spec.ids) == list(solo.ids)
+        history = history + list(spec.ids) + prompt_ids(tokenizer, turn)
+    assert spec.stats.reused_tokens > 0
+
+
 def run_reply(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
     """One reply streamed to its end: (every event, the final ReplyDone)."""
     events = list(engine.stream(ids, sampling, SpeculationConfig(gamma=gamma, mode=mode), cancel))

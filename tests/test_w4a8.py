@@ -6,16 +6,14 @@ import copy
 import pytest
 import torch
 
-from conftest import CheapDrafterGamma, make_engine, prompt_ids
+from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
 from specchat.bench.tiny_models import build_model
-from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
-from specchat.core.events import ReplyDone
+from specchat.config import GAMMA_AUTO
 from specchat.core.invariant_attention import use_batch_invariant_attention
 from specchat.core.q4 import Q4Block, Q4Linear, quantize_w4a8
 from specchat.loading import quantized_cache
 from specchat.loading.kernels import q4_kernel
 
-GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 
 
 @pytest.fixture(scope="module")
@@ -106,40 +104,17 @@ def w4a8_model(model: torch.nn.Module, kernel, dtype: torch.dtype) -> torch.nn.M
 @pytest.fixture(scope="module")
 def w4a8_pair(tokenizer, kernel):
     target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
-    drafter = copy.deepcopy(target)
-    with torch.no_grad():
-        head = drafter.lm_head.weight
-        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(5)) * head.std() * 0.6)
-    return w4a8_model(target, kernel, torch.bfloat16), w4a8_model(drafter, kernel, torch.bfloat16)
-
-
-def reply(engine, ids, gamma, mode="spec"):
-    events = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=gamma, mode=mode)))
-    assert isinstance(events[-1], ReplyDone)
-    return events[-1]
+    return w4a8_model(target, kernel, torch.bfloat16), w4a8_model(noisy_head_copy(target), kernel, torch.bfloat16)
 
 
 @pytest.mark.parametrize("gamma", [1, 4, 8, GAMMA_AUTO])
 @pytest.mark.parametrize("text", ["def reverse(lst):", "The quick brown"])
 def test_greedy_speculative_equals_target_only_with_a_w4a8_target_in_bf16(w4a8_pair, tokenizer, gamma, text):
-    target, drafter = w4a8_pair
-    ids = prompt_ids(tokenizer, text)
-    target_only = reply(make_engine(target, None, tokenizer), ids, 0, mode="target")
-    spec = reply(make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma()), ids, gamma)
-    assert list(spec.ids) == list(target_only.ids)
-    assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95  # drafts do get rejected
+    assert_greedy_spec_is_target_only(*w4a8_pair, tokenizer, text, gamma)
 
 
 def test_a_multi_turn_w4a8_reply_stays_exact_when_the_cache_is_reused(w4a8_pair, tokenizer):
-    target, drafter = w4a8_pair
-    spec_engine = make_engine(target, drafter, tokenizer)
-    solo_engine = make_engine(target, None, tokenizer)
-    history = prompt_ids(tokenizer, "Hello, how are you")
-    for turn in ("for i in range(10):", "The quick brown"):
-        spec, solo = reply(spec_engine, history, 4), reply(solo_engine, history, 0, mode="target")
-        assert list(spec.ids) == list(solo.ids)
-        history = history + list(spec.ids) + prompt_ids(tokenizer, turn)
-    assert spec.stats.reused_tokens > 0
+    assert_multi_turn_exact(*w4a8_pair, tokenizer)
 
 
 def test_the_w4a8_weights_cache_round_trips_without_quantizing_again(tmp_path, tokenizer, monkeypatch, kernel):
@@ -178,14 +153,7 @@ def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(ke
 def test_greedy_speculative_equals_target_only_on_the_lean_forward_with_w4a8(tokenizer, kernel, gamma):
     from specchat.core.kvcache import attach_lean
     target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
-    drafter = copy.deepcopy(target)
-    with torch.no_grad():
-        drafter.lm_head.weight.add_(torch.randn(drafter.lm_head.weight.shape,
-                                                generator=torch.Generator().manual_seed(5)) * 0.1)
+    drafter = noisy_head_copy(target)
     target, drafter = w4a8_model(target, kernel, torch.float32), w4a8_model(drafter, kernel, torch.float32)
     assert attach_lean(target) == "" and attach_lean(drafter) == ""  # "": the lean forward runs
-    ids = prompt_ids(tokenizer, "def reverse(lst):")
-    target_only = reply(make_engine(target, None, tokenizer), ids, 0, mode="target")
-    spec = reply(make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma()), ids, gamma)
-    assert list(spec.ids) == list(target_only.ids)
-    assert spec.stats.drafted > 0 and spec.stats.rejections > 0
+    assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", gamma)

@@ -8,17 +8,15 @@ import pytest
 import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from conftest import CheapDrafterGamma, make_engine, prompt_ids
+from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
 from specchat.bench.tiny_models import build_model
-from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
-from specchat.core.events import ReplyDone
+from specchat.config import GAMMA_AUTO
 from specchat.core.invariant_attention import use_batch_invariant_attention
 from specchat.core.kvcache import crop_to
 from specchat.core.int8_weights import Int8Block, Int8Linear
 from specchat.core.w8a8 import W8A8Linear, quantize_w8a8
 from specchat.loading import quantized_cache
 
-GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 
 
 def w8a8_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -170,40 +168,17 @@ def test_two_activation_passes_are_more_accurate_on_heavy_tailed_rows():
 @pytest.fixture(scope="module")
 def bf16_pair(tokenizer):
     target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
-    drafter = copy.deepcopy(target)
-    with torch.no_grad():
-        head = drafter.lm_head.weight
-        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(5)) * head.std() * 0.6)
-    return w8a8_model(target, torch.bfloat16), drafter.to(torch.bfloat16)
-
-
-def reply(engine, ids, gamma, mode="spec"):
-    events = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=gamma, mode=mode)))
-    assert isinstance(events[-1], ReplyDone)
-    return events[-1]
+    return w8a8_model(target, torch.bfloat16), noisy_head_copy(target).to(torch.bfloat16)
 
 
 @pytest.mark.parametrize("gamma", [1, 4, 8, GAMMA_AUTO])
 @pytest.mark.parametrize("text", ["def reverse(lst):", "The quick brown"])
 def test_greedy_speculative_equals_target_only_with_a_w8a8_target_in_bf16(bf16_pair, tokenizer, gamma, text):
-    target, drafter = bf16_pair
-    ids = prompt_ids(tokenizer, text)
-    target_only = reply(make_engine(target, None, tokenizer), ids, 0, mode="target")
-    spec = reply(make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma()), ids, gamma)
-    assert list(spec.ids) == list(target_only.ids)
-    assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95  # drafts do get rejected
+    assert_greedy_spec_is_target_only(*bf16_pair, tokenizer, text, gamma)
 
 
 def test_a_multi_turn_w8a8_reply_stays_exact_when_the_cache_is_reused(bf16_pair, tokenizer):
-    target, drafter = bf16_pair
-    spec_engine = make_engine(target, drafter, tokenizer)
-    solo_engine = make_engine(target, None, tokenizer)
-    history = prompt_ids(tokenizer, "Hello, how are you")
-    for turn in ("for i in range(10):", "The quick brown"):
-        spec, solo = reply(spec_engine, history, 4), reply(solo_engine, history, 0, mode="target")
-        assert list(spec.ids) == list(solo.ids)
-        history = history + list(spec.ids) + prompt_ids(tokenizer, turn)
-    assert spec.stats.reused_tokens > 0
+    assert_multi_turn_exact(*bf16_pair, tokenizer)
 
 
 def test_the_weights_cache_round_trips_and_rebuilds_a_damaged_file(tmp_path, tokenizer, monkeypatch):
