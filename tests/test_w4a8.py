@@ -157,3 +157,14 @@ def test_greedy_speculative_equals_target_only_on_the_lean_forward_with_w4a8(tok
     target, drafter = w4a8_model(target, kernel, torch.float32), w4a8_model(drafter, kernel, torch.float32)
     assert attach_lean(target) == "" and attach_lean(drafter) == ""  # "": the lean forward runs
     assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", gamma)
+
+
+def test_the_kernel_refuses_weights_that_do_not_match_in_one_line(kernel):
+    block = Q4Block.quantize(torch.randn(8, 256))
+    x = torch.randn(2, 256)
+    with pytest.raises(RuntimeError, match="one value per 32 inputs"):
+        kernel.q4_linear(x, block.qs, block.sc[:, :4].contiguous(), block.m, block.d, block.dmin)
+    with pytest.raises(RuntimeError, match="row per output"):
+        kernel.q4_linear(x, block.qs, block.sc, block.m[:4], block.d, block.dmin)
+    with pytest.raises(RuntimeError, match="does not match"):
+        kernel.q4_linear(torch.randn(2, 128), *block.tensors())

@@ -105,15 +105,14 @@ def build_kernel(build_dir: str):
     compiler; later calls load it. Raises RuntimeError where the CPU lacks AVX2 or nothing compiles."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         raise RuntimeError("w4a8 needs a CPU with AVX2")
+    import importlib.util
     import os
     from pathlib import Path
 
     from torch.utils.cpp_extension import load
-    try:  # the ninja package's binary, for a venv that is not on PATH
+    if importlib.util.find_spec("ninja"):  # the ninja package's binary, for a venv that is not on PATH
         import ninja
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    except ImportError:
-        pass
     source = Path(__file__).with_name("q4_kernel.cpp")
     Path(build_dir).mkdir(parents=True, exist_ok=True)
     return load("specchat_q4", [str(source)], extra_cflags=KERNEL_FLAGS, extra_ldflags=["-fopenmp"],

@@ -176,6 +176,12 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
               "x does not match the weights");
   const int64_t block = width / d.size(1);
   TORCH_CHECK(block == 128 || block == 256, "blocks must be 128 or 256 inputs wide");
+  for (const auto& t : {qs, sc, m}) TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous() && t.size(0) == outs,
+                                                "qs, sc and m must be contiguous uint8 with a row per output");
+  for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.size(0) == outs,
+                                              "d and dmin must be contiguous float32 with a row per output");
+  TORCH_CHECK(sc.size(1) == width / GROUP && m.size(1) == width / GROUP && dmin.size(1) == d.size(1),
+              "sc and m need one value per 32 inputs, dmin as many as d");
   auto input = x.contiguous();
   const Activations a = quantize_rows(input.data_ptr<float>(), rows, width, block);
   auto out = torch::empty({rows, outs}, x.options());
