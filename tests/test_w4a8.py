@@ -168,3 +168,12 @@ def test_the_kernel_refuses_weights_that_do_not_match_in_one_line(kernel):
         kernel.q4_linear(x, block.qs, block.sc, block.m[:4], block.d, block.dmin)
     with pytest.raises(RuntimeError, match="does not match|one value per 32 inputs"):
         kernel.q4_linear(torch.randn(2, 128), *block.tensors())
+
+
+def test_each_version_of_the_kernel_source_builds_into_a_folder_of_its_own(monkeypatch, tmp_path):
+    from specchat.core import q4
+    from specchat.loading import kernels
+    first = kernels.q4_build_dir()
+    assert first.name.startswith("q4-") and first.parent.name == "kernels"
+    monkeypatch.setattr(q4, "KERNEL_FLAGS", [*q4.KERNEL_FLAGS, "-DOTHER"])
+    assert kernels.q4_build_dir() != first

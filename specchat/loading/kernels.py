@@ -1,32 +1,36 @@
-"""specchat's own C++ kernels, compiled once per machine into its cache (core/q4_kernel.cpp)."""
+"""specchat's own C++ kernels, compiled once per machine into its cache (core/q4_kernel.cpp).
+
+Each version of the source builds into a folder of its own (named by the source's and the flags'
+sha256), so two specchat versions sharing a cache never rebuild over each other's build.
+"""
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
+from pathlib import Path
 
 from specchat.loading.assets import cache_dir
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
 
 
-def _looks_built() -> bool:
-    """Whether a build of the kernel newer than its source is in the cache (torch decides for sure)."""
-    from pathlib import Path
-
+def q4_build_dir() -> Path:
+    """The w4a8 kernel's build folder for this version of its source and flags."""
     import specchat.core.q4 as q4
-    built = cache_dir() / "kernels" / "q4" / "specchat_q4.so"
-    source = Path(q4.__file__).with_name("q4_kernel.cpp")
-    return built.exists() and built.stat().st_mtime >= source.stat().st_mtime
+    source = Path(q4.__file__).with_name("q4_kernel.cpp").read_bytes()
+    digest = hashlib.sha256(source + " ".join(q4.KERNEL_FLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"q4-{digest}"
 
 
 @lru_cache(maxsize=1)
 def _built_q4_kernel():
     from specchat.core.q4 import build_kernel
-    return build_kernel(str(cache_dir() / "kernels" / "q4"))
+    return build_kernel(str(q4_build_dir()))
 
 
 def q4_kernel(progress: Progress | None = None):
     """The w4a8 kernel module; compiling it the first time takes about a minute (said on `progress`)."""
-    if _built_q4_kernel.cache_info().currsize == 0 and not _looks_built():
+    if _built_q4_kernel.cache_info().currsize == 0 and not (q4_build_dir() / "specchat_q4.so").exists():
         report(progress, "compiling the w4a8 kernel (once per machine, about a minute)", None)
     try:
         return _built_q4_kernel()
