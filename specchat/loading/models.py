@@ -137,8 +137,9 @@ def runnable_quantization(mc: ModelConfig, device: str, role: str,
                           progress: Progress | None = None) -> ModelConfig:
     """specchat's own int8 modes are for the CPU: elsewhere the model loads unquantized, with one notice.
 
-    w8a8 runs on fbgemm, a CPU kernel; w4a8 on specchat's own AVX2 kernel. Weight-only int8 runs on a GPU too, but dequantizes every weight
-    on every call there, which is slower than the 16-bit weights it replaces (use 4bit or 8bit there)."""
+    w8a8 runs on fbgemm, a CPU kernel; w4a8 on specchat's own AVX2 kernel. Weight-only int8 runs on a
+    GPU too, but dequantizes every weight on every call there, which is slower than the 16-bit weights
+    it replaces (use 4bit or 8bit there)."""
     if mc.quantization not in ("int8", *INVARIANT_MODES) or torch.device(device).type == "cpu":
         return mc
     why = ("is fast on the CPU only (elsewhere it dequantizes every weight on every call)"

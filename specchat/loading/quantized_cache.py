@@ -18,6 +18,7 @@ from pathlib import Path
 
 from torch import nn
 
+from specchat.config import W4A8_MODES
 from specchat.core.int8_weights import Int8Block, quantize_linears
 from specchat.core.q4 import Q4Block, quantize_w4a8
 from specchat.core.w8a8 import quantize_w8a8
@@ -46,7 +47,7 @@ QUANTIZERS = {"w8a8": quantize_w8a8, "w8a8-fast": partial(quantize_w8a8, passes=
               "w4a8-fast": partial(_quantize_w4a8, finer_bits=4)}  # (model, blocks | None) -> blocks
 DESCRIPTIONS = {"w8a8": "int8×int8", "w8a8-fast": "int8×int8 (8-bit activations)", "int8": "int8",
                 "w4a8": "4-bit×int8", "w4a8-fast": "4-bit×int8 (every layer 4-bit)"}
-BLOCK_TYPES = {"w4a8": Q4Block, "w4a8-fast": Q4Block}  # how each mode's blocks are stored; Int8Block otherwise
+BLOCK_TYPES = dict.fromkeys(W4A8_MODES, Q4Block)  # how each mode's blocks are stored; Int8Block otherwise
 SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activations are multiplied
 
 
@@ -80,7 +81,7 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w
             notice = again or notice  # a damaged file is gone after the first read
             if blocks is None:
                 report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
-                options = {"gguf": gguf} if mode in BLOCK_TYPES else {}
+                options = {"gguf": gguf} if mode in W4A8_MODES else {}
                 _write(path, QUANTIZERS[mode](model, None, **options))
                 return notice
     report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)
