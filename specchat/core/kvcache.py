@@ -13,11 +13,12 @@ from specchat.core.lean import LeanCache, LeanForward, supports
 LEAN = "specchat_lean"  # attribute of a model that runs the lean forward
 
 
-def attach_lean(model) -> str:
-    """Run `model` through the lean forward from now on; returns why not ('' when attached)."""
+def attach_lean(model, native_layers=None) -> str:
+    """Run `model` through the lean forward from now on; returns why not ('' when attached).
+    native_layers: the compiled kernel module's LeanLayers, for w4a8 layers in one C++ call."""
     reason = supports(model)
     if not reason:
-        setattr(model, LEAN, LeanForward(model))
+        setattr(model, LEAN, LeanForward(model, native_layers))
     return reason
 
 

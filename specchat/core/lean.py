@@ -10,7 +10,8 @@ and instead:
 - a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces;
 - the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once,
-  and, packed as one matrix, take one kernel call.
+  and, packed as one matrix, take one kernel call;
+- w4a8 float32 decoders run all their layers in one compiled call (lean_native.py), bitwise the same.
 Other architectures, sliding-window models and models spread over several devices keep the transformers path.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import nn
 
 from specchat.core.invariant_attention import batch_invariant_attention
-from specchat.core import q4, w8a8
+from specchat.core import lean_native, q4, w8a8
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 FIRST_CAPACITY = 1024
@@ -70,10 +71,16 @@ class LeanCache:
 
 
 class LeanForward:
-    """forward(cache, ids [1, n], keep) → logits [keep, vocab] for the last `keep` of the n positions."""
+    """forward(cache, ids [1, n], keep) → logits [keep, vocab] for the last `keep` of the n positions.
 
-    def __init__(self, model: nn.Module):
+    native_layers: the compiled kernel module's LeanLayers class, or None. Given it, w4a8 float32
+    decoders run their layers in one C++ call (lean_native.py); `native_reason` says why not ('' when
+    they do)."""
+
+    def __init__(self, model: nn.Module, native_layers=None):
         self.model = model
+        self.native_layers = native_layers
+        self._native = None
         decoder = model.get_decoder()
         self.layers = list(decoder.layers)
         self.embed, self.norm, self.head = decoder.embed_tokens, decoder.norm, model.get_output_embeddings()
@@ -84,6 +91,19 @@ class LeanForward:
         self.scaling = self.head_dim ** -0.5
         self.device = self.embed.weight.device
         self._cos = self._sin = None
+        self.native_reason = "no compiled kernel module was given" if native_layers is None else \
+            lean_native.unsupported(self.layers, config, self._kv_dtype)
+
+    def __getstate__(self) -> dict:
+        """A copy (copy.deepcopy of the model) builds its own compiled layers over its own weights."""
+        return self.__dict__ | {"_native": None}
+
+    def _native_loop(self):
+        """The compiled layer loop, built on first use; None where the Python loop runs."""
+        if self._native is None and not self.native_reason:
+            self._native = lean_native.build(self.native_layers, self.layers, self.heads, self.kv_heads,
+                                             self.head_dim, self.scaling)
+        return self._native
 
     # ----- tables computed once (regrown with the cache) ------------------------------------------
     def empty_kv(self, capacity: int) -> list[torch.Tensor]:
@@ -137,8 +157,12 @@ class LeanForward:
         cos, sin = self._cos[start:start + fed], self._sin[start:start + fed]  # [fed, head_dim]
         mask = self._causal_mask(start, fed)
         hidden = self.embed(input_ids)  # [1, fed, hidden]
-        for index, layer in enumerate(self.layers):
-            hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
+        native = self._native_loop()
+        if native is not None:
+            hidden = native.forward(hidden, cache.keys, cache.values, cos, sin, mask, start)
+        else:
+            for index, layer in enumerate(self.layers):
+                hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
         cache.length = start + fed
         return hidden
 

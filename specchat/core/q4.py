@@ -13,6 +13,7 @@ The kernel (q4_kernel.cpp) is compiled once with the machine's C++ compiler into
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -100,6 +101,12 @@ def _unpack_levels(packed: torch.Tensor) -> torch.Tensor:
 KERNEL_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]  # no contraction: every row rounds alike
 
 
+def kernel_sources() -> list:
+    """The C++ files of the kernel module: the w4a8 product and the lean forward's layer loop."""
+    here = Path(__file__).parent
+    return [here / "q4_kernel.cpp", here / "lean_layers.cpp"]
+
+
 def build_kernel(build_dir: str):
     """The compiled kernel module (q4_kernel.cpp), built once into build_dir with the machine's C++
     compiler; later calls load it. Raises RuntimeError where the CPU lacks AVX2 or nothing compiles."""
@@ -107,15 +114,13 @@ def build_kernel(build_dir: str):
         raise RuntimeError("w4a8 needs a CPU with AVX2")
     import importlib.util
     import os
-    from pathlib import Path
 
     from torch.utils.cpp_extension import load
     if importlib.util.find_spec("ninja"):  # the ninja package's binary, for a venv that is not on PATH
         import ninja
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    source = Path(__file__).with_name("q4_kernel.cpp")
     Path(build_dir).mkdir(parents=True, exist_ok=True)
-    return load("specchat_q4", [str(source)], extra_cflags=KERNEL_FLAGS, extra_ldflags=["-fopenmp"],
+    return load("specchat_q4", [str(path) for path in kernel_sources()], extra_cflags=KERNEL_FLAGS, extra_ldflags=["-fopenmp"],
                 build_directory=build_dir)
 
 

@@ -210,7 +210,10 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
   return out;
 }
 
+void register_lean_layers(pybind11::module& module);  // lean_layers.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  register_lean_layers(module);
   module.def("q4_linear", &q4_linear, "4-bit weights x 8-bit activations, batch-invariant (AVX2)",
              pybind11::call_guard<pybind11::gil_scoped_release>());
 }

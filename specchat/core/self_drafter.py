@@ -54,8 +54,9 @@ def truncated_model(model, n: int):
     view.__dict__.pop(kvcache.LEAN, None)  # the target's lean forward runs all its layers
     setattr(view, _decoder_attribute(model), decoder)
     view.config = config
-    if getattr(model, kvcache.LEAN, None) is not None:
-        kvcache.attach_lean(view)
+    lean = getattr(model, kvcache.LEAN, None)
+    if lean is not None:
+        kvcache.attach_lean(view, lean.native_layers)
     return view
 
 

@@ -1,4 +1,5 @@
-"""specchat's own C++ kernels, compiled once per machine into its cache (core/q4_kernel.cpp).
+"""specchat's own C++ kernels, compiled once per machine into its cache (core/q4_kernel.cpp and
+core/lean_layers.cpp, one module).
 
 Each version of the source builds into a folder of its own (named by the source's and the flags'
 sha256), so two specchat versions sharing a cache never rebuild over each other's build.
@@ -17,8 +18,8 @@ from specchat.loading.progress import Progress, report
 def q4_build_dir() -> Path:
     """The w4a8 kernel's build folder for this version of its source and flags."""
     import specchat.core.q4 as q4
-    source = Path(q4.__file__).with_name("q4_kernel.cpp").read_bytes()
-    digest = hashlib.sha256(source + " ".join(q4.KERNEL_FLAGS).encode()).hexdigest()[:16]
+    sources = b"".join(path.read_bytes() for path in q4.kernel_sources())
+    digest = hashlib.sha256(sources + " ".join(q4.KERNEL_FLAGS).encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"q4-{digest}"
 
 

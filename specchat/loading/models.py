@@ -120,16 +120,21 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        model.get_memory_footprint(), round(time.perf_counter() - start, 2), template,
-                       _backend(model, mc.backend))
+                       _backend(model, mc))
     return model, tokenizer, facts
 
 
-def _backend(model, backend: str) -> str:
-    """Attach the lean forward when asked and possible; the label the banner shows."""
-    if backend != "lean":
-        return backend
+def _backend(model, mc: ModelConfig) -> str:
+    """Attach the lean forward when asked and possible; the label the banner shows. w4a8 models get
+    the compiled layer loop too."""
+    if mc.backend != "lean":
+        return mc.backend
     from specchat.core.kvcache import attach_lean
-    reason = attach_lean(model)
+    native_layers = None
+    if mc.quantization in W4A8_MODES:
+        from specchat.loading.kernels import q4_kernel
+        native_layers = q4_kernel().LeanLayers
+    reason = attach_lean(model, native_layers)
     return f"transformers ({reason})" if reason else "lean"
 
 

@@ -1,0 +1,68 @@
+"""The lean forward's decoder layers as one call into the compiled kernel module (lean_layers.cpp).
+
+Where every linear layer of the decoder is a Q4Linear (w4a8) and the activations are float32,
+lean.py's per-layer Python loop (about 75 torch calls a layer, each paying Python and dispatch time)
+runs instead as one C++ call over all layers, with the same torch operations in the same order:
+the values are bitwise those of the Python loop. Anything else keeps the Python loop.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specchat.core.q4 import Q4Linear
+
+ACTIVATIONS = ("silu",)
+
+
+def unsupported(layers: list[nn.Module], config, dtype: torch.dtype) -> str:
+    """'' when build() can take these decoder layers, else why not."""
+    if dtype != torch.float32:
+        return f"its activations are {dtype}, not float32"
+    if getattr(config, "hidden_act", None) not in ACTIVATIONS:
+        return f"its activation is {getattr(config, 'hidden_act', None)}, not silu"
+    for layer in layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        linears = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                   mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        if not all(isinstance(linear, Q4Linear) for linear in linears):
+            return "not every linear layer is w4a8"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if getattr(norm, "variance_epsilon", None) is None:
+                return f"{type(norm).__name__} is not an RMSNorm"
+    return ""
+
+
+def build(layer_type, layers: list[nn.Module], heads: int, kv_heads: int, head_dim: int, scaling: float):
+    """A compiled LeanLayers (layer_type: the kernel module's class) over `layers`."""
+    native = layer_type(heads, kv_heads, head_dim, scaling)
+    for layer in layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
+        gate_up = [mlp.gate_proj, mlp.up_proj]
+        native.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                         float(layer.input_layernorm.variance_epsilon),
+                         _parts(qkv), _bias(qkv), list(attention.o_proj.block.tensors()), _bias([attention.o_proj]),
+                         _parts(gate_up), _bias(gate_up), mlp.gate_proj.out_features,
+                         list(mlp.down_proj.block.tensors()), _bias([mlp.down_proj]))
+    return native
+
+
+def _parts(linears: list[Q4Linear]) -> list[list[torch.Tensor]]:
+    """The kernel calls for linears that read one input: their group's fused weights when they are
+    exactly one Q4Group, in order; else each layer's own."""
+    group = getattr(linears[0], "group", None)
+    whole = group is not None and len(group[0].widths) == len(linears) and all(
+        linear.group is not None and linear.group[0] is group[0] and linear.group[1] == index
+        for index, linear in enumerate(linears))
+    if whole:
+        return [list(group[0].fused.tensors())]
+    return [list(linear.block.tensors()) for linear in linears]
+
+
+def _bias(linears: list[Q4Linear]) -> torch.Tensor | None:
+    """The linears' biases end to end (zeros for a layer without one), or None when none has one."""
+    if all(linear.bias is None for linear in linears):
+        return None
+    return torch.cat([linear.bias if linear.bias is not None else torch.zeros(linear.out_features)
+                      for linear in linears])

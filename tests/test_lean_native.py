@@ -1,0 +1,125 @@
+"""The lean forward's compiled layer loop (core/lean_native.py, core/lean_layers.cpp): bitwise the
+Python loop's values, used wherever it can run, and said why not where it cannot."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
+from specchat.bench.tiny_models import build_model
+from specchat.config import GAMMA_AUTO
+from specchat.core import kvcache
+from specchat.core.lean import LeanForward
+from specchat.core.q4 import Q4Block, quantize_w4a8
+from specchat.loading.kernels import q4_kernel
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return q4_kernel()
+
+
+def qwen2_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
+    """A tiny Qwen2: biases on q/k/v, as the bundled pair has."""
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.2, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).eval().float()
+    for layer in model.model.layers:  # random biases, so that adding them in the wrong place shows
+        for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            linear.bias.data.normal_(0.0, 0.5)
+    return model
+
+
+def w4a8(model, kernel, finer: tuple[str, ...] = ()):
+    """model quantized to w4a8; layers whose names end in `finer` get 7-bit levels, so they are not
+    fused with their 4-bit neighbours (as the GGUF's Q6_K attn_v and ffn_down are)."""
+    blocks = {name: Q4Block.quantize(module.weight, 7 if name.endswith(finer) and finer else 4)
+              for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    quantize_w4a8(model, blocks, kernel)
+    return model
+
+
+def run_steps(lean: LeanForward, ids: list[int]) -> list[torch.Tensor]:
+    """A prompt fed at once, three one-token steps, a verification of five, a rollback of three and
+    a step after it: every forward's logits."""
+    cache, outputs = kvcache.LeanCache(lean), []
+    outputs.append(lean(cache, torch.tensor([ids[:20]]), keep=20))
+    for token in ids[20:23]:
+        outputs.append(lean(cache, torch.tensor([[token]]), keep=1))
+    outputs.append(lean(cache, torch.tensor([ids[23:28]]), keep=5))
+    cache.crop_to(cache.length - 3)
+    outputs.append(lean(cache, torch.tensor([ids[28:30]]), keep=2))
+    return outputs
+
+
+@pytest.mark.parametrize("build, finer", [("llama", ()), ("qwen2", ()), ("qwen2", ("v_proj", "down_proj"))],
+                         ids=["llama", "qwen2 biases", "qwen2 unfused v"])
+def test_the_compiled_layers_give_bitwise_the_python_loops_logits(kernel, tokenizer, build, finer):
+    model = build_model(len(tokenizer), seed=3, layers=2, hidden=256) if build == "llama" else \
+        qwen2_model(len(tokenizer), seed=3)
+    model = w4a8(model, kernel, finer)
+    native, python = LeanForward(model, kernel.LeanLayers), LeanForward(model)
+    assert native.native_reason == "" and python.native_reason != ""
+    ids = torch.randint(3, len(tokenizer), (30,), generator=torch.Generator().manual_seed(0)).tolist()
+    compiled, looped = run_steps(native, ids), run_steps(python, ids)
+    assert native._native is not None and python._native is None
+    for index, (a, b) in enumerate(zip(compiled, looped)):
+        assert torch.equal(a, b), f"forward {index} differs by {(a - b).abs().max().item()}"
+
+
+def test_the_compiled_layers_run_instead_of_the_python_loop(kernel, tokenizer, monkeypatch):
+    model = w4a8(build_model(len(tokenizer), seed=3, layers=2, hidden=256), kernel)
+    lean = LeanForward(model, kernel.LeanLayers)
+    monkeypatch.setattr(LeanForward, "_layer", lambda *args: pytest.fail("the Python loop ran"))
+    logits = lean(kvcache.LeanCache(lean), torch.tensor([[5, 6, 7]]), keep=1)
+    assert logits.shape == (1, model.config.vocab_size) and len(lean._native) == 2
+
+
+def test_models_the_compiled_layers_cannot_run_say_why(kernel, tokenizer):
+    plain = build_model(len(tokenizer), seed=3, layers=1, hidden=256)
+    assert LeanForward(plain, kernel.LeanLayers).native_reason == "not every linear layer is w4a8"
+    quantized = w4a8(build_model(len(tokenizer), seed=3, layers=1, hidden=256), kernel).to(torch.bfloat16)
+    assert "not float32" in LeanForward(quantized, kernel.LeanLayers).native_reason
+    gelu = build_model(len(tokenizer), seed=3, layers=1, hidden=256)
+    gelu.config.hidden_act = "gelu"
+    assert "not silu" in LeanForward(w4a8(gelu, kernel), kernel.LeanLayers).native_reason
+
+
+def test_a_copied_model_builds_compiled_layers_over_its_own_weights(kernel, tokenizer):
+    model = w4a8(build_model(len(tokenizer), seed=3, layers=1, hidden=256), kernel)
+    assert kvcache.attach_lean(model, kernel.LeanLayers) == ""
+    ids = [5, 6, 7, 8]
+    before = kvcache.forward(model, kvcache.new_cache(model), ids, keep=1)
+    copied = copy.deepcopy(model)
+    copied.model.layers[0].mlp.down_proj.block.d.mul_(2.0)  # the copy's own weights, changed
+    after = kvcache.forward(copied, kvcache.new_cache(copied), ids, keep=1)
+    assert not torch.equal(before, after)
+    assert torch.equal(before, kvcache.forward(model, kvcache.new_cache(model), ids, keep=1))
+
+
+@pytest.mark.parametrize("gamma", [1, 4, GAMMA_AUTO])
+def test_greedy_speculative_equals_target_only_on_the_compiled_layers(tokenizer, kernel, gamma):
+    target = w4a8(qwen2_model(len(tokenizer), seed=1), kernel, ("v_proj",))
+    drafter = w4a8(noisy_head_copy(qwen2_model(len(tokenizer), seed=1)), kernel)
+    assert kvcache.attach_lean(target, kernel.LeanLayers) == "" and kvcache.attach_lean(drafter, kernel.LeanLayers) == ""
+    assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", gamma)
+    assert getattr(target, kvcache.LEAN)._native is not None
+
+
+def test_part_times_add_up_within_the_whole(kernel, tokenizer):
+    model = w4a8(build_model(len(tokenizer), seed=3, layers=2, hidden=256), kernel)
+    lean = LeanForward(model, kernel.LeanLayers)
+    cache = kvcache.LeanCache(lean)
+    lean(cache, torch.tensor([[5, 6, 7]]), keep=1)
+    lean._native.time_parts(True)
+    lean(cache, torch.tensor([[8]]), keep=1)
+    kernel_s, matmuls, attention, total = lean._native.part_seconds()
+    assert 0 < kernel_s <= matmuls and 0 < attention and matmuls + attention <= total
+    lean._native.time_parts(False)
+    lean(cache, torch.tensor([[9]]), keep=1)
+    assert lean._native.part_seconds() == [0.0, 0.0, 0.0, 0.0]
