@@ -67,7 +67,7 @@ def test_the_compiled_layers_give_bitwise_the_python_loops_logits(kernel, tokeni
     assert native.native_reason == "" and python.native_reason != ""
     ids = torch.randint(3, len(tokenizer), (30,), generator=torch.Generator().manual_seed(0)).tolist()
     compiled, looped = run_steps(native, ids), run_steps(python, ids)
-    assert native._native is not None and python._native is None
+    assert native.native_loop() is not None and python.native_loop() is None
     for index, (a, b) in enumerate(zip(compiled, looped)):
         assert torch.equal(a, b), f"forward {index} differs by {(a - b).abs().max().item()}"
 
@@ -77,7 +77,7 @@ def test_the_compiled_layers_run_instead_of_the_python_loop(kernel, tokenizer, m
     lean = LeanForward(model, kernel.LeanLayers)
     monkeypatch.setattr(LeanForward, "_layer", lambda *args: pytest.fail("the Python loop ran"))
     logits = lean(kvcache.LeanCache(lean), torch.tensor([[5, 6, 7]]), keep=1)
-    assert logits.shape == (1, model.config.vocab_size) and len(lean._native) == 2
+    assert logits.shape == (1, model.config.vocab_size) and len(lean.native_loop()) == 2
 
 
 def test_models_the_compiled_layers_cannot_run_say_why(kernel, tokenizer):
@@ -108,7 +108,7 @@ def test_greedy_speculative_equals_target_only_on_the_compiled_layers(tokenizer,
     drafter = w4a8(noisy_head_copy(qwen2_model(len(tokenizer), seed=1)), kernel)
     assert kvcache.attach_lean(target, kernel.LeanLayers) == "" and kvcache.attach_lean(drafter, kernel.LeanLayers) == ""
     assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", gamma)
-    assert getattr(target, kvcache.LEAN)._native is not None
+    assert getattr(target, kvcache.LEAN).native_loop() is not None
 
 
 def test_part_times_add_up_within_the_whole(kernel, tokenizer):
@@ -116,10 +116,10 @@ def test_part_times_add_up_within_the_whole(kernel, tokenizer):
     lean = LeanForward(model, kernel.LeanLayers)
     cache = kvcache.LeanCache(lean)
     lean(cache, torch.tensor([[5, 6, 7]]), keep=1)
-    lean._native.time_parts(True)
+    lean.native_loop().time_parts(True)
     lean(cache, torch.tensor([[8]]), keep=1)
-    kernel_s, matmuls, attention, total = lean._native.part_seconds()
+    kernel_s, matmuls, attention, total = lean.native_loop().part_seconds()
     assert 0 < kernel_s <= matmuls and 0 < attention and matmuls + attention <= total
-    lean._native.time_parts(False)
+    lean.native_loop().time_parts(False)
     lean(cache, torch.tensor([[9]]), keep=1)
-    assert lean._native.part_seconds() == [0.0, 0.0, 0.0, 0.0]
+    assert lean.native_loop().part_seconds() == [0.0, 0.0, 0.0, 0.0]

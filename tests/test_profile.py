@@ -74,8 +74,8 @@ def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_
         assert row["kernel"] == 0  # no w8a8 or w4a8 layer in these models
 
 
-@pytest.mark.parametrize("mode", ["w8a8", "w4a8"])
-@pytest.mark.parametrize("forward", ["transformers", "lean"])
+@pytest.mark.parametrize("mode, forward", [("w8a8", "transformers"), ("w8a8", "lean"), ("w4a8", "transformers"),
+                                           ("w4a8", "lean"), ("w4a8", "lean compiled")])
 def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tokenizer, forward, mode):
     model = copy.deepcopy(target).float()
     if mode == "w8a8":
@@ -87,10 +87,16 @@ def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tok
         quantize_w4a8(model, None, q4_kernel())
     if forward == "lean":  # q/k/v and gate/up run through w8a8.same_input, not their modules
         kvcache.attach_lean(model)
+    elif forward == "lean compiled":  # the layers run in one C++ call, timed inside it
+        from specchat.loading.kernels import q4_kernel
+        kvcache.attach_lean(model, q4_kernel().LeanLayers)
     pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})
     rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0,
                                 repeats=2)
-    assert all(0 < row["kernel"] < row["matmuls"] for row in rows.values())
+    assert all(0 < row["kernel"] < row["matmuls"] and row["attention"] > 0 for row in rows.values())
+    if forward == "lean compiled":
+        assert getattr(model, kvcache.LEAN).native_loop() is not None
+        assert all(row["matmuls"] + row["attention"] < row["total"] for row in rows.values())
 
 
 def test_host_rows_time_greedy_and_sampled_verification(tokenizer):

@@ -8,7 +8,8 @@ it prints the median time split by what ran, measured by timing hooks on the mod
 - matmuls: every linear layer (the head too), whatever its kind; for w8a8 and w4a8 layers, the
   kernel calls alone (fbgemm's int8 product, specchat's 4-bit one) are shown apart as "kernel";
 - attention: the attention modules minus their projections (scores, softmax, rotary, cache writes);
-  with the lean forward, which calls no attention module, the attention function alone;
+  with the lean forward, which calls no attention module, the attention function alone (timed
+  inside the compiled layer loop where w4a8 layers run in one C++ call);
 - other: the rest of the forward (Python and dispatch, norms, embeddings, masks, cache bookkeeping).
 Then the host-side work per step: greedy verification, and sampled verification (probabilities from
 logits at T=0.7/top-p 0.9, the rejection rule) and the drafter's sampling of one token.
@@ -120,6 +121,25 @@ def timed_calls(timer: PartTimer):
         yield
 
 
+@contextmanager
+def compiled_parts(modules: list[nn.Module], seconds: dict[str, float]):
+    """The parts timed inside the lean forward's compiled layer loops (lean_layers.cpp), which no
+    Python hook sees: their kernel, matmul and attention seconds are added to `seconds`."""
+    leans = [getattr(module, kvcache.LEAN, None) for module in modules]
+    loops = [lean.native_loop() for lean in leans if lean is not None and lean.native_loop() is not None]
+    for loop in loops:
+        loop.time_parts(True)
+    try:
+        yield
+    finally:
+        for loop in loops:
+            kernel, matmuls, attention, _total = loop.part_seconds()
+            seconds["kernel"] += kernel
+            seconds["linear"] += matmuls
+            seconds["lean attention"] += attention
+            loop.time_parts(False)
+
+
 def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[str, float]:
     """Median ms of `run()` (then `reset()`, untimed) in total and split by part.
 
@@ -130,7 +150,7 @@ def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[st
     try:
         for _ in range(repeats):
             timer.seconds.clear()
-            with timed_calls(timer):
+            with timed_calls(timer), compiled_parts(modules, timer.seconds):
                 total = _seconds(run, reset)
             parts.append(_parts(timer.seconds, total))
     finally:

@@ -98,7 +98,7 @@ class LeanForward:
         """A copy (copy.deepcopy of the model) builds its own compiled layers over its own weights."""
         return self.__dict__ | {"_native": None}
 
-    def _native_loop(self):
+    def native_loop(self):
         """The compiled layer loop, built on first use; None where the Python loop runs."""
         if self._native is None and not self.native_reason:
             self._native = lean_native.build(self.native_layers, self.layers, self.heads, self.kv_heads,
@@ -157,7 +157,7 @@ class LeanForward:
         cos, sin = self._cos[start:start + fed], self._sin[start:start + fed]  # [fed, head_dim]
         mask = self._causal_mask(start, fed)
         hidden = self.embed(input_ids)  # [1, fed, hidden]
-        native = self._native_loop()
+        native = self.native_loop()
         if native is not None:
             hidden = native.forward(hidden, cache.keys, cache.values, cos, sin, mask, start)
         else:
