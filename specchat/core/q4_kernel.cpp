@@ -22,7 +22,7 @@
 namespace {
 
 constexpr int64_t GROUP = 32;
-constexpr int TILE = 4;  // activation rows multiplied per pass over a weight row
+constexpr int TILE = 5;  // most activation rows multiplied per pass over a weight row (a γ-4 verification)
 
 struct Activations {
   int64_t width, block;
@@ -109,8 +109,32 @@ inline void load_levels(const uint8_t* qs, int64_t group, __m256i& first, __m256
   }
 }
 
-// out[r] = W[n] . x[r] for the R rows of one tile, G 32-groups a block; each row's arithmetic is the
-// same whatever R is.
+// The G 32-groups' scales of one block as int16, in both 128-bit lanes (G = 4 or 8).
+template <int G>
+inline __m256i block_scales(const uint8_t* sc) {
+  const __m128i bytes = G == 8 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))
+                               : _mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(sc));
+  return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(bytes));
+}
+
+// Byte-shuffle controls: SCALE_PICKS[g] copies int16 lane g of a 128-bit lane into all its lanes.
+struct ScalePicks {
+  alignas(32) int16_t lanes[8][16];
+  constexpr ScalePicks() : lanes{} {
+    for (int g = 0; g < 8; ++g)
+      for (int i = 0; i < 16; ++i) lanes[g][i] = static_cast<int16_t>(((2 * g + 1) << 8) | (2 * g));
+  }
+};
+constexpr ScalePicks SCALE_PICKS;
+
+// Group g's scale in every int16 lane, picked from block_scales by one byte shuffle.
+inline __m256i scale_of(__m256i scales, int g) {
+  return _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(SCALE_PICKS.lanes[g])));
+}
+
+// out[r] = W[n] . x[r] for the R rows of one tile, G 32-groups a block. Each weight pair of groups
+// is unpacked and scaled once for all R rows; each row's integer sums are exact and its float steps
+// the same whatever R is.
 template <int R, int G, bool PACKED>
 void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float* out) {
   const int64_t width = a.width, blocks = width / (G * GROUP), groups = width / GROUP;
@@ -127,16 +151,17 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i block_sum[R];
     for (int r = 0; r < R; ++r) block_sum[r] = _mm256_setzero_si256();
-    for (int64_t pair = 0; pair < G / 2; ++pair) {
+    const __m256i scales = block_scales<G>(w.sc + b * G);
+#pragma GCC unroll 1
+    for (int pair = 0; pair < G / 2; ++pair) {
       const int64_t group = b * G + 2 * pair;
       __m256i first, second;
       load_levels<PACKED>(w.qs, group, first, second);
-      const __m256i scale_1 = _mm256_set1_epi16(static_cast<int16_t>(w.sc[group]));
-      const __m256i scale_2 = _mm256_set1_epi16(static_cast<int16_t>(w.sc[group + 1]));
+      const __m256i scale_1 = scale_of(scales, 2 * pair), scale_2 = scale_of(scales, 2 * pair + 1);
       for (int r = 0; r < R; ++r) {
         const int8_t* row = acts[r] + group * GROUP;
-        block_sum[r] = _mm256_add_epi32(block_sum[r], _mm256_add_epi32(
-            group_product(first, row, scale_1), group_product(second, row + GROUP, scale_2)));
+        block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(first, row, scale_1));
+        block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(second, row + GROUP, scale_2));
       }
     }
     const __m256 mins = group_offsets<G>(w.m + b * G, w.dmin[b]);
@@ -149,18 +174,23 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
   for (int r = 0; r < R; ++r) out[r] = horizontal_sum(total[r]);
 }
 
+// The rows in tiles of at most TILE, as even as possible (8 rows: 4 + 4), since a tile's
+// accumulators must fit in registers.
 template <int G, bool PACKED>
 void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, float* out, int64_t out_stride) {
   float tile[TILE];
-  for (int64_t first = 0; first < rows; first += TILE) {
-    const int64_t count = std::min<int64_t>(TILE, rows - first);
+  const int64_t tiles = (rows + TILE - 1) / TILE;
+  for (int64_t t = 0, first = 0; t < tiles; ++t) {
+    const int64_t count = rows / tiles + (t < rows % tiles);
     switch (count) {
+      case 5: dot_tile<5, G, PACKED>(w, a, first, tile); break;
       case 4: dot_tile<4, G, PACKED>(w, a, first, tile); break;
       case 3: dot_tile<3, G, PACKED>(w, a, first, tile); break;
       case 2: dot_tile<2, G, PACKED>(w, a, first, tile); break;
       default: dot_tile<1, G, PACKED>(w, a, first, tile); break;
     }
     for (int64_t r = 0; r < count; ++r) out[(first + r) * out_stride] = tile[r];
+    first += count;
   }
 }
 
