@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # A CPU build of torch that lies on this disk; a bare `torch` would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: test chat bench install install-test install-models clean
+.PHONY: test test-fast chat bench install install-test install-models clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ install-models: $(VENV)/.installed-models
 
 test: install-test install-models
 	$(PY) -m pytest -q
+
+# The fast default: a small case of every guarantee (no slow tests), on two pytest-xdist workers. With
+# worksteal each starts on its half of the tests in file order (a module's fixtures are mostly built
+# once), and one that is done takes tests from the other.
+test-fast: install-test
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
 
 chat: install-models
 	$(PY) infer.py

@@ -227,17 +227,27 @@ def test_help_lists_the_usage_and_exits_0(pair, capsys):
     assert shown.startswith("usage: specchat ") and "--prompt" in shown and "section.key=value" in shown
 
 
-def test_the_specchat_console_script_runs_the_cli():
-    """The installed `specchat` script (pyproject's [project.scripts]) reaches cli.main: --help, and a
-    bad option's one-line error with status 2, without loading any model."""
+def run_specchat_script(option: str):
+    """The installed `specchat` script (pyproject's [project.scripts]) run with one option; each run starts
+    a Python that imports torch and transformers (seconds)."""
     import subprocess
     script = Path(sys.executable).with_name("specchat")
     if not script.exists():
         pytest.skip(f"no specchat script next to {sys.executable}: the package is not installed in this venv")
-    shown = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
-    assert shown.returncode == 0 and shown.stdout.startswith("usage: specchat ")
-    bad = subprocess.run([str(script), "--bogus"], capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(script), option], capture_output=True, text=True, timeout=120)
+
+
+def test_the_specchat_console_script_runs_the_cli():
+    """The script reaches cli.main and passes its status on: a bad option's one-line error with status 2,
+    without loading any model."""
+    bad = run_specchat_script("--bogus")
     assert bad.returncode == 2 and bad.stderr == "specchat: error: unrecognized arguments: --bogus (try --help)\n"
+
+
+@pytest.mark.slow  # a second start of the script; the fast default starts it once, above
+def test_the_specchat_console_script_shows_the_help():
+    shown = run_specchat_script("--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: specchat ")
 
 
 def test_show_rejected_from_a_config_file_marks_the_refused_drafts(pair, tmp_path):

@@ -11,17 +11,34 @@ from specchat.core.step import StepResult
 PROMPTS = ["def reverse(lst):", "The quick brown", "Hello, how are you"]
 
 
-@pytest.mark.parametrize("gamma", [1, 2, 4, 8])
-@pytest.mark.parametrize("text", PROMPTS)
-@pytest.mark.parametrize("drafter", ["unrelated_drafter_model", "similar_drafter_model", "int8_drafter_model"])
+@pytest.fixture(scope="module")
+def greedy_replies(target, tokenizer) -> dict[str, tuple[list[int], list[int]]]:
+    """Per prompt: (transformers' greedy continuation, the engine's target-only reply). Neither depends
+    on the drafter or gamma, so each is computed once for all the cases of its prompt below."""
+    replies = {}
+    for text in PROMPTS:
+        ids = prompt_ids(tokenizer, text)
+        _, target_only = run_reply(make_engine(target, None, tokenizer), ids, mode="target")
+        replies[text] = hf_greedy(target, ids, GREEDY.max_new_tokens), list(target_only.ids)
+    return replies
+
+
+def greedy_cases() -> list:
+    """Every drafter × prompt × gamma (36 cases). The fast default runs 12: each drafter at every gamma,
+    the prompt turning with the gamma, so every pair of drafter, prompt and gamma meets; the rest are slow."""
+    drafters = ["unrelated_drafter_model", "similar_drafter_model", "int8_drafter_model"]
+    return [pytest.param(drafter, text, gamma, marks=() if (d + g) % len(PROMPTS) == p else pytest.mark.slow)
+            for d, drafter in enumerate(drafters) for p, text in enumerate(PROMPTS)
+            for g, gamma in enumerate([1, 2, 4, 8])]
+
+
+@pytest.mark.parametrize("drafter, text, gamma", greedy_cases())
 def test_greedy_speculative_equals_target_only_and_transformers(target, drafter, tokenizer, gamma,
-                                                                 text, request):
-    ids = prompt_ids(tokenizer, text)
-    reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
-    _, target_only = run_reply(make_engine(target, None, tokenizer), ids, mode="target")
+                                                                 text, greedy_replies, request):
+    reference, target_only = greedy_replies[text]
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
-    _, spec = run_reply(engine, ids, gamma=gamma)
-    assert list(target_only.ids) == reference
+    _, spec = run_reply(engine, prompt_ids(tokenizer, text), gamma=gamma)
+    assert target_only == reference
     assert list(spec.ids) == reference
     assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95  # drafts do get rejected
 

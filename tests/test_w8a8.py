@@ -171,8 +171,15 @@ def bf16_pair(tokenizer):
     return w8a8_model(target, torch.bfloat16), noisy_head_copy(target).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 8, GAMMA_AUTO])
-@pytest.mark.parametrize("text", ["def reverse(lst):", "The quick brown"])
+def bf16_cases() -> list:
+    """Both prompts × every gamma (8 cases). The fast default runs 4: every gamma once, the prompts taking
+    turns; the rest are slow."""
+    texts = ["def reverse(lst):", "The quick brown"]
+    return [pytest.param(text, gamma, marks=() if g % len(texts) == t else pytest.mark.slow)
+            for t, text in enumerate(texts) for g, gamma in enumerate([1, 4, 8, GAMMA_AUTO])]
+
+
+@pytest.mark.parametrize("text, gamma", bf16_cases())
 def test_greedy_speculative_equals_target_only_with_a_w8a8_target_in_bf16(bf16_pair, tokenizer, gamma, text):
     assert_greedy_spec_is_target_only(*bf16_pair, tokenizer, text, gamma)
 
