@@ -123,3 +123,16 @@ def test_part_times_add_up_within_the_whole(kernel, tokenizer):
     lean.native_loop().time_parts(False)
     lean(cache, torch.tensor([[9]]), keep=1)
     assert lean.native_loop().part_seconds() == [0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("mode, label", [("w4a8", "lean (compiled layers)"), ("w8a8", "lean")])
+def test_the_banner_says_when_the_compiled_layers_run(kernel, tokenizer, tmp_path, monkeypatch, mode, label):
+    from specchat.config import ModelConfig
+    from specchat.loading.models import load_model
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))  # the kernel is loaded already
+    path = tmp_path / "tiny"
+    build_model(len(tokenizer), seed=3, layers=1, hidden=128).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    model, _, facts = load_model(ModelConfig(source=str(path), quantization=mode, dtype="float32"))
+    assert facts.backend == label
+    assert (getattr(model, kvcache.LEAN).native_loop() is not None) == (mode == "w4a8")

@@ -608,7 +608,7 @@ def test_bundled_pair_as_the_chat_loads_it_is_exact_in_its_own_dtype():
     speculative == target-only for gamma 1, 4 and 8 over a longer reply, in the dtype the chat runs."""
     from specchat.config import load_config
     pair = load_pair(load_config(None, []))
-    assert pair.target_facts.backend == pair.drafter_facts.backend == "lean"
+    assert pair.target_facts.backend == pair.drafter_facts.backend == "lean (compiled layers)"
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "Explain what a Python generator is, with an example."}]
     ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,

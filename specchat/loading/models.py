@@ -48,7 +48,7 @@ class ModelFacts:
     memory_bytes: int
     load_s: float
     template: str = "own"   # own | plain (the tokenizer had none; specchat's User:/Assistant: one)
-    backend: str = "transformers"  # lean | transformers | "transformers (why the lean one could not run)"
+    backend: str = "transformers"  # lean | lean (compiled layers) | transformers | "transformers (why the lean one could not run)"
 
 
 @dataclass
@@ -129,13 +129,15 @@ def _backend(model, mc: ModelConfig) -> str:
     the compiled layer loop too."""
     if mc.backend != "lean":
         return mc.backend
-    from specchat.core.kvcache import attach_lean
+    from specchat.core.kvcache import LEAN, attach_lean
     native_layers = None
     if mc.quantization in W4A8_MODES:
         from specchat.loading.kernels import q4_kernel
         native_layers = q4_kernel().LeanLayers
     reason = attach_lean(model, native_layers)
-    return f"transformers ({reason})" if reason else "lean"
+    if reason:
+        return f"transformers ({reason})"
+    return "lean (compiled layers)" if not getattr(model, LEAN).native_reason else "lean"
 
 
 def runnable_quantization(mc: ModelConfig, device: str, role: str,
