@@ -126,7 +126,7 @@ def compiled_parts(modules: list[nn.Module], seconds: dict[str, float]):
     """The parts timed inside the lean forward's compiled layer loops (lean_layers.cpp), which no
     Python hook sees: their kernel, matmul and attention seconds are added to `seconds`."""
     leans = [getattr(module, kvcache.LEAN, None) for module in modules]
-    loops = [lean.native_loop() for lean in leans if lean is not None and lean.native_loop() is not None]
+    loops = [loop for loop in (lean.native_loop() for lean in leans if lean is not None) if loop is not None]
     for loop in loops:
         loop.time_parts(True)
     try:

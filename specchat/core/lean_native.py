@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specchat.core.q4 import Q4Linear
+from specchat.core.q4 import Q4Linear, whole_group
 
 ACTIVATIONS = ("silu",)
 
@@ -51,12 +51,9 @@ def build(layer_type, layers: list[nn.Module], heads: int, kv_heads: int, head_d
 def _parts(linears: list[Q4Linear]) -> list[list[torch.Tensor]]:
     """The kernel calls for linears that read one input: their group's fused weights when they are
     exactly one Q4Group, in order; else each layer's own."""
-    group = getattr(linears[0], "group", None)
-    whole = group is not None and len(group[0].widths) == len(linears) and all(
-        linear.group is not None and linear.group[0] is group[0] and linear.group[1] == index
-        for index, linear in enumerate(linears))
-    if whole:
-        return [list(group[0].fused.tensors())]
+    group = whole_group(linears)
+    if group is not None:
+        return [list(group.fused.tensors())]
     return [list(linear.block.tensors()) for linear in linears]
 
 

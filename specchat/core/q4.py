@@ -218,12 +218,19 @@ def group_layers(model: nn.Module, names: list[str]) -> None:
         Q4Group(layers)
 
 
+def whole_group(layers: list[Q4Linear]) -> Q4Group | None:
+    """The Q4Group made of exactly these layers, in this order; None when they are not one."""
+    group = getattr(layers[0], "group", None)
+    if group is None or len(layers) != len(group[0].widths):
+        return None
+    same = all(getattr(layer, "group", None) == (group[0], index) for index, layer in enumerate(layers))
+    return group[0] if same else None
+
+
 def same_input(layers: list[Q4Linear], x: torch.Tensor) -> list[torch.Tensor]:
     """The outputs of Q4Linear layers that all read x: a whole Q4Group's in one kernel call."""
-    group = getattr(layers[0], "group", None)
-    whole = group is not None and len(layers) == len(group[0].widths) and all(
-        getattr(layer, "group", (None,))[0] is group[0] for layer in layers)
-    if not whole:
+    group = whole_group(layers)
+    if group is None:
         return [layer(x) for layer in layers]
-    products = group[0].products(x.reshape(-1, layers[0].in_features).float())
-    return [layer.finish(products[layer.group[1]], x) for layer in layers]
+    products = group.products(x.reshape(-1, layers[0].in_features).float())
+    return [layer.finish(product, x) for layer, product in zip(layers, products)]
