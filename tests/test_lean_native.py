@@ -1,5 +1,6 @@
-"""The lean forward's compiled layer loop (core/lean_native.py, core/lean_layers.cpp): bitwise the
-Python loop's values, used wherever it can run, and said why not where it cannot."""
+"""The lean forward's compiled layer loop (core/lean_native.py, core/lean_layers.cpp): the Python
+loop's values within rounding, batch-invariant bitwise, used wherever it can run, and said why not
+where it cannot."""
 from __future__ import annotations
 
 import copy
@@ -57,19 +58,47 @@ def run_steps(lean: LeanForward, ids: list[int]) -> list[torch.Tensor]:
     return outputs
 
 
-@pytest.mark.parametrize("build, finer", [("llama", ()), ("qwen2", ()), ("qwen2", ("v_proj", "down_proj"))],
-                         ids=["llama", "qwen2 biases", "qwen2 unfused v"])
-def test_the_compiled_layers_give_bitwise_the_python_loops_logits(kernel, tokenizer, build, finer):
-    model = build_model(len(tokenizer), seed=3, layers=2, hidden=256) if build == "llama" else \
-        qwen2_model(len(tokenizer), seed=3)
-    model = w4a8(model, kernel, finer)
+def tiny_model(build: str, vocab_size: int):
+    return build_model(vocab_size, seed=3, layers=2, hidden=256) if build == "llama" else qwen2_model(vocab_size, seed=3)
+
+
+BUILDS = pytest.mark.parametrize("build, finer", [("llama", ()), ("qwen2", ()), ("qwen2", ("v_proj", "down_proj"))],
+                                 ids=["llama", "qwen2 biases", "qwen2 unfused v"])
+
+
+@BUILDS
+def test_the_compiled_layers_give_the_python_loops_logits_within_rounding(kernel, tokenizer, build, finer):
+    """Not bitwise (other sums, its own exp): a rounding difference now and then moves an activation
+    to the next int8 level. Both stay far closer to each other than to the unquantized model, which a
+    wrong rotation, head or bias would not."""
+    unquantized = LeanForward(tiny_model(build, len(tokenizer)))
+    model = w4a8(tiny_model(build, len(tokenizer)), kernel, finer)
     native, python = LeanForward(model, kernel.LeanLayers), LeanForward(model)
     assert native.native_reason == "" and python.native_reason != ""
     ids = torch.randint(3, len(tokenizer), (30,), generator=torch.Generator().manual_seed(0)).tolist()
-    compiled, looped = run_steps(native, ids), run_steps(python, ids)
+    compiled, looped, exact = run_steps(native, ids), run_steps(python, ids), run_steps(unquantized, ids)
     assert native.native_loop() is not None and python.native_loop() is None
-    for index, (a, b) in enumerate(zip(compiled, looped)):
-        assert torch.equal(a, b), f"forward {index} differs by {(a - b).abs().max().item()}"
+    for index, (a, b, reference) in enumerate(zip(compiled, looped, exact)):
+        error, noise = (a - b).abs().mean().item(), (b - reference).abs().mean().item()
+        assert error < 0.05 * noise, f"forward {index}: {error} from the Python loop (quantization: {noise})"
+    top_1 = torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(compiled, looped)])
+    assert top_1.float().mean() >= 0.9
+
+
+@BUILDS
+def test_the_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, tokenizer, build, finer):
+    """What keeps greedy speculation exact: verifying five tokens in one forward gives each row what
+    five one-token steps give, after a prompt and after a rollback."""
+    lean = LeanForward(w4a8(tiny_model(build, len(tokenizer)), kernel, finer), kernel.LeanLayers)
+    ids = torch.randint(3, len(tokenizer), (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    for prompt in (7, 30):
+        batched, single = kvcache.LeanCache(lean), kvcache.LeanCache(lean)
+        for cache in (batched, single):
+            lean(cache, torch.tensor([ids[:prompt + 3]]), keep=1)
+            cache.crop_to(prompt)  # a rollback: the next rows overwrite cached ones
+        rows = lean(batched, torch.tensor([ids[prompt:prompt + 5]]), keep=5)
+        for offset, token in enumerate(ids[prompt:prompt + 5]):
+            assert torch.equal(rows[offset:offset + 1], lean(single, torch.tensor([[token]]), keep=1)), (prompt, offset)
 
 
 def test_the_compiled_layers_run_instead_of_the_python_loop(kernel, tokenizer, monkeypatch):

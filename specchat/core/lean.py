@@ -11,7 +11,8 @@ and instead:
 - the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once,
   and, packed as one matrix, take one kernel call;
-- w4a8 float32 decoders run all their layers in one compiled call (lean_native.py), bitwise the same.
+- w4a8 float32 decoders run all their layers in one compiled call (lean_native.py): plain C++ loops
+  between the kernel's products, as batch-invariant as the Python loop, and within float rounding of it.
 Other architectures, sliding-window models and models spread over several devices keep the transformers path.
 """
 from __future__ import annotations
@@ -155,12 +156,12 @@ class LeanForward:
         cache.make_room(start + fed)
         self._tables(cache.capacity)
         cos, sin = self._cos[start:start + fed], self._sin[start:start + fed]  # [fed, head_dim]
-        mask = self._causal_mask(start, fed)
         hidden = self.embed(input_ids)  # [1, fed, hidden]
         native = self.native_loop()
-        if native is not None:
-            hidden = native.forward(hidden, cache.keys, cache.values, cos, sin, mask, start)
+        if native is not None:  # causal by itself
+            hidden = native.forward(hidden, cache.keys, cache.values, cos, sin, start)
         else:
+            mask = self._causal_mask(start, fed)
             for index, layer in enumerate(self.layers):
                 hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
         cache.length = start + fed

@@ -1,19 +1,25 @@
-// The lean forward's decoder layers in one C++ call (core/lean_native.py builds it): the same torch
-// operations as lean.py's Python loop, in the same order on the same shapes, so every value is
-// bitwise the same; only the Python and dispatch work between them is gone (about 75 torch calls a
-// layer). For Llama-style layers whose linears are all w4a8 (q4_kernel.cpp) and whose activations
-// are float32.
+// The lean forward's decoder layers in one C++ call (core/lean_native.py builds it), for Llama-style
+// layers whose linears are all w4a8 (q4_kernel.cpp) and whose activations are float32. Between the
+// kernel's products, everything (RMSNorm, biases, rotary embedding, the KV cache write, attention,
+// SiLU, residuals) is a plain loop over one row's numbers: no torch dispatch, and a row's result
+// never depends on how many rows were fed with it (each row takes the same steps in the same order),
+// so a verification forward gives bitwise what one-token steps give.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <vector>
+
+#include "simd.h"
 
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
                         torch::Tensor d, torch::Tensor dmin);
 
 namespace {
 
-constexpr int64_t MIN_ROWS = 4;  // invariant_attention.py's: fewer rows take another matmul path
 using Clock = std::chrono::steady_clock;
 
 // Seconds spent in each part since the last reset, counted only while `on`.
@@ -68,19 +74,88 @@ Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
   return projection;
 }
 
-torch::Tensor padded_matmul(const torch::Tensor& left, const torch::Tensor& right) {
-  const int64_t rows = left.size(-2);
-  if (rows >= MIN_ROWS) return at::matmul(left, right);
-  auto shape = left.sizes().vec();
-  shape[shape.size() - 2] = MIN_ROWS - rows;
-  const auto padding = at::zeros(shape, left.options());
-  return at::matmul(at::cat({left, padding}, -2), right).narrow(-2, 0, rows);
+constexpr int64_t LANES = 8;
+
+// x [rows, width] → RMSNorm(x) · weight, per row (sum of squares in 8 lanes, then lane_sum).
+void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t width, double eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * width;
+    __m256 squares = _mm256_setzero_ps();
+    for (int64_t i = 0; i < width; i += LANES) {
+      const __m256 v = _mm256_loadu_ps(in + i);
+      squares = _mm256_add_ps(squares, _mm256_mul_ps(v, v));
+    }
+    const float mean = simd::lane_sum(squares) / static_cast<float>(width);
+    const __m256 scale = _mm256_set1_ps(1.0f / std::sqrt(mean + static_cast<float>(eps)));
+    for (int64_t i = 0; i < width; i += LANES) {
+      const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(in + i), scale);
+      _mm256_storeu_ps(out + r * width + i, _mm256_mul_ps(v, _mm256_loadu_ps(weight + i)));
+    }
+  }
 }
 
-torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
+// x [rows, width] += y [rows, width] (both with their own row strides).
+void add_rows(float* x, int64_t x_stride, const float* y, int64_t y_stride, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; i += LANES) {
+      float* at = x + r * x_stride + i;
+      _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), _mm256_loadu_ps(y + r * y_stride + i)));
+    }
+}
+
+// One head's vector [dim] rotated by its position's cos and sin [dim], as transformers'
+// apply_rotary_pos_emb: x·cos + (−x[half:], x[:half])·sin.
+void rotate_into(const float* x, const float* cos, const float* sin, int64_t dim, float* out) {
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < half; ++d) out[d] = x[d] * cos[d] + -x[d + half] * sin[d];
+  for (int64_t d = half; d < dim; ++d) out[d] = x[d] * cos[d] + x[d - half] * sin[d];
+}
+
+// gate_up [rows, 2·width] → silu(gate)·up [rows, width], silu(g) = g / (1 + e^−g).
+void silu_mul_rows(const float* gate_up, int64_t rows, int64_t width, float* out) {
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < width; i += LANES) {
+      const __m256 gate = _mm256_loadu_ps(gate_up + r * 2 * width + i);
+      const __m256 up = _mm256_loadu_ps(gate_up + r * 2 * width + width + i);
+      const __m256 silu = _mm256_div_ps(gate, _mm256_add_ps(one, simd::exp(_mm256_sub_ps(zero, gate))));
+      _mm256_storeu_ps(out + r * width + i, _mm256_mul_ps(silu, up));
+    }
+}
+
+float dot(const float* a, const float* b, int64_t dim) {
+  __m256 sum = _mm256_setzero_ps();
+  for (int64_t d = 0; d < dim; d += LANES)
+    sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d)));
+  return simd::lane_sum(sum);
+}
+
+// One query row of one head over keys and values [length, dim]: softmax(q·k · scaling) · v into out [dim].
+// scores: room for length rounded up to LANES.
+void attend_one(const float* query, const float* keys, const float* values, int64_t length, int64_t dim,
+                float scaling, float* scores, float* out) {
+  float best = -INFINITY;
+  for (int64_t j = 0; j < length; ++j) {
+    scores[j] = dot(query, keys + j * dim, dim) * scaling;
+    best = std::max(best, scores[j]);
+  }
+  const int64_t padded = (length + LANES - 1) / LANES * LANES;
+  std::fill(scores + length, scores + padded, -INFINITY);
+  const __m256 shift = _mm256_set1_ps(best);
+  for (int64_t j = 0; j < padded; j += LANES)
+    _mm256_storeu_ps(scores + j, simd::exp(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift)));
+  float total = 0.f;
+  for (int64_t j = 0; j < length; ++j) total += scores[j];
+  std::fill(out, out + dim, 0.f);
+  for (int64_t j = 0; j < length; ++j) {
+    const __m256 weight = _mm256_set1_ps(scores[j]);
+    for (int64_t d = 0; d < dim; d += LANES) {
+      const __m256 v = _mm256_mul_ps(weight, _mm256_loadu_ps(values + j * dim + d));
+      _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(out + d), v));
+    }
+  }
+  const __m256 inverse = _mm256_set1_ps(1.0f / total);
+  for (int64_t d = 0; d < dim; d += LANES) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inverse));
 }
 
 }  // namespace
@@ -88,8 +163,9 @@ torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
 class LeanLayers {
  public:
   LeanLayers(int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling)
-      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scaling_(scaling) {
+      : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scaling_(static_cast<float>(scaling)) {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv_heads");
+    TORCH_CHECK(head_dim % (2 * LANES) == 0, "head_dim must be a multiple of 16");
   }
 
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
@@ -97,6 +173,10 @@ class LeanLayers {
                  std::vector<torch::Tensor> out, std::optional<torch::Tensor> out_bias,
                  std::vector<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> gate_up_bias,
                  int64_t gate_width, std::vector<torch::Tensor> down, std::optional<torch::Tensor> down_bias) {
+    for (const auto& t : {input_norm, post_norm})
+      TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.size(0) % LANES == 0,
+                  "norm weights must be contiguous float32, a multiple of 8 wide");
+    TORCH_CHECK(gate_width % LANES == 0, "the MLP's width must be a multiple of 8");
     layers_.push_back({input_norm, post_norm, eps, projection_from(qkv, qkv_bias), projection_from({out}, out_bias),
                        projection_from(gate_up, gate_up_bias), projection_from({down}, down_bias), gate_width});
   }
@@ -104,18 +184,31 @@ class LeanLayers {
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
   // hidden [1, fed, hidden] float32 after `start` cached tokens → hidden after every layer; writes
-  // each layer's keys and values [kv_heads, capacity, head_dim] at start..start+fed.
+  // each layer's keys and values [kv_heads, capacity, head_dim] at start..start+fed. Row i attends
+  // to the keys up to start + i. cos, sin: [fed, head_dim], the rows' rotary tables.
   torch::Tensor forward(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
                         const std::vector<torch::Tensor>& values, const torch::Tensor& cos,
-                        const torch::Tensor& sin, const std::optional<torch::Tensor>& mask, int64_t start) {
+                        const torch::Tensor& sin, int64_t start) {
     TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == torch::kFloat32,
                 "hidden must be float32 [1, fed, hidden]");
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one key and value tensor a layer");
+    const int64_t fed = hidden.size(1), width = hidden.size(2);
+    for (const auto& table : {cos, sin})
+      TORCH_CHECK(table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.size(0) == fed &&
+                  table.size(1) == head_dim_, "cos and sin must be contiguous float32 [fed, head_dim]");
+    for (size_t i = 0; i < keys.size(); ++i)
+      for (const auto& cache : {keys[i], values[i]})
+        TORCH_CHECK(cache.scalar_type() == torch::kFloat32 && cache.is_contiguous() && cache.size(0) == kv_heads_ &&
+                    cache.size(1) >= start + fed && cache.size(2) == head_dim_,
+                    "keys and values must be contiguous float32 [kv_heads, capacity >= start + fed, head_dim]");
     Stopwatch whole(times_, times_.total);
     c10::InferenceMode inference;
+    auto state = hidden.reshape({fed, width}).clone(at::MemoryFormat::Contiguous);
+    auto normed = torch::empty_like(state);
+    auto attended = torch::empty({fed, heads_ * head_dim_}, state.options());
     for (size_t index = 0; index < layers_.size(); ++index)
-      hidden = layer(layers_[index], hidden, keys[index], values[index], cos, sin, mask, start);
-    return hidden;
+      layer(layers_[index], state, normed, attended, keys[index], values[index], cos, sin, start);
+    return state.view({1, fed, width});
   }
 
   void time_parts(bool on) { times_ = PartTimes{on}; }
@@ -125,60 +218,82 @@ class LeanLayers {
   }
 
  private:
-  torch::Tensor layer(const Layer& layer, const torch::Tensor& hidden, const torch::Tensor& keys,
-                      const torch::Tensor& values, const torch::Tensor& cos, const torch::Tensor& sin,
-                      const std::optional<torch::Tensor>& mask, int64_t start) {
-    const int64_t fed = hidden.size(1), width = hidden.size(2);
-    const auto normed = at::rms_norm(hidden, {width}, layer.input_norm, layer.eps);
-    const auto qkv = project(layer.qkv, normed);  // [fed, (heads + 2 kv_heads) head_dim]
-    const int64_t q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
-    auto query = qkv.narrow(1, 0, q_width).view({fed, heads_, head_dim_}).transpose(0, 1);
-    auto key = qkv.narrow(1, q_width, kv_width).view({fed, kv_heads_, head_dim_}).transpose(0, 1);
-    const auto value = qkv.narrow(1, q_width + kv_width, kv_width).view({fed, kv_heads_, head_dim_}).transpose(0, 1);
-    query = rotate(query, cos, sin);
-    key = rotate(key, cos, sin);
-    const int64_t end = start + fed;
-    keys.narrow(1, start, fed).copy_(key);
-    values.narrow(1, start, fed).copy_(value);
-    const auto attended = attention(query.unsqueeze(0), keys.narrow(1, 0, end).unsqueeze(0),
-                                    values.narrow(1, 0, end).unsqueeze(0), mask);
-    const auto after_attention = hidden + project(layer.out, attended.reshape({1, fed, -1})).reshape({1, fed, -1});
-    const auto gate_up = project(layer.gate_up, at::rms_norm(after_attention, {width}, layer.post_norm, layer.eps));
-    const int64_t up_width = gate_up.size(1) - layer.gate_width;
-    const auto gate = gate_up.narrow(1, 0, layer.gate_width), up = gate_up.narrow(1, layer.gate_width, up_width);
-    const auto mixed = (at::silu(gate) * up).reshape({1, fed, up_width});
-    return after_attention + project(layer.down, mixed).reshape({1, fed, -1});
+  // One decoder layer on state [fed, width], in place; normed and attended are scratch rows.
+  void layer(const Layer& layer, torch::Tensor& state, torch::Tensor& normed, torch::Tensor& attended,
+             const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& cos,
+             const torch::Tensor& sin, int64_t start) {
+    const int64_t fed = state.size(0), width = state.size(1);
+    float* rows = state.data_ptr<float>();
+    rms_norm_rows(rows, layer.input_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
+    auto qkv = project(layer.qkv, normed);  // [fed, (heads + 2 kv_heads) head_dim]
+    attention(qkv, keys, values, cos, sin, start, attended.data_ptr<float>());
+    const auto out = project(layer.out, attended);
+    add_rows(rows, width, out.data_ptr<float>(), width, fed, width);
+    rms_norm_rows(rows, layer.post_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
+    const auto gate_up = project(layer.gate_up, normed);
+    TORCH_CHECK(gate_up.size(1) == 2 * layer.gate_width, "gate and up must be equally wide");
+    auto mixed = torch::empty({fed, layer.gate_width}, state.options());
+    silu_mul_rows(gate_up.data_ptr<float>(), fed, layer.gate_width, mixed.data_ptr<float>());
+    const auto down = project(layer.down, mixed);
+    add_rows(rows, width, down.data_ptr<float>(), width, fed, width);
   }
 
-  // x [.., in] → [rows, out] float32: each part's kernel product side by side, plus the bias.
+  // x [rows, in] → [rows, out] float32: each part's kernel product side by side, plus the bias.
   torch::Tensor project(const Projection& projection, const torch::Tensor& x) {
     Stopwatch watch(times_, times_.matmuls);
-    const auto rows = x.reshape({-1, x.size(-1)});
     std::vector<torch::Tensor> outputs;
     for (const auto& w : projection.parts) {
       Stopwatch kernel(times_, times_.kernel);
-      outputs.push_back(q4_linear(rows, w.qs, w.sc, w.m, w.d, w.dmin));
+      outputs.push_back(q4_linear(x, w.qs, w.sc, w.m, w.d, w.dmin));
     }
     auto y = outputs.size() == 1 ? outputs[0] : at::cat(outputs, 1);
-    return projection.bias.defined() ? y + projection.bias : y;
+    if (projection.bias.defined()) {
+      TORCH_CHECK(projection.bias.size(0) == y.size(1) && y.size(1) % LANES == 0, "a bias per output, 8 at a time");
+      const auto bias = projection.bias.contiguous();
+      add_rows(y.data_ptr<float>(), y.size(1), bias.data_ptr<float>(), 0, y.size(0), y.size(1));
+    }
+    return y;
   }
 
-  // invariant_attention.py's batch_invariant_attention: query [1, H, rows, D], keys and values
-  // [1, KV, L, D] → [1, rows, H, D].
-  torch::Tensor attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                          const std::optional<torch::Tensor>& mask) {
+  // qkv [fed, (heads + 2 kv_heads) head_dim]: rotates the queries in place, writes the rotated keys
+  // and the values into the cache at start.., and attends each query row (causal) into out [fed, heads·head_dim].
+  void attention(torch::Tensor& qkv, const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& cos,
+                 const torch::Tensor& sin, int64_t start, float* out) {
     Stopwatch watch(times_, times_.attention);
-    const int64_t rows = query.size(2), length = key.size(2), groups = heads_ / kv_heads_;
-    const auto folded = query.reshape({1, kv_heads_, groups * rows, head_dim_});
-    auto scores = (padded_matmul(folded, key.transpose(2, 3)) * scaling_).reshape({1, kv_heads_, groups, rows, length});
-    if (mask) scores = scores + mask->unsqueeze(2).narrow(-1, 0, length);
-    const auto weights = at::softmax(scores, -1, torch::kFloat32).to(query.scalar_type());
-    const auto out = padded_matmul(weights.view({1, kv_heads_, groups * rows, length}), value);
-    return out.reshape({1, heads_, rows, head_dim_}).transpose(1, 2).contiguous();
+    const int64_t fed = qkv.size(0), stride = qkv.size(1), dim = head_dim_, capacity = keys.size(1);
+    const int64_t q_width = heads_ * dim, kv_width = kv_heads_ * dim, groups = heads_ / kv_heads_;
+    TORCH_CHECK(stride == q_width + 2 * kv_width, "q/k/v are not heads·head_dim wide");
+    float* rows = qkv.data_ptr<float>();
+    float* key_cache = keys.data_ptr<float>();
+    float* value_cache = values.data_ptr<float>();
+    std::vector<float> rotated(dim);
+    for (int64_t r = 0; r < fed; ++r) {
+      float* row = rows + r * stride;
+      const float* c = cos.data_ptr<float>() + r * dim;
+      const float* s = sin.data_ptr<float>() + r * dim;
+      for (int64_t h = 0; h < heads_; ++h) {
+        rotate_into(row + h * dim, c, s, dim, rotated.data());
+        std::copy(rotated.begin(), rotated.end(), row + h * dim);
+      }
+      for (int64_t h = 0; h < kv_heads_; ++h) {
+        const int64_t slot = (h * capacity + start + r) * dim;
+        rotate_into(row + q_width + h * dim, c, s, dim, key_cache + slot);
+        std::copy(row + q_width + kv_width + h * dim, row + q_width + kv_width + (h + 1) * dim, value_cache + slot);
+      }
+    }
+    const int64_t room = (start + fed + LANES - 1) / LANES * LANES;
+    at::parallel_for(0, fed * heads_, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(room);
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t r = unit / heads_, h = unit % heads_, kv = h / groups;
+        attend_one(rows + r * stride + h * dim, key_cache + kv * capacity * dim, value_cache + kv * capacity * dim,
+                   start + r + 1, dim, scaling_, scores.data(), out + r * q_width + h * dim);
+      }
+    });
   }
 
   int64_t heads_, kv_heads_, head_dim_;
-  double scaling_;
+  float scaling_;
   std::vector<Layer> layers_;
   PartTimes times_;
 };

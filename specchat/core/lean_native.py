@@ -2,8 +2,10 @@
 
 Where every linear layer of the decoder is a Q4Linear (w4a8) and the activations are float32,
 lean.py's per-layer Python loop (about 75 torch calls a layer, each paying Python and dispatch time)
-runs instead as one C++ call over all layers, with the same torch operations in the same order:
-the values are bitwise those of the Python loop. Anything else keeps the Python loop.
+runs instead as one C++ call over all layers: the kernel's products, and plain loops between them
+(norms, rotary, attention, SiLU). Each row takes the same steps whatever else is fed with it, so the
+forward stays batch-invariant; its values are the Python loop's within float rounding (not bitwise:
+its sums run in another order, its exp is its own). Anything else keeps the Python loop.
 """
 from __future__ import annotations
 
@@ -21,12 +23,17 @@ def unsupported(layers: list[nn.Module], config, dtype: torch.dtype) -> str:
         return f"its activations are {dtype}, not float32"
     if getattr(config, "hidden_act", None) not in ACTIVATIONS:
         return f"its activation is {getattr(config, 'hidden_act', None)}, not silu"
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if head_dim % 16 or config.hidden_size % 8 or config.intermediate_size % 8:
+        return "its head size is not a multiple of 16, or its widths not of 8"
     for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
         linears = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
                    mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         if not all(isinstance(linear, Q4Linear) for linear in linears):
             return "not every linear layer is w4a8"
+        if mlp.gate_proj.out_features != mlp.up_proj.out_features:
+            return "its gate and up projections differ in width"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
             if getattr(norm, "variance_epsilon", None) is None:
                 return f"{type(norm).__name__} is not an RMSNorm"

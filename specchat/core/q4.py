@@ -107,6 +107,11 @@ def kernel_sources() -> list:
     return [here / "q4_kernel.cpp", here / "lean_layers.cpp"]
 
 
+def kernel_headers() -> list:
+    """The headers those sources include (part of what names a build)."""
+    return [Path(__file__).parent / "simd.h"]
+
+
 def build_kernel(build_dir: str):
     """The compiled kernel module (q4_kernel.cpp), built once into build_dir with the machine's C++
     compiler; later calls load it. Raises RuntimeError where the CPU lacks AVX2 or nothing compiles."""

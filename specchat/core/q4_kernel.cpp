@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
 constexpr int64_t GROUP = 32;
@@ -58,14 +60,6 @@ Activations quantize_rows(const float* x, int64_t rows, int64_t width, int64_t b
     quantize_row(x + r * width, width, block, a.levels.data() + r * width,
                  a.scales.data() + r * (width / block), a.sums.data() + r * (width / GROUP));
   return a;
-}
-
-inline float horizontal_sum(__m256 v) {
-  __m128 low = _mm256_castps256_ps128(v), high = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(low, high);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
 }
 
 struct WeightRow {
@@ -171,7 +165,7 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
       total[r] = _mm256_fnmadd_ps(load_groups<G>(sums[r] + b * G), mins, total[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = horizontal_sum(total[r]);
+  for (int r = 0; r < R; ++r) out[r] = simd::lane_sum(total[r]);
 }
 
 // The rows in tiles of at most TILE, as even as possible (8 rows: 4 + 4), since a tile's

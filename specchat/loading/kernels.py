@@ -18,7 +18,7 @@ from specchat.loading.progress import Progress, report
 def q4_build_dir() -> Path:
     """The w4a8 kernel's build folder for this version of its source and flags."""
     import specchat.core.q4 as q4
-    sources = b"".join(path.read_bytes() for path in q4.kernel_sources())
+    sources = b"".join(path.read_bytes() for path in [*q4.kernel_sources(), *q4.kernel_headers()])
     digest = hashlib.sha256(sources + " ".join(q4.KERNEL_FLAGS).encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"q4-{digest}"
 
