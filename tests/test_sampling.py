@@ -8,7 +8,7 @@ from specchat.core.adaptive import AutoGamma
 from specchat.core.drafters import DraftPlan
 from specchat.config import SamplingConfig
 from specchat.core.metrics import StatsRecorder, leviathan_speedup
-from specchat.core.sampling import make_generator, probs_from_logits
+from specchat.core.sampling import make_generator, probs_from_logits, sample
 from specchat.core.verify import residual, verify_greedy, verify_sampled
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
@@ -190,3 +190,24 @@ def test_probs_from_logits_follow_the_written_definitions_ties_included(temperat
         got = probs_from_logits(logits[None], sampling)[0]
         assert set(torch.nonzero(got).flatten().tolist()) == set(expected)
         assert all(abs(float(got[i]) - p) < 1e-5 for i, p in expected.items())
+
+
+def test_sample_draws_each_id_at_its_probability_and_never_a_zero_one():
+    """Inverse-CDF draws: counts over 200k draws of a law with tiny, zero and large probabilities,
+    zeros at both ends and inside, against a chi-square bound (df 5; 0.1% level: 20.5)."""
+    probs = torch.tensor([0.0, 1e-3, 0.0, 0.25, 0.4989, 0.0, 0.2, 1e-4, 0.05, 0.0])
+    generator = make_generator(7)
+    draws = sample(probs.expand(200_000, -1), generator)
+    counts = torch.bincount(draws, minlength=10).double()
+    assert counts[probs == 0].sum() == 0
+    expected = probs.double() / probs.sum() * 200_000
+    kept = probs > 0
+    assert ((counts[kept] - expected[kept]) ** 2 / expected[kept]).sum() < 20.5
+
+
+def test_sample_at_the_top_of_the_unit_interval_still_avoids_zero_probability_ids(monkeypatch):
+    probs = torch.tensor([[0.3, 0.7, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.full(shape, 1.0 - 2 ** -53, dtype=torch.float64))
+    assert sample(probs, make_generator(0)).tolist() == [1, 3]
+    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.zeros(shape, dtype=torch.float64))
+    assert sample(probs, make_generator(0)).tolist() == [0, 3]
