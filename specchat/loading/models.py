@@ -19,6 +19,7 @@ from specchat.config import INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, dr
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
+from specchat.loading.resident import model_tensors, populate
 from specchat.loading.sources import Source, resolve_source
 from specchat.loading.tokenizer_check import check_pair, output_width, stop_ids
 
@@ -117,6 +118,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     if mc.quantization in INVARIANT_MODES:  # the int8 kernels return float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
     tokenizer, template = _load_tokenizer(checkpoint, mc, source)
+    populate(model_tensors(model))  # mapped weights: resident now, not a page fault at a time
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        model.get_memory_footprint(), round(time.perf_counter() - start, 2), template,
