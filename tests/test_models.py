@@ -383,7 +383,7 @@ def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache
 # ----- bitsandbytes on the CPU ---------------------------------------------------------------------
 @pytest.mark.parametrize("quantization, layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt"),
                                                  ("int8", "Int8Linear")])
-def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_dir, tok,
+def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_dir, tok, cache,
                                                             quantization, layer):
     cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]), quantization=quantization)
     pair = load_pair(cfg)
@@ -397,7 +397,8 @@ def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_
 
 
 @pytest.mark.parametrize("quantization, head, passes", [("int8", "Int8Linear", None), ("w8a8-fast", "W8A8Linear", {1})])
-def test_quantized_drafters_keep_greedy_speculation_exact(target_dir, drafter_dir, tok, quantization, head, passes):
+def test_quantized_drafters_keep_greedy_speculation_exact(target_dir, drafter_dir, tok, cache, quantization, head,
+                                                          passes):
     cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]))
     pair = load_pair(replace(cfg, drafter=replace(cfg.drafter, quantization=quantization)))
     assert type(pair.drafter.lm_head).__name__ == head
