@@ -93,7 +93,7 @@ class LeanForward:
         self.device = self.embed.weight.device
         self._cos = self._sin = None
         self.native_reason = "no compiled kernel module was given" if native_layers is None else \
-            lean_native.unsupported(self.layers, config, self._kv_dtype)
+            lean_native.unsupported(self.layers, config, self._kv_dtype, self.head_dim)
 
     def __getstate__(self) -> dict:
         """A copy (copy.deepcopy of the model) builds its own compiled layers over its own weights."""

@@ -21,6 +21,7 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr int64_t LANES = 8;  // floats in an AVX2 vector
 
 // Seconds spent in each part since the last reset, counted only while `on`.
 struct PartTimes {
@@ -69,12 +70,17 @@ Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
                            const std::optional<torch::Tensor>& bias) {
   TORCH_CHECK(!parts.empty(), "a projection needs at least one weight");
   Projection projection;
-  for (const auto& part : parts) projection.parts.push_back(weights_from(part));
-  if (bias) projection.bias = *bias;
+  int64_t outputs = 0;
+  for (const auto& part : parts) {
+    projection.parts.push_back(weights_from(part));
+    outputs += projection.parts.back().qs.size(0);
+  }
+  if (bias) {
+    TORCH_CHECK(bias->size(0) == outputs && outputs % LANES == 0, "a bias per output, 8 at a time");
+    projection.bias = bias->contiguous();
+  }
   return projection;
 }
-
-constexpr int64_t LANES = 8;
 
 // x [rows, width] → RMSNorm(x) · weight, per row (sum of squares in 8 lanes, then lane_sum).
 void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t width, double eps, float* out) {
@@ -247,11 +253,8 @@ class LeanLayers {
       outputs.push_back(q4_linear(x, w.qs, w.sc, w.m, w.d, w.dmin));
     }
     auto y = outputs.size() == 1 ? outputs[0] : at::cat(outputs, 1);
-    if (projection.bias.defined()) {
-      TORCH_CHECK(projection.bias.size(0) == y.size(1) && y.size(1) % LANES == 0, "a bias per output, 8 at a time");
-      const auto bias = projection.bias.contiguous();
-      add_rows(y.data_ptr<float>(), y.size(1), bias.data_ptr<float>(), 0, y.size(0), y.size(1));
-    }
+    if (projection.bias.defined())  // checked against the parts' widths when the layer was added
+      add_rows(y.data_ptr<float>(), y.size(1), projection.bias.data_ptr<float>(), 0, y.size(0), y.size(1));
     return y;
   }
 

@@ -17,13 +17,12 @@ from specchat.core.q4 import Q4Linear, whole_group
 ACTIVATIONS = ("silu",)
 
 
-def unsupported(layers: list[nn.Module], config, dtype: torch.dtype) -> str:
+def unsupported(layers: list[nn.Module], config, dtype: torch.dtype, head_dim: int) -> str:
     """'' when build() can take these decoder layers, else why not."""
     if dtype != torch.float32:
         return f"its activations are {dtype}, not float32"
     if getattr(config, "hidden_act", None) not in ACTIVATIONS:
         return f"its activation is {getattr(config, 'hidden_act', None)}, not silu"
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head_dim % 16 or config.hidden_size % 8 or config.intermediate_size % 8:
         return "its head size is not a multiple of 16, or its widths not of 8"
     for layer in layers:
