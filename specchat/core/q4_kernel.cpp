@@ -25,6 +25,7 @@ namespace {
 
 constexpr int64_t GROUP = 32;
 constexpr int TILE = 5;  // most activation rows multiplied per pass over a weight row (a γ-4 verification)
+constexpr int64_t PREFETCH_BYTES = 2048;  // how far ahead of the weights being read a one- or two-row pass asks for more
 
 struct Activations {
   int64_t width, block;
@@ -126,6 +127,41 @@ inline __m256i scale_of(__m256i scales, int g) {
   return _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(SCALE_PICKS.lanes[g])));
 }
 
+// One pair of 32-groups (group, group + 1) times the R rows of a tile, added to their block sums.
+template <int R, bool PACKED>
+inline void pair_products(const uint8_t* qs, int64_t group, __m256i scales, int pair, const int8_t* const* acts,
+                          __m256i* block_sum) {
+  __m256i first, second;
+  load_levels<PACKED>(qs, group, first, second);
+  const __m256i scale_1 = scale_of(scales, 2 * pair), scale_2 = scale_of(scales, 2 * pair + 1);
+  for (int r = 0; r < R; ++r) {
+    const int8_t* row = acts[r] + group * GROUP;
+    block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(first, row, scale_1));
+    block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(second, row + GROUP, scale_2));
+  }
+}
+
+// Block b's integer sums for the R rows. With one or two rows the loop waits on memory, so it asks
+// for the weights PREFETCH_BYTES ahead (the hardware prefetcher alone kept about 16 of 25 GB/s);
+// with more it waits on the multipliers, and the rolled loop measured faster.
+template <int R, int G, bool PACKED>
+inline void block_products(const WeightRow& w, int64_t b, const int8_t* const* acts, __m256i* block_sum) {
+  const __m256i scales = block_scales<G>(w.sc + b * G);
+  if constexpr (R <= 2) {
+    constexpr int64_t GROUP_BYTES = PACKED ? GROUP / 2 : GROUP, LINE = 64;
+#pragma GCC unroll 4
+    for (int pair = 0; pair < G / 2; ++pair) {
+      const int64_t group = b * G + 2 * pair;
+      if ((pair * 2 * GROUP_BYTES) % LINE == 0)  // once per cache line
+        _mm_prefetch(reinterpret_cast<const char*>(w.qs + group * GROUP_BYTES + PREFETCH_BYTES), _MM_HINT_T0);
+      pair_products<R, PACKED>(w.qs, group, scales, pair, acts, block_sum);
+    }
+  } else {
+#pragma GCC unroll 1
+    for (int pair = 0; pair < G / 2; ++pair) pair_products<R, PACKED>(w.qs, b * G + 2 * pair, scales, pair, acts, block_sum);
+  }
+}
+
 // out[r] = W[n] . x[r] for the R rows of one tile, G 32-groups a block. Each weight pair of groups
 // is unpacked and scaled once for all R rows; each row's integer sums are exact and its float steps
 // the same whatever R is.
@@ -145,19 +181,7 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
   for (int64_t b = 0; b < blocks; ++b) {
     __m256i block_sum[R];
     for (int r = 0; r < R; ++r) block_sum[r] = _mm256_setzero_si256();
-    const __m256i scales = block_scales<G>(w.sc + b * G);
-#pragma GCC unroll 1
-    for (int pair = 0; pair < G / 2; ++pair) {
-      const int64_t group = b * G + 2 * pair;
-      __m256i first, second;
-      load_levels<PACKED>(w.qs, group, first, second);
-      const __m256i scale_1 = scale_of(scales, 2 * pair), scale_2 = scale_of(scales, 2 * pair + 1);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* row = acts[r] + group * GROUP;
-        block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(first, row, scale_1));
-        block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(second, row + GROUP, scale_2));
-      }
-    }
+    block_products<R, G, PACKED>(w, b, acts, block_sum);
     const __m256 mins = group_offsets<G>(w.m + b * G, w.dmin[b]);
     for (int r = 0; r < R; ++r) {
       const __m256 step = _mm256_set1_ps(w.d[b] * act_scales[r][b]);
