@@ -45,3 +45,14 @@ def test_the_cost_ratio_shown_to_the_user_is_unchanged():
     costly = settled(AutoGamma(), drafter_s=0.024, one_row_s=0.077, per_row_s=0.014, alpha=0.8)
     mean_target = (costly.target_s / costly.target_n)
     assert costly.cost_ratio == pytest.approx(0.024 / mean_target)
+
+
+def test_a_best_gamma_of_one_still_plans_a_draft_that_runs_on_while_the_drafter_is_sure():
+    """Where the geometric model only pays for one token, easy stretches (code) still draft long:
+    the draft ends by the path floor, not at one token."""
+    marginal = settled(AutoGamma(), drafter_s=0.024, one_row_s=0.077, per_row_s=0.014, alpha=0.6)
+    assert marginal.best_gamma() == 1
+    plan = marginal.plan()
+    assert plan.gamma == marginal.max_draft and 0 < plan.path_floor < 1
+    hopeless = settled(AutoGamma(), drafter_s=0.05, one_row_s=0.077, per_row_s=0.03, alpha=0.6)
+    assert hopeless.plan().path_floor == 0 and hopeless.plan().gamma <= 1  # off, or a plain probe

@@ -80,23 +80,33 @@ class AutoGamma:
         one_row, per_row = fit
         return (self.drafter_s / self.drafter_n + per_row) / one_row
 
-    def choose(self) -> int:
+    def best_gamma(self) -> int:
+        """The gamma of the highest expected speedup, or 0 when none beats target-only by 1%."""
         best_gamma, best = 0, 1.0
         for gamma in range(1, self.max_gamma + 1):
             speedup = leviathan_speedup(self.alpha, gamma, self.planning_ratio)
             if speedup > best * 1.01:
                 best_gamma, best = gamma, speedup
-        if best_gamma == 0:
-            self._idle_steps += 1
-            if self._idle_steps >= self.probe_every:
-                self._idle_steps = 0
-                return 1
         return best_gamma
 
+    def choose(self) -> int:
+        """best_gamma(), or while that is 0, a probe of gamma 1 every probe_every steps."""
+        return self.best_gamma() or self._probe_or_off()
+
+    def _probe_or_off(self) -> int:
+        self._idle_steps += 1
+        if self._idle_steps >= self.probe_every:
+            self._idle_steps = 0
+            return 1
+        return 0
+
     def plan(self) -> DraftPlan:
-        gamma = self.choose()
-        if gamma <= 1:
-            return DraftPlan(gamma)  # off, or probing: no early end
+        """Off or a one-token probe while drafting does not pay; otherwise a draft that runs on while
+        the drafter is sure enough, even where the geometric model picks gamma 1: the per-token
+        floor, not gamma, decides where a draft of easy tokens ends."""
+        gamma = self.best_gamma()
+        if gamma == 0:
+            return DraftPlan(self._probe_or_off())  # no early end
         return DraftPlan(max(gamma, self.max_draft), self.path_floor(gamma), self.calibration)
 
     @property
