@@ -16,7 +16,9 @@ from specchat.loading import assets, devices, gguf_convert
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
 from specchat.core.drafters import ModelDrafter
 from specchat.core.engine import Engine
+from specchat.loading import models as model_loading
 from specchat.loading.models import LoadedPair, ModelFacts, ModelLoadError, load_model, load_pair
+from specchat.loading.shared_tokenizer import tokenizer_digest
 
 PROMPT = "def reverse(lst):"
 
@@ -103,6 +105,34 @@ def test_load_pair_from_local_directories(target_dir, drafter_dir, tok):
     assert pair.context_limit == 1024  # the target's max_position_embeddings
     ids = tok.encode(PROMPT)
     assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+
+
+def test_a_pair_with_the_same_tokenizer_files_reads_them_once(target_dir, drafter_dir, monkeypatch):
+    reads = []
+    real = model_loading._load_tokenizer
+    monkeypatch.setattr(model_loading, "_load_tokenizer", lambda *args: reads.append(args[0].location) or real(*args))
+    load_pair(local_cfg(str(target_dir[0]), str(drafter_dir[0])))
+    assert reads == [str(target_dir[0])]  # the drafter's files are the target's, byte for byte
+    reads.clear()
+    load_model(ModelConfig(source=str(target_dir[0]), dtype="float32"))
+    load_model(ModelConfig(source=str(drafter_dir[0]), dtype="float32"))
+    assert len(reads) == 2  # outside one pair, nothing is shared
+
+
+def test_the_tokenizer_digest_follows_the_tokenizer_files_and_model_type_only(tmp_path, tok):
+    folder = save_dir(tmp_path / "m", build_model(len(tok), seed=3, layers=1, hidden=32), tok)
+    before = tokenizer_digest(str(folder), trust_remote_code=False)
+    (folder / "model.safetensors").write_bytes(b"other weights")
+    assert tokenizer_digest(str(folder), trust_remote_code=False) == before
+    assert tokenizer_digest(str(folder), trust_remote_code=True) != before
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": config["model_type"] + "-other"}))
+    assert tokenizer_digest(str(folder), trust_remote_code=False) != before
+    (folder / "config.json").write_text(json.dumps(config))
+    text = (folder / "tokenizer.json").read_text()
+    (folder / "tokenizer.json").write_text(text.replace('"<|im_end|>"', '"<|im_stop|>"', 1))
+    assert tokenizer_digest(str(folder), trust_remote_code=False) != before
+    assert tokenizer_digest("Qwen/Qwen2.5-0.5B", trust_remote_code=False) is None  # hub ids are not compared
 
 
 def test_context_limit_override_and_extra_eos(target_dir, tok):

@@ -20,6 +20,7 @@ from specchat.loading.devices import check_device_types, dtype_name, placement_k
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
 from specchat.loading.resident import model_tensors, populate
+from specchat.loading.shared_tokenizer import tokenizer_digest
 from specchat.loading.sources import Source, resolve_source
 from specchat.loading.tokenizer_check import check_pair, output_width, stop_ids
 
@@ -80,11 +81,12 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     if cfg.drafter.source:
         check_device_types(resolve_device(cfg.target.device), resolve_device(cfg.drafter.device))
     drafter, drafter_tok, drafter_facts = None, None, None
+    tokenizers: dict = {}  # one tokenizer for checkpoints with the same tokenizer files
     if drafter_loads_first(cfg):
-        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, role="drafter")
-    target, tokenizer, target_facts = load_model(cfg.target, progress, role="target")
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers)
+    target, tokenizer, target_facts = load_model(cfg.target, progress, "target", tokenizers)
     if cfg.drafter.source and drafter is None:
-        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, role="drafter")
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers)
     if drafter is not None:
         check_pair(tokenizer, drafter_tok, drafter, target_facts.name, drafter_facts.name)
     _check_target_width(target, tokenizer, target_facts.name)
@@ -99,8 +101,10 @@ def drafter_loads_first(cfg: Config) -> bool:
     return bool(cfg.drafter.source) and cfg.target.device_map == "auto"
 
 
-def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "target"):
-    """One model, eval mode, with its tokenizer and banner facts: (model, tokenizer, ModelFacts)."""
+def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "target",
+               tokenizers: dict | None = None):
+    """One model, eval mode, with its tokenizer and banner facts: (model, tokenizer, ModelFacts).
+    `tokenizers` (digest of the tokenizer files -> tokenizer, template) lets a pair share one."""
     start = time.perf_counter()
     source = resolve_source(mc.source)
     device = resolve_device(mc.device)
@@ -117,7 +121,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
     if mc.quantization in INVARIANT_MODES:  # the int8 kernels return float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
-    tokenizer, template = _load_tokenizer(checkpoint, mc, source)
+    tokenizer, template = _shared_tokenizer(checkpoint, mc, source, {} if tokenizers is None else tokenizers)
     populate(model_tensors(model))  # mapped weights: resident now, not a page fault at a time
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
@@ -243,6 +247,17 @@ def _load_weights(checkpoint: Checkpoint, mc: ModelConfig, source: Source, place
     except Exception as err:  # any failure inside transformers becomes one line for the user
         raise _load_error(err, source, "the model") from err
     return model.eval()
+
+
+def _shared_tokenizer(checkpoint: Checkpoint, mc: ModelConfig, source: Source, tokenizers: dict):
+    """The tokenizer already read from identical files (local checkpoints only), else a new one."""
+    key = tokenizer_digest(checkpoint.location, mc.trust_remote_code) if checkpoint.local else None
+    if key is None or key not in tokenizers:
+        loaded = _load_tokenizer(checkpoint, mc, source)
+        if key is None:
+            return loaded
+        tokenizers[key] = loaded
+    return tokenizers[key]
 
 
 def _load_tokenizer(checkpoint: Checkpoint, mc: ModelConfig, source: Source):

@@ -29,6 +29,8 @@ def check_pair(target_tok, drafter_tok, drafter_model, target_name: str, drafter
     if output_width(drafter_model) < n:
         raise ModelLoadError(f"{pair} do not fit: the drafter scores {output_width(drafter_model)} "
                              f"token ids, the target's tokenizer has {n}; pick a drafter of the same family")
+    if drafter_tok is target_tok:
+        return  # one tokenizer, read from the same files (shared_tokenizer.py)
     shared = min(n, len(drafter_tok))
     target_ids = target_tok.convert_ids_to_tokens(list(range(shared)))
     drafter_ids = drafter_tok.convert_ids_to_tokens(list(range(shared)))
