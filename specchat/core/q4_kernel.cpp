@@ -27,39 +27,43 @@ constexpr int64_t GROUP = 32;
 constexpr int TILE = 5;  // most activation rows multiplied per pass over a weight row (a γ-4 verification)
 constexpr int64_t PREFETCH_BYTES = 2048;  // how far ahead of the weights being read a one- or two-row pass asks for more
 
+// Block-major, so that a tile's rows sit at fixed offsets from one pointer per block (row r of
+// block b at (b·M + r)·B): with a pointer per row and array, five rows spilled the pointers.
 struct Activations {
-  int64_t width, block;
-  std::vector<int8_t> levels;   // [M, K]
-  std::vector<float> scales;    // [M, K/B]
-  std::vector<float> sums;      // [M, K/32]: each 32-group's sum of levels times its block's scale
+  int64_t rows, width, block;
+  std::vector<int8_t> levels;   // [K/B, M, B]
+  std::vector<float> scales;    // [K/B, M]
+  std::vector<float> sums;      // [K/B, M, B/32]: each 32-group's sum of levels times its block's scale
 };
 
-void quantize_row(const float* in, int64_t width, int64_t block, int8_t* levels, float* scales, float* sums) {
-  for (int64_t b = 0; b < width / block; ++b) {
-    const float* x = in + b * block;
+// Row r of x onto its int8 levels, block by block.
+void quantize_row(const float* in, int64_t r, Activations& a) {
+  const int64_t per_block = a.block / GROUP;
+  for (int64_t b = 0; b < a.width / a.block; ++b) {
+    const float* x = in + b * a.block;
+    int8_t* levels = a.levels.data() + (b * a.rows + r) * a.block;
+    float* sums = a.sums.data() + (b * a.rows + r) * per_block;
     float amax = 0.f;
-    for (int64_t i = 0; i < block; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    for (int64_t i = 0; i < a.block; ++i) amax = std::fmax(amax, std::fabs(x[i]));
     const float scale = amax / 127.f;
     const float inverse = scale > 0.f ? 1.f / scale : 0.f;
-    scales[b] = scale;
-    for (int64_t g = 0; g < block / GROUP; ++g) {
+    a.scales[b * a.rows + r] = scale;
+    for (int64_t g = 0; g < per_block; ++g) {
       int32_t sum = 0;
       for (int64_t i = g * GROUP; i < (g + 1) * GROUP; ++i) {
         const int32_t level = static_cast<int32_t>(std::nearbyint(x[i] * inverse));
-        levels[b * block + i] = static_cast<int8_t>(level);
+        levels[i] = static_cast<int8_t>(level);
         sum += level;
       }
-      sums[b * (block / GROUP) + g] = scale * static_cast<float>(sum);
+      sums[g] = scale * static_cast<float>(sum);
     }
   }
 }
 
 Activations quantize_rows(const float* x, int64_t rows, int64_t width, int64_t block) {
-  Activations a{width, block, std::vector<int8_t>(rows * width), std::vector<float>(rows * (width / block)),
+  Activations a{rows, width, block, std::vector<int8_t>(rows * width), std::vector<float>(rows * (width / block)),
                 std::vector<float>(rows * (width / GROUP))};
-  for (int64_t r = 0; r < rows; ++r)
-    quantize_row(x + r * width, width, block, a.levels.data() + r * width,
-                 a.scales.data() + r * (width / block), a.sums.data() + r * (width / GROUP));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(x + r * width, r, a);
   return a;
 }
 
@@ -127,25 +131,27 @@ inline __m256i scale_of(__m256i scales, int g) {
   return _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(SCALE_PICKS.lanes[g])));
 }
 
-// One pair of 32-groups (group, group + 1) times the R rows of a tile, added to their block sums.
-template <int R, bool PACKED>
-inline void pair_products(const uint8_t* qs, int64_t group, __m256i scales, int pair, const int8_t* const* acts,
+// One pair of 32-groups (group, group + 1) times the R rows of a tile, added to their block sums;
+// `acts` points at the pair's activations in the tile's first row, the others follow a block apart.
+template <int R, int G, bool PACKED>
+inline void pair_products(const uint8_t* qs, int64_t group, __m256i scales, int pair, const int8_t* acts,
                           __m256i* block_sum) {
   __m256i first, second;
   load_levels<PACKED>(qs, group, first, second);
   const __m256i scale_1 = scale_of(scales, 2 * pair), scale_2 = scale_of(scales, 2 * pair + 1);
   for (int r = 0; r < R; ++r) {
-    const int8_t* row = acts[r] + group * GROUP;
+    const int8_t* row = acts + r * G * GROUP;
     block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(first, row, scale_1));
     block_sum[r] = _mm256_add_epi32(block_sum[r], group_product(second, row + GROUP, scale_2));
   }
 }
 
-// Block b's integer sums for the R rows. With one or two rows the loop waits on memory, so it asks
-// for the weights PREFETCH_BYTES ahead (the hardware prefetcher alone kept about 16 of 25 GB/s);
-// with more it waits on the multipliers, and the rolled loop measured faster.
+// Block b's integer sums for the R rows (acts: the block's activations in the tile's first row).
+// With one or two rows the loop waits on memory, so it asks for the weights PREFETCH_BYTES ahead
+// (the hardware prefetcher alone kept about 16 of 25 GB/s); with more it waits on the multipliers,
+// and the rolled loop measured faster.
 template <int R, int G, bool PACKED>
-inline void block_products(const WeightRow& w, int64_t b, const int8_t* const* acts, __m256i* block_sum) {
+inline void block_products(const WeightRow& w, int64_t b, const int8_t* acts, __m256i* block_sum) {
   const __m256i scales = block_scales<G>(w.sc + b * G);
   if constexpr (R <= 2) {
     constexpr int64_t GROUP_BYTES = PACKED ? GROUP / 2 : GROUP, LINE = 64;
@@ -154,11 +160,12 @@ inline void block_products(const WeightRow& w, int64_t b, const int8_t* const* a
       const int64_t group = b * G + 2 * pair;
       if ((pair * 2 * GROUP_BYTES) % LINE == 0)  // once per cache line
         _mm_prefetch(reinterpret_cast<const char*>(w.qs + group * GROUP_BYTES + PREFETCH_BYTES), _MM_HINT_T0);
-      pair_products<R, PACKED>(w.qs, group, scales, pair, acts, block_sum);
+      pair_products<R, G, PACKED>(w.qs, group, scales, pair, acts + 2 * pair * GROUP, block_sum);
     }
   } else {
 #pragma GCC unroll 1
-    for (int pair = 0; pair < G / 2; ++pair) pair_products<R, PACKED>(w.qs, b * G + 2 * pair, scales, pair, acts, block_sum);
+    for (int pair = 0; pair < G / 2; ++pair)
+      pair_products<R, G, PACKED>(w.qs, b * G + 2 * pair, scales, pair, acts + 2 * pair * GROUP, block_sum);
   }
 }
 
@@ -167,26 +174,22 @@ inline void block_products(const WeightRow& w, int64_t b, const int8_t* const* a
 // the same whatever R is.
 template <int R, int G, bool PACKED>
 void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float* out) {
-  const int64_t width = a.width, blocks = width / (G * GROUP), groups = width / GROUP;
-  const int8_t* acts[R];
-  const float* sums[R];
-  const float* act_scales[R];
+  constexpr int64_t BLOCK = G * GROUP;
+  const int64_t blocks = a.width / BLOCK;
   __m256 total[R];
-  for (int r = 0; r < R; ++r) {
-    acts[r] = a.levels.data() + (first_row + r) * width;
-    sums[r] = a.sums.data() + (first_row + r) * groups;
-    act_scales[r] = a.scales.data() + (first_row + r) * blocks;
-    total[r] = _mm256_setzero_ps();
-  }
+  for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t tile = b * a.rows + first_row;  // the tile's first row in block b
     __m256i block_sum[R];
     for (int r = 0; r < R; ++r) block_sum[r] = _mm256_setzero_si256();
-    block_products<R, G, PACKED>(w, b, acts, block_sum);
+    block_products<R, G, PACKED>(w, b, a.levels.data() + tile * BLOCK, block_sum);
     const __m256 mins = group_offsets<G>(w.m + b * G, w.dmin[b]);
+    const float* sums = a.sums.data() + tile * G;
+    const float* scales = a.scales.data() + tile;
     for (int r = 0; r < R; ++r) {
-      const __m256 step = _mm256_set1_ps(w.d[b] * act_scales[r][b]);
+      const __m256 step = _mm256_set1_ps(w.d[b] * scales[r]);
       total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum[r]), step, total[r]);
-      total[r] = _mm256_fnmadd_ps(load_groups<G>(sums[r] + b * G), mins, total[r]);
+      total[r] = _mm256_fnmadd_ps(load_groups<G>(sums + r * G), mins, total[r]);
     }
   }
   for (int r = 0; r < R; ++r) out[r] = simd::lane_sum(total[r]);
