@@ -25,7 +25,7 @@ namespace {
 
 constexpr int64_t GROUP = 32;
 constexpr int TILE = 5;  // most activation rows multiplied per pass over a weight row (a γ-4 verification)
-constexpr int64_t PREFETCH_BYTES = 2048;  // how far ahead of the weights being read a one- or two-row pass asks for more
+constexpr int64_t PREFETCH_BYTES = 2048;  // how far ahead of its reads a one- or two-row pass asks for weights
 
 // Block-major, so that a tile's rows sit at fixed offsets from one pointer per block (row r of
 // block b at (b·M + r)·B): with a pointer per row and array, five rows spilled the pointers.

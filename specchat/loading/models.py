@@ -121,7 +121,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
     if mc.quantization in INVARIANT_MODES:  # the int8 kernels return float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
-    tokenizer, template = _shared_tokenizer(checkpoint, mc, source, {} if tokenizers is None else tokenizers)
+    tokenizer, template = _shared_tokenizer(checkpoint, mc, source, tokenizers)
     populate(model_tensors(model))  # mapped weights: resident now, not a page fault at a time
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
@@ -249,14 +249,14 @@ def _load_weights(checkpoint: Checkpoint, mc: ModelConfig, source: Source, place
     return model.eval()
 
 
-def _shared_tokenizer(checkpoint: Checkpoint, mc: ModelConfig, source: Source, tokenizers: dict):
+def _shared_tokenizer(checkpoint: Checkpoint, mc: ModelConfig, source: Source, tokenizers: dict | None):
     """The tokenizer already read from identical files (local checkpoints only), else a new one."""
-    key = tokenizer_digest(checkpoint.location, mc.trust_remote_code) if checkpoint.local else None
-    if key is None or key not in tokenizers:
-        loaded = _load_tokenizer(checkpoint, mc, source)
-        if key is None:
-            return loaded
-        tokenizers[key] = loaded
+    shareable = tokenizers is not None and checkpoint.local
+    key = tokenizer_digest(checkpoint.location, mc.trust_remote_code) if shareable else None
+    if key is None:
+        return _load_tokenizer(checkpoint, mc, source)
+    if key not in tokenizers:
+        tokenizers[key] = _load_tokenizer(checkpoint, mc, source)
     return tokenizers[key]
 
 
