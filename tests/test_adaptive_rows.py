@@ -35,9 +35,9 @@ def test_costly_rows_make_auto_gamma_draft_less_or_not_at_all():
     costly = settled(AutoGamma(), drafter_s=0.024, one_row_s=0.077, per_row_s=0.014, alpha=0.8)
     assert costly.planning_ratio == pytest.approx((0.024 + 0.014) / 0.077, rel=0.05)
     assert flat.planning_ratio == pytest.approx(0.024 / 0.077, rel=0.05)
-    assert 1 <= costly.choose() < flat.choose()
+    assert 1 <= costly.best_gamma() < flat.best_gamma()
     hopeless = settled(AutoGamma(), drafter_s=0.05, one_row_s=0.077, per_row_s=0.03, alpha=0.6)
-    assert hopeless.choose() == 0  # drafting cannot pay: target-only, probing now and then
+    assert hopeless.best_gamma() == 0  # drafting cannot pay: target-only, probing now and then
 
 
 def test_the_cost_ratio_shown_to_the_user_is_unchanged():

@@ -133,12 +133,12 @@ def test_auto_gamma_grows_with_acceptance_and_backs_off_to_zero():
         auto.observe_cost("drafter", 0.01)
         auto.observe_cost("target", 0.1)
         auto.observe(8, 8)
-    high = auto.choose()
+    high = auto.best_gamma()
     for _ in range(80):
         auto.observe(high, 0)
     assert high >= 6
-    assert auto.choose() == 0  # nothing pays: target-only steps...
-    picks = [auto.choose() for _ in range(auto.probe_every)]
+    assert auto.plan().gamma == 0  # nothing pays: target-only steps...
+    picks = [auto.plan().gamma for _ in range(auto.probe_every)]
     assert 1 in picks  # ...with an occasional probe so it can recover
 
 

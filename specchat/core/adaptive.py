@@ -89,11 +89,8 @@ class AutoGamma:
                 best_gamma, best = gamma, speedup
         return best_gamma
 
-    def choose(self) -> int:
-        """best_gamma(), or while that is 0, a probe of gamma 1 every probe_every steps."""
-        return self.best_gamma() or self._probe_or_off()
-
     def _probe_or_off(self) -> int:
+        """While nothing pays: 0, or gamma 1 every probe_every steps so a better stretch is noticed."""
         self._idle_steps += 1
         if self._idle_steps >= self.probe_every:
             self._idle_steps = 0
