@@ -37,9 +37,9 @@ def qwen2_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
 
 
 def w4a8(model, kernel, finer: tuple[str, ...] = ()):
-    """model quantized to w4a8; layers whose names end in `finer` get 7-bit levels, so they are not
+    """model quantized to w4a8; layers whose names end in `finer` get 6-bit levels, so they are not
     fused with their 4-bit neighbours (as the GGUF's Q6_K attn_v and ffn_down are)."""
-    blocks = {name: Q4Block.quantize(module.weight, 7 if name.endswith(finer) and finer else 4)
+    blocks = {name: Q4Block.quantize(module.weight, 6 if name.endswith(finer) and finer else 4)
               for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     quantize_w4a8(model, blocks, kernel)
     return model

@@ -10,7 +10,7 @@ from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact,
 from specchat.bench.tiny_models import build_model
 from specchat.config import GAMMA_AUTO
 from specchat.core.invariant_attention import use_batch_invariant_attention
-from specchat.core.q4 import Q4Block, Q4Linear, quantize_w4a8
+from specchat.core.q4 import LEVEL_BITS, Q4Block, Q4Linear, quantize_w4a8
 from specchat.loading import quantized_cache
 from specchat.loading.kernels import q4_kernel
 
@@ -30,9 +30,7 @@ def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
     xb = x.double().view(rows, blocks, width // blocks)
     act_scale = xb.abs().amax(dim=2) / 127                                          # [M, blocks]
     acts = torch.round(xb / act_scale.clamp(min=1e-300)[..., None]).view(rows, width // 32, 32)
-    chunks = block.qs.view(outs, -1, 1, 32)
-    levels = (torch.cat([chunks & 15, chunks >> 4], dim=2).view(outs, -1, 32) if block.qs.shape[1] * 2 == width
-              else block.qs.view(outs, -1, 32))                                     # [out, in/32, 32]
+    levels = LEVEL_BITS[block.bits][1](block.qs)                                    # [out, in/32, 32]
     dots = torch.einsum("ngk,mgk->mng", levels.double(), acts)                      # [M, out, in/32]
     sums = acts.sum(dim=2)                                                          # [M, in/32]
     step = block.d.double().repeat_interleave(per_block, dim=1) * block.sc.double()  # [out, in/32]
@@ -41,7 +39,7 @@ def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
     return ((dots * step - sums[:, None, :] * offset) * scale_of_group[:, None, :]).sum(dim=2)
 
 
-@pytest.mark.parametrize("bits", [4, 7])
+@pytest.mark.parametrize("bits", [4, 6, 7])
 @pytest.mark.parametrize("width", [384, 512])  # blocks of 128 and of 256 inputs
 def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_product(kernel, width, bits):
     torch.manual_seed(0)
@@ -53,7 +51,7 @@ def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_produc
     reference = integer_reference(x, block)
     assert torch.allclose(out.double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
     exact = x @ weight.T
-    assert ((out - exact).norm() / exact.norm()) < (0.12 if bits == 4 else 0.04)
+    assert ((out - exact).norm() / exact.norm()) < {4: 0.12, 6: 0.05, 7: 0.04}[bits]
     assert ((out - x @ block.dequantize().T).norm() / exact.norm()) < 0.04  # the activations' own rounding
 
 
@@ -79,9 +77,33 @@ def test_quantizing_keeps_levels_in_range_and_a_gaussian_weight_close():
     fine = Q4Block.quantize(weight, bits=7)
     assert fine.qs.shape == (64, 512) and int(fine.qs.max()) <= 127
     assert ((fine.dequantize() - weight).norm() / weight.norm()) < 0.01
+    six = Q4Block.quantize(weight, bits=6)
+    assert six.qs.shape == (64, 384) and six.bits == 6
+    assert ((six.dequantize() - weight).norm() / weight.norm()) < 0.025
+    with pytest.raises(ValueError, match="4, 6 or 7 bits"):
+        Q4Block.quantize(weight, bits=5)
 
 
-@pytest.mark.parametrize("bits", [4, 7])
+@pytest.mark.parametrize("bits", [4, 6, 7])
+def test_levels_packed_for_the_kernel_unpack_to_themselves(bits):
+    levels = torch.randint(0, 2 ** bits, (3, 12, 32), dtype=torch.uint8)
+    levels[0, 0] = 2 ** bits - 1  # every bit set somewhere
+    pack, unpack = LEVEL_BITS[bits]
+    assert torch.equal(unpack(pack(levels)), levels)
+
+
+def test_six_bit_levels_keep_their_top_bits_where_the_kernel_reads_them():
+    levels = torch.zeros(1, 2, 32, dtype=torch.uint8)
+    levels[0, 0, 3], levels[0, 0, 19], levels[0, 1, 5], levels[0, 1, 21] = 0x10, 0x20, 0x30, 0x1F
+    packed = LEVEL_BITS[6][0](levels)[0]
+    assert packed.shape == (48,) and int(packed[21]) == 0xF0  # level 21 of the second group: low nibble 15
+    tops = packed[32:]
+    assert int(tops[3]) == 1 << 4 | 2 << 6  # the first group's levels 3 (bits 4-5) and 19 (bits 6-7)
+    assert int(tops[5]) == 3 | 1 << 2       # the second group's levels 5 (bits 0-1) and 21 (bits 2-3)
+    assert int(tops.sum()) - int(tops[3]) - int(tops[5]) == 0
+
+
+@pytest.mark.parametrize("bits", [4, 6, 7])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 13])
 def test_a_row_gets_bitwise_the_same_result_alone_or_anywhere_in_a_batch(kernel, rows, bits):
     torch.manual_seed(3)

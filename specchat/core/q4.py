@@ -34,8 +34,8 @@ def block_width(width: int) -> int:
 
 @dataclass
 class Q4Block:
-    """Weights [out, in] as 4-bit (or 7-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
-    qs: torch.Tensor    # uint8 [out, in/2] (4-bit levels, two a byte) or [out, in] (7-bit levels)
+    """Weights [out, in] as 4-bit (or 6- or 7-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
+    qs: torch.Tensor    # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (7-bit)
     sc: torch.Tensor    # uint8 [out, in/32]
     m: torch.Tensor     # uint8 [out, in/32]
     d: torch.Tensor     # float32 [out, blocks]: a block is 256 inputs where the width allows, else 128
@@ -43,9 +43,9 @@ class Q4Block:
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bits: int = 4) -> "Q4Block":
-        """Min/max levels per 32-group: 4 bits (two a byte), or 7 for layers kept finer (one a byte)."""
-        if bits not in (4, 7):
-            raise ValueError(f"w4a8 levels are 4 or 7 bits, not {bits}")
+        """Min/max levels per 32-group: 4 bits (two a byte), or 6 or 7 for layers kept finer."""
+        if bits not in LEVEL_BITS:
+            raise ValueError(f"w4a8 levels are 4, 6 or 7 bits, not {bits}")
         top = float(2 ** bits - 1)
         w = weight.detach().float()
         rows, width = w.shape
@@ -59,17 +59,22 @@ class Q4Block:
         offset_q = dmin.repeat_interleave(per_block, 1) * m.float()
         levels = ((groups + offset_q[..., None]) / step_q.clamp(min=1e-30)[..., None]).round_().clamp_(0, top)
         levels = levels.to(torch.uint8)
-        return cls(_pack_levels(levels) if bits == 4 else levels.flatten(1).contiguous(), sc, m, d, dmin)
+        return cls(LEVEL_BITS[bits][0](levels), sc, m, d, dmin)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """(qs, sc, m, d, dmin), the kernel's arguments after x."""
         return self.qs, self.sc, self.m, self.d, self.dmin
 
+    @property
+    def bits(self) -> int:
+        """Bits a level: 4, 6 or 7, from how many bytes a row of levels takes."""
+        width = self.sc.shape[1] * GROUP
+        return {width // 2: 4, width * 3 // 4: 6, width: 7}[self.qs.shape[1]]
+
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
         rows, width = self.sc.shape[0], self.sc.shape[1] * GROUP
-        packed = self.qs.shape[1] * 2 == width
-        levels = (_unpack_levels(self.qs) if packed else self.qs.view(rows, -1, GROUP)).float()  # [out, in/32, 32]
+        levels = LEVEL_BITS[self.bits][1](self.qs).float()           # [out, in/32, 32]
         per = self.sc.shape[1] // self.d.shape[1]                     # 32-groups a block
         step = self.d.repeat_interleave(per, 1) * self.sc.float()
         offset = self.dmin.repeat_interleave(per, 1) * self.m.float()
@@ -96,6 +101,46 @@ def _unpack_levels(packed: torch.Tensor) -> torch.Tensor:
     """[out, in/2] → uint8 levels [out, in/32, 32]."""
     chunks = packed.view(packed.shape[0], -1, 1, GROUP)
     return torch.cat([chunks & 0x0F, chunks >> 4], dim=2).flatten(1, 2)
+
+
+HALF = GROUP // 2
+
+
+def _pack_levels_6(levels: torch.Tensor) -> torch.Tensor:
+    """uint8 levels 0..63 [out, in/32, 32] → [out, 3·in/4]: per 64-chunk, the low 4 bits as
+    _pack_levels packs them, then 16 bytes of top 2 bits (layout: q4_kernel.cpp)."""
+    rows = levels.shape[0]
+    pairs = levels.view(rows, -1, 2, GROUP)                           # [out, in/64, 2, 32]
+    nibbles = _pack_levels((levels & 0x0F).contiguous()).view(rows, -1, GROUP)
+    top = pairs >> 4                                                  # 0..3
+    first, second = top[:, :, 0], top[:, :, 1]
+    tops = (first[..., :HALF] << 4) | (first[..., HALF:] << 6) | second[..., :HALF] | (second[..., HALF:] << 2)
+    return torch.cat([nibbles, tops], dim=2).flatten(1).contiguous()
+
+
+def _unpack_levels_6(packed: torch.Tensor) -> torch.Tensor:
+    """[out, 3·in/4] → uint8 levels [out, in/32, 32]."""
+    rows = packed.shape[0]
+    chunks = packed.view(rows, -1, GROUP + HALF)                      # [out, in/64, 48]
+    low = _unpack_levels(chunks[..., :GROUP].contiguous().view(rows, -1)).view(rows, -1, 2, GROUP)
+    tops = chunks[..., GROUP:]                                        # [out, in/64, 16]
+    first = torch.cat([(tops >> 4) & 3, tops >> 6], dim=2)
+    second = torch.cat([tops & 3, (tops >> 2) & 3], dim=2)
+    return (low | (torch.stack([first, second], dim=2) << 4)).flatten(1, 2)
+
+
+def _bytes_per_level(levels: torch.Tensor) -> torch.Tensor:
+    """uint8 levels [out, in/32, 32] → [out, in], a byte each (7-bit levels)."""
+    return levels.flatten(1).contiguous()
+
+
+def _level_per_byte(qs: torch.Tensor) -> torch.Tensor:
+    return qs.view(qs.shape[0], -1, GROUP)
+
+
+# bits → (pack, unpack) between uint8 levels [out, in/32, 32] and the kernel's qs
+LEVEL_BITS = {4: (_pack_levels, _unpack_levels), 6: (_pack_levels_6, _unpack_levels_6),
+              7: (_bytes_per_level, _level_per_byte)}
 
 
 KERNEL_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]  # no contraction: every row rounds alike
@@ -166,7 +211,7 @@ class Q4Linear(nn.Module):
 
 
 def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
-                  exact: dict[str, Q4Block] | None = None, finer_bits: int = 7) -> dict[str, Q4Block]:
+                  exact: dict[str, Q4Block] | None = None, finer_bits: int = 6) -> dict[str, Q4Block]:
     """Replace every nn.Linear of `model` (the head too) by a Q4Linear; returns the blocks used.
 
     From `blocks` (by module name) when given. Else a layer takes its block from `exact` (a GGUF's own
@@ -217,7 +262,7 @@ class Q4Group:
 
 def group_layers(model: nn.Module, names: list[str]) -> None:
     """Fuse the Q4Linear layers `names` of `model`, which read one input, into a Q4Group, where their
-    levels are stored alike (4- or 7-bit, same block width)."""
+    levels are stored alike (as many bits, same block width)."""
     layers = [model.get_submodule(name) for name in names]
     if len({(layer.block.qs.shape[1], layer.block.d.shape[1]) for layer in layers}) == 1:
         Q4Group(layers)

@@ -3,9 +3,13 @@
 // in the same order whatever the batch).
 //
 // Weights [N, K], per output row n, in blocks of B = 256 inputs where K allows, else 128:
-//   qs    uint8 [N, K/2]   two 4-bit levels per byte: byte i of a 64-chunk holds level i of its first
-//                          32-group (low nibble) and level i of the second (high nibble), levels 0..15;
-//         or uint8 [N, K]  one level per byte, levels 0..127 (7-bit: layers kept finer than 4 bits)
+//   qs    uint8 [N, K/2]   4-bit levels 0..15, two a byte: byte i of a 64-chunk holds level i of its first
+//                          32-group (low nibble) and level i of the second (high nibble);
+//         or uint8 [N, 3K/4] 6-bit levels 0..63 (layers kept finer than 4 bits), 48 bytes a 64-chunk: their
+//                          low 4 bits as above in 32 bytes, then 16 bytes of their top 2 bits, byte i holding
+//                          those of level i + 16 of the second group (bits 2-3), level i of the second (bits
+//                          0-1), level i + 16 of the first (bits 6-7) and level i of the first (bits 4-5);
+//         or uint8 [N, K]  one level a byte, levels 0..127 (7-bit)
 //   sc, m uint8 [N, K/32]  each 32-group's scale and offset, in units of its block's d and dmin
 //   d, dmin float [N, K/B]
 //   w = d·sc·level − dmin·m
@@ -94,17 +98,28 @@ inline __m256 group_offsets(const uint8_t* m, float dmin) {
   }
 }
 
-// Two 32-groups' levels: from 32 bytes of nibbles, or from 64 bytes of 7-bit levels.
-template <bool PACKED>
+// The bytes of one 32-group's levels: 4-bit 16, 6-bit 24, 7-bit 32 (a byte each).
+constexpr int64_t group_bytes(int bits) { return bits == 7 ? GROUP : GROUP * bits / 8; }
+
+// Two 32-groups' levels: from 32 bytes of nibbles, 48 bytes of 6-bit levels or 64 bytes of 7-bit ones.
+template <int BITS>
 inline void load_levels(const uint8_t* qs, int64_t group, __m256i& first, __m256i& second) {
-  if constexpr (PACKED) {
-    const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
-    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + group * GROUP / 2));
-    first = _mm256_and_si256(packed, low_nibbles);
-    second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
-  } else {  // |pair| <= 2*127*127 < 2^15: maddubs never saturates
+  if constexpr (BITS == 7) {  // |pair| <= 2*127*127 < 2^15: maddubs never saturates
     first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + group * GROUP));
     second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + (group + 1) * GROUP));
+    return;
+  }
+  const __m256i low_nibbles = _mm256_set1_epi8(0x0F);
+  const uint8_t* chunk = qs + group * group_bytes(BITS);
+  const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));
+  first = _mm256_and_si256(packed, low_nibbles);
+  second = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_nibbles);
+  if constexpr (BITS == 6) {  // levels <= 63, so |pair| <= 2*63*127 < 2^15. Each level's top 2 bits
+    // go to bits 4-5 of its byte (the 64-bit shifts carry bits across bytes; the mask drops those)
+    const __m256i top = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 32)));
+    const __m256i bits_4_5 = _mm256_set1_epi8(0x30);
+    first = _mm256_or_si256(first, _mm256_and_si256(_mm256_srlv_epi64(top, _mm256_set_epi64x(2, 2, 0, 0)), bits_4_5));
+    second = _mm256_or_si256(second, _mm256_and_si256(_mm256_sllv_epi64(top, _mm256_set_epi64x(2, 2, 4, 4)), bits_4_5));
   }
 }
 
@@ -133,11 +148,11 @@ inline __m256i scale_of(__m256i scales, int g) {
 
 // One pair of 32-groups (group, group + 1) times the R rows of a tile, added to their block sums;
 // `acts` points at the pair's activations in the tile's first row, the others follow a block apart.
-template <int R, int G, bool PACKED>
+template <int R, int G, int BITS>
 inline void pair_products(const uint8_t* qs, int64_t group, __m256i scales, int pair, const int8_t* acts,
                           __m256i* block_sum) {
   __m256i first, second;
-  load_levels<PACKED>(qs, group, first, second);
+  load_levels<BITS>(qs, group, first, second);
   const __m256i scale_1 = scale_of(scales, 2 * pair), scale_2 = scale_of(scales, 2 * pair + 1);
   for (int r = 0; r < R; ++r) {
     const int8_t* row = acts + r * G * GROUP;
@@ -150,29 +165,29 @@ inline void pair_products(const uint8_t* qs, int64_t group, __m256i scales, int 
 // With one or two rows the loop waits on memory, so it asks for the weights PREFETCH_BYTES ahead
 // (the hardware prefetcher alone kept about 16 of 25 GB/s); with more it waits on the multipliers,
 // and the rolled loop measured faster.
-template <int R, int G, bool PACKED>
+template <int R, int G, int BITS>
 inline void block_products(const WeightRow& w, int64_t b, const int8_t* acts, __m256i* block_sum) {
   const __m256i scales = block_scales<G>(w.sc + b * G);
   if constexpr (R <= 2) {
-    constexpr int64_t GROUP_BYTES = PACKED ? GROUP / 2 : GROUP, LINE = 64;
+    constexpr int64_t PAIR_BYTES = 2 * group_bytes(BITS), LINE = 64;
 #pragma GCC unroll 4
     for (int pair = 0; pair < G / 2; ++pair) {
       const int64_t group = b * G + 2 * pair;
-      if ((pair * 2 * GROUP_BYTES) % LINE == 0)  // once per cache line
-        _mm_prefetch(reinterpret_cast<const char*>(w.qs + group * GROUP_BYTES + PREFETCH_BYTES), _MM_HINT_T0);
-      pair_products<R, G, PACKED>(w.qs, group, scales, pair, acts + 2 * pair * GROUP, block_sum);
+      if (PAIR_BYTES % LINE != 0 || (pair * PAIR_BYTES) % LINE == 0)  // once per cache line (6-bit: each pair)
+        _mm_prefetch(reinterpret_cast<const char*>(w.qs + group * group_bytes(BITS) + PREFETCH_BYTES), _MM_HINT_T0);
+      pair_products<R, G, BITS>(w.qs, group, scales, pair, acts + 2 * pair * GROUP, block_sum);
     }
   } else {
 #pragma GCC unroll 1
     for (int pair = 0; pair < G / 2; ++pair)
-      pair_products<R, G, PACKED>(w.qs, b * G + 2 * pair, scales, pair, acts + 2 * pair * GROUP, block_sum);
+      pair_products<R, G, BITS>(w.qs, b * G + 2 * pair, scales, pair, acts + 2 * pair * GROUP, block_sum);
   }
 }
 
 // out[r] = W[n] . x[r] for the R rows of one tile, G 32-groups a block. Each weight pair of groups
 // is unpacked and scaled once for all R rows; each row's integer sums are exact and its float steps
 // the same whatever R is.
-template <int R, int G, bool PACKED>
+template <int R, int G, int BITS>
 void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float* out) {
   constexpr int64_t BLOCK = G * GROUP;
   const int64_t blocks = a.width / BLOCK;
@@ -182,7 +197,7 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
     const int64_t tile = b * a.rows + first_row;  // the tile's first row in block b
     __m256i block_sum[R];
     for (int r = 0; r < R; ++r) block_sum[r] = _mm256_setzero_si256();
-    block_products<R, G, PACKED>(w, b, a.levels.data() + tile * BLOCK, block_sum);
+    block_products<R, G, BITS>(w, b, a.levels.data() + tile * BLOCK, block_sum);
     const __m256 mins = group_offsets<G>(w.m + b * G, w.dmin[b]);
     const float* sums = a.sums.data() + tile * G;
     const float* scales = a.scales.data() + tile;
@@ -197,21 +212,31 @@ void dot_tile(const WeightRow& w, const Activations& a, int64_t first_row, float
 
 // The rows in tiles of at most TILE, as even as possible (8 rows: 4 + 4), since a tile's
 // accumulators must fit in registers.
-template <int G, bool PACKED>
+template <int G, int BITS>
 void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, float* out, int64_t out_stride) {
   float tile[TILE];
   const int64_t tiles = (rows + TILE - 1) / TILE;
   for (int64_t t = 0, first = 0; t < tiles; ++t) {
     const int64_t count = rows / tiles + (t < rows % tiles);
     switch (count) {
-      case 5: dot_tile<5, G, PACKED>(w, a, first, tile); break;
-      case 4: dot_tile<4, G, PACKED>(w, a, first, tile); break;
-      case 3: dot_tile<3, G, PACKED>(w, a, first, tile); break;
-      case 2: dot_tile<2, G, PACKED>(w, a, first, tile); break;
-      default: dot_tile<1, G, PACKED>(w, a, first, tile); break;
+      case 5: dot_tile<5, G, BITS>(w, a, first, tile); break;
+      case 4: dot_tile<4, G, BITS>(w, a, first, tile); break;
+      case 3: dot_tile<3, G, BITS>(w, a, first, tile); break;
+      case 2: dot_tile<2, G, BITS>(w, a, first, tile); break;
+      default: dot_tile<1, G, BITS>(w, a, first, tile); break;
     }
     for (int64_t r = 0; r < count; ++r) out[(first + r) * out_stride] = tile[r];
     first += count;
+  }
+}
+
+// One weight row for every row of x, by level width and block size.
+void dot_row(int bits, int64_t block, const WeightRow& w, const Activations& a, int64_t rows, float* out, int64_t stride) {
+  const bool wide = block == 256;
+  switch (bits) {
+    case 4: return wide ? dot_rows<8, 4>(w, a, rows, out, stride) : dot_rows<4, 4>(w, a, rows, out, stride);
+    case 6: return wide ? dot_rows<8, 6>(w, a, rows, out, stride) : dot_rows<4, 6>(w, a, rows, out, stride);
+    default: return wide ? dot_rows<8, 7>(w, a, rows, out, stride) : dot_rows<4, 7>(w, a, rows, out, stride);
   }
 }
 
@@ -222,9 +247,8 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
                         torch::Tensor d, torch::Tensor dmin) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
   const int64_t rows = x.size(0), width = x.size(1), outs = qs.size(0);
-  const bool packed = qs.size(1) * 2 == width;
-  TORCH_CHECK((packed || qs.size(1) == width) && d.size(1) > 0 && width % d.size(1) == 0,
-              "x does not match the weights");
+  const int bits = qs.size(1) * 2 == width ? 4 : qs.size(1) * 4 == width * 3 ? 6 : qs.size(1) == width ? 7 : 0;
+  TORCH_CHECK(bits != 0 && d.size(1) > 0 && width % d.size(1) == 0, "x does not match the weights");
   const int64_t block = width / d.size(1);
   TORCH_CHECK(block == 128 || block == 256, "blocks must be 128 or 256 inputs wide");
   for (const auto& t : {qs, sc, m}) TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous() && t.size(0) == outs,
@@ -249,13 +273,7 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
       const WeightRow w{qs_data + n * row_bytes, sc_data + n * groups, m_data + n * groups,
                         d_data + n * blocks, dmin_data + n * blocks};
       float* out_n = out_data + n;
-      if (packed) {
-        if (block == 256) dot_rows<8, true>(w, a, rows, out_n, outs);
-        else dot_rows<4, true>(w, a, rows, out_n, outs);
-      } else {
-        if (block == 256) dot_rows<8, false>(w, a, rows, out_n, outs);
-        else dot_rows<4, false>(w, a, rows, out_n, outs);
-      }
+      dot_row(bits, block, w, a, rows, out_n, outs);
     }
   });
   return out;

@@ -27,11 +27,11 @@ from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_
 from specchat.loading.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
-FORMATS = {"w4a8": 3, "w4a8-fast": 3}  # a mode's own format number, where it changed apart from the others
+FORMATS = {"w4a8": 4, "w4a8-fast": 3}  # a mode's own format number, where it changed apart from the others
 
 
 def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, gguf=None,
-                   finer_bits: int = 7) -> dict[str, Q4Block]:
+                   finer_bits: int = 6) -> dict[str, Q4Block]:
     """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K blocks bit for bit (the file's finer layers: finer_bits)."""
     from specchat.loading.kernels import q4_kernel
