@@ -38,7 +38,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     return torch.softmax(scaled, dim=-1)
 
 
-TOP_P_CANDIDATES = 1024  # the nucleus is looked for among this many tokens first (8× more if needed)
+TOP_P_CANDIDATES = 128  # the nucleus is looked for among this many tokens first (8× more if needed)
 
 
 def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -46,7 +46,8 @@ def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     the last one kept (so the set never depends on how a sort orders ties).
 
     A full sort of a 152k vocabulary costs about 7 ms a row on a CPU; a nucleus is almost always far
-    smaller, so it is found among the top TOP_P_CANDIDATES first, widening only when it reaches their end.
+    smaller, so it is found among the top TOP_P_CANDIDATES first, widening only when it reaches their end
+    (the top 128 of five 152k rows: 0.8 ms here; the top 1024: 2.3 ms).
     """
     probs = torch.softmax(scaled, dim=-1)
     width = scaled.shape[-1]
