@@ -153,6 +153,22 @@ def test_the_w4a8_weights_cache_round_trips_without_quantizing_again(tmp_path, t
     assert torch.equal(first(ids).logits, again(ids).logits)
 
 
+def test_writing_a_cache_entry_deletes_that_entry_in_older_formats_and_nothing_else(tmp_path, tokenizer, kernel):
+    path = quantized_cache.cache_path("ab" * 32, "float32", "w4a8")
+    path = tmp_path / path.name  # ...-float32-w4a8-v<current>.safetensors
+    stem = path.name.rpartition("-v")[0]
+    older = [tmp_path / f"{stem}-v{n}.safetensors{suffix}" for n in (1, 3) for suffix in ("", ".json", ".verified")]
+    kept = [tmp_path / name for name in (f"{stem}-fast-v3.safetensors", f"{'cd' * 8}-float32-w4a8-v3.safetensors",
+                                         f"{stem.replace('float32', 'bfloat16')}-v3.safetensors", "notes.txt")]
+    for file in older + kept:
+        file.write_bytes(b"x")
+    model = build_model(len(tokenizer), seed=1, layers=1, hidden=128)
+    assert quantized_cache.quantize_with_cache(model, path, "tiny", "w4a8") is None
+    assert path.exists() and quantized_cache._meta_path(path).exists()
+    assert not any(file.exists() for file in older)
+    assert all(file.exists() for file in kept)
+
+
 def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(kernel, tokenizer, monkeypatch):
     from specchat.core import lean, q4
     model = build_model(len(tokenizer), seed=2, layers=1, hidden=256)

@@ -143,6 +143,21 @@ def _write(path: Path, blocks: dict) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    remove_older_formats(path)
+
+
+def remove_older_formats(path: Path) -> list[Path]:
+    """Delete the copies of this cache entry in other format versions (same source, dtype and mode,
+    `-v<N>.safetensors` with another N, and their sidecars): after an upgrade they are never read
+    again, and a target's is about a GB. Returns what was deleted."""
+    stem, _, _ = path.name.rpartition("-v")
+    removed = []
+    for other in path.parent.glob(f"{stem}-v*.safetensors*"):
+        version = other.name[len(stem) + 2:].split(".", 1)[0]
+        if version.isdigit() and other.name.split(".", 1)[0] != path.name.split(".", 1)[0]:
+            other.unlink(missing_ok=True)
+            removed.append(other)
+    return removed
 
 
 def _meta_path(path: Path) -> Path:
