@@ -167,6 +167,8 @@ def test_writing_a_cache_entry_deletes_that_entry_in_older_formats_and_nothing_e
     assert path.exists() and quantized_cache._meta_path(path).exists()
     assert not any(file.exists() for file in older)
     assert all(file.exists() for file in kept)
+    (tmp_path / "plain-v1.safetensors").write_bytes(b"x")
+    assert quantized_cache.remove_older_formats(tmp_path / "plain.safetensors") == []  # no version: no entry
 
 
 def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(kernel, tokenizer, monkeypatch):

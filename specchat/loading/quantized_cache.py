@@ -10,9 +10,11 @@ write, a full disk) is rebuilt from the model with one notice line instead of an
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
+import re
 from functools import partial
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from specchat.loading.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 FORMATS = {"w4a8": 4, "w4a8-fast": 3}  # a mode's own format number, where it changed apart from the others
+VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?P<sidecar>\.json|\.verified)?")
 
 
 def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, gguf=None,
@@ -149,12 +152,14 @@ def _write(path: Path, blocks: dict) -> None:
 def remove_older_formats(path: Path) -> list[Path]:
     """Delete the copies of this cache entry in other format versions (same source, dtype and mode,
     `-v<N>.safetensors` with another N, and their sidecars): after an upgrade they are never read
-    again, and a target's is about a GB. Returns what was deleted."""
-    stem, _, _ = path.name.rpartition("-v")
+    again, and a target's is about a GB. Returns what was deleted; nothing for a name without `-v<N>`."""
+    named = VERSIONED.fullmatch(path.name)
+    if named is None:
+        return []
     removed = []
-    for other in path.parent.glob(f"{stem}-v*.safetensors*"):
-        version = other.name[len(stem) + 2:].split(".", 1)[0]
-        if version.isdigit() and other.name.split(".", 1)[0] != path.name.split(".", 1)[0]:
+    for other in path.parent.glob(f"{glob.escape(named['entry'])}-v*.safetensors*"):
+        match = VERSIONED.fullmatch(other.name)
+        if match and match["entry"] == named["entry"] and match["version"] != named["version"]:
             other.unlink(missing_ok=True)
             removed.append(other)
     return removed
