@@ -20,6 +20,7 @@ from torch import nn
 
 from specchat.core.w8a8 import shared_input_groups
 
+FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
 
 
@@ -211,7 +212,7 @@ class Q4Linear(nn.Module):
 
 
 def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
-                  exact: dict[str, Q4Block] | None = None, finer_bits: int = 6) -> dict[str, Q4Block]:
+                  exact: dict[str, Q4Block] | None = None, finer_bits: int = FINER_BITS) -> dict[str, Q4Block]:
     """Replace every nn.Linear of `model` (the head too) by a Q4Linear; returns the blocks used.
 
     From `blocks` (by module name) when given. Else a layer takes its block from `exact` (a GGUF's own

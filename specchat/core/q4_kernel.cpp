@@ -231,7 +231,7 @@ void dot_rows(const WeightRow& w, const Activations& a, int64_t rows, float* out
 }
 
 // One weight row for every row of x, by level width and block size.
-void dot_row(int bits, int64_t block, const WeightRow& w, const Activations& a, int64_t rows, float* out, int64_t stride) {
+void dot_weight_row(int bits, int64_t block, const WeightRow& w, const Activations& a, int64_t rows, float* out, int64_t stride) {
   const bool wide = block == 256;
   switch (bits) {
     case 4: return wide ? dot_rows<8, 4>(w, a, rows, out, stride) : dot_rows<4, 4>(w, a, rows, out, stride);
@@ -273,7 +273,7 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
       const WeightRow w{qs_data + n * row_bytes, sc_data + n * groups, m_data + n * groups,
                         d_data + n * blocks, dmin_data + n * blocks};
       float* out_n = out_data + n;
-      dot_row(bits, block, w, a, rows, out_n, outs);
+      dot_weight_row(bits, block, w, a, rows, out_n, outs);
     }
   });
   return out;

@@ -22,7 +22,7 @@ from torch import nn
 
 from specchat.config import W4A8_MODES
 from specchat.core.int8_weights import Int8Block, quantize_linears
-from specchat.core.q4 import Q4Block, quantize_w4a8
+from specchat.core.q4 import FINER_BITS, Q4Block, quantize_w4a8
 from specchat.core.w8a8 import quantize_w8a8
 from specchat.loading.locks import building
 from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
@@ -30,11 +30,11 @@ from specchat.loading.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 FORMATS = {"w4a8": 4, "w4a8-fast": 3}  # a mode's own format number, where it changed apart from the others
-VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?P<sidecar>\.json|\.verified)?")
+VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 
 def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, gguf=None,
-                   finer_bits: int = 6) -> dict[str, Q4Block]:
+                   finer_bits: int = FINER_BITS) -> dict[str, Q4Block]:
     """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K blocks bit for bit (the file's finer layers: finer_bits)."""
     from specchat.loading.kernels import q4_kernel
