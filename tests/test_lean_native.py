@@ -125,7 +125,7 @@ def test_a_copied_model_builds_compiled_layers_over_its_own_weights(kernel, toke
     ids = [5, 6, 7, 8]
     before = kvcache.forward(model, kvcache.new_cache(model), ids, keep=1)
     copied = copy.deepcopy(model)
-    copied.model.layers[0].mlp.down_proj.block.d.mul_(2.0)  # the copy's own weights, changed
+    copied.model.layers[0].mlp.down_proj.tiles.d.mul_(2.0)  # the copy's own weights, changed
     after = kvcache.forward(copied, kvcache.new_cache(copied), ids, keep=1)
     assert not torch.equal(before, after)
     assert torch.equal(before, kvcache.forward(model, kvcache.new_cache(model), ids, keep=1))

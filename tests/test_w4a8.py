@@ -1,4 +1,5 @@
-"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (core/q4.py, core/q4_kernel.cpp)."""
+"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (core/q4.py, core/q4_kernel.cpp).
+The code paths side by side: test_kernel_paths.py."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +11,7 @@ from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact,
 from specchat.bench.tiny_models import build_model
 from specchat.config import GAMMA_AUTO
 from specchat.core.invariant_attention import use_batch_invariant_attention
-from specchat.core.q4 import LEVEL_BITS, Q4Block, Q4Linear, quantize_w4a8
+from specchat.core.q4 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
 from specchat.loading import quantized_cache
 from specchat.loading.kernels import q4_kernel
 
@@ -47,7 +48,7 @@ def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_produc
     x = torch.randn(6, width)
     x[:, 7] *= 40  # an outlier channel costs precision only inside its 128-block
     block = Q4Block.quantize(weight, bits)
-    out = kernel.q4_linear(x, block.qs, block.sc, block.m, block.d, block.dmin)
+    out = run_kernel(kernel.q4_linear, x, Q4Tiles.from_block(block))
     reference = integer_reference(x, block)
     assert torch.allclose(out.double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
     exact = x @ weight.T
@@ -71,8 +72,9 @@ def test_quantizing_keeps_levels_in_range_and_a_gaussian_weight_close():
     block = Q4Block.quantize(weight)
     assert block.qs.dtype == torch.uint8 and block.qs.shape == (64, 256) and block.d.shape == (64, 2)
     assert Q4Block.quantize(torch.randn(4, 384)).d.shape == (4, 3)  # 128-wide blocks where 256 do not fit
+    assert Q4Block.quantize(torch.randn(4, 192)).d.shape == (4, 3)  # 64-wide where 128 do not fit either
     assert ((block.dequantize() - weight).norm() / weight.norm()) < 0.1
-    with pytest.raises(ValueError, match="divisible by 128"):
+    with pytest.raises(ValueError, match="divisible by 64"):
         Q4Block.quantize(torch.randn(4, 96))
     fine = Q4Block.quantize(weight, bits=7)
     assert fine.qs.shape == (64, 512) and int(fine.qs.max()) <= 127
@@ -182,7 +184,7 @@ def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(ke
     alone = [layer(x) for layer in layers]  # each layer's own kernel call on its view of the fused rows
     calls = []
     monkeypatch.setattr(q4.Q4Group, "products", lambda self, rows: calls.append(1) or
-                        list(self.product(rows, *self.fused.tensors()).split(self.widths, dim=1)))
+                        list(q4.run_kernel(self.product, rows, self.fused).split(self.widths, dim=1)))
     together = lean.same_input(layers, x)
     assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(alone, together))
     mlp = model.model.layers[0].mlp
@@ -200,20 +202,43 @@ def test_greedy_speculative_equals_target_only_on_the_lean_forward_with_w4a8(tok
 
 
 def test_the_kernel_refuses_weights_that_do_not_match_in_one_line(kernel):
-    block = Q4Block.quantize(torch.randn(8, 256))
+    tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(8, 256)))
     x = torch.randn(2, 256)
-    with pytest.raises(RuntimeError, match="one value per 32 inputs"):
-        kernel.q4_linear(x, block.qs, block.sc[:, :4].contiguous(), block.m, block.d, block.dmin)
-    with pytest.raises(RuntimeError, match="row per output"):
-        kernel.q4_linear(x, block.qs, block.sc, block.m[:4], block.d, block.dmin)
-    with pytest.raises(RuntimeError, match="does not match|one value per 32 inputs"):
-        kernel.q4_linear(torch.randn(2, 128), *block.tensors())
+    qs, sc, m, d, dmin = tiles.tensors()
+    with pytest.raises(RuntimeError, match="sc must be"):
+        kernel.q4_linear(x, qs, sc[:, :4].contiguous(), m, d, dmin)
+    with pytest.raises(RuntimeError, match="m must be"):
+        kernel.q4_linear(x, qs, sc, m[:, :1].contiguous(), d, dmin)
+    with pytest.raises(RuntimeError, match="x is 128 wide; the weights take 256"):
+        kernel.q4_linear(torch.randn(2, 128), *tiles.tensors())
+    with pytest.raises(RuntimeError, match="float32"):
+        kernel.q4_linear(x.double(), *tiles.tensors())
+    with pytest.raises(RuntimeError, match="16-row tiles"):
+        kernel.q4_linear(x, qs.flatten(1), sc, m, d, dmin)
+    with pytest.raises(RuntimeError, match="outs must fall in the last tile"):
+        kernel.q4_linear(x, *tiles.tensors(), 17)
 
 
-def test_each_version_of_the_kernel_source_builds_into_a_folder_of_its_own(monkeypatch, tmp_path):
-    from specchat.core import q4
+def test_a_nan_or_an_infinity_in_a_row_makes_that_rows_outputs_nan_and_no_other(kernel):
+    tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(32, 256)))
+    x = torch.randn(3, 256)
+    clean = run_kernel(kernel.q4_linear, x, tiles)
+    x[0, 5], x[2, 200] = float("nan"), float("inf")
+    out = run_kernel(kernel.q4_linear, x, tiles)
+    assert out[0].isnan().all() and out[2].isnan().all()
+    assert torch.equal(out[1], clean[1])
+
+
+def test_each_version_of_the_kernel_source_builds_into_a_folder_of_its_own(monkeypatch):
+    import torch as torch_module
     from specchat.loading import kernels
     first = kernels.q4_build_dir()
     assert first.name.startswith("q4-") and first.parent.name == "kernels"
-    monkeypatch.setattr(q4, "KERNEL_FLAGS", [*q4.KERNEL_FLAGS, "-DOTHER"])
-    assert kernels.q4_build_dir() != first
+    for name, value in [("BASE_FLAGS", [*kernels.BASE_FLAGS, "-DOTHER"]), ("compiler_version", lambda: "other 1.0")]:
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, name, value)
+            assert kernels.q4_build_dir() != first
+    with monkeypatch.context() as patch:
+        patch.setattr(torch_module, "__version__", "0.0.1")
+        assert kernels.q4_build_dir() != first
+    assert kernels.q4_build_dir() == first

@@ -6,22 +6,20 @@
 // so a verification forward gives bitwise what one-token steps give.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
 #include <vector>
 
+#include "q4_kernel.h"
 #include "simd.h"
-
-torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
-                        torch::Tensor d, torch::Tensor dmin);
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t LANES = 8;  // floats in an AVX2 vector
+using simd::F8;
+using simd::LANES;
 
 // Seconds spent in each part since the last reset, counted only while `on`.
 struct PartTimes {
@@ -73,7 +71,7 @@ Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
   int64_t outputs = 0;
   for (const auto& part : parts) {
     projection.parts.push_back(weights_from(part));
-    outputs += projection.parts.back().qs.size(0);
+    outputs += projection.parts.back().qs.size(0) * 16;  // 16-row tiles (q4_tiles.h)
   }
   if (bias) {
     TORCH_CHECK(bias->size(0) == outputs && outputs % LANES == 0, "a bias per output, 8 at a time");
@@ -86,17 +84,15 @@ Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
 void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t width, double eps, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * width;
-    __m256 squares = _mm256_setzero_ps();
+    F8 squares = simd::splat(0.f);
     for (int64_t i = 0; i < width; i += LANES) {
-      const __m256 v = _mm256_loadu_ps(in + i);
-      squares = _mm256_add_ps(squares, _mm256_mul_ps(v, v));
+      const F8 v = simd::load(in + i);
+      squares = squares + v * v;
     }
     const float mean = simd::lane_sum(squares) / static_cast<float>(width);
-    const __m256 scale = _mm256_set1_ps(1.0f / std::sqrt(mean + static_cast<float>(eps)));
-    for (int64_t i = 0; i < width; i += LANES) {
-      const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(in + i), scale);
-      _mm256_storeu_ps(out + r * width + i, _mm256_mul_ps(v, _mm256_loadu_ps(weight + i)));
-    }
+    const F8 scale = simd::splat(1.0f / std::sqrt(mean + static_cast<float>(eps)));
+    for (int64_t i = 0; i < width; i += LANES)
+      simd::store(out + r * width + i, simd::load(in + i) * scale * simd::load(weight + i));
   }
 }
 
@@ -105,7 +101,7 @@ void add_rows(float* x, int64_t x_stride, const float* y, int64_t y_stride, int6
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < width; i += LANES) {
       float* at = x + r * x_stride + i;
-      _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), _mm256_loadu_ps(y + r * y_stride + i)));
+      simd::store(at, simd::load(at) + simd::load(y + r * y_stride + i));
     }
 }
 
@@ -119,20 +115,18 @@ void rotate_into(const float* x, const float* cos, const float* sin, int64_t dim
 
 // gate_up [rows, 2·width] → silu(gate)·up [rows, width], silu(g) = g / (1 + e^−g).
 void silu_mul_rows(const float* gate_up, int64_t rows, int64_t width, float* out) {
-  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  const F8 one = simd::splat(1.0f), zero = simd::splat(0.f);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < width; i += LANES) {
-      const __m256 gate = _mm256_loadu_ps(gate_up + r * 2 * width + i);
-      const __m256 up = _mm256_loadu_ps(gate_up + r * 2 * width + width + i);
-      const __m256 silu = _mm256_div_ps(gate, _mm256_add_ps(one, simd::exp(_mm256_sub_ps(zero, gate))));
-      _mm256_storeu_ps(out + r * width + i, _mm256_mul_ps(silu, up));
+      const F8 gate = simd::load(gate_up + r * 2 * width + i);
+      const F8 up = simd::load(gate_up + r * 2 * width + width + i);
+      simd::store(out + r * width + i, gate / (one + simd::exp(zero - gate)) * up);
     }
 }
 
 float dot(const float* a, const float* b, int64_t dim) {
-  __m256 sum = _mm256_setzero_ps();
-  for (int64_t d = 0; d < dim; d += LANES)
-    sum = _mm256_add_ps(sum, _mm256_mul_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d)));
+  F8 sum = simd::splat(0.f);
+  for (int64_t d = 0; d < dim; d += LANES) sum = sum + simd::load(a + d) * simd::load(b + d);
   return simd::lane_sum(sum);
 }
 
@@ -147,21 +141,17 @@ void attend_one(const float* query, const float* keys, const float* values, int6
   }
   const int64_t padded = (length + LANES - 1) / LANES * LANES;
   std::fill(scores + length, scores + padded, -INFINITY);
-  const __m256 shift = _mm256_set1_ps(best);
-  for (int64_t j = 0; j < padded; j += LANES)
-    _mm256_storeu_ps(scores + j, simd::exp(_mm256_sub_ps(_mm256_loadu_ps(scores + j), shift)));
+  const F8 shift = simd::splat(best);
+  for (int64_t j = 0; j < padded; j += LANES) simd::store(scores + j, simd::exp(simd::load(scores + j) - shift));
   float total = 0.f;
   for (int64_t j = 0; j < length; ++j) total += scores[j];
   std::fill(out, out + dim, 0.f);
   for (int64_t j = 0; j < length; ++j) {
-    const __m256 weight = _mm256_set1_ps(scores[j]);
-    for (int64_t d = 0; d < dim; d += LANES) {
-      const __m256 v = _mm256_mul_ps(weight, _mm256_loadu_ps(values + j * dim + d));
-      _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(out + d), v));
-    }
+    const F8 weight = simd::splat(scores[j]);
+    for (int64_t d = 0; d < dim; d += LANES) simd::store(out + d, simd::load(out + d) + weight * simd::load(values + j * dim + d));
   }
-  const __m256 inverse = _mm256_set1_ps(1.0f / total);
-  for (int64_t d = 0; d < dim; d += LANES) _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inverse));
+  const F8 inverse = simd::splat(1.0f / total);
+  for (int64_t d = 0; d < dim; d += LANES) simd::store(out + d, simd::load(out + d) * inverse);
 }
 
 }  // namespace
@@ -250,7 +240,7 @@ class LeanLayers {
     std::vector<torch::Tensor> outputs;
     for (const auto& w : projection.parts) {
       Stopwatch kernel(times_, times_.kernel);
-      outputs.push_back(q4_linear(x, w.qs, w.sc, w.m, w.d, w.dmin));
+      outputs.push_back(q4_linear(x, w.qs, w.sc, w.m, w.d, w.dmin, -1));
     }
     auto y = outputs.size() == 1 ? outputs[0] : at::cat(outputs, 1);
     if (projection.bias.defined())  // checked against the parts' widths when the layer was added
@@ -302,7 +292,7 @@ class LeanLayers {
 };
 
 void register_lean_layers(pybind11::module& module) {
-  pybind11::class_<LeanLayers>(module, "LeanLayers")
+  pybind11::class_<LeanLayers>(module, "LeanLayers", pybind11::module_local())
       .def(pybind11::init<int64_t, int64_t, int64_t, double>())
       .def("add_layer", &LeanLayers::add_layer)
       .def("__len__", &LeanLayers::size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specchat.core.q4 import Q4Linear, whole_group
+from specchat.core.q4 import TILE_ROWS, Q4Linear, whole_group
 
 ACTIVATIONS = ("silu",)
 
@@ -31,6 +31,8 @@ def unsupported(layers: list[nn.Module], config, dtype: torch.dtype, head_dim: i
                    mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         if not all(isinstance(linear, Q4Linear) for linear in linears):
             return "not every linear layer is w4a8"
+        if any(linear.out_features % TILE_ROWS for linear in linears):
+            return f"a layer's width is not a multiple of {TILE_ROWS}"
         if mlp.gate_proj.out_features != mlp.up_proj.out_features:
             return "its gate and up projections differ in width"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -48,9 +50,9 @@ def build(layer_type, layers: list[nn.Module], heads: int, kv_heads: int, head_d
         gate_up = [mlp.gate_proj, mlp.up_proj]
         native.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                          float(layer.input_layernorm.variance_epsilon),
-                         _parts(qkv), _bias(qkv), list(attention.o_proj.block.tensors()), _bias([attention.o_proj]),
+                         _parts(qkv), _bias(qkv), list(attention.o_proj.tiles.tensors()), _bias([attention.o_proj]),
                          _parts(gate_up), _bias(gate_up), mlp.gate_proj.out_features,
-                         list(mlp.down_proj.block.tensors()), _bias([mlp.down_proj]))
+                         list(mlp.down_proj.tiles.tensors()), _bias([mlp.down_proj]))
     return native
 
 
@@ -60,7 +62,7 @@ def _parts(linears: list[Q4Linear]) -> list[list[torch.Tensor]]:
     group = whole_group(linears)
     if group is not None:
         return [list(group.fused.tensors())]
-    return [list(linear.block.tensors()) for linear in linears]
+    return [list(linear.tiles.tensors()) for linear in linears]
 
 
 def _bias(linears: list[Q4Linear]) -> torch.Tensor | None:

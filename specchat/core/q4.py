@@ -4,11 +4,14 @@ the other rows of its batch.
 
 Why: decoding on a CPU reads every weight once per forward, so the bytes per step decide. 4-bit
 weights in groups of 32 (a scale and an offset each, as llama.cpp's Q4_K) read about 0.6 of int8's.
-The activations are mapped per row and per block of 256 (or 128) inputs onto int8, so the dot products are integer
-(AVX2 `maddubs`), exact, and the same whatever else the batch holds: greedy speculative output
+The activations are mapped per row and per block of 256 (or 128, 64, 32) inputs onto int8, so the dot
+products are integer, exact, and the same whatever else the batch holds: greedy speculative output
 equals greedy target-only output in the dtype the chat runs.
 
-The kernel (q4_kernel.cpp) is compiled once with the machine's C++ compiler into specchat's cache.
+Q4Block is the weights' stored form (a row after a row); the kernel reads them as Q4Tiles, 16 output
+rows interleaved so that each lane of a vector is one output row (layout: q4_tiles.h), repacked once
+at load. The kernel (q4_kernel.cpp and its code paths, q4_path_*.cpp) is compiled once with the
+machine's C++ compiler into specchat's cache, and picks its path at run time from what the CPU has.
 """
 from __future__ import annotations
 
@@ -22,15 +25,24 @@ from specchat.core.w8a8 import shared_input_groups
 
 FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
+PAIR = 2 * GROUP  # a stored row packs its groups two by two
+
+
+TILE_ROWS = 16  # output rows the kernel reads interleaved (one per 32-bit lane of a 512-bit vector)
 
 
 def block_width(width: int) -> int:
-    """Inputs per block: 256 where the width allows (half the kernel's float work per row), else 128."""
-    if width % 256 == 0:
-        return 256
-    if width % 128 == 0:
-        return 128
-    raise ValueError(f"w4a8 needs input widths divisible by 128, not {width}")
+    """Inputs per block: the widest of 256, 128, 64 that divides the width (a float per block)."""
+    for block in (256, 128, PAIR):
+        if width % block == 0:
+            return block
+    raise ValueError(f"w4a8 needs input widths divisible by {PAIR}, not {width}")
+
+
+def fits(linear: nn.Linear) -> bool:
+    """Whether the kernel takes this layer's shape: its input width a multiple of 64 (levels are
+    stored in pairs of 32-groups)."""
+    return linear.in_features % PAIR == 0
 
 
 @dataclass
@@ -144,56 +156,112 @@ LEVEL_BITS = {4: (_pack_levels, _unpack_levels), 6: (_pack_levels_6, _unpack_lev
               7: (_bytes_per_level, _level_per_byte)}
 
 
-KERNEL_FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]  # no contraction: every row rounds alike
+@dataclass
+class Q4Tiles:
+    """A Q4Block as the kernel reads it: tiles of 16 output rows, interleaved (layout: q4_tiles.h).
+    The last tile is padded with zero rows; `outs` is the true number of output rows."""
+    qs: torch.Tensor    # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]
+    sc: torch.Tensor    # uint8 [tiles, in/32, 16]
+    m: torch.Tensor     # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row
+    d: torch.Tensor     # float32 [tiles, blocks, 16]
+    dmin: torch.Tensor  # float32 [tiles, blocks, 16]
+    outs: int
+
+    @classmethod
+    def from_block(cls, block: Q4Block) -> "Q4Tiles":
+        rows = block.sc.shape[0]
+        tiles = -(-rows // TILE_ROWS)
+        levels = LEVEL_BITS[block.bits][1](block.qs)                  # [out, in/32, 32]
+        sc, d, dmin = (_tile(t, tiles).transpose(1, 2).contiguous() for t in (block.sc, block.d, block.dmin))
+        m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
+        return cls(_tile_levels(_tile(levels, tiles), block.bits), sc, m.contiguous(), d, dmin, outs=rows)
+
+    def to_block(self) -> Q4Block:
+        """The weights a row after a row (the padding rows dropped)."""
+        levels = _untile_levels(self.qs, self.bits)[:self.outs]
+        sc, d, dmin = (t.transpose(1, 2).flatten(0, 1)[:self.outs].contiguous() for t in (self.sc, self.d, self.dmin))
+        tiles = self.m.shape[0]
+        m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[:self.outs]
+        return Q4Block(LEVEL_BITS[self.bits][0](levels.contiguous()), sc, m.contiguous(), d, dmin)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """(qs, sc, m, d, dmin), the kernel's arguments after x."""
+        return self.qs, self.sc, self.m, self.d, self.dmin
+
+    @property
+    def bits(self) -> int:
+        return {16: 4, 24: 6, 32: 7}[self.qs.shape[2] // TILE_ROWS]
+
+    def rows(self, index: torch.Tensor | slice) -> "Q4Tiles":
+        """The tiles of only the output rows `index` (only the tiles they lie in are unpacked)."""
+        wanted = torch.arange(self.outs)[index]
+        tiles = torch.unique(wanted // TILE_ROWS)
+        local = torch.searchsorted(tiles, wanted // TILE_ROWS) * TILE_ROWS + wanted % TILE_ROWS
+        part = Q4Tiles(*(t[tiles] for t in self.tensors()), outs=len(tiles) * TILE_ROWS).to_block()
+        return Q4Tiles.from_block(Q4Block(*(t[local].contiguous() for t in part.tensors())))
+
+    def dequantize(self) -> torch.Tensor:
+        return self.to_block().dequantize()
 
 
-def kernel_sources() -> list:
-    """The C++ files of the kernel module: the w4a8 product and the lean forward's layer loop."""
-    here = Path(__file__).parent
-    return [here / "q4_kernel.cpp", here / "lean_layers.cpp"]
+def _tile(rows: torch.Tensor, tiles: int) -> torch.Tensor:
+    """[out, ...] → [tiles, 16, ...], padded with zero rows."""
+    missing = tiles * TILE_ROWS - rows.shape[0]
+    if missing:
+        rows = torch.cat([rows, rows.new_zeros(missing, *rows.shape[1:])])
+    return rows.view(tiles, TILE_ROWS, *rows.shape[1:])
 
 
-def kernel_headers() -> list:
-    """The headers those sources include (part of what names a build)."""
-    return [Path(__file__).parent / "simd.h"]
+def _tile_levels(levels: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 levels [tiles, 16, in/32, 32] → the kernel's qs [tiles, in/32, 16 · group bytes]."""
+    tiles, _, groups, _ = levels.shape
+    vectors = levels.view(tiles, TILE_ROWS, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [tiles, groups, 8, 16, 4]
+    if bits == 7:
+        return vectors.reshape(tiles, groups, -1).contiguous()
+    low = vectors & 0x0F
+    parts = [(low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(tiles, groups, -1)]
+    if bits == 6:
+        top = (vectors >> 4).view(tiles, groups, 2, 4, TILE_ROWS, 4)
+        parts.append((top[:, :, :, 0] | (top[:, :, :, 1] << 2) | (top[:, :, :, 2] << 4) | (top[:, :, :, 3] << 6))
+                     .reshape(tiles, groups, -1))
+    return torch.cat(parts, dim=2).contiguous()
 
 
-def build_kernel(build_dir: str):
-    """The compiled kernel module (q4_kernel.cpp), built once into build_dir with the machine's C++
-    compiler; later calls load it. Raises RuntimeError where the CPU lacks AVX2 or nothing compiles."""
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        raise RuntimeError("w4a8 needs a CPU with AVX2")
-    import importlib.util
-    import os
-
-    from torch.utils.cpp_extension import load
-    if importlib.util.find_spec("ninja"):  # the ninja package's binary, for a venv that is not on PATH
-        import ninja
-        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    Path(build_dir).mkdir(parents=True, exist_ok=True)
-    return load("specchat_q4", [str(path) for path in kernel_sources()], extra_cflags=KERNEL_FLAGS, extra_ldflags=["-fopenmp"],
-                build_directory=build_dir)
+def _untile_levels(qs: torch.Tensor, bits: int) -> torch.Tensor:
+    """The kernel's qs [tiles, in/32, bytes] → uint8 levels [tiles·16, in/32, 32]."""
+    tiles, groups = qs.shape[:2]
+    if bits == 7:
+        vectors = qs.view(tiles, groups, 8, TILE_ROWS, 4)
+    else:
+        nibbles = qs[:, :, :256].reshape(tiles, groups, 4, TILE_ROWS, 4)
+        vectors = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)
+        if bits == 6:
+            top = qs[:, :, 256:].reshape(tiles, groups, 2, 1, TILE_ROWS, 4)
+            shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
+            vectors = vectors | (((top >> shifts) & 3).reshape(tiles, groups, 8, TILE_ROWS, 4) << 4)
+    return vectors.permute(0, 3, 1, 2, 4).reshape(tiles * TILE_ROWS, groups, GROUP)
 
 
-def run_kernel(product, x: torch.Tensor, block: Q4Block) -> torch.Tensor:
+def run_kernel(product, x: torch.Tensor, tiles: Q4Tiles) -> torch.Tensor:
     """The kernel's W x [rows, out] float32 for x [rows, in] float32 (one place to time it)."""
-    return product(x, *block.tensors())
+    return product(x, *tiles.tensors(), tiles.outs)
 
 
 class Q4Linear(nn.Module):
     """A drop-in nn.Linear: 4-bit weights, 8-bit activations per row and block, float32 products."""
 
-    def __init__(self, block: Q4Block, bias: torch.Tensor | None, product):
+    def __init__(self, block: Q4Block | Q4Tiles, bias: torch.Tensor | None, product):
         """product: the kernel's q4_linear (a builtin function, so the layer can be deep-copied)."""
         super().__init__()
-        self.block, self.product = block, product
+        self.tiles = block if isinstance(block, Q4Tiles) else Q4Tiles.from_block(block)
+        self.product = product
         self.group: tuple["Q4Group", int] | None = None  # set by Q4Group when fused with its neighbours
-        self.out_features = block.qs.shape[0]
-        self.in_features = block.sc.shape[1] * GROUP
+        self.out_features = self.tiles.outs
+        self.in_features = self.tiles.sc.shape[1] * GROUP
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.finish(run_kernel(self.product, x.reshape(-1, self.in_features).float(), self.block), x)
+        return self.finish(run_kernel(self.product, x.reshape(-1, self.in_features).float(), self.tiles), x)
 
     def finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The layer's output for input x from its product W x [rows, out] float32: bias, dtype, shape."""
@@ -203,9 +271,7 @@ class Q4Linear(nn.Module):
 
     def rows(self, index: torch.Tensor | slice) -> "Q4Linear":
         """A layer computing only the output rows `index`."""
-        b = self.block
-        block = Q4Block(*(t[index].contiguous() for t in (b.qs, b.sc, b.m, b.d, b.dmin)))
-        return Q4Linear(block, None if self.bias is None else self.bias[index], self.product)
+        return Q4Linear(self.tiles.rows(index), None if self.bias is None else self.bias[index], self.product)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit weights × 8-bit activations"
@@ -213,7 +279,8 @@ class Q4Linear(nn.Module):
 
 def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
                   exact: dict[str, Q4Block] | None = None, finer_bits: int = FINER_BITS) -> dict[str, Q4Block]:
-    """Replace every nn.Linear of `model` (the head too) by a Q4Linear; returns the blocks used.
+    """Replace every nn.Linear of `model` (the head too) whose shape the kernel takes (`fits`) by a
+    Q4Linear; returns the blocks used. The others stay as they are (`unfit_layers` names them).
 
     From `blocks` (by module name) when given. Else a layer takes its block from `exact` (a GGUF's own
     4-bit blocks: the file's weights bit for bit) or is quantized from its weights: with
@@ -226,14 +293,16 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
     def bits_for(name: str) -> int:
         return finer_bits if exact is not None or name == "lm_head" else 4
 
-    def build(name: str, linear: nn.Linear) -> Q4Linear:
+    def build(name: str, linear: nn.Linear) -> nn.Module:
+        if not fits(linear):
+            return linear
         if blocks is not None:
             block = blocks[name]
         else:
             block = (exact or {}).get(name) or Q4Block.quantize(linear.weight, bits_for(name))
         used[name] = block
         return Q4Linear(block, linear.bias, kernel.q4_linear)
-    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear) and fits(module)}
     replace_linears(model, build)
     for names in shared_input_groups(linears, lambda name: 1):
         group_layers(model, names)
@@ -243,17 +312,17 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
 class Q4Group:
     """Layers that read one input (q/k/v, gate/up) as one matrix: one kernel call gives every
     layer's product, bitwise the same as each layer's own (every output is a dot product of its own).
-    The layers' blocks become views of the fused rows, so the weights are held once."""
+    The layers' tiles become views of the fused tiles, so the weights are held once."""
 
     def __init__(self, layers: list[Q4Linear]):
-        parts = zip(*(layer.block.tensors() for layer in layers))
-        self.fused = Q4Block(*(torch.cat(tensors).contiguous() for tensors in parts))
+        parts = zip(*(layer.tiles.tensors() for layer in layers))
         self.widths = [layer.out_features for layer in layers]
+        self.fused = Q4Tiles(*(torch.cat(tensors).contiguous() for tensors in parts), outs=sum(self.widths))
         self.product = layers[0].product
         start = 0
         for index, layer in enumerate(layers):
-            rows = slice(start, start + layer.out_features)
-            layer.block = Q4Block(*(tensor[rows] for tensor in self.fused.tensors()))
+            tiles = slice(start // TILE_ROWS, (start + layer.out_features) // TILE_ROWS)
+            layer.tiles = Q4Tiles(*(tensor[tiles] for tensor in self.fused.tensors()), outs=layer.out_features)
             layer.group, start = (self, index), start + layer.out_features
 
     def products(self, x: torch.Tensor) -> list[torch.Tensor]:
@@ -263,9 +332,12 @@ class Q4Group:
 
 def group_layers(model: nn.Module, names: list[str]) -> None:
     """Fuse the Q4Linear layers `names` of `model`, which read one input, into a Q4Group, where their
-    levels are stored alike (as many bits, same block width)."""
+    levels are stored alike (as many bits, same block width) and each fills whole tiles."""
     layers = [model.get_submodule(name) for name in names]
-    if len({(layer.block.qs.shape[1], layer.block.d.shape[1]) for layer in layers}) == 1:
+    if not all(isinstance(layer, Q4Linear) for layer in layers):
+        return
+    alike = len({(layer.tiles.qs.shape[2], layer.tiles.d.shape[1]) for layer in layers}) == 1
+    if alike and all(layer.out_features % TILE_ROWS == 0 for layer in layers):
         Q4Group(layers)
 
 

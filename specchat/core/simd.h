@@ -1,34 +1,97 @@
-// AVX2 helpers shared by the kernel module's sources (q4_kernel.cpp, lean_layers.cpp).
+// Eight floats at a time for the layer loop (lean_layers.cpp): AVX2 where the module is built with it,
+// else plain C++ that takes the same steps lane by lane (IEEE adds, multiplies, divides and floors
+// round alike everywhere), so the layer loop gives the same bits on every CPU.
 #pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__)
 #include <immintrin.h>
+#endif
 
 namespace simd {
 
-// The sum of a vector's 8 lanes, always in the same order.
-inline float lane_sum(__m256 v) {
-  __m128 low = _mm256_castps256_ps128(v), high = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(low, high);
+constexpr int64_t LANES = 8;
+
+#if defined(__AVX2__)
+struct F8 {
+  __m256 v;
+};
+inline F8 load(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void store(float* p, F8 a) { _mm256_storeu_ps(p, a.v); }
+inline F8 splat(float x) { return {_mm256_set1_ps(x)}; }
+inline F8 operator+(F8 a, F8 b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline F8 operator-(F8 a, F8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline F8 operator*(F8 a, F8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline F8 operator/(F8 a, F8 b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline F8 lesser(F8 a, F8 b) { return {_mm256_min_ps(a.v, b.v)}; }   // a < b ? a : b
+inline F8 greater(F8 a, F8 b) { return {_mm256_max_ps(a.v, b.v)}; }  // a > b ? a : b
+inline F8 floor(F8 a) { return {_mm256_floor_ps(a.v)}; }
+// 2^n per lane, n a whole number in float32's exponent range.
+inline F8 power_of_two(F8 n) {
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n.v), _mm256_set1_epi32(127)), 23);
+  return {_mm256_castsi256_ps(bits)};
+}
+// The lanes' sum in a fixed order: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+inline float lane_sum(F8 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
   return _mm_cvtss_f32(s);
 }
+#else
+struct F8 {
+  float v[LANES];
+};
+template <typename Op>
+inline F8 each(F8 a, F8 b, Op op) {
+  F8 out;
+  for (int i = 0; i < LANES; ++i) out.v[i] = op(a.v[i], b.v[i]);
+  return out;
+}
+inline F8 load(const float* p) {
+  F8 out;
+  std::memcpy(out.v, p, sizeof out.v);
+  return out;
+}
+inline void store(float* p, F8 a) { std::memcpy(p, a.v, sizeof a.v); }
+inline F8 splat(float x) { return {{x, x, x, x, x, x, x, x}}; }
+inline F8 operator+(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x + y; }); }
+inline F8 operator-(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x - y; }); }
+inline F8 operator*(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x * y; }); }
+inline F8 operator/(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x / y; }); }
+inline F8 lesser(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x < y ? x : y; }); }
+inline F8 greater(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x > y ? x : y; }); }
+inline F8 floor(F8 a) { return each(a, a, [](float x, float) { return std::floor(x); }); }
+inline F8 power_of_two(F8 n) {
+  return each(n, n, [](float x, float) {
+    const int32_t bits = (static_cast<int32_t>(x) + 127) << 23;
+    float out;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
+  });
+}
+inline float lane_sum(F8 a) {
+  const float* l = a.v;
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+#endif
 
 // e^x per lane (Cephes' expf: a degree-5 polynomial on x - n ln 2, times 2^n), relative error about
 // 2e-7; 0 below about -87.7, and x is capped at 88 (e^88 is near float32's largest). Each lane's result
 // depends on that lane alone.
-inline __m256 exp(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.0f)), _mm256_set1_ps(88.0f));
-  __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                           _mm256_set1_ps(0.5f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-  x = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-  const __m256 square = _mm256_mul_ps(x, x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+inline F8 exp(F8 x) {
+  x = lesser(greater(x, splat(-88.0f)), splat(88.0f));
+  const F8 n = floor(x * splat(1.44269504088896341f) + splat(0.5f));
+  x = x - n * splat(0.693359375f);
+  x = x - n * splat(-2.12194440e-4f);
+  const F8 square = x * x;
+  F8 y = splat(1.9875691500e-4f);
   for (const float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(c));
-  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, square), x), _mm256_set1_ps(1.0f));
-  const __m256i power = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(power));
+    y = y * x + splat(c);
+  y = y * square + x + splat(1.0f);
+  return y * power_of_two(n);
 }
 
 }  // namespace simd

@@ -1,12 +1,22 @@
-"""specchat's own C++ kernels, compiled once per machine into its cache (core/q4_kernel.cpp and
-core/lean_layers.cpp, one module).
+"""specchat's own C++ kernels, compiled once per machine into its cache: the w4a8 product
+(core/q4_kernel.cpp and its code paths core/q4_path_*.cpp) and the lean forward's layer loop
+(core/lean_layers.cpp), one module.
 
-Each version of the source builds into a folder of its own (named by the source's and the flags'
-sha256), so two specchat versions sharing a cache never rebuild over each other's build.
+The module holds every code path of the product the compiler can build here (portable C++; on x86 also
+AVX2, AVX-VNNI and AVX-512 VNNI) and runs the fastest one the CPU has; $SPECCHAT_KERNEL names another
+(`portable`, `avx2`, `avx-vnni`, `avx512-vnni`), for A/B runs and tests. Every path gives the same bits.
+
+Each version of the sources builds into a folder of its own, named by the sources, the flags, torch's
+version, the Python ABI and the compiler, so environments sharing a cache never load each other's build.
 """
 from __future__ import annotations
 
 import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -14,19 +24,94 @@ from specchat.loading.assets import cache_dir
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
 
+KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
+SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path_avx_vnni.cpp",
+           "q4_path_avx512_vnni.cpp", "lean_layers.cpp"]
+HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "simd.h"]
+BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike
+
+
+def _source_dir() -> Path:
+    import specchat.core
+    return Path(specchat.core.__file__).parent
+
+
+def kernel_sources() -> list[Path]:
+    return [_source_dir() / name for name in SOURCES]
+
+
+def kernel_headers() -> list[Path]:
+    return [_source_dir() / name for name in HEADERS]
+
+
+def _has_avx2() -> bool:
+    import torch
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    return x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _torch_uses_openmp() -> bool:
+    import torch
+    return "OpenMP" in torch.__config__.parallel_info() and "not found" not in torch.__config__.parallel_info()
+
+
+def kernel_flags() -> list[str]:
+    """The compiler flags for this machine: AVX2 as the layer loop's baseline where the CPU has it
+    (the product's faster paths are chosen at run time either way), OpenMP where torch uses it."""
+    flags = list(BASE_FLAGS)
+    if _has_avx2():
+        flags += ["-mavx2", "-mfma"]
+    if _torch_uses_openmp():
+        flags.append("-fopenmp")
+    return flags
+
+
+def compiler_version() -> str:
+    """The first line of the C++ compiler's --version ($CXX, else c++), or why there is none."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no compiler {compiler!r}"
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"{compiler}: {err}"
+    return (done.stdout.splitlines() or [""])[0]
+
+
+def build_identity() -> bytes:
+    import torch
+    sources = b"".join(path.read_bytes() for path in [*kernel_sources(), *kernel_headers()])
+    context = [" ".join(kernel_flags()), torch.__version__, sys.implementation.cache_tag, compiler_version()]
+    return sources + "\n".join(context).encode()
+
 
 def q4_build_dir() -> Path:
-    """The w4a8 kernel's build folder for this version of its source and flags."""
-    import specchat.core.q4 as q4
-    sources = b"".join(path.read_bytes() for path in [*q4.kernel_sources(), *q4.kernel_headers()])
-    digest = hashlib.sha256(sources + " ".join(q4.KERNEL_FLAGS).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"q4-{digest}"
+    """The kernel module's build folder for this version of its sources, flags and toolchain."""
+    return cache_dir() / "kernels" / f"q4-{hashlib.sha256(build_identity()).hexdigest()[:16]}"
+
+
+def build_kernel(build_dir: str, name: str = "specchat_q4"):
+    """The compiled kernel module, built once into build_dir with the machine's C++ compiler; later
+    calls load it. Raises where nothing compiles (the compiler's log is in build_dir)."""
+    import importlib.util
+
+    from torch.utils.cpp_extension import load
+    if importlib.util.find_spec("ninja"):  # the ninja package's binary, for a venv that is not on PATH
+        import ninja
+        os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
+    Path(build_dir).mkdir(parents=True, exist_ok=True)
+    flags = kernel_flags()
+    return load(name, [str(path) for path in kernel_sources()], extra_cflags=flags,
+                extra_ldflags=[flag for flag in flags if flag == "-fopenmp"], build_directory=build_dir)
 
 
 @lru_cache(maxsize=1)
 def _built_q4_kernel():
-    from specchat.core.q4 import build_kernel
-    return build_kernel(str(q4_build_dir()))
+    module = build_kernel(str(q4_build_dir()))
+    forced = os.environ.get(KERNEL_ENV)
+    if forced:
+        module.set_kernel_path(forced)
+    return module
 
 
 def q4_kernel(progress: Progress | None = None):
@@ -35,6 +120,6 @@ def q4_kernel(progress: Progress | None = None):
         report(progress, "compiling the w4a8 kernel (once per machine, about a minute)", None)
     try:
         return _built_q4_kernel()
-    except Exception as err:  # no compiler, no AVX2: say so in one line
+    except Exception as err:  # no compiler, an unknown path: say so in one line
         raise ModelLoadError(f"quantization w4a8 is not available here: {one_line(err)}; "
                              f"use quantization = \"w8a8\" instead") from None

@@ -39,7 +39,7 @@ def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     tensors = [*model.parameters(), *model.buffers()]
     for module in model.modules():
         if isinstance(module, Q4Linear):
-            tensors.extend(module.block.tensors())
+            tensors.extend(module.tiles.tensors())
     return tensors
 
 

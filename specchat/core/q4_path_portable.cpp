@@ -1,0 +1,77 @@
+// The w4a8 product in plain C++ (no intrinsics): it builds on any CPU, and every other path must give
+// its bits (layout and arithmetic: q4_tiles.h).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "q4_tiles.h"
+
+namespace q4 {
+namespace {
+
+// One tile's group of levels as 8 vectors of 64 bytes: vector q holds L[j][4q + t] at byte 4j + t.
+void unpack(const uint8_t* qs, int bits, uint8_t vectors[8][64]) {
+  if (bits == 7) {
+    std::memcpy(vectors, qs, 8 * 64);
+    return;
+  }
+  for (int c = 0; c < 4; ++c)
+    for (int i = 0; i < 64; ++i) {
+      vectors[c][i] = qs[c * 64 + i] & 0x0F;
+      vectors[c + 4][i] = qs[c * 64 + i] >> 4;
+    }
+  if (bits == 6)
+    for (int q = 0; q < 8; ++q)
+      for (int i = 0; i < 64; ++i) vectors[q][i] |= ((qs[256 + (q / 4) * 64 + i] >> (2 * (q % 4))) & 3) << 4;
+}
+
+// Block b of rows first..first+count: their dot and offset sums [count][16] for the tile's rows.
+void block_sums(const Tiles& w, const Rows& x, const Job& job, int64_t b, int32_t (*dot)[TILE_ROWS],
+                int32_t (*offset)[TILE_ROWS]) {
+  const int64_t per_block = w.groups / w.blocks;
+  uint8_t vectors[8][64];
+  for (int64_t r = 0; r < job.count; ++r)
+    for (int j = 0; j < TILE_ROWS; ++j) dot[r][j] = offset[r][j] = 0;
+  for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
+    const int64_t at = job.tile * w.groups + g;
+    unpack(w.qs + at * TILE_ROWS * group_bytes(w.bits), w.bits, vectors);
+    const uint8_t* m = w.m + (at - g % 2) * TILE_ROWS + g % 2;  // pairs of groups side by side per row
+    for (int64_t r = 0; r < job.count; ++r) {
+      const int8_t* activations = x.levels + (job.first + r) * x.width + g * GROUP;
+      const int32_t sum = x.sums[(job.first + r) * w.groups + g];
+      for (int j = 0; j < TILE_ROWS; ++j) {
+        int32_t products = 0;
+        for (int q = 0; q < 8; ++q)
+          for (int t = 0; t < 4; ++t) products += vectors[q][4 * j + t] * activations[4 * q + t];
+        dot[r][j] += products * w.sc[at * TILE_ROWS + j];
+        offset[r][j] += m[2 * j] * sum;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void tile_portable(const Tiles& w, const Rows& x, const Job& job) {
+  std::vector<int32_t> sums(2 * job.count * TILE_ROWS);
+  auto* dot = reinterpret_cast<int32_t (*)[TILE_ROWS]>(sums.data());
+  auto* offset = dot + job.count;
+  for (int64_t r = 0; r < job.count; ++r)
+    for (int j = 0; j < TILE_ROWS; ++j) job.out[(job.first + r) * job.stride + job.tile * TILE_ROWS + j] = 0.f;
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    block_sums(w, x, job, b, dot, offset);
+    const float* d = w.d + (job.tile * w.blocks + b) * TILE_ROWS;
+    const float* dmin = w.dmin + (job.tile * w.blocks + b) * TILE_ROWS;
+    for (int64_t r = 0; r < job.count; ++r) {
+      const float scale = x.scales[(job.first + r) * w.blocks + b];
+      float* out = job.out + (job.first + r) * job.stride + job.tile * TILE_ROWS;
+      for (int j = 0; j < TILE_ROWS; ++j) {
+        out[j] = std::fma(static_cast<float>(dot[r][j]), d[j] * scale, out[j]);
+        out[j] = std::fma(-static_cast<float>(offset[r][j]), dmin[j] * scale, out[j]);
+      }
+    }
+  }
+}
+
+}  // namespace q4

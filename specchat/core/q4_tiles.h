@@ -1,0 +1,93 @@
+// The w4a8 product's data, as every code path of the kernel reads it (q4_path_*.cpp), and the paths'
+// entry points. Plain structs and declarations only: the path files are compiled for instruction sets
+// this CPU may lack, so they include nothing that defines shared inline code (torch, the standard
+// library's templates), which the linker could pick for everyone.
+//
+// Weights [N, K] in tiles of 16 output rows (N padded with zero rows to a multiple of 16), per
+// 32-group of inputs (levels L[j][k], j the row in the tile, k the input in the group):
+//   qs    uint8 [tiles, K/32, 16·group_bytes]. The group's levels as 8 vectors of 64 bytes, vector q
+//         holding L[j][4q..4q+3] at bytes 4j..4j+3 (one int32 lane per output row):
+//         4-bit (256 bytes): 4 chunks of 64; chunk c holds vector c in its low nibbles and c+4 in its high.
+//         6-bit (384 bytes): the low 4 bits as 4-bit, then 2 chunks of 64 bytes of top bits: chunk e
+//                holds the top 2 bits of vector 4e+s at bits 2s..2s+1 (s = 0..3).
+//         7-bit (512 bytes): the 8 vectors as they are, a byte a level.
+//   sc    uint8 [tiles, K/32, 16]: each group's scale, in units of its block's d
+//   m     uint8 [tiles, K/64, 16, 2]: each group's offset, in units of its block's dmin, groups 2p and
+//         2p+1 side by side per row (an int16 pair per lane once widened)
+//   d, dmin float [tiles, K/block, 16]
+//   w = d·sc·level − dmin·m
+// Activations [M, K] are int8 levels per row and block (scale amax/127).
+//
+// What every path computes, for activation row r, output row j and block b (all integer sums exact):
+//   dot    = Σ_groups sc_g · Σ_k L[j][k]·x[k]      (int32)
+//   offset = Σ_groups m_g · Σ_k x[k]                 (int32)
+//   out    = fma(float(dot), d·xs, out);  out = fma(−float(offset), dmin·xs, out)   (blocks in order)
+// so every path gives the same bits, and a row's result never depends on the other rows.
+#pragma once
+#include <cstdint>
+
+namespace q4 {
+
+constexpr int64_t GROUP = 32;
+constexpr int64_t TILE_ROWS = 16;
+
+// Bytes of one row's 32-group of levels: 4-bit 16, 6-bit 24, 7-bit 32.
+constexpr int64_t group_bytes(int bits) { return bits == 7 ? GROUP : GROUP * bits / 8; }
+
+struct Tiles {
+  const uint8_t* qs;
+  const uint8_t* sc;
+  const uint8_t* m;
+  const float* d;
+  const float* dmin;
+  int64_t groups, blocks;  // per row: K/32 and K/block
+  int bits;
+};
+
+struct Rows {
+  const int8_t* levels;  // [M, K]
+  const float* scales;   // [M, K/block]
+  const int16_t* sums;   // [M, K/32]: each group's sum of levels (|sum| <= 32·127)
+  int64_t width;
+};
+
+// out rows first..first+count, columns tile·16..tile·16+15 (row stride `stride`): W·x of tile `tile`.
+struct Job {
+  int64_t tile, first, count;
+  float* out;
+  int64_t stride;
+};
+
+template <int N>
+struct Count {
+  static constexpr int value = N;
+};
+
+template <int R, typename Run>
+inline void with_count(int64_t count, Run& run, int64_t first) {
+  if constexpr (R > 1) {
+    if (count < R) return with_count<R - 1>(count, run, first);
+  }
+  run(Count<R>{}, first);
+}
+
+// run(Count<R>{}, first) over the job's rows in chunks of at most MAX, as even as possible (8 rows
+// with MAX 5: 4 + 4). Each row's result is the same whatever its chunk.
+template <int MAX, typename Run>
+inline void in_chunks(const Job& job, Run&& run) {
+  const int64_t chunks = (job.count + MAX - 1) / MAX;
+  for (int64_t c = 0, first = job.first; c < chunks; ++c) {
+    const int64_t count = job.count / chunks + (c < job.count % chunks);
+    with_count<MAX>(count, run, first);
+    first += count;
+  }
+}
+
+void tile_portable(const Tiles& w, const Rows& x, const Job& job);
+#if defined(__x86_64__) || defined(_M_X64)
+void tile_avx2(const Tiles& w, const Rows& x, const Job& job);
+void tile_avx_vnni(const Tiles& w, const Rows& x, const Job& job);
+void tile_avx512_vnni(const Tiles& w, const Rows& x, const Job& job);
+#endif
+
+}  // namespace q4

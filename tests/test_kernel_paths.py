@@ -1,0 +1,157 @@
+"""The w4a8 kernel's code paths (core/q4_path_*.cpp), chosen at run time from what the CPU has: every
+path gives bitwise the portable path's products, a row's result never depends on its batch, and the
+layer loop and the bundled pair's greedy tokens are the same on every path. A path this CPU lacks is
+skipped with the instruction set it needs."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from specchat.bench.tiny_models import build_model
+from specchat.core.q4 import Q4Block, Q4Tiles, quantize_w4a8, run_kernel
+from specchat.loading.kernels import q4_kernel
+
+PATHS = {"portable": "", "avx2": "AVX2 and FMA", "avx-vnni": "AVX-VNNI", "avx512-vnni": "AVX-512 F/BW/VL/VNNI"}
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return q4_kernel()
+
+
+@contextlib.contextmanager
+def on_path(kernel, name: str):
+    """The kernel's products on path `name` inside the block; the path before it afterwards."""
+    before = kernel.kernel_path()
+    kernel.set_kernel_path(name)
+    try:
+        yield
+    finally:
+        kernel.set_kernel_path(before)
+
+
+def path_or_skip(kernel, name: str) -> str:
+    if name not in kernel.kernel_paths():
+        pytest.skip(f"the {name} path needs {PATHS[name]}, which this CPU lacks")
+    return name
+
+
+def products(kernel, name: str, x: torch.Tensor, tiles: Q4Tiles) -> torch.Tensor:
+    with on_path(kernel, name):
+        return run_kernel(kernel.q4_linear, x, tiles)
+
+
+def test_the_fastest_path_this_cpu_has_runs_and_the_portable_one_is_always_there(kernel):
+    available = kernel.kernel_paths()
+    assert available[-1] == "portable" and kernel.kernel_path() == available[0]
+    assert list(available) == [name for name in PATHS if name in available][::-1]
+    with pytest.raises(RuntimeError, match="unknown kernel path fastest .known: avx512-vnni, avx-vnni, avx2, portable"):
+        kernel.set_kernel_path("fastest")
+    missing = [name for name in PATHS if name not in available]
+    for name in missing:
+        with pytest.raises(RuntimeError, match=f"needs {PATHS[name]}, which this CPU lacks"):
+            kernel.set_kernel_path(name)
+    assert kernel.kernel_path() == available[0]
+
+
+@pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
+@pytest.mark.parametrize("bits", [4, 6, 7])
+@pytest.mark.parametrize("outs, width", [(200, 640), (48, 1536), (33, 192), (16, 64), (7, 256)])
+def test_every_path_gives_the_portable_paths_bits(kernel, path, bits, outs, width):
+    path_or_skip(kernel, path)
+    torch.manual_seed(outs + width + bits)
+    tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, width) * 0.1, bits))
+    x = torch.randn(64, width)
+    x[:, 3] *= 30  # an outlier channel
+    for rows in [*range(1, 17), 64]:
+        portable = products(kernel, "portable", x[:rows], tiles)
+        assert portable.shape == (rows, outs)
+        assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("bits", [4, 6])
+def test_on_every_path_a_row_gets_the_same_bits_alone_or_anywhere_in_a_batch(kernel, path, bits):
+    path_or_skip(kernel, path)
+    torch.manual_seed(bits)
+    tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(96, 512) * 0.1, bits))
+    row = torch.randn(1, 512)
+    alone = products(kernel, path, row, tiles)[0]
+    for rows in range(1, 14):
+        for position in {0, rows // 2, rows - 1}:
+            batch = torch.randn(rows, 512) * 2
+            batch[position] = row[0]
+            assert torch.equal(products(kernel, path, batch, tiles)[position], alone), (rows, position)
+
+
+def test_the_tiles_hold_the_weights_a_row_after_a_row_held(kernel):
+    torch.manual_seed(5)
+    for bits in (4, 6, 7):
+        block = Q4Block.quantize(torch.randn(37, 384) * 0.1, bits)
+        tiles = Q4Tiles.from_block(block)
+        assert tiles.qs.shape == (3, 12, 16 * {4: 16, 6: 24, 7: 32}[bits]) and tiles.outs == 37
+        assert all(torch.equal(a, b) for a, b in zip(tiles.to_block().tensors(), block.tensors()))
+        index = torch.tensor([36, 0, 17, 5])
+        assert torch.equal(tiles.rows(index).dequantize(), block.dequantize()[index])
+        assert torch.equal(tiles.rows(slice(3, 20)).dequantize(), block.dequantize()[3:20])
+
+
+@pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
+def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, tokenizer, path):
+    from specchat.core import kvcache
+    from specchat.core.lean import LeanForward
+    path_or_skip(kernel, path)
+    model = build_model(len(tokenizer), seed=4, layers=2, hidden=256)
+    quantize_w4a8(model, None, kernel)
+    lean = LeanForward(model, kernel.LeanLayers)
+    assert lean.native_reason == ""
+    ids = torch.tensor([list(range(5, 45))])
+
+    def logits(name: str) -> list[torch.Tensor]:
+        cache = kvcache.LeanCache(lean)
+        with on_path(kernel, name):
+            return [lean(cache, ids[:, :35], keep=35), lean(cache, ids[:, 35:40], keep=5)]
+    assert all(torch.equal(a, b) for a, b in zip(logits(path), logits("portable")))
+
+
+@pytest.mark.slow
+def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, tokenizer, tmp_path, monkeypatch):
+    """The layer loop's plain-C++ float steps (simd.h without AVX2) round as its AVX2 ones do."""
+    from specchat.core import kvcache
+    from specchat.core.lean import LeanForward
+    from specchat.loading import kernels
+    if "avx2" not in kernel.kernel_paths():
+        pytest.skip("the AVX2 build needs AVX2 and FMA, which this CPU lacks")
+    monkeypatch.setattr(kernels, "_has_avx2", lambda: False)
+    plain = kernels.build_kernel(str(tmp_path / "plain"), name="specchat_q4_plain")
+    assert "-mavx2" not in kernels.kernel_flags()
+    model = build_model(len(tokenizer), seed=6, layers=2, hidden=256)
+    quantize_w4a8(model, None, kernel)
+    ids = torch.tensor([list(range(5, 30))])
+    outputs = []
+    for module in (kernel, plain):
+        lean = LeanForward(model, module.LeanLayers)
+        assert lean.native_reason == ""
+        with on_path(kernel, "portable"), on_path(plain, "portable"):
+            outputs.append(lean(kvcache.LeanCache(lean), ids, keep=25))
+    assert torch.equal(*outputs)
+
+
+@pytest.mark.slow
+def test_the_bundled_pair_gives_the_same_tokens_on_the_portable_path_and_stays_exact(kernel):
+    """The default config's greedy reply, target-only on the fastest path, and target-only and
+    speculative with the portable path forced: the same token ids."""
+    from test_models import greedy_reply
+
+    from specchat.config import load_config
+    from specchat.loading.models import load_pair
+    pair = load_pair(load_config(None, []))
+    messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
+    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                             return_dict=True)["input_ids"]
+    fastest = greedy_reply(pair, "target", ids, n=12)
+    with on_path(kernel, "portable"):
+        assert greedy_reply(pair, "target", ids, n=12) == fastest
+        assert greedy_reply(pair, "spec", ids, n=12, gamma=4) == fastest
