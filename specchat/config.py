@@ -20,12 +20,16 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8", "w8a8-fast", "w4a8", "w4a8-fast")
+QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8", "w8a8-fast", "w4a8", "w4a8-fast", "auto", "auto-fast")
 W8A8_MODES = ("w8a8", "w8a8-fast")  # int8×int8 on fbgemm: 16-bit activations into the MLP and head, or 8-bit everywhere
 # specchat's batch-invariant CPU kernels: float32 out, so norms and attention stay in float32
 # w4a8: 4-bit weights (a GGUF's own Q4_K blocks where it has them; its finer layers 6-bit) × 8-bit
-# activations on specchat's AVX2 kernel (core/q4.py); w4a8-fast: every layer 4-bit
+# activations on specchat's own CPU kernel (core/q4.py); w4a8-fast: every layer 4-bit
 W4A8_MODES = ("w4a8", "w4a8-fast")
+# auto (auto-fast): w4a8 (w4a8-fast) on a CPU where specchat's kernel builds, else w8a8 (w8a8-fast) on
+# x86, else none, with one notice line; unquantized off the CPU (loading/quantization_choice.py)
+AUTO_MODES = {"auto": ("w4a8", "w8a8"), "auto-fast": ("w4a8-fast", "w8a8-fast")}
+KERNELS = ("auto", "portable", "avx2", "avx-vnni", "avx512-vnni")  # the w4a8 kernel's code paths
 INVARIANT_MODES = (*W8A8_MODES, *W4A8_MODES)
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
@@ -86,12 +90,18 @@ class UIConfig:
 
 
 @dataclass(frozen=True)
+class RuntimeConfig:
+    kernel: str = "auto"      # the w4a8 kernel's code path: auto (the fastest this CPU has) or one of KERNELS
+
+
+@dataclass(frozen=True)
 class Config:
     target: ModelConfig = ModelConfig()
     drafter: ModelConfig = ModelConfig()
     sampling: SamplingConfig = SamplingConfig()
     speculation: SpeculationConfig = SpeculationConfig()
     ui: UIConfig = UIConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
 
 
 GAMMA_AUTO = -1
@@ -157,6 +167,7 @@ VALIDATORS = {
     else "0 (the whole vocabulary) or an id limit of at least 256",
     ("ui", "context_limit"): _int_range(0, 10_000_000),
     ("ui", "system_prompt"): _check_text,
+    ("runtime", "kernel"): _one_of(KERNELS),
 }
 
 

@@ -217,6 +217,21 @@ def test_the_kernel_refuses_weights_that_do_not_match_in_one_line(kernel):
         kernel.q4_linear(x, qs.flatten(1), sc, m, d, dmin)
     with pytest.raises(RuntimeError, match="outs must fall in the last tile"):
         kernel.q4_linear(x, *tiles.tensors(), 17)
+    with pytest.raises(RuntimeError, match="runs on the CPU only"):
+        kernel.q4_linear(x.to("meta"), *tiles.tensors())
+
+
+def test_the_compiled_layers_refuse_a_negative_start_and_a_wrong_width_in_one_line(kernel, tokenizer):
+    from specchat.core.lean import LeanForward
+    model = build_model(len(tokenizer), seed=2, layers=1, hidden=128)
+    quantize_w4a8(model, None, kernel)
+    native = LeanForward(model, kernel.LeanLayers).native_loop()
+    empty = [torch.zeros(2, 8, 64) for _ in range(len(native))]  # [kv_heads, capacity, head_dim]
+    table = torch.zeros(1, 64)
+    with pytest.raises(RuntimeError, match="start must be >= 0, not -1"):
+        native.forward(torch.zeros(1, 1, 128), empty, empty, table, table, -1)
+    with pytest.raises(RuntimeError, match="hidden is 64 wide; the layers take 128"):
+        native.forward(torch.zeros(1, 1, 64), empty, empty, table, table, 0)
 
 
 def test_a_nan_or_an_infinity_in_a_row_makes_that_rows_outputs_nan_and_no_other(kernel):

@@ -189,6 +189,10 @@ class LeanLayers {
                 "hidden must be float32 [1, fed, hidden]");
     TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one key and value tensor a layer");
     const int64_t fed = hidden.size(1), width = hidden.size(2);
+    TORCH_CHECK(hidden.device().is_cpu(), "the compiled layers run on the CPU only");
+    TORCH_CHECK(start >= 0, "start must be >= 0, not ", start);
+    TORCH_CHECK(layers_.empty() || width == layers_[0].input_norm.size(0), "hidden is ", width,
+                " wide; the layers take ", layers_.empty() ? 0 : layers_[0].input_norm.size(0));
     for (const auto& table : {cos, sin})
       TORCH_CHECK(table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.size(0) == fed &&
                   table.size(1) == head_dim_, "cos and sin must be contiguous float32 [fed, head_dim]");

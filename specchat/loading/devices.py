@@ -13,9 +13,12 @@ FAST_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def resolve_device(device: str) -> str:
-    """auto -> cuda when torch sees a GPU, else cpu; an explicit GPU must exist."""
+    """auto -> cuda when torch sees a GPU, else Apple's mps when torch has it, else cpu; an explicit
+    GPU must exist."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ModelLoadError(f"device {device} was asked for, but torch sees no CUDA GPU; "

@@ -96,6 +96,9 @@ def build_kernel(build_dir: str, name: str = "specchat_q4"):
     import importlib.util
 
     from torch.utils.cpp_extension import load
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler: {compiler!r} is not on PATH (install one, or set $CXX)")
     if importlib.util.find_spec("ninja"):  # the ninja package's binary, for a venv that is not on PATH
         import ninja
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -106,20 +109,53 @@ def build_kernel(build_dir: str, name: str = "specchat_q4"):
 
 
 @lru_cache(maxsize=1)
-def _built_q4_kernel():
-    module = build_kernel(str(q4_build_dir()))
-    forced = os.environ.get(KERNEL_ENV)
-    if forced:
-        module.set_kernel_path(forced)
-    return module
+def _kernel_or_error() -> tuple[object | None, str]:
+    """(the built module, "") or (None, why not), once a process: a failed build is not retried."""
+    build_dir = q4_build_dir()
+    try:
+        module = build_kernel(str(build_dir))
+    except Exception as err:  # no compiler, no OpenMP, a compile error: the whole log in build.log
+        build_dir.mkdir(parents=True, exist_ok=True)
+        log = build_dir / "build.log"
+        log.write_text(f"{type(err).__name__}: {err}\n")
+        return None, f"{one_line(err)} (build log: {log})"
+    forced = os.environ.get(KERNEL_ENV, "")
+    try:
+        if forced:
+            module.set_kernel_path(forced)
+    except RuntimeError as err:
+        return None, f"${KERNEL_ENV} = {forced}: {one_line(err)}"
+    return module, ""
+
+
+def kernel_problem(path: str = "auto", progress: Progress | None = None) -> str:
+    """'' when the w4a8 kernel is built here (compiling it the first time, about a minute) and runs
+    on `path` (runtime.kernel; auto: as it is, $SPECCHAT_KERNEL or else the fastest this CPU has);
+    else why not."""
+    built = (q4_build_dir() / "specchat_q4.so").exists()
+    if _kernel_or_error.cache_info().currsize == 0 and not built and shutil.which(os.environ.get("CXX", "c++")):
+        report(progress, "compiling the w4a8 kernel (once per machine, about a minute)", None)
+    module, problem = _kernel_or_error()
+    if module is None or path == "auto":
+        return problem
+    try:
+        module.set_kernel_path(path)
+    except RuntimeError as err:
+        return f"runtime.kernel = {path}: {one_line(err)}"
+    return ""
 
 
 def q4_kernel(progress: Progress | None = None):
-    """The w4a8 kernel module; compiling it the first time takes about a minute (said on `progress`)."""
-    if _built_q4_kernel.cache_info().currsize == 0 and not (q4_build_dir() / "specchat_q4.so").exists():
-        report(progress, "compiling the w4a8 kernel (once per machine, about a minute)", None)
-    try:
-        return _built_q4_kernel()
-    except Exception as err:  # no compiler, an unknown path: say so in one line
-        raise ModelLoadError(f"quantization w4a8 is not available here: {one_line(err)}; "
-                             f"use quantization = \"w8a8\" instead") from None
+    """The w4a8 kernel module; raises ModelLoadError in one line where it cannot be had."""
+    problem = kernel_problem("auto", progress)
+    if problem:
+        raise ModelLoadError(f"quantization w4a8 is not available here: {problem}")
+    return _kernel_or_error()[0]
+
+
+def running_path() -> str:
+    """The code path the kernel's products run on, or '' when no model uses the kernel (nothing built)."""
+    if _kernel_or_error.cache_info().currsize == 0:
+        return ""
+    module = _kernel_or_error()[0]
+    return module.kernel_path() if module is not None else ""

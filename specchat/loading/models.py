@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from specchat.config import INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
+from specchat.config import AUTO_MODES, INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
+from specchat.loading.quantization_choice import choose, choose_quantizations
 from specchat.loading.resident import model_tensors, populate
 from specchat.loading.shared_tokenizer import tokenizer_digest
 from specchat.loading.sources import Source, resolve_source
@@ -51,6 +52,7 @@ class ModelFacts:
     load_s: float
     template: str = "own"   # own | plain (the tokenizer had none; specchat's User:/Assistant: one)
     backend: str = "transformers"  # lean | lean (compiled layers) | transformers | "transformers (why the lean one could not run)"
+    kernel: str = ""        # the w4a8 kernel's code path (avx512-vnni, avx-vnni, avx2, portable); "" without it
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Checkpoint:
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     """Load the target and (when configured) the drafter, check they fit together."""
     _check_drafter_needed(cfg)
+    cfg = choose_quantizations(cfg, progress)  # before any slow work: a mode that cannot run here fails now
     if cfg.drafter.source:
         check_device_types(resolve_device(cfg.target.device), resolve_device(cfg.drafter.device))
     drafter, drafter_tok, drafter_facts = None, None, None
@@ -108,6 +111,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     start = time.perf_counter()
     source = resolve_source(mc.source)
     device = resolve_device(mc.device)
+    mc = choose(mc, role, progress=progress)  # auto settled; a w4a8 mode checked to run here
     mc = runnable_quantization(mc, device, role, progress)
     dtype = resolve_dtype(mc.dtype, device, mc.quantization)
     if mc.quantization == "8bit":
@@ -126,8 +130,13 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        model.get_memory_footprint(), round(time.perf_counter() - start, 2), template,
-                       _backend(model, mc))
+                       _backend(model, mc), _kernel_path(mc))
     return model, tokenizer, facts
+
+
+def _kernel_path(mc: ModelConfig) -> str:
+    from specchat.loading.kernels import running_path
+    return running_path() if mc.quantization in W4A8_MODES else ""
 
 
 def _backend(model, mc: ModelConfig) -> str:
@@ -176,6 +185,10 @@ def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtyp
                                                  gguf=_gguf_file(checkpoint, progress))
     if notice:
         report(progress, notice, None)
+    unfit = quantized_cache.unquantized_layers(model, mc.quantization)
+    if unfit:
+        report(progress, f"{label}: {len(unfit)} linear layer(s) stay unquantized ({unfit[0]}, ...): "
+                         f"{mc.quantization} takes input widths that are multiples of 64", None)
     if mc.quantization in INVARIANT_MODES:
         from specchat.core.invariant_attention import use_batch_invariant_attention
         use_batch_invariant_attention(model)

@@ -22,7 +22,7 @@ from torch import nn
 
 from specchat.config import W4A8_MODES
 from specchat.core.int8_weights import Int8Block, quantize_linears
-from specchat.core.q4 import FINER_BITS, Q4Block, quantize_w4a8
+from specchat.core.q4 import FINER_BITS, Q4Block, fits, quantize_w4a8
 from specchat.core.w8a8 import quantize_w8a8
 from specchat.loading.locks import building
 from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
@@ -95,13 +95,22 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w
 def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str):
     """(blocks, notice): the cached blocks when whole and for this model's layers, else (None, why)."""
     blocks, notice = _read(path, progress, BLOCK_TYPES.get(mode, Int8Block))
-    if blocks is not None and set(blocks) != _linear_names(model):
+    if blocks is not None and set(blocks) != _linear_names(model, mode):
         return None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
     return blocks, notice
 
 
-def _linear_names(model: nn.Module) -> set[str]:
-    return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+def _linear_names(model: nn.Module, mode: str) -> set[str]:
+    """The layers a mode quantizes: every nn.Linear, or for w4a8 those whose shape its kernel takes."""
+    return {name for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and (mode not in W4A8_MODES or fits(module))}
+
+
+def unquantized_layers(model: nn.Module, mode: str) -> list[str]:
+    """After quantizing: the nn.Linear layers a w4a8 mode left as they were (shapes its kernel cannot take)."""
+    if mode not in W4A8_MODES:
+        return []
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
 def _read(path: Path, progress: Progress | None, kind: type = Int8Block) -> tuple[dict | None, str | None]:

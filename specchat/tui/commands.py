@@ -26,7 +26,7 @@ from specchat.tui.why_view import why
 from specchat.session.chat import ChatError, ChatSession
 from specchat.config import ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
-START_UP_KEYS = ("speculation.extra_eos",)  # used when the models load (stop ids), not per reply
+START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel")  # used when the models load, not per reply
 KEYS_HELP = "keys: Esc-Enter new line · Ctrl-C cancels a reply · F2 / Ctrl-T toggles compare · Ctrl-D quits"
 
 
@@ -257,7 +257,8 @@ def cmd_show(session: ChatSession, arg: str) -> Outcome:
 def cmd_stats(session: ChatSession, arg: str) -> Outcome:
     if not session.records:
         return Outcome("no reply yet: /stats describes the last reply")
-    return Outcome(stats_view.stats_detail(session.records[-1], session.totals))
+    from specchat.loading.kernels import running_path
+    return Outcome(stats_view.stats_detail(session.records[-1], session.totals, running_path()))
 
 
 def cmd_system(session: ChatSession, arg: str) -> Outcome:

@@ -224,8 +224,9 @@ def weights_text(facts) -> str:
 
 def model_facts_text(role: str, facts) -> str:
     quant = weights_text(facts)
+    kernel = f", kernel {facts.kernel}" if getattr(facts, "kernel", "") else ""
     return (f"{role} {facts.name} ({_human(facts.params)} params, {quant}, {facts.device}, "
-            f"{facts.backend} forward, {facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
+            f"{facts.backend} forward{kernel}, {facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
 
 
 def banner(pair, drafter: str = "model") -> Text:

@@ -58,19 +58,22 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
     return as_table(rows, ("last reply", f"mode {stats.mode}"))
 
 
-def totals_table(totals) -> Table:
+def totals_table(totals, kernel: str = "") -> Table:
+    """Session totals; `kernel`: the w4a8 kernel's code path, when a model runs on it."""
     rows = [("replies", str(totals.replies)),
             ("tokens", f"{totals.new_tokens} in {totals.wall_s:.1f} s · {totals.tokens_per_s:.1f} tok/s"),
             ("acceptance", f"accepted {totals.accepted}/{totals.drafted} drafts ({totals.acceptance_rate:.0%})"
                            f" · {totals.tokens_per_step:.2f} tok/step")]
+    if kernel:
+        rows.append(("kernel", f"{kernel} (the w4a8 products' code path; runtime.kernel chooses)"))
     return as_table(rows, ("session", "total"))
 
 
-def stats_detail(record, totals) -> Group:
+def stats_detail(record, totals, kernel: str = "") -> Group:
     """The /stats view: the last reply in detail, its charts, and the session totals."""
     stats = record.stats
     parts: list[Any] = [reply_summary(stats, record.stop_reason), Text("")]
     if stats.drafted:
         parts += [histogram_table(stats), Text(""), per_position_table(stats), Text("")]
-    parts.append(totals_table(totals))
+    parts.append(totals_table(totals, kernel))
     return Group(*parts)

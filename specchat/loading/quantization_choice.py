@@ -1,0 +1,55 @@
+"""Each model's quantization, settled for this machine before any slow work (assembly, conversion,
+loading): a mode whose kernel cannot be had here fails in seconds, not after minutes of conversion.
+
+`auto` (`auto-fast`, the drafter's) is the default config's choice: w4a8 (w4a8-fast) on a CPU where
+specchat's kernel builds; else w8a8 (w8a8-fast), exact too, where torch has its x86 int8 kernels; else
+none. A fallback says what it chose and why in one notice line. Off the CPU, auto loads unquantized.
+A mode named explicitly that cannot run here raises ModelLoadError naming the key and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specchat.config import AUTO_MODES, QUANTIZATIONS, W4A8_MODES, Config, ModelConfig
+from specchat.loading.devices import resolve_device
+from specchat.loading.errors import ModelLoadError
+from specchat.loading.progress import Progress, report
+
+
+def choose_quantizations(cfg: Config, progress: Progress | None = None) -> Config:
+    """cfg with the target's and the drafter's quantization settled (see the module's docstring)."""
+    for role in ("target", "drafter"):
+        mc: ModelConfig = getattr(cfg, role)
+        if mc.source:
+            cfg = dataclasses.replace(cfg, **{role: choose(mc, role, cfg.runtime.kernel, progress)})
+    return cfg
+
+
+def choose(mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Progress | None = None) -> ModelConfig:
+    """One model's settled ModelConfig: auto resolved, and a w4a8 mode checked to run here."""
+    if mc.quantization not in (*W4A8_MODES, *AUTO_MODES):
+        return mc
+    if torch.device(resolve_device(mc.device)).type != "cpu":
+        return dataclasses.replace(mc, quantization="none") if mc.quantization in AUTO_MODES else mc
+    from specchat.loading.kernels import kernel_problem
+    problem = kernel_problem(kernel_path, progress)
+    if mc.quantization in W4A8_MODES:
+        if problem:
+            allowed = ", ".join(q for q in QUANTIZATIONS if q not in W4A8_MODES)
+            raise ModelLoadError(f"{role}.quantization = \"{mc.quantization}\" needs specchat's w4a8 kernel, which is "
+                                 f"not available here: {problem}; choose one of {allowed}")
+        return mc
+    kernel_mode, int8_mode = AUTO_MODES[mc.quantization]
+    if not problem:
+        return dataclasses.replace(mc, quantization=kernel_mode)
+    fallback = int8_mode if has_x86_int8() else "none"
+    report(progress, f"{role}: using quantization {fallback}, not {kernel_mode}: the w4a8 kernel is not available "
+                     f"here ({problem}); set {role}.quantization to choose another", None)
+    return dataclasses.replace(mc, quantization=fallback)
+
+
+def has_x86_int8() -> bool:
+    """Whether torch has its x86 int8 kernels (fbgemm), which w8a8 runs on."""
+    return "fbgemm" in torch.backends.quantized.supported_engines
