@@ -16,8 +16,9 @@ def test_default_config_is_the_bundled_pair():
     cfg = load_config()
     assert cfg.target.source == "bundled:qwen2.5-coder-1.5b-instruct"
     assert cfg.drafter.source == "bundled:qwen2.5-coder-0.5b-instruct"
-    assert (cfg.target.dtype, cfg.target.quantization, cfg.target.device) == ("auto", "w4a8", "auto")
-    assert (cfg.drafter.quantization, cfg.target.backend, cfg.drafter.backend) == ("w4a8-fast", "lean", "lean")
+    assert (cfg.target.dtype, cfg.target.quantization, cfg.target.device) == ("auto", "auto", "auto")  # w4a8 here
+    assert (cfg.drafter.quantization, cfg.target.backend, cfg.drafter.backend) == ("auto-fast", "lean", "lean")
+    assert cfg.runtime.kernel == "auto"
     assert cfg.speculation.mode == "spec" and cfg.speculation.gamma == GAMMA_AUTO and cfg.speculation.drafter_vocab == 32768
     assert cfg.sampling.is_greedy
 
@@ -68,7 +69,7 @@ def test_overrides_leave_the_original_untouched():
     ("sampling.temprature=0.5", r"unknown key 'sampling.temprature' \(did you mean 'temperature'\?\); sampling keys are temperature, top_k"),
     ("sampler.temperature=0.5", r"unknown section 'sampler' \(did you mean 'sampling'\?\); sections are target, drafter"),
     ("target.dtype=int4", "target.dtype must be one of auto, float32, bfloat16, float16, got 'int4'"),
-    ("drafter.quantization=2bit", "drafter.quantization must be one of none, 4bit, 8bit, int8, w8a8, w8a8-fast, w4a8, w4a8-fast, got '2bit'"),
+    ("drafter.quantization=2bit", "drafter.quantization must be one of none, 4bit, 8bit, int8, w8a8, w8a8-fast, w4a8, w4a8-fast, auto, auto-fast, got '2bit'"),
     ("target.device=gpu", "target.device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
     ("target.device_map=balanced", "target.device_map must be one of , auto"),
     ("speculation.gamma=99", "speculation.gamma must be an integer from 0 to 16, or auto, got 99"),

@@ -71,6 +71,6 @@ def test_a_w4a8_model_from_a_gguf_runs_its_q4_k_layers_on_the_files_blocks(tiny_
     quantized_cache.quantize_with_cache(model, cache, "tiny", "w4a8", gguf=lambda: path)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, Q4Linear)
-    assert torch.equal(layer.self_attn.q_proj.block.qs, decode_q4_k(torch.from_numpy(random_q4_k(256, 256, 1))).qs)
-    assert layer.mlp.up_proj.block.bits == 6  # not Q4_K in the model: 6-bit levels, four in three bytes
-    assert layer.mlp.down_proj.block.qs.shape[1] * 4 == layer.mlp.down_proj.in_features * 3 == 512 * 3
+    assert torch.equal(layer.self_attn.q_proj.tiles.to_block().qs, decode_q4_k(torch.from_numpy(random_q4_k(256, 256, 1))).qs)
+    assert layer.mlp.up_proj.tiles.bits == 6  # not Q4_K in the model: 6-bit levels, four in three bytes
+    assert layer.mlp.down_proj.tiles.to_block().qs.shape[1] * 4 == layer.mlp.down_proj.in_features * 3 == 512 * 3

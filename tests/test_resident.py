@@ -34,7 +34,7 @@ def test_model_tensors_include_the_w4a8_blocks(tokenizer):
     model = build_model(len(tokenizer), seed=0, layers=1, hidden=128)
     quantize_w4a8(model, None, q4_kernel())
     tensors = {tensor.data_ptr() for tensor in resident.model_tensors(model)}
-    blocks = [module.block for module in model.modules() if isinstance(module, Q4Linear)]
+    blocks = [module.tiles for module in model.modules() if isinstance(module, Q4Linear)]
     assert blocks and all(block.qs.data_ptr() in tensors and block.d.data_ptr() in tensors for block in blocks)
     assert model.get_input_embeddings().weight.data_ptr() in tensors
 
