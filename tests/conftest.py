@@ -33,6 +33,17 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
+def kernel():
+    """The w4a8 kernel module, built once per machine into specchat's cache; where it cannot be built
+    (no C++ compiler), the tests that need it are skipped with the reason."""
+    from specchat.loading.kernels import kernel_problem, q4_kernel
+    problem = kernel_problem()
+    if problem:
+        pytest.skip(f"the w4a8 kernel cannot be built here: {problem}")
+    return q4_kernel()
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     from specchat.bench.tiny_models import build_tokenizer
     return build_tokenizer()

@@ -11,14 +11,8 @@ import torch
 
 from specchat.bench.tiny_models import build_model
 from specchat.core.q4 import Q4Block, Q4Tiles, quantize_w4a8, run_kernel
-from specchat.loading.kernels import q4_kernel
 
 PATHS = {"portable": "", "avx2": "AVX2 and FMA", "avx-vnni": "AVX-VNNI", "avx512-vnni": "AVX-512 F/BW/VL/VNNI"}
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    return q4_kernel()
 
 
 @contextlib.contextmanager

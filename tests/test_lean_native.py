@@ -15,12 +15,6 @@ from specchat.config import GAMMA_AUTO
 from specchat.core import kvcache
 from specchat.core.lean import LeanForward
 from specchat.core.q4 import Q4Block, quantize_w4a8
-from specchat.loading.kernels import q4_kernel
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    return q4_kernel()
 
 
 def qwen2_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:

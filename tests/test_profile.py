@@ -76,20 +76,18 @@ def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_
 
 @pytest.mark.parametrize("mode, forward", [("w8a8", "transformers"), ("w8a8", "lean"), ("w4a8", "transformers"),
                                            ("w4a8", "lean"), ("w4a8", "lean compiled")])
-def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tokenizer, forward, mode):
+def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tokenizer, forward, mode, request):
     model = copy.deepcopy(target).float()
     if mode == "w8a8":
         quantize_w8a8(model)
-    else:  # w4a8 needs input widths divisible by 128
+    else:
         from specchat.core.q4 import quantize_w4a8
-        from specchat.loading.kernels import q4_kernel
         model = build_model(len(tokenizer), seed=1, layers=2, hidden=128)
-        quantize_w4a8(model, None, q4_kernel())
+        quantize_w4a8(model, None, request.getfixturevalue("kernel"))
     if forward == "lean":  # q/k/v and gate/up run through w8a8.same_input, not their modules
         kvcache.attach_lean(model)
     elif forward == "lean compiled":  # the layers run in one C++ call, timed inside it
-        from specchat.loading.kernels import q4_kernel
-        kvcache.attach_lean(model, q4_kernel().LeanLayers)
+        kvcache.attach_lean(model, request.getfixturevalue("kernel").LeanLayers)
     pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})
     rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0,
                                 repeats=2)

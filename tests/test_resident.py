@@ -27,12 +27,11 @@ def test_populate_does_nothing_where_madvise_is_missing(monkeypatch):
     assert resident.populate([torch.ones(4)]) == 0
 
 
-def test_model_tensors_include_the_w4a8_blocks(tokenizer):
+def test_model_tensors_include_the_w4a8_blocks(tokenizer, kernel):
     from specchat.bench.tiny_models import build_model
     from specchat.core.q4 import Q4Linear, quantize_w4a8
-    from specchat.loading.kernels import q4_kernel
     model = build_model(len(tokenizer), seed=0, layers=1, hidden=128)
-    quantize_w4a8(model, None, q4_kernel())
+    quantize_w4a8(model, None, kernel)
     tensors = {tensor.data_ptr() for tensor in resident.model_tensors(model)}
     blocks = [module.tiles for module in model.modules() if isinstance(module, Q4Linear)]
     assert blocks and all(block.qs.data_ptr() in tensors and block.d.data_ptr() in tensors for block in blocks)

@@ -13,13 +13,7 @@ from specchat.config import GAMMA_AUTO
 from specchat.core.invariant_attention import use_batch_invariant_attention
 from specchat.core.q4 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
 from specchat.loading import quantized_cache
-from specchat.loading.kernels import q4_kernel
 
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    return q4_kernel()  # compiled once per machine into specchat's cache
 
 
 def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:

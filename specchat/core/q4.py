@@ -4,7 +4,7 @@ the other rows of its batch.
 
 Why: decoding on a CPU reads every weight once per forward, so the bytes per step decide. 4-bit
 weights in groups of 32 (a scale and an offset each, as llama.cpp's Q4_K) read about 0.6 of int8's.
-The activations are mapped per row and per block of 256 (or 128, 64, 32) inputs onto int8, so the dot
+The activations are mapped per row and per block of 256 (or 128, 64) inputs onto int8, so the dot
 products are integer, exact, and the same whatever else the batch holds: greedy speculative output
 equals greedy target-only output in the dtype the chat runs.
 
@@ -16,7 +16,6 @@ machine's C++ compiler into specchat's cache, and picks its path at run time fro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -26,8 +25,6 @@ from specchat.core.w8a8 import shared_input_groups
 FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
 PAIR = 2 * GROUP  # a stored row packs its groups two by two
-
-
 TILE_ROWS = 16  # output rows the kernel reads interleaved (one per 32-bit lane of a 512-bit vector)
 
 

@@ -14,7 +14,7 @@
 namespace q4 {
 namespace {
 
-constexpr int MAX_ROWS = 5;  // activation rows per pass over a half tile (16 vector registers)
+constexpr int MAX_ROWS = 3;  // activation rows per pass over a tile: both halves' sums fit 16 registers (measured best)
 
 // Rows 8h..8h+7 of level vector q of one group.
 template <int BITS>
@@ -73,48 +73,47 @@ inline void group_dots(const uint8_t* qs, __m256i scales, const int8_t* const* l
     for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_mullo_epi32(acc[r], scales));
 }
 
-// Block b's dot and offset sums (q4_tiles.h) for R activation rows from `first`, in HALVES halves of
-// the tile from `half` (sums [h·R + r]). One or two rows wait on memory: they take both halves in one
-// pass and ask for the weights PREFETCH bytes ahead.
-template <int R, int BITS, bool VNNI, int HALVES>
-inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half,
-                       __m256i* dot, __m256i* offset) {
+// Block b's dot and offset sums (q4_tiles.h) for R activation rows from `first`, both halves of the
+// tile in one pass (sums [h·R + r]), so each cache line of weights is read once; it asks for the
+// weights PREFETCH bytes ahead.
+template <int R, int BITS, bool VNNI>
+inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m256i* dot,
+                       __m256i* offset) {
   constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
   const int64_t per_block = w.groups / w.blocks;
-  for (int i = 0; i < HALVES * R; ++i) dot[i] = offset[i] = _mm256_setzero_si256();
+  for (int i = 0; i < 2 * R; ++i) dot[i] = offset[i] = _mm256_setzero_si256();
   for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
     const int64_t at = tile * w.groups + g;
     const uint8_t* qs = w.qs + at * BYTES;
-    if constexpr (HALVES == 2)
-      for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T0);
+    for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T0);
     const int8_t* levels[R];
     for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + g * GROUP;
-    for (int h = 0; h < HALVES; ++h)
-      group_dots<R, BITS, VNNI>(qs, widen(w.sc + at * TILE_ROWS + (half + h) * 8), levels, half + h, dot + h * R);
+    for (int half = 0; half < 2; ++half)
+      group_dots<R, BITS, VNNI>(qs, widen(w.sc + at * TILE_ROWS + half * 8), levels, half, dot + half * R);
   }
   for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {  // offsets: m as int16 pairs times two group sums
-    for (int h = 0; h < HALVES; ++h) {
-      const uint8_t* m = w.m + (tile * w.groups + g) * TILE_ROWS + (half + h) * 16;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* m = w.m + (tile * w.groups + g) * TILE_ROWS + half * 16;
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
       for (int r = 0; r < R; ++r) {
         const __m256i sums = broadcast4(x.sums + (first + r) * w.groups + g);
-        offset[h * R + r] = _mm256_add_epi32(offset[h * R + r], _mm256_madd_epi16(mins, sums));
+        offset[half * R + r] = _mm256_add_epi32(offset[half * R + r], _mm256_madd_epi16(mins, sums));
       }
     }
   }
 }
 
-template <int R, int BITS, bool VNNI, int HALVES>
-void rows_of_halves(const Tiles& w, const Rows& x, const Job& job, int64_t first, int half) {
+template <int R, int BITS, bool VNNI>
+void rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
   float* out[R];
-  for (int r = 0; r < R; ++r) out[r] = job.out + (first + r) * job.stride + job.tile * TILE_ROWS + half * 8;
+  for (int r = 0; r < R; ++r) out[r] = job.out + (first + r) * job.stride + job.tile * TILE_ROWS;
   for (int r = 0; r < R; ++r)
-    for (int h = 0; h < HALVES; ++h) _mm256_storeu_ps(out[r] + h * 8, _mm256_setzero_ps());
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out[r] + h * 8, _mm256_setzero_ps());
   for (int64_t b = 0; b < w.blocks; ++b) {
-    __m256i dot[HALVES * R], offset[HALVES * R];
-    block_sums<R, BITS, VNNI, HALVES>(w, x, job.tile, first, b, half, dot, offset);
-    for (int h = 0; h < HALVES; ++h) {
-      const int64_t lanes = (job.tile * w.blocks + b) * TILE_ROWS + (half + h) * 8;
+    __m256i dot[2 * R], offset[2 * R];
+    block_sums<R, BITS, VNNI>(w, x, job.tile, first, b, dot, offset);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t lanes = (job.tile * w.blocks + b) * TILE_ROWS + h * 8;
       const __m256 d = _mm256_loadu_ps(w.d + lanes), dmin = _mm256_loadu_ps(w.dmin + lanes);
       for (int r = 0; r < R; ++r) {
         const __m256 scale = _mm256_set1_ps(x.scales[(first + r) * w.blocks + b]);
@@ -129,14 +128,7 @@ void rows_of_halves(const Tiles& w, const Rows& x, const Job& job, int64_t first
 
 template <int BITS, bool VNNI>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
-  in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) {
-    constexpr int R = decltype(rows)::value;
-    if constexpr (R <= 2) {
-      rows_of_halves<R, BITS, VNNI, 2>(w, x, job, first, 0);
-    } else {
-      for (int half = 0; half < 2; ++half) rows_of_halves<R, BITS, VNNI, 1>(w, x, job, first, half);
-    }
-  });
+  in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) { rows_of_tile<decltype(rows)::value, BITS, VNNI>(w, x, job, first); });
 }
 
 template <bool VNNI>

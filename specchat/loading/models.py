@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specchat.config import AUTO_MODES, INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
+from specchat.config import INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.loading.errors import ModelLoadError, one_line
 from specchat.loading.progress import Progress, report
