@@ -274,10 +274,10 @@ class Q4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit weights × 8-bit activations"
 
 
-def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
-                  exact: dict[str, Q4Block] | None = None, finer_bits: int = FINER_BITS) -> dict[str, Q4Block]:
+def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
+                  exact: dict[str, Q4Block] | None = None, finer_bits: int = FINER_BITS) -> dict[str, Q4Tiles]:
     """Replace every nn.Linear of `model` (the head too) whose shape the kernel takes (`fits`) by a
-    Q4Linear; returns the blocks used. The others stay as they are (`unfit_layers` names them).
+    Q4Linear; returns the tiles used (what the quantized cache stores). The others stay as they are.
 
     From `blocks` (by module name) when given. Else a layer takes its block from `exact` (a GGUF's own
     4-bit blocks: the file's weights bit for bit) or is quantized from its weights: with
@@ -297,8 +297,9 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, kernel,
             block = blocks[name]
         else:
             block = (exact or {}).get(name) or Q4Block.quantize(linear.weight, bits_for(name))
-        used[name] = block
-        return Q4Linear(block, linear.bias, kernel.q4_linear)
+        layer = Q4Linear(block, linear.bias, kernel.q4_linear)
+        used[name] = layer.tiles  # before any fusing: the layer's own tiles
+        return layer
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear) and fits(module)}
     replace_linears(model, build)
     for names in shared_input_groups(linears, lambda name: 1):

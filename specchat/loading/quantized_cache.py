@@ -18,23 +18,24 @@ import re
 from functools import partial
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from specchat.config import W4A8_MODES
 from specchat.core.int8_weights import Int8Block, quantize_linears
-from specchat.core.q4 import FINER_BITS, Q4Block, fits, quantize_w4a8
+from specchat.core.q4 import FINER_BITS, Q4Tiles, fits, quantize_w4a8
 from specchat.core.w8a8 import quantize_w8a8
 from specchat.loading.locks import building
 from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
 from specchat.loading.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
-FORMATS = {"w4a8": 4, "w4a8-fast": 3}  # a mode's own format number, where it changed apart from the others
+FORMATS = {"w4a8": 5, "w4a8-fast": 4}  # a mode's own format number, where it changed apart from the others
 VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 
-def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Block] | None, gguf=None,
-                   finer_bits: int = FINER_BITS) -> dict[str, Q4Block]:
+def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=None,
+                   finer_bits: int = FINER_BITS) -> dict[str, Q4Tiles]:
     """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K blocks bit for bit (the file's finer layers: finer_bits)."""
     from specchat.loading.kernels import q4_kernel
@@ -50,7 +51,8 @@ QUANTIZERS = {"w8a8": quantize_w8a8, "w8a8-fast": partial(quantize_w8a8, passes=
               "w4a8-fast": partial(_quantize_w4a8, finer_bits=4)}  # (model, blocks | None) -> blocks
 DESCRIPTIONS = {"w8a8": "int8×int8", "w8a8-fast": "int8×int8 (8-bit activations)", "int8": "int8",
                 "w4a8": "4-bit×int8", "w4a8-fast": "4-bit×int8 (every layer 4-bit)"}
-BLOCK_TYPES = dict.fromkeys(W4A8_MODES, Q4Block)  # how each mode's blocks are stored; Int8Block otherwise
+BLOCK_TYPES = dict.fromkeys(W4A8_MODES, Q4Tiles)  # how each mode's blocks are stored (w4a8: as the kernel reads them,
+# no repacking at load); Int8Block otherwise
 SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activations are multiplied
 
 
@@ -136,8 +138,13 @@ def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
     if kind is Int8Block:  # w4a8's kernel reads unaligned memory: its blocks stay where safetensors put them
         tensors = {key: tensor.clone() for key, tensor in tensors.items()}
     names = {key.rsplit(".", 1)[0] for key in tensors}
-    fields = [field.name for field in dataclasses.fields(kind)]
-    return {name: kind(*(tensors[f"{name}.{field}"] for field in fields)) for name in names}
+    fields = dataclasses.fields(kind)
+    return {name: kind(*(_field_value(tensors[f"{name}.{field.name}"], field) for field in fields)) for name in names}
+
+
+def _field_value(tensor, field: dataclasses.Field):
+    """A block's field as stored: a tensor, or a whole number (stored as a 0-dim tensor)."""
+    return int(tensor.item()) if field.type == "int" else tensor
 
 
 def _write(path: Path, blocks: dict) -> None:
@@ -147,7 +154,8 @@ def _write(path: Path, blocks: dict) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tensors = {}
     for name, block in blocks.items():
-        tensors.update({f"{name}.{field.name}": getattr(block, field.name) for field in dataclasses.fields(block)})
+        tensors.update({f"{name}.{field.name}": torch.as_tensor(getattr(block, field.name))
+                        for field in dataclasses.fields(block)})
     try:
         save_file(tensors, str(tmp))
         meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
