@@ -155,7 +155,7 @@ class Runner:
                 "drafter_vocab": self.speculation.drafter_vocab,
                 "draft_confidence": self.speculation.draft_confidence,
                 "prompt_lookup": self.speculation.prompt_lookup,
-                "torch_threads": torch.get_num_threads()}
+                "torch_threads": torch.get_num_threads(), "kernel": getattr(facts[0], "kernel", "")}
 
     def prompt_ids(self, prompt: dict) -> list[int]:
         return render_prompt(self.pair.tokenizer, self.system_prompt, prompt["messages"])
