@@ -65,6 +65,11 @@ def test_a_kernel_path_this_cpu_lacks_or_does_not_know_is_a_one_line_error():
         load_config(None, ["runtime.kernel=sse9"])
 
 
+def test_a_kernel_path_this_cpu_lacks_fails_the_load_instead_of_falling_back():
+    with pytest.raises(ModelLoadError, match=r"runtime.kernel = sse9: unknown kernel path sse9 .*; use runtime.kernel=auto"):
+        choose(ModelConfig(source="x", quantization="auto", device="cpu"), "target", kernel_path="sse9")
+
+
 def test_auto_loads_unquantized_off_the_cpu(monkeypatch):
     monkeypatch.setattr(quantization_choice, "resolve_device", lambda device: "cuda")
     assert choose(ModelConfig(source="x", quantization="auto"), "target").quantization == "none"

@@ -34,7 +34,11 @@ def choose(mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Prog
     if torch.device(resolve_device(mc.device)).type != "cpu":
         return dataclasses.replace(mc, quantization="none") if mc.quantization in AUTO_MODES else mc
     from specchat.loading.kernels import kernel_problem
-    problem = kernel_problem(kernel_path, progress)
+    problem = kernel_problem("auto", progress)
+    if not problem and kernel_path != "auto":  # a path named for this CPU: an error, never a fallback
+        unavailable = kernel_problem(kernel_path)
+        if unavailable:
+            raise ModelLoadError(f"{unavailable}; use runtime.kernel=auto")
     if mc.quantization in W4A8_MODES:
         if problem:
             allowed = ", ".join(q for q in QUANTIZATIONS if q not in W4A8_MODES)
