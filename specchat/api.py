@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from specchat.config import GAMMA_AUTO, GAMMA_MAX, Config, SamplingConfig, SpeculationConfig
-from specchat.core.drafters import ModelDrafter
-from specchat.core.engine import Engine
-from specchat.core.events import Event, ReplyDone, Token
-from specchat.core.metrics import ReplyStats
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.engine import Engine
+from specchat.spec.events import Event, ReplyDone, Token
+from specchat.spec.metrics import ReplyStats
 
 DEFAULT_MAX_NEW_TOKENS = 128
 

@@ -24,7 +24,7 @@ QUANTIZATIONS = ("none", "4bit", "8bit", "int8", "w8a8", "w8a8-fast", "w4a8", "w
 W8A8_MODES = ("w8a8", "w8a8-fast")  # int8×int8 on fbgemm: 16-bit activations into the MLP and head, or 8-bit everywhere
 # specchat's batch-invariant CPU kernels: float32 out, so norms and attention stay in float32
 # w4a8: 4-bit weights (a GGUF's own Q4_K blocks where it has them; its finer layers 6-bit) × 8-bit
-# activations on specchat's own CPU kernel (core/q4.py); w4a8-fast: every layer 4-bit
+# activations on specchat's own CPU kernel (quant/w4a8.py); w4a8-fast: every layer 4-bit
 W4A8_MODES = ("w4a8", "w4a8-fast")
 # auto (auto-fast): w4a8 (w4a8-fast) on a CPU where specchat's kernel builds, else w8a8 (w8a8-fast) on
 # x86, else none, with one notice line; unquantized off the CPU (loading/quantization_choice.py)

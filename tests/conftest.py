@@ -36,7 +36,7 @@ def pytest_configure(config):
 def kernel():
     """The w4a8 kernel module, built once per machine into specchat's cache; where it cannot be built
     (no C++ compiler), the tests that need it are skipped with the reason."""
-    from specchat.loading.kernels import kernel_problem, q4_kernel
+    from specchat.kernels.build import kernel_problem, q4_kernel
     problem = kernel_problem()
     if problem:
         pytest.skip(f"the w4a8 kernel cannot be built here: {problem}")
@@ -45,19 +45,19 @@ def kernel():
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from specchat.bench.tiny_models import build_tokenizer
+    from tiny_models import build_tokenizer
     return build_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def target(tokenizer):
-    from specchat.bench.tiny_models import build_model
+    from tiny_models import build_model
     return build_model(len(tokenizer), seed=1, layers=3)
 
 
 @pytest.fixture(scope="session")
 def unrelated_drafter_model(tokenizer):
-    from specchat.bench.tiny_models import build_model
+    from tiny_models import build_model
     return build_model(len(tokenizer), seed=2, layers=1, hidden=32)
 
 
@@ -79,7 +79,7 @@ def similar_drafter_model(target):
 def int8_drafter_model(similar_drafter_model):
     """The similar drafter with weight-only int8 layers (its q differs a little from the float one)."""
     import copy
-    from specchat.core.int8_weights import quantize_linears
+    from specchat.quant.int8_weights import quantize_linears
     drafter = copy.deepcopy(similar_drafter_model)
     quantize_linears(drafter)
     return drafter

@@ -9,11 +9,11 @@ import math
 import torch
 
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.adaptive import AutoGamma
-from specchat.core.drafters import ModelDrafter
-from specchat.core.engine import Engine
-from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
-from specchat.core.metrics import ReplyStats
+from specchat.spec.gamma import AutoGamma
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.engine import Engine
+from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.spec.metrics import ReplyStats
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 
@@ -80,7 +80,7 @@ def run_reply(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
 
 
 def reference_probs(logits: torch.Tensor, sampling: SamplingConfig) -> dict[int, float]:
-    """Next-token law written from the definitions, independent of specchat.core.sampling: softmax of
+    """Next-token law written from the definitions, independent of specchat.spec.sampling: softmax of
     logits / T over the top_k tokens, then the most likely of those until their mass reaches top_p,
     renormalized; a token tied with the last one kept at either cut is kept too. Plain Python, float64."""
     scaled = [x / sampling.temperature for x in logits.double().tolist()]
@@ -107,7 +107,7 @@ def hf_greedy(model, ids, n):
 
 
 class ScriptedEngine:
-    """Stands in for core.engine.Engine in UI tests: each stream() call replays the next canned
+    """Stands in for spec.engine.Engine in UI tests: each stream() call replays the next canned
     reply's events (Token/Rejected/StepDone, then its ReplyDone) with no model, so a test can assert
     the whole screen. Like the real engine, `ids` holds the prompt plus the reply afterwards."""
 

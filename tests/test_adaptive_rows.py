@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from specchat.core.adaptive import AutoGamma, RowCostFit
+from specchat.spec.gamma import AutoGamma, RowCostFit
 
 
 def settled(policy: AutoGamma, drafter_s: float, one_row_s: float, per_row_s: float, alpha: float) -> AutoGamma:

@@ -6,7 +6,7 @@ import torch
 
 import specchat
 from conftest import hf_greedy
-from specchat.core.events import Origin, ReplyDone, Token
+from specchat.spec.events import Origin, ReplyDone, Token
 
 PROMPT = "def reverse(lst):"
 
@@ -83,7 +83,7 @@ def test_bad_arguments_get_one_clear_value_error(target, similar_drafter_model, 
 
 
 def test_a_drafter_with_a_smaller_vocabulary_is_refused(target, tokenizer):
-    from specchat.bench.tiny_models import build_model
+    from tiny_models import build_model
     small = build_model(len(tokenizer) - 10, seed=3, layers=1, hidden=32)
     with pytest.raises(ValueError, match="the drafter scores .* token ids but the target's vocabulary has"):
         specchat.speculative_generate(tokenizer.encode(PROMPT), small, target, tokenizer)

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from specchat.bench.tiny_models import build_model
+from tiny_models import build_model
 from specchat.bench import suite as bench
 from specchat.bench.methods import Measurement, Method, Runner, default_methods
 from specchat.bench.report import markdown_table
@@ -145,8 +145,8 @@ def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(targe
 def test_rows_on_another_target_are_checked_against_that_targets_own_target_only(target, similar_drafter_model,
                                                                                  tokenizer):
     import copy
-    from specchat.core.invariant_attention import use_batch_invariant_attention
-    from specchat.core.w8a8 import quantize_w8a8
+    from specchat.runtime.attention import use_batch_invariant_attention
+    from specchat.quant.w8a8 import quantize_w8a8
     w8a8_target = copy.deepcopy(target)
     quantize_w8a8(w8a8_target)
     use_batch_invariant_attention(w8a8_target)

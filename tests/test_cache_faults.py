@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specchat.bench.tiny_models import build_model, build_tokenizer
+from tiny_models import build_model, build_tokenizer
 from specchat.config import ModelConfig
 from specchat.loading import assets, gguf_convert, quantized_cache
 from specchat.loading.models import load_model

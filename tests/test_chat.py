@@ -11,7 +11,7 @@ from conftest import make_engine
 from specchat.session.chat import ChatError, ChatSession, Notice
 from specchat.tui.transcript import save_transcript
 from specchat.config import Config, SamplingConfig, with_value
-from specchat.core.events import ReplyDone, Token
+from specchat.spec.events import ReplyDone, Token
 
 CONFIG = Config(sampling=SamplingConfig(max_new_tokens=8))
 

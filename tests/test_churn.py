@@ -59,9 +59,10 @@ import torch
 
 from conftest import CheapDrafterGamma, make_engine
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig
-from specchat.core import kvcache
-from specchat.core.events import ReplyDone, StepDone, Token
-from specchat.core.lean import LeanCache
+from specchat.runtime import lean
+from specchat.spec import model_io
+from specchat.spec.events import ReplyDone, StepDone, Token
+from specchat.runtime.lean import LeanCache
 from specchat.loading.models import LoadedPair, ModelFacts
 from specchat.session.chat import ChatSession, Notice
 from specchat.session.compare import Comparer, CompareReport
@@ -93,14 +94,14 @@ def kv_rows(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def assert_cache_holds_prefix(model, cache, ids: list[int], who: str) -> None:
     """The cache holds the keys and values of exactly ids[:n], n = its length, and n <= len(ids) - 1."""
-    n = kvcache.cache_length(cache)
+    n = model_io.cache_length(cache)
     assert n <= max(len(ids) - 1, 0), f"{who}'s cache holds {n} tokens, more than committed-1 = {len(ids) - 1}"
     rows = kv_rows(cache)
     assert all(k.shape[1] == v.shape[1] == n for k, v in rows), f"{who}'s layers disagree on the length"
     if n == 0:
         return
-    fresh = kvcache.new_cache(model)
-    kvcache.forward(model, fresh, ids[:n], keep=1)
+    fresh = model_io.new_cache(model)
+    model_io.forward(model, fresh, ids[:n], keep=1)
     for (k, v), (fk, fv) in zip(rows, kv_rows(fresh), strict=True):
         torch.testing.assert_close(k, fk, atol=1e-4, rtol=1e-4, msg=lambda m: f"{who}'s keys are stale: {m}")
         torch.testing.assert_close(v, fv, atol=1e-4, rtol=1e-4, msg=lambda m: f"{who}'s values are stale: {m}")
@@ -267,7 +268,7 @@ class Churn:
 
 def lean_copies(*models):
     copies = [copy.deepcopy(model) for model in models]
-    assert all(kvcache.attach_lean(model) == "" for model in copies)
+    assert all(lean.attach_lean(model) == "" for model in copies)
     return copies
 
 

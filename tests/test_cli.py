@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specchat.tui.cli import main
-from specchat.loading.errors import ModelLoadError
+from specchat.errors import ModelLoadError
 from tinypair import loader, tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]

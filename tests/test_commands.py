@@ -12,8 +12,8 @@ from conftest import ScriptedEngine, make_engine, scripted_reply
 from specchat.session.chat import ChatSession, Notice
 from specchat.tui.commands import Command, Outcome, Registry, build_registry
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, UIConfig, all_keys
-from specchat.core.events import Origin
-from specchat.core.metrics import ReplyStats
+from specchat.spec.events import Origin
+from specchat.spec.metrics import ReplyStats
 
 
 @pytest.fixture

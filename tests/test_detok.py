@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from specchat.core.detok import REPLACEMENT, Detokenizer
+from specchat.spec.detok import REPLACEMENT, Detokenizer
 from specchat.loading.assets import BUNDLED, cache_dir
 from specchat.loading.gguf_convert import converted_dir, is_converted
 

@@ -23,14 +23,14 @@ from collections import Counter
 import pytest
 import torch
 
-import specchat.core.engine
-import specchat.core.step
+import specchat.spec.engine
+import specchat.spec.step
 from conftest import CheapDrafterGamma, make_engine, prompt_ids, reference_probs
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
-from specchat.core.events import ReplyEnd
-from specchat.core.sampling import sample
-from specchat.core.step import StepResult
-from specchat.core.verify import Verdict
+from specchat.spec.events import ReplyEnd
+from specchat.spec.sampling import sample
+from specchat.spec.step import StepResult
+from specchat.spec.verify import Verdict
 
 SAMPLING = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2)
 RUNS = 3000
@@ -157,7 +157,7 @@ def test_sampled_speculative_matches_target_distribution(setting, target, tokeni
 def test_the_check_catches_a_verifier_without_residual_resampling(setting, target, similar_drafter_model,
                                                                   tokenizer, monkeypatch):
     ids, joint = setting
-    monkeypatch.setattr(specchat.core.step, "verify_sampled", broken_verify_sampled)
+    monkeypatch.setattr(specchat.spec.step, "verify_sampled", broken_verify_sampled)
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = empirical_first_two(engine_replies(engine, ids, 1), 1, RUNS)
     assert check(joint, counts, "mutant: no residual resample") > 1.0
@@ -166,8 +166,8 @@ def test_the_check_catches_a_verifier_without_residual_resampling(setting, targe
 @pytest.fixture(scope="module")
 def w8a8_pair(target, similar_drafter_model):
     import copy
-    from specchat.core.invariant_attention import use_batch_invariant_attention
-    from specchat.core.w8a8 import quantize_w8a8
+    from specchat.runtime.attention import use_batch_invariant_attention
+    from specchat.quant.w8a8 import quantize_w8a8
     pair = []
     for model in (target, similar_drafter_model):
         quantized = copy.deepcopy(model)
@@ -371,8 +371,8 @@ def test_sampled_drafter_only_mode_follows_the_drafter(setting, target, unrelate
 def forward_numbering_from_zero(model, cache, new_ids, keep):
     """Wrong on purpose: feeds new_ids at positions 0, 1, ... whatever the cache already holds (a
     prompt read after a reused prefix gets the positions of the conversation's start)."""
-    from specchat.core import kvcache
-    if isinstance(cache, kvcache.LeanCache):
+    from specchat.runtime import lean
+    if isinstance(cache, lean.LeanCache):
         raise NotImplementedError("the mutant is written for transformers' cache")
     positions = torch.arange(len(new_ids)).unsqueeze(0)
     out = model(input_ids=torch.tensor([new_ids]), position_ids=positions, past_key_values=cache,
@@ -384,10 +384,10 @@ def prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, t
     """Only a follow-up turn reads a prompt after a reused cache: a single-turn reply reads from
     position 0, where the mutant is right, so the other cases cannot see it."""
     import types
-    from specchat.core import kvcache
+    from specchat.spec import model_io
     ids, _ = setting
-    mutant = types.SimpleNamespace(**{**vars(kvcache), "forward": forward_numbering_from_zero})
-    monkeypatch.setattr(specchat.core.engine, "kvcache", mutant)  # the engine's prompt reading only
+    mutant = types.SimpleNamespace(**{**vars(model_io), "forward": forward_numbering_from_zero})
+    monkeypatch.setattr(specchat.spec.engine, "model_io", mutant)  # the engine's prompt reading only
     engine = make_engine(target, similar_drafter_model, tokenizer)
     reply, second = follow_up_replies(engine, ids, " over the lazy", tokenizer)
     counts = empirical_first_two(reply, 3, runs)
@@ -413,11 +413,11 @@ def drafter_ignoring_the_sampling_settings(setting, target, unrelated_drafter_mo
                                             runs) -> float:
     """Drafter-only replies drawn from the drafter's plain softmax (temperature 1, no top-k or top-p)."""
     ids, _ = setting
-    real_drafter_step = specchat.core.engine.drafter_step
+    real_drafter_step = specchat.spec.engine.drafter_step
 
     def plain_drafter_step(drafter, committed, sampling, generator):
         return real_drafter_step(drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator)
-    monkeypatch.setattr(specchat.core.engine, "drafter_step", plain_drafter_step)
+    monkeypatch.setattr(specchat.spec.engine, "drafter_step", plain_drafter_step)
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, mode="drafter"), runs, 2)
     return check(exact_first_two(unrelated_drafter_model, ids, SAMPLING), counts, f"mutant: plain drafter, {runs} runs")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from specchat.core.draft_vocab import DraftVocab
+from specchat.spec.drafters.vocab import DraftVocab
 
 
 def head(vocab=12, hidden=4):

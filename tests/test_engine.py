@@ -5,8 +5,8 @@ import pytest
 
 from conftest import GREEDY, CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
-from specchat.core.events import Origin, Rejected, StepDone, Token
-from specchat.core.step import StepResult
+from specchat.spec.events import Origin, Rejected, StepDone, Token
+from specchat.spec.step import StepResult
 
 PROMPTS = ["def reverse(lst):", "The quick brown", "Hello, how are you"]
 
@@ -59,7 +59,7 @@ def test_drafter_equal_to_target_accepts_every_draft(target, tokenizer, gamma):
 def test_greedy_exact_for_other_seeds_and_auto_gamma(tokenizer, seed):
     """Auto gamma on other random pairs, with the drafter taken to be cheap so that auto really drafts
     (on the tiny models' measured costs it would draft nothing, and the test would check target-only)."""
-    from specchat.bench.tiny_models import build_model
+    from tiny_models import build_model
     target = build_model(len(tokenizer), seed=10 + seed, layers=2)
     drafter = build_model(len(tokenizer), seed=20 + seed, layers=1, hidden=32)
     ids = prompt_ids(tokenizer, PROMPTS[seed])

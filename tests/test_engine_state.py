@@ -7,7 +7,7 @@ import pytest
 
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.events import Origin, ReplyDone, StepDone, Token
+from specchat.spec.events import Origin, ReplyDone, StepDone, Token
 
 
 @pytest.mark.parametrize("drafter", ["unrelated_drafter_model", "similar_drafter_model"])
@@ -109,9 +109,9 @@ def test_a_prompt_gets_a_target_forward_of_its_own_before_any_draft(target, simi
                                                                    monkeypatch, mode, gamma):
     """The prompt's rows never share a forward with drafts, so a batch-invariant target caches the
     prompt bitwise the same in speculative and target-only decoding, however long the prompt is."""
-    import specchat.core.step as step
-    fed, original = [], step.kvcache.forward_tensor
-    monkeypatch.setattr(step.kvcache, "forward_tensor", lambda model, cache, ids, keep: (
+    import specchat.spec.step as step
+    fed, original = [], step.model_io.forward_tensor
+    monkeypatch.setattr(step.model_io, "forward_tensor", lambda model, cache, ids, keep: (
         fed.append(ids.shape[1]) if model is target else None) or original(model, cache, ids, keep))
     engine = make_engine(target, similar_drafter_model, tokenizer)
     ids = prompt_ids(tokenizer, "for i in range(10):\n    print(i")

@@ -8,7 +8,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
 
-from specchat.bench.tiny_models import build_model
+from tiny_models import build_model
 from specchat.loading.gguf_blocks import decode_q4_k, matching_blocks, module_name, q4_k_blocks
 
 
@@ -64,7 +64,7 @@ def test_only_q4_k_layers_that_decode_to_the_loaded_weights_are_taken(tiny_gguf)
 
 
 def test_a_w4a8_model_from_a_gguf_runs_its_q4_k_layers_on_the_files_blocks(tiny_gguf, tmp_path):
-    from specchat.core.q4 import Q4Linear
+    from specchat.quant.w4a8 import Q4Linear
     from specchat.loading import quantized_cache
     path, model = tiny_gguf
     cache = tmp_path / "tiny-float32-w4a8.safetensors"

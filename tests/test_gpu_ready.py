@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.bench.tiny_models import build_model, build_tokenizer
+from tiny_models import build_model, build_tokenizer
 from specchat.config import ModelConfig
 from specchat.loading import models
 
@@ -52,7 +52,7 @@ def test_int8_off_the_cpu_loads_unquantized_with_one_notice(target_dir, cache, m
 
 
 def test_int8_on_the_cpu_stays_int8(target_dir, cache):
-    from specchat.core.int8_weights import Int8Linear
+    from specchat.quant.int8_weights import Int8Linear
     model, _tok, facts = models.load_model(ModelConfig(source=str(target_dir), quantization="int8", device="cpu",
                                                        dtype="float32"))
     assert facts.quantization == "int8"
@@ -188,7 +188,7 @@ def count_syncs(monkeypatch) -> list:
 
 
 def test_cuda_devices_of_a_model_follow_its_device_map(tok):
-    from specchat.core.timing import cuda_devices
+    from specchat.spec.timing import cuda_devices
     model = build_model(len(tok), seed=1, layers=1, hidden=32)
     assert cuda_devices(model) == set()
     model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": "cuda:1", "model.norm": "cpu", "lm_head": "disk"}
@@ -200,8 +200,8 @@ def test_cuda_devices_of_a_model_follow_its_device_map(tok):
 def test_each_timed_forward_synchronizes_the_models_cuda_devices(tok, monkeypatch, device_map, expected):
     """The pair runs on the CPU; a device_map saying cuda makes the timing code treat it as on the GPU."""
     from specchat.config import SamplingConfig, SpeculationConfig
-    from specchat.core.drafters import ModelDrafter
-    from specchat.core.engine import Engine
+    from specchat.spec.drafters.model import ModelDrafter
+    from specchat.spec.engine import Engine
     target = build_model(len(tok), seed=1, layers=2)
     drafter = build_model(len(tok), seed=2, layers=1, hidden=32)
     if device_map:
@@ -224,8 +224,8 @@ def test_each_timed_forward_synchronizes_the_models_cuda_devices(tok, monkeypatc
 def sync_counts(target, drafter_model, tokenizer, gamma: int, temperature: float, **speculation):
     from syncs import reads_per_step
     from specchat.config import SamplingConfig, SpeculationConfig
-    from specchat.core.drafters import ModelDrafter
-    from specchat.core.engine import Engine
+    from specchat.spec.drafters.model import ModelDrafter
+    from specchat.spec.engine import Engine
     engine = Engine(target, tokenizer, ModelDrafter(drafter_model, len(tokenizer)), eos_ids=())
     sampling = SamplingConfig(temperature=temperature, top_k=40, max_new_tokens=40, seed=3)
     return reads_per_step(engine, tokenizer.encode("def reverse(lst):"), sampling,

@@ -6,9 +6,10 @@ import copy
 import pytest
 import torch
 
-from specchat.bench.tiny_models import build_model
-from specchat.core.draft_vocab import DraftVocab
-from specchat.core.int8_weights import Int8Linear, head_rows, quantize_linears
+from tiny_models import build_model
+from specchat.spec.drafters.vocab import DraftVocab
+from specchat.quant.int8_weights import Int8Linear, quantize_linears
+from specchat.spec.drafters.vocab import head_rows
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,4 +1,4 @@
-"""The w4a8 kernel's code paths (core/q4_path_*.cpp), chosen at run time from what the CPU has: every
+"""The w4a8 kernel's code paths (kernels/q4_path_*.cpp), chosen at run time from what the CPU has: every
 path gives bitwise the portable path's products, a row's result never depends on its batch, and the
 layer loop and the bundled pair's greedy tokens are the same on every path. A path this CPU lacks is
 skipped with the instruction set it needs."""
@@ -9,8 +9,8 @@ import contextlib
 import pytest
 import torch
 
-from specchat.bench.tiny_models import build_model
-from specchat.core.q4 import Q4Block, Q4Tiles, quantize_w4a8, run_kernel
+from tiny_models import build_model
+from specchat.quant.w4a8 import Q4Block, Q4Tiles, quantize_w4a8, run_kernel
 
 PATHS = {"portable": "", "avx2": "AVX2 and FMA", "avx-vnni": "AVX-VNNI", "avx512-vnni": "AVX-512 F/BW/VL/VNNI"}
 
@@ -94,8 +94,7 @@ def test_the_tiles_hold_the_weights_a_row_after_a_row_held(kernel):
 
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
 def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, tokenizer, path):
-    from specchat.core import kvcache
-    from specchat.core.lean import LeanForward
+    from specchat.runtime.lean import LeanCache, LeanForward
     path_or_skip(kernel, path)
     model = build_model(len(tokenizer), seed=4, layers=2, hidden=256)
     quantize_w4a8(model, None, kernel)
@@ -104,7 +103,7 @@ def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, toke
     ids = torch.tensor([list(range(5, 45))])
 
     def logits(name: str) -> list[torch.Tensor]:
-        cache = kvcache.LeanCache(lean)
+        cache = LeanCache(lean)
         with on_path(kernel, name):
             return [lean(cache, ids[:, :35], keep=35), lean(cache, ids[:, 35:40], keep=5)]
     assert all(torch.equal(a, b) for a, b in zip(logits(path), logits("portable")))
@@ -113,9 +112,8 @@ def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, toke
 @pytest.mark.slow
 def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, tokenizer, tmp_path, monkeypatch):
     """The layer loop's plain-C++ float steps (simd.h without AVX2) round as its AVX2 ones do."""
-    from specchat.core import kvcache
-    from specchat.core.lean import LeanForward
-    from specchat.loading import kernels
+    from specchat.runtime.lean import LeanCache, LeanForward
+    from specchat.kernels import build as kernels
     if "avx2" not in kernel.kernel_paths():
         pytest.skip("the AVX2 build needs AVX2 and FMA, which this CPU lacks")
     monkeypatch.setattr(kernels, "_has_avx2", lambda: False)
@@ -129,7 +127,7 @@ def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, to
         lean = LeanForward(model, module.LeanLayers)
         assert lean.native_reason == ""
         with on_path(kernel, "portable"), on_path(plain, "portable"):
-            outputs.append(lean(kvcache.LeanCache(lean), ids, keep=25))
+            outputs.append(lean(LeanCache(lean), ids, keep=25))
     assert torch.equal(*outputs)
 
 

@@ -9,34 +9,35 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from conftest import CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
-from specchat.bench.tiny_models import build_model
+from tiny_models import build_model
 from specchat.config import GAMMA_AUTO, SamplingConfig
-from specchat.core import kvcache, lean
-from specchat.core.invariant_attention import use_batch_invariant_attention
-from specchat.core.lean import LeanCache
-from specchat.core.w8a8 import quantize_w8a8
+from specchat.runtime import lean
+from specchat.spec import model_io
+from specchat.runtime.attention import use_batch_invariant_attention
+from specchat.runtime.lean import LeanCache
+from specchat.quant.w8a8 import quantize_w8a8
 
 TEXT = "def reverse(lst):\n    return lst[::-1]\n" * 4
 
 
 def lean_copy(model):
     copied = copy.deepcopy(model)
-    assert kvcache.attach_lean(copied) == ""
+    assert lean.attach_lean(copied) == ""
     return copied
 
 
 @torch.inference_mode()
 def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int], crop_first: int = 0):
-    """Logits of ids[prefix:] fed in pieces after the prefix, through kvcache (lean or not); with
+    """Logits of ids[prefix:] fed in pieces after the prefix, through model_io (lean or not); with
     crop_first, `crop_first` tokens are fed and cropped back to the prefix first (a rejected draft)."""
-    cache = kvcache.new_cache(model)
-    kvcache.forward(model, cache, ids[:prefix], keep=1)
+    cache = model_io.new_cache(model)
+    model_io.forward(model, cache, ids[:prefix], keep=1)
     if crop_first:
-        kvcache.forward(model, cache, ids[prefix:prefix + crop_first][::-1], keep=1)
-        kvcache.crop_to(cache, prefix)
+        model_io.forward(model, cache, ids[prefix:prefix + crop_first][::-1], keep=1)
+        model_io.crop_to(cache, prefix)
     out, start = [], prefix
     for size in pieces:
-        out.append(kvcache.forward(model, cache, ids[start:start + size], keep=size))
+        out.append(model_io.forward(model, cache, ids[start:start + size], keep=size))
         start += size
     return torch.cat(out)
 
@@ -52,15 +53,15 @@ def test_lean_logits_match_transformers_in_float32(target, tokenizer):
 
 def test_the_lean_cache_is_static_and_rolls_back_by_moving_a_length(target, tokenizer):
     model = lean_copy(target)
-    cache = kvcache.new_cache(model)
-    assert isinstance(cache, LeanCache) and not isinstance(target_cache := kvcache.new_cache(target), LeanCache)
+    cache = model_io.new_cache(model)
+    assert isinstance(cache, LeanCache) and not isinstance(target_cache := model_io.new_cache(target), LeanCache)
     assert isinstance(target_cache, DynamicCache)
-    kvcache.forward(model, cache, prompt_ids(tokenizer, TEXT)[:30], keep=1)
+    model_io.forward(model, cache, prompt_ids(tokenizer, TEXT)[:30], keep=1)
     keys = cache.keys[0]
-    kvcache.crop_to(cache, 12)
-    assert kvcache.cache_length(cache) == 12 and cache.keys[0] is keys  # no copy, no reallocation
+    model_io.crop_to(cache, 12)
+    assert model_io.cache_length(cache) == 12 and cache.keys[0] is keys  # no copy, no reallocation
     with pytest.raises(ValueError):
-        kvcache.crop_to(cache, 13)
+        model_io.crop_to(cache, 13)
 
 
 def test_a_long_prompt_fed_in_pieces_gives_the_same_logits(target, tokenizer, monkeypatch):
@@ -74,7 +75,7 @@ def test_a_long_prompt_fed_in_pieces_gives_the_same_logits(target, tokenizer, mo
 
 
 def test_the_causal_mask_covers_only_the_rows_fed(target):
-    forward = lean_copy(target).specchat_lean
+    forward = getattr(lean_copy(target), model_io.RUNNER)
     assert forward._causal_mask(start=500, fed=1) is None
     mask = forward._causal_mask(start=10, fed=3)[0, 0]  # [3, 13], not [capacity, capacity]
     assert mask.shape == (3, 13)
@@ -147,6 +148,6 @@ def test_a_qwen2_model_runs_lean_with_its_attention_biases():
 
 def test_other_architectures_keep_the_transformers_forward():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2)).eval()
-    reason = kvcache.attach_lean(model)
-    assert "GPT2LMHeadModel" in reason and not hasattr(model, kvcache.LEAN)
-    assert isinstance(kvcache.new_cache(model), DynamicCache)
+    reason = lean.attach_lean(model)
+    assert "GPT2LMHeadModel" in reason and not hasattr(model, model_io.RUNNER)
+    assert isinstance(model_io.new_cache(model), DynamicCache)

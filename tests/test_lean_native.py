@@ -1,4 +1,4 @@
-"""The lean forward's compiled layer loop (core/lean_native.py, core/lean_layers.cpp): the Python
+"""The lean forward's compiled layer loop (runtime/lean_native.py, kernels/lean_layers.cpp): the Python
 loop's values within rounding, batch-invariant bitwise, used wherever it can run, and said why not
 where it cannot."""
 from __future__ import annotations
@@ -10,11 +10,12 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
-from specchat.bench.tiny_models import build_model
+from tiny_models import build_model
 from specchat.config import GAMMA_AUTO
-from specchat.core import kvcache
-from specchat.core.lean import LeanForward
-from specchat.core.q4 import Q4Block, quantize_w4a8
+from specchat.runtime import lean
+from specchat.spec import model_io
+from specchat.runtime.lean import LeanCache, LeanForward
+from specchat.quant.w4a8 import Q4Block, quantize_w4a8
 
 
 def qwen2_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
@@ -42,7 +43,7 @@ def w4a8(model, kernel, finer: tuple[str, ...] = ()):
 def run_steps(lean: LeanForward, ids: list[int]) -> list[torch.Tensor]:
     """A prompt fed at once, three one-token steps, a verification of five, a rollback of three and
     a step after it: every forward's logits."""
-    cache, outputs = kvcache.LeanCache(lean), []
+    cache, outputs = LeanCache(lean), []
     outputs.append(lean(cache, torch.tensor([ids[:20]]), keep=20))
     for token in ids[20:23]:
         outputs.append(lean(cache, torch.tensor([[token]]), keep=1))
@@ -86,7 +87,7 @@ def test_the_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, toke
     lean = LeanForward(w4a8(tiny_model(build, len(tokenizer)), kernel, finer), kernel.LeanLayers)
     ids = torch.randint(3, len(tokenizer), (40,), generator=torch.Generator().manual_seed(1)).tolist()
     for prompt in (7, 30):
-        batched, single = kvcache.LeanCache(lean), kvcache.LeanCache(lean)
+        batched, single = LeanCache(lean), LeanCache(lean)
         for cache in (batched, single):
             lean(cache, torch.tensor([ids[:prompt + 3]]), keep=1)
             cache.crop_to(prompt)  # a rollback: the next rows overwrite cached ones
@@ -99,7 +100,7 @@ def test_the_compiled_layers_run_instead_of_the_python_loop(kernel, tokenizer, m
     model = w4a8(build_model(len(tokenizer), seed=3, layers=2, hidden=256), kernel)
     lean = LeanForward(model, kernel.LeanLayers)
     monkeypatch.setattr(LeanForward, "_layer", lambda *args: pytest.fail("the Python loop ran"))
-    logits = lean(kvcache.LeanCache(lean), torch.tensor([[5, 6, 7]]), keep=1)
+    logits = lean(LeanCache(lean), torch.tensor([[5, 6, 7]]), keep=1)
     assert logits.shape == (1, model.config.vocab_size) and len(lean.native_loop()) == 2
 
 
@@ -115,29 +116,29 @@ def test_models_the_compiled_layers_cannot_run_say_why(kernel, tokenizer):
 
 def test_a_copied_model_builds_compiled_layers_over_its_own_weights(kernel, tokenizer):
     model = w4a8(build_model(len(tokenizer), seed=3, layers=1, hidden=256), kernel)
-    assert kvcache.attach_lean(model, kernel.LeanLayers) == ""
+    assert lean.attach_lean(model, kernel.LeanLayers) == ""
     ids = [5, 6, 7, 8]
-    before = kvcache.forward(model, kvcache.new_cache(model), ids, keep=1)
+    before = model_io.forward(model, model_io.new_cache(model), ids, keep=1)
     copied = copy.deepcopy(model)
     copied.model.layers[0].mlp.down_proj.tiles.d.mul_(2.0)  # the copy's own weights, changed
-    after = kvcache.forward(copied, kvcache.new_cache(copied), ids, keep=1)
+    after = model_io.forward(copied, model_io.new_cache(copied), ids, keep=1)
     assert not torch.equal(before, after)
-    assert torch.equal(before, kvcache.forward(model, kvcache.new_cache(model), ids, keep=1))
+    assert torch.equal(before, model_io.forward(model, model_io.new_cache(model), ids, keep=1))
 
 
 @pytest.mark.parametrize("gamma", [1, 4, GAMMA_AUTO])
 def test_greedy_speculative_equals_target_only_on_the_compiled_layers(tokenizer, kernel, gamma):
     target = w4a8(qwen2_model(len(tokenizer), seed=1), kernel, ("v_proj",))
     drafter = w4a8(noisy_head_copy(qwen2_model(len(tokenizer), seed=1)), kernel)
-    assert kvcache.attach_lean(target, kernel.LeanLayers) == "" and kvcache.attach_lean(drafter, kernel.LeanLayers) == ""
+    assert lean.attach_lean(target, kernel.LeanLayers) == "" and lean.attach_lean(drafter, kernel.LeanLayers) == ""
     assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", gamma)
-    assert getattr(target, kvcache.LEAN).native_loop() is not None
+    assert getattr(target, model_io.RUNNER).native_loop() is not None
 
 
 def test_part_times_add_up_within_the_whole(kernel, tokenizer):
     model = w4a8(build_model(len(tokenizer), seed=3, layers=2, hidden=256), kernel)
     lean = LeanForward(model, kernel.LeanLayers)
-    cache = kvcache.LeanCache(lean)
+    cache = LeanCache(lean)
     lean(cache, torch.tensor([[5, 6, 7]]), keep=1)
     lean.native_loop().time_parts(True)
     lean(cache, torch.tensor([[8]]), keep=1)
@@ -158,4 +159,4 @@ def test_the_banner_says_when_the_compiled_layers_run(kernel, tokenizer, tmp_pat
     tokenizer.save_pretrained(path)
     model, _, facts = load_model(ModelConfig(source=str(path), quantization=mode, dtype="float32"))
     assert facts.backend == label
-    assert (getattr(model, kvcache.LEAN).native_loop() is not None) == (mode == "w4a8")
+    assert (getattr(model, model_io.RUNNER).native_loop() is not None) == (mode == "w4a8")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from specchat.loading.locks import building
+from specchat.cache import building
 
 
 def test_a_second_builder_waits_for_the_first_and_says_so(tmp_path, monkeypatch):

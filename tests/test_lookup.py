@@ -5,11 +5,11 @@ import pytest
 
 from conftest import make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.drafters import ModelDrafter
-from specchat.core.events import Rejected, ReplyDone, Token
-from specchat.core.drafters import DraftPlan
-from specchat.core.lookup import MAX_GUESS, WINDOW, continuation
-from specchat.core.sampling import make_generator
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.events import Rejected, ReplyDone, Token
+from specchat.spec.drafters.base import DraftPlan
+from specchat.spec.drafters.lookup import MAX_GUESS, WINDOW, continuation
+from specchat.spec.sampling import make_generator
 
 
 def test_the_longest_then_latest_earlier_match_is_continued():

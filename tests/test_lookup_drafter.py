@@ -7,8 +7,8 @@ import pytest
 
 from conftest import hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import Config, SamplingConfig, SpeculationConfig, drafter_needed
-from specchat.core.events import Origin
-from specchat.core.kvcache import cache_length
+from specchat.spec.events import Origin
+from specchat.spec.model_io import cache_length
 from specchat.session.chat import ChatError, ChatSession
 from specchat.tui.commands import build_registry
 from specchat.tui.render import stats_line
@@ -119,7 +119,7 @@ def test_compare_drafters_runs_in_the_repl_with_progress(target, similar_drafter
 
 
 def test_a_drafter_that_drafted_nothing_is_never_called_the_fastest():
-    from specchat.core.metrics import ReplyStats
+    from specchat.spec.metrics import ReplyStats
     from specchat.session.drafter_race import RaceRun
     from specchat.tui.compare_view import race_view
     from specchat.tui.render import make_console

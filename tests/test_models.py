@@ -11,11 +11,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specchat.bench.tiny_models import CHATML, SPECIALS, build_model, build_tokenizer
+from tiny_models import CHATML, SPECIALS, build_model, build_tokenizer
 from specchat.loading import assets, devices, gguf_convert
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
-from specchat.core.drafters import ModelDrafter
-from specchat.core.engine import Engine
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.engine import Engine
 from specchat.loading import models as model_loading
 from specchat.loading.models import LoadedPair, ModelFacts, ModelLoadError, load_model, load_pair
 from specchat.loading.shared_tokenizer import tokenizer_digest
@@ -660,7 +660,7 @@ def test_unknown_context_length_asks_for_ui_context_limit():
 
 
 def test_one_line_keeps_the_first_meaningful_line():
-    from specchat.loading.errors import one_line
+    from specchat.errors import one_line
     assert one_line(OSError("\n  first problem  \nTraceback (most recent call last):\n ...")) == "first problem"
     assert one_line(ValueError()) == "ValueError"
     assert len(one_line(RuntimeError("x" * 1000))) == 240

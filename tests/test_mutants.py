@@ -12,15 +12,15 @@ import types
 import pytest
 import torch
 
-import specchat.core.drafters
-import specchat.core.engine
-import specchat.core.step
+import specchat.spec.drafters.model
+import specchat.spec.engine
+import specchat.spec.step
 from conftest import hf_greedy, make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core import kvcache
-from specchat.core.draft_vocab import DraftVocab
-from specchat.core.step import StepResult
-from specchat.core.verify import Verdict, verify_greedy
+from specchat.spec import model_io
+from specchat.spec.drafters.vocab import DraftVocab
+from specchat.spec.step import StepResult
+from specchat.spec.verify import Verdict, verify_greedy
 
 N = 32
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=N)
@@ -80,27 +80,27 @@ def test_the_checks_pass_on_the_real_engine(target, similar_drafter_model, token
 
 
 def _shifted_crop(shift: int):
-    """A stand-in for `module.kvcache` whose crop_to keeps `shift` more tokens than asked (when it can)."""
+    """A stand-in for `module.model_io` whose crop_to keeps `shift` more tokens than asked (when it can)."""
     def crop_to(cache, length):
-        kvcache.crop_to(cache, min(kvcache.cache_length(cache), length + shift))
-    return types.SimpleNamespace(**{**vars(kvcache), "crop_to": crop_to})
+        model_io.crop_to(cache, min(model_io.cache_length(cache), length + shift))
+    return types.SimpleNamespace(**{**vars(model_io), "crop_to": crop_to})
 
 
 def test_a_target_crop_that_keeps_a_rejected_draft_breaks_exactness(target, similar_drafter_model, tokenizer,
                                                                    monkeypatch):
-    monkeypatch.setattr(specchat.core.engine, "kvcache", _shifted_crop(1))
+    monkeypatch.setattr(specchat.spec.engine, "model_io", _shifted_crop(1))
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
 
 def test_a_skipped_drafter_rollback_is_caught_by_the_drafter_check(target, similar_drafter_model, tokenizer,
                                                                    monkeypatch):
-    monkeypatch.setattr(specchat.core.drafters.ModelDrafter, "rollback", lambda self, committed_len: None)
+    monkeypatch.setattr(specchat.spec.drafters.model.ModelDrafter, "rollback", lambda self, committed_len: None)
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 
 def test_a_drafter_crop_off_by_one_is_caught_by_the_drafter_check(target, similar_drafter_model, tokenizer,
                                                                   monkeypatch):
-    monkeypatch.setattr(specchat.core.drafters, "kvcache", _shifted_crop(1))
+    monkeypatch.setattr(specchat.spec.drafters.model, "model_io", _shifted_crop(1))
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 
@@ -124,7 +124,7 @@ def bonus_from_the_wrong_row(drafts, target_logits) -> Verdict:
 
 
 def test_a_bonus_token_from_the_wrong_row_breaks_exactness(target, tokenizer, monkeypatch):
-    monkeypatch.setattr(specchat.core.step, "verify_greedy", bonus_from_the_wrong_row)
+    monkeypatch.setattr(specchat.spec.step, "verify_greedy", bonus_from_the_wrong_row)
     assert not greedy_is_exact(target, target, tokenizer)  # a drafter equal to the target: all accepted
 
 
@@ -136,7 +136,7 @@ def drafts_checked_one_row_late(drafts, target_logits) -> Verdict:
 
 def test_drafts_verified_against_the_next_row_break_exactness(target, similar_drafter_model, tokenizer,
                                                               monkeypatch):
-    monkeypatch.setattr(specchat.core.step, "verify_greedy", drafts_checked_one_row_late)
+    monkeypatch.setattr(specchat.spec.step, "verify_greedy", drafts_checked_one_row_late)
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
 

@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
-import specchat.core.engine
+import specchat.spec.engine
 from conftest import hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.events import PrefillProgress, ReplyDone, Token
+from specchat.spec.events import PrefillProgress, ReplyDone, Token
 from specchat.tui import render
 
 CHUNK = 64
@@ -24,7 +24,7 @@ def long_prompt(tokenizer) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(specchat.core.engine, "PREFILL_CHUNK", CHUNK)
+    monkeypatch.setattr(specchat.spec.engine, "PREFILL_CHUNK", CHUNK)
 
 
 @pytest.mark.parametrize("mode", ["spec", "target", "drafter"])
@@ -73,7 +73,7 @@ def test_the_progress_line_reads_as_the_issue_says():
 
 
 def test_the_stats_line_shows_the_prompt_reading_apart_for_long_prompts():
-    from specchat.core.metrics import ReplyStats
+    from specchat.spec.metrics import ReplyStats
     stats = ReplyStats(mode="target", new_tokens=10, wall_s=20.0, ttft_s=19.5, prefill_tokens=4102, prefill_s=19.3)
     assert " · ttft 19.50 s · prompt 4,102 tok in 19.3 s (213 tok/s) · target only" in render.stats_line(stats)
     short = ReplyStats(mode="target", new_tokens=10, wall_s=2.0, ttft_s=0.5, prefill_tokens=40, prefill_s=0.2)

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from specchat.bench import profile
-from specchat.bench.tiny_models import build_model
-from specchat.core import kvcache
-from specchat.core.w8a8 import quantize_w8a8
+from tiny_models import build_model
+from specchat.runtime import lean
+from specchat.spec import model_io
+from specchat.quant.w8a8 import quantize_w8a8
 
 
 class SleepyLinear(nn.Linear):
@@ -63,7 +64,7 @@ def test_the_hooks_are_removed_afterwards():
 def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_model, tokenizer, forward):
     models = [copy.deepcopy(target), copy.deepcopy(similar_drafter_model)]
     if forward == "lean":
-        assert all(kvcache.attach_lean(model) == "" for model in models)
+        assert all(lean.attach_lean(model) == "" for model in models)
     pair = SimpleNamespace(target=models[0], drafter=models[1], vocab_size=len(tokenizer), eos_ids={0})
     context = tokenizer.encode("def reverse(lst):\n    return lst[::-1]\n" * 3)
     rows = profile.forward_rows(pair, context, gamma=3, vocab_limit=64, repeats=2)
@@ -81,19 +82,19 @@ def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tok
     if mode == "w8a8":
         quantize_w8a8(model)
     else:
-        from specchat.core.q4 import quantize_w4a8
+        from specchat.quant.w4a8 import quantize_w4a8
         model = build_model(len(tokenizer), seed=1, layers=2, hidden=128)
         quantize_w4a8(model, None, request.getfixturevalue("kernel"))
     if forward == "lean":  # q/k/v and gate/up run through w8a8.same_input, not their modules
-        kvcache.attach_lean(model)
+        lean.attach_lean(model)
     elif forward == "lean compiled":  # the layers run in one C++ call, timed inside it
-        kvcache.attach_lean(model, request.getfixturevalue("kernel").LeanLayers)
+        lean.attach_lean(model, request.getfixturevalue("kernel").LeanLayers)
     pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})
     rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0,
                                 repeats=2)
     assert all(0 < row["kernel"] < row["matmuls"] and row["attention"] > 0 for row in rows.values())
     if forward == "lean compiled":
-        assert getattr(model, kvcache.LEAN).native_loop() is not None
+        assert getattr(model, model_io.RUNNER).native_loop() is not None
         assert all(row["matmuls"] + row["attention"] < row["total"] for row in rows.values())
 
 

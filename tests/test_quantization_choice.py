@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specchat.bench.tiny_models import build_tokenizer
+from tiny_models import build_tokenizer
 from specchat.config import Config, ModelConfig, load_config
-from specchat.loading import devices, kernels, quantization_choice
-from specchat.loading.errors import ModelLoadError
+from specchat.kernels import build as kernels
+from specchat.loading import devices, quantization_choice
+from specchat.errors import ModelLoadError
 from specchat.loading.quantization_choice import choose, choose_quantizations
 
 
@@ -101,7 +102,7 @@ def test_a_small_pair_under_the_bundled_config_answers_and_stays_exact(tmp_path,
     (q, k, v, o, gate and up of both layers, and the head), said in one notice per model."""
     from test_models import greedy_reply
 
-    from specchat.core.q4 import Q4Linear
+    from specchat.quant.w4a8 import Q4Linear
     from specchat.loading.models import load_pair
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     directory = qwen_dir(tmp_path, hidden, build_tokenizer())

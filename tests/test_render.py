@@ -10,8 +10,8 @@ from rich.console import Console
 from specchat.tui import render, stats_view
 from specchat.session.chat import ReplyRecord, SessionTotals
 from specchat.config import GAMMA_AUTO
-from specchat.core.events import Origin, Rejected, ReplyDone, StepDone, Token
-from specchat.core.metrics import ReplyStats
+from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.spec.metrics import ReplyStats
 
 ESCAPE = re.compile(r"\x1b\[")
 

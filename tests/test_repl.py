@@ -15,8 +15,8 @@ from conftest import ScriptedEngine, make_engine, scripted_reply
 from specchat.session.chat import ChatSession
 from specchat.tui.commands import build_registry
 from specchat.config import Config, SamplingConfig
-from specchat.core.events import Origin, Rejected, Token
-from specchat.core.metrics import ReplyStats
+from specchat.spec.events import Origin, Rejected, Token
+from specchat.spec.metrics import ReplyStats
 from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import QUIT_HINT, Repl, open_history, toggle_compare, toolbar_text
 

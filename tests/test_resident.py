@@ -28,8 +28,8 @@ def test_populate_does_nothing_where_madvise_is_missing(monkeypatch):
 
 
 def test_model_tensors_include_the_w4a8_blocks(tokenizer, kernel):
-    from specchat.bench.tiny_models import build_model
-    from specchat.core.q4 import Q4Linear, quantize_w4a8
+    from tiny_models import build_model
+    from specchat.quant.w4a8 import Q4Linear, quantize_w4a8
     model = build_model(len(tokenizer), seed=0, layers=1, hidden=128)
     quantize_w4a8(model, None, kernel)
     tensors = {tensor.data_ptr() for tensor in resident.model_tensors(model)}
@@ -39,7 +39,7 @@ def test_model_tensors_include_the_w4a8_blocks(tokenizer, kernel):
 
 
 def test_loading_a_model_populates_its_tensors(tokenizer, tmp_path, monkeypatch):
-    from specchat.bench.tiny_models import build_model
+    from tiny_models import build_model
     from specchat.config import ModelConfig
     from specchat.loading import models
     path = tmp_path / "tiny"

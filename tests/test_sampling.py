@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.core.adaptive import AutoGamma
-from specchat.core.drafters import DraftPlan
+from specchat.spec.gamma import AutoGamma
+from specchat.spec.drafters.base import DraftPlan
 from specchat.config import SamplingConfig
-from specchat.core.metrics import StatsRecorder, leviathan_speedup
-from specchat.core.sampling import make_generator, probs_from_logits, sample
-from specchat.core.verify import residual, verify_greedy, verify_sampled
+from specchat.spec.metrics import StatsRecorder, leviathan_speedup
+from specchat.spec.sampling import make_generator, probs_from_logits, sample
+from specchat.spec.verify import residual, verify_greedy, verify_sampled
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
 
@@ -66,7 +66,7 @@ def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> list[set[int]]:
 
 @pytest.mark.parametrize("spread", [8.0, 0.05])  # a peaked nucleus, and one wider than the first candidates
 def test_top_p_keeps_the_nucleus_a_full_sort_finds(spread, monkeypatch):
-    import specchat.core.sampling as sampling
+    import specchat.spec.sampling as sampling
     monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 16)
     logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(2)) * spread
     probs = probs_from_logits(logits, SamplingConfig(temperature=1.0, top_p=0.8))

@@ -8,8 +8,8 @@ import torch
 
 from conftest import hf_greedy, make_engine, prompt_ids
 from specchat.config import ConfigError, SamplingConfig, SpeculationConfig, load_config
-from specchat.core import kvcache
-from specchat.core.self_drafter import truncated_model
+from specchat.runtime.lean import LeanCache, attach_lean
+from specchat.spec.drafters.self_layers import truncated_model
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=30)
 PROMPT = "def reverse(items):"
@@ -40,7 +40,7 @@ def test_the_view_runs_the_first_layers_and_shares_every_weight(target, tokenize
 def test_greedy_self_speculation_equals_the_target_alone(target, tokenizer, n, lean):
     model = copy.deepcopy(target) if lean else target
     if lean:
-        assert kvcache.attach_lean(model) == ""
+        assert attach_lean(model) == ""
     engine = make_engine(model, None, tokenizer)
     ids = prompt_ids(tokenizer, PROMPT)
     events = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=3, drafter=f"self:{n}")))
@@ -49,7 +49,7 @@ def test_greedy_self_speculation_equals_the_target_alone(target, tokenizer, n, l
     assert done.stats.drafted > 0 and done.stats.drafter == f"self:{n}"
     drafter = engine.drafters[f"self:{n}"]
     assert drafter.cache is not engine.cache and drafter.seen <= len(engine.ids) - 1
-    assert isinstance(drafter.cache, kvcache.LeanCache) == lean
+    assert isinstance(drafter.cache, LeanCache) == lean
 
 
 def test_a_self_drafter_beyond_the_targets_layers_is_refused(target, tokenizer):

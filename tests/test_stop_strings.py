@@ -6,8 +6,8 @@ import pytest
 
 from conftest import ScriptedEngine, hf_greedy, make_engine, scripted_reply
 from specchat.config import Config, SamplingConfig, SpeculationConfig
-from specchat.core.events import Origin, ReplyDone, Token
-from specchat.core.metrics import ReplyStats
+from specchat.spec.events import Origin, ReplyDone, Token
+from specchat.spec.metrics import ReplyStats
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer, CompareReport
 from specchat.session.stop_strings import STOP_STRING, StopFilter, held_length

@@ -1,4 +1,4 @@
-"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (core/q4.py, core/q4_kernel.cpp).
+"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (quant/w4a8.py, kernels/q4_kernel.cpp).
 The code paths side by side: test_kernel_paths.py."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
-from specchat.bench.tiny_models import build_model
+from tiny_models import build_model
 from specchat.config import GAMMA_AUTO
-from specchat.core.invariant_attention import use_batch_invariant_attention
-from specchat.core.q4 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
+from specchat.runtime.attention import use_batch_invariant_attention
+from specchat.quant.w4a8 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
 from specchat.loading import quantized_cache
 
 
@@ -168,7 +168,8 @@ def test_writing_a_cache_entry_deletes_that_entry_in_older_formats_and_nothing_e
 
 
 def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(kernel, tokenizer, monkeypatch):
-    from specchat.core import lean, q4
+    from specchat.quant import w4a8
+    from specchat.runtime import lean
     model = build_model(len(tokenizer), seed=2, layers=1, hidden=256)
     quantize_w4a8(model, None, kernel)
     attention = model.model.layers[0].self_attn
@@ -177,8 +178,8 @@ def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(ke
     x = torch.randn(1, 5, 256)
     alone = [layer(x) for layer in layers]  # each layer's own kernel call on its view of the fused rows
     calls = []
-    monkeypatch.setattr(q4.Q4Group, "products", lambda self, rows: calls.append(1) or
-                        list(q4.run_kernel(self.product, rows, self.fused).split(self.widths, dim=1)))
+    monkeypatch.setattr(w4a8.Q4Group, "products", lambda self, rows: calls.append(1) or
+                        list(w4a8.run_kernel(self.product, rows, self.fused).split(self.widths, dim=1)))
     together = lean.same_input(layers, x)
     assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(alone, together))
     mlp = model.model.layers[0].mlp
@@ -187,7 +188,7 @@ def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(ke
 
 @pytest.mark.parametrize("gamma", [4, GAMMA_AUTO])
 def test_greedy_speculative_equals_target_only_on_the_lean_forward_with_w4a8(tokenizer, kernel, gamma):
-    from specchat.core.kvcache import attach_lean
+    from specchat.runtime.lean import attach_lean
     target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
     drafter = noisy_head_copy(target)
     target, drafter = w4a8_model(target, kernel, torch.float32), w4a8_model(drafter, kernel, torch.float32)
@@ -216,7 +217,7 @@ def test_the_kernel_refuses_weights_that_do_not_match_in_one_line(kernel):
 
 
 def test_the_compiled_layers_refuse_a_negative_start_and_a_wrong_width_in_one_line(kernel, tokenizer):
-    from specchat.core.lean import LeanForward
+    from specchat.runtime.lean import LeanForward
     model = build_model(len(tokenizer), seed=2, layers=1, hidden=128)
     quantize_w4a8(model, None, kernel)
     native = LeanForward(model, kernel.LeanLayers).native_loop()
@@ -240,7 +241,7 @@ def test_a_nan_or_an_infinity_in_a_row_makes_that_rows_outputs_nan_and_no_other(
 
 def test_each_version_of_the_kernel_source_builds_into_a_folder_of_its_own(monkeypatch):
     import torch as torch_module
-    from specchat.loading import kernels
+    from specchat.kernels import build as kernels
     first = kernels.q4_build_dir()
     assert first.name.startswith("q4-") and first.parent.name == "kernels"
     for name, value in [("BASE_FLAGS", [*kernels.BASE_FLAGS, "-DOTHER"]), ("compiler_version", lambda: "other 1.0")]:

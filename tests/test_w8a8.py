@@ -9,12 +9,12 @@ import torch
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
-from specchat.bench.tiny_models import build_model
+from tiny_models import build_model
 from specchat.config import GAMMA_AUTO
-from specchat.core.invariant_attention import use_batch_invariant_attention
-from specchat.core.kvcache import crop_to
-from specchat.core.int8_weights import Int8Block, Int8Linear
-from specchat.core.w8a8 import W8A8Linear, quantize_w8a8
+from specchat.runtime.attention import use_batch_invariant_attention
+from specchat.spec.model_io import crop_to
+from specchat.quant.int8_weights import Int8Block, Int8Linear
+from specchat.quant.w8a8 import W8A8Linear, quantize_w8a8
 from specchat.loading import quantized_cache
 
 
@@ -76,13 +76,13 @@ def test_a_w8a8_linear_is_batch_invariant_and_close_to_the_float_product(passes)
     assert all(torch.equal(layer(x[i:i + 1])[0], together[i]) for i in range(9))
     exact = torch.nn.functional.linear(x, weight, bias)
     relative = ((together - exact).norm() / exact.norm()).item()
-    from specchat.core.w8a8 import _REDUCE_RANGE  # 7-bit activations without VNNI: twice the step
+    from specchat.quant.w8a8 import _REDUCE_RANGE  # 7-bit activations without VNNI: twice the step
     assert relative < (0.02 if passes == 1 else 0.01) * (2 if _REDUCE_RANGE else 1)
 
 
 @pytest.mark.parametrize("passes", [1, 2])
 def test_layers_reading_one_input_share_its_mapping_bitwise(passes):
-    from specchat.core.w8a8 import same_input
+    from specchat.quant.w8a8 import same_input
     generator = torch.Generator().manual_seed(4)
     layers = [W8A8Linear.from_weight(torch.randn(out, 96, generator=generator), torch.randn(out, generator=generator),
                                      passes) for out in (96, 32, 32)]
@@ -95,7 +95,7 @@ def test_layers_reading_one_input_share_its_mapping_bitwise(passes):
 def test_both_passes_in_one_kernel_call_equal_one_call_per_pass_bitwise():
     """The passes share a kernel call (the weights are read once); the reference calls the kernel once
     per pass, each with its own +1/−1 rows, and undoes each pass's map by hand."""
-    from specchat.core.w8a8 import _bounds, _int8_product, map_rows
+    from specchat.quant.w8a8 import _bounds, _int8_product, map_rows
     generator = torch.Generator().manual_seed(7)
     layer = W8A8Linear.from_weight(torch.randn(200, 128, generator=generator), None, passes=2)
     x = torch.randn(5, 128, generator=generator) * torch.logspace(-2, 2, 128)
@@ -114,8 +114,9 @@ def test_both_passes_in_one_kernel_call_equal_one_call_per_pass_bitwise():
 def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_apart(monkeypatch, lean):
     """q/k/v and gate/up packed together (one kernel call each) against every layer packed alone, on a
     Qwen2 model (attention biases), through the lean forward and through transformers' modules."""
-    import specchat.core.w8a8 as w8a8
-    from specchat.core import kvcache
+    import specchat.quant.w8a8 as w8a8
+    from specchat.runtime import lean
+    from specchat.spec import model_io
     config = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(2)
@@ -131,15 +132,15 @@ def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_ap
     logits = []
     for model in (packed_together, packed_apart):
         if lean:
-            assert kvcache.attach_lean(model) == ""
-        cache = kvcache.new_cache(model)
-        logits.append(torch.cat([kvcache.forward_tensor(model, cache, ids[:, :9], keep=9),
-                                 kvcache.forward_tensor(model, cache, ids[:, 9:], keep=3)]))
+            assert lean.attach_lean(model) == ""
+        cache = model_io.new_cache(model)
+        logits.append(torch.cat([model_io.forward_tensor(model, cache, ids[:, :9], keep=9),
+                                 model_io.forward_tensor(model, cache, ids[:, 9:], keep=3)]))
     assert torch.equal(logits[0], logits[1])
 
 
 def test_a_packed_layer_called_alone_takes_its_part_and_the_parts_are_let_go():
-    from specchat.core.w8a8 import same_input
+    from specchat.quant.w8a8 import same_input
     layers = torch.nn.ModuleDict({"q_proj": torch.nn.Linear(64, 64), "k_proj": torch.nn.Linear(64, 16),
                                   "v_proj": torch.nn.Linear(64, 16)})
     quantize_w8a8(layers)
@@ -234,7 +235,7 @@ def test_int8_blocks_keep_row_sums_and_leave_the_float_weight_alone():
 
 
 def test_a_layer_packed_in_row_pieces_computes_the_same_as_one_piece(monkeypatch):
-    import specchat.core.w8a8 as w8a8
+    import specchat.quant.w8a8 as w8a8
     block = Int8Block.quantize(torch.randn(300, 64))
     whole = W8A8Linear(block, None)
     monkeypatch.setattr(w8a8, "PACK_ROWS", 128)

@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_engine, reference_probs
 from specchat.config import Config, SamplingConfig, SpeculationConfig, with_value
-from specchat.core.events import Origin
+from specchat.spec.events import Origin
 from specchat.session.chat import ChatSession
 from specchat.tui.commands import build_registry
 

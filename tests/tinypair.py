@@ -5,7 +5,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from specchat.bench.tiny_models import build_model, build_tokenizer
+from tiny_models import build_model, build_tokenizer
 
 
 @dataclass

@@ -10,9 +10,9 @@ import torch
 from transformers import GenerationConfig
 
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfig
-from specchat.core.engine import build_engine
-from specchat.core.adaptive import AutoGamma
-from specchat.core.events import ReplyEnd
+from specchat.spec.engine import build_engine
+from specchat.spec.gamma import AutoGamma
+from specchat.spec.events import ReplyEnd
 from specchat.session.chat import render_prompt
 
 SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)

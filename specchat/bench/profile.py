@@ -27,11 +27,13 @@ import torch
 from torch import nn
 
 from specchat.config import ConfigError, SamplingConfig, load_config
-from specchat.core import kvcache, lean, q4, w8a8
-from specchat.core.draft_vocab import DraftVocab
-from specchat.core.sampling import make_generator, pick, probs_from_logits
-from specchat.core.verify import verify_greedy, verify_sampled
-from specchat.loading.errors import ModelLoadError
+from specchat.quant import w4a8, w8a8
+from specchat.runtime import lean
+from specchat.spec import model_io
+from specchat.spec.drafters.vocab import DraftVocab
+from specchat.spec.sampling import make_generator, pick, probs_from_logits
+from specchat.spec.verify import verify_greedy, verify_sampled
+from specchat.errors import ModelLoadError
 
 PARTS = ("matmuls", "kernel", "attention", "other")
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
@@ -115,7 +117,7 @@ def timed_calls(timer: PartTimer):
     its linear layers that share one input (they skip their modules' forward)."""
     seconds = timer.seconds
     with timed_function(w8a8, "_int8_product", seconds, "kernel"), \
-            timed_function(q4, "run_kernel", seconds, "kernel"), \
+            timed_function(w4a8, "run_kernel", seconds, "kernel"), \
             timed_function(lean, "batch_invariant_attention", seconds, "lean attention"), \
             timed_function(lean, "same_input", seconds, "linear", timer):
         yield
@@ -125,7 +127,7 @@ def timed_calls(timer: PartTimer):
 def compiled_parts(modules: list[nn.Module], seconds: dict[str, float]):
     """The parts timed inside the lean forward's compiled layer loops (lean_layers.cpp), which no
     Python hook sees: their kernel, matmul and attention seconds are added to `seconds`."""
-    leans = [getattr(module, kvcache.LEAN, None) for module in modules]
+    leans = [getattr(module, model_io.RUNNER, None) for module in modules]
     loops = [loop for loop in (lean.native_loop() for lean in leans if lean is not None) if loop is not None]
     for loop in loops:
         loop.time_parts(True)
@@ -179,33 +181,33 @@ def _seconds(run, reset) -> float:
 def forward_rows(pair, context: list[int], gamma: int, vocab_limit: int, repeats: int) -> dict[str, dict]:
     """The split of a target decode step, a target verification of gamma+1 rows and a drafter step."""
     rows = {}
-    target, cache = pair.target, kvcache.new_cache(pair.target)
-    kvcache.forward(target, cache, context, keep=1)
+    target, cache = pair.target, model_io.new_cache(pair.target)
+    model_io.forward(target, cache, context, keep=1)
     length = len(context)
     for fed in (1, gamma + 1):
         ids = _ids_like(target, context[:fed])
         rows[f"target · {fed} token{'s' * (fed > 1)}"] = split_forward(
-            [target], lambda: kvcache.forward_tensor(target, cache, ids, keep=fed),
-            lambda: kvcache.crop_to(cache, length), repeats)
+            [target], lambda: model_io.forward_tensor(target, cache, ids, keep=fed),
+            lambda: model_io.crop_to(cache, length), repeats)
     if pair.drafter is not None:
         rows["drafter · 1 token"] = _drafter_row(pair, context, vocab_limit, repeats)
     return rows
 
 
 def _drafter_row(pair, context: list[int], vocab_limit: int, repeats: int) -> dict[str, float]:
-    drafter, cache = pair.drafter, kvcache.new_cache(pair.drafter)
-    kvcache.forward(drafter, cache, context, keep=1)
+    drafter, cache = pair.drafter, model_io.new_cache(pair.drafter)
+    model_io.forward(drafter, cache, context, keep=1)
     ids, length = _ids_like(drafter, context[:1]), len(context)
     if vocab_limit and vocab_limit < pair.vocab_size:  # the restricted head, as the chat drafts
         vocab = DraftVocab(drafter.get_output_embeddings(), vocab_limit, pair.eos_ids)
         vocab.update(context)
-        vocab.logits(kvcache.hidden_tensor(drafter, cache, ids))  # builds its rows before timing
-        kvcache.crop_to(cache, length)
+        vocab.logits(model_io.hidden_tensor(drafter, cache, ids))  # builds its rows before timing
+        model_io.crop_to(cache, length)
         modules = [drafter, *vocab.layers]
-        run = lambda: vocab.logits(kvcache.hidden_tensor(drafter, cache, ids))  # noqa: E731
+        run = lambda: vocab.logits(model_io.hidden_tensor(drafter, cache, ids))  # noqa: E731
     else:
-        modules, run = [drafter], lambda: kvcache.forward_tensor(drafter, cache, ids, keep=1)  # noqa: E731
-    return split_forward(modules, run, lambda: kvcache.crop_to(cache, length), repeats)
+        modules, run = [drafter], lambda: model_io.forward_tensor(drafter, cache, ids, keep=1)  # noqa: E731
+    return split_forward(modules, run, lambda: model_io.crop_to(cache, length), repeats)
 
 
 def _ids_like(model, ids: list[int]) -> torch.Tensor:

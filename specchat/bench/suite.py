@@ -20,7 +20,7 @@ from pathlib import Path
 from specchat.bench.methods import LLAMACPP_TARGET_ONLY, Measurement, Method, Runner, default_methods
 from specchat.bench.turns import compare_reuse
 from specchat.config import QUANTIZATIONS, ConfigError, SamplingConfig, load_config, with_value
-from specchat.loading.errors import ModelLoadError
+from specchat.errors import ModelLoadError
 
 PROMPTS_FILE = Path(__file__).parent.parent / "prompts" / "bench.json"
 RESULTS_DIR = Path("bench") / "results"

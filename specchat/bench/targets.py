@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from specchat.config import QUANTIZATIONS, ConfigError, load_config
-from specchat.core.kvcache import crop_to, forward, new_cache
-from specchat.loading.errors import ModelLoadError
+from specchat.spec.model_io import crop_to, forward, new_cache
+from specchat.errors import ModelLoadError
 
-TEXT_FILES = ("README.md", "specchat/core/engine.py")
+TEXT_FILES = ("README.md", "specchat/spec/engine.py")
 CHUNK = 256
 VERIFY_ROWS = (1, 5, 9)
 

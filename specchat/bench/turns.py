@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 from specchat.session.chat import ChatSession
 from specchat.config import Config, with_value
-from specchat.core.engine import build_engine
-from specchat.core.events import ReplyDone
+from specchat.spec.engine import build_engine
+from specchat.spec.events import ReplyDone
 
 TURNS = ("Write a Python function that checks whether a string is a palindrome.",
          "Make it ignore case and punctuation.",

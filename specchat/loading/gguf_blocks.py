@@ -1,7 +1,7 @@
 """A GGUF file's Q4_K tensors as w4a8 blocks, bit for bit.
 
 llama.cpp's Q4_K stores w = d·sc·q − dmin·m in 256-blocks of eight 32-groups (6-bit sc and m, fp16 d
-and dmin) with the very nibble layout of core/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
+and dmin) with the very nibble layout of kernels/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
 with exactly the file's weights. Each imported layer is checked against the weights the model loaded.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specchat.core.q4 import Q4Block
+from specchat.quant.w4a8 import Q4Block
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (fp16), 12 bytes of packed 6-bit sc/m, 128 bytes of nibbles
 LAYERS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import torch
 
-from specchat.loading.assets import cache_dir, file_sha256, is_verified, mark_verified, remove_stale_temporaries
+from specchat.cache import building, cache_dir, file_sha256, is_verified, mark_verified, remove_stale_temporaries
 from specchat.loading.devices import dtype_name
-from specchat.loading.locks import building
-from specchat.loading.progress import Progress
-from specchat.loading.errors import ModelLoadError, one_line
+from specchat.progress import Progress
+from specchat.errors import ModelLoadError, one_line
 
 META = "specchat.json"
 

@@ -17,8 +17,8 @@ import torch
 
 from specchat.config import INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
-from specchat.loading.errors import ModelLoadError, one_line
-from specchat.loading.progress import Progress, report
+from specchat.errors import ModelLoadError, one_line
+from specchat.progress import Progress, report
 from specchat.loading.quantization_choice import choose, choose_quantizations
 from specchat.loading.resident import model_tensors, populate
 from specchat.loading.shared_tokenizer import tokenizer_digest
@@ -135,7 +135,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
 
 
 def _kernel_path(mc: ModelConfig) -> str:
-    from specchat.loading.kernels import running_path
+    from specchat.kernels.build import running_path
     return running_path() if mc.quantization in W4A8_MODES else ""
 
 
@@ -144,15 +144,16 @@ def _backend(model, mc: ModelConfig) -> str:
     the compiled layer loop too."""
     if mc.backend != "lean":
         return mc.backend
-    from specchat.core.kvcache import LEAN, attach_lean
+    from specchat.runtime.lean import attach_lean
+    from specchat.spec.model_io import RUNNER
     native_layers = None
     if mc.quantization in W4A8_MODES:
-        from specchat.loading.kernels import q4_kernel
+        from specchat.kernels.build import q4_kernel
         native_layers = q4_kernel().LeanLayers
     reason = attach_lean(model, native_layers)
     if reason:
         return f"transformers ({reason})"
-    return "lean (compiled layers)" if not getattr(model, LEAN).native_reason else "lean"
+    return "lean (compiled layers)" if not getattr(model, RUNNER).native_reason else "lean"
 
 
 def runnable_quantization(mc: ModelConfig, device: str, role: str,
@@ -178,7 +179,7 @@ def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtyp
         return
     from specchat.loading import quantized_cache
     if mc.quantization in W4A8_MODES:  # compiled before the weights are quantized, so its wait is said first
-        from specchat.loading.kernels import q4_kernel
+        from specchat.kernels.build import q4_kernel
         q4_kernel(progress)
     path = quantized_cache.cache_path(checkpoint.identity, dtype_name(dtype), mc.quantization)
     notice = quantized_cache.quantize_with_cache(model, path, label, mc.quantization, progress,
@@ -190,7 +191,7 @@ def _quantize_after_loading(model, mc: ModelConfig, checkpoint: Checkpoint, dtyp
         report(progress, f"{label}: {len(unfit)} linear layer(s) stay unquantized ({unfit[0]}, ...): "
                          f"{mc.quantization} takes input widths that are multiples of 64", None)
     if mc.quantization in INVARIANT_MODES:
-        from specchat.core.invariant_attention import use_batch_invariant_attention
+        from specchat.runtime.attention import use_batch_invariant_attention
         use_batch_invariant_attention(model)
 
 

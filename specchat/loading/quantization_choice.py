@@ -14,8 +14,8 @@ import torch
 
 from specchat.config import AUTO_MODES, QUANTIZATIONS, W4A8_MODES, Config, ModelConfig
 from specchat.loading.devices import resolve_device
-from specchat.loading.errors import ModelLoadError
-from specchat.loading.progress import Progress, report
+from specchat.errors import ModelLoadError
+from specchat.progress import Progress, report
 
 
 def choose_quantizations(cfg: Config, progress: Progress | None = None) -> Config:
@@ -33,7 +33,7 @@ def choose(mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Prog
         return mc
     if torch.device(resolve_device(mc.device)).type != "cpu":
         return dataclasses.replace(mc, quantization="none") if mc.quantization in AUTO_MODES else mc
-    from specchat.loading.kernels import kernel_problem
+    from specchat.kernels.build import kernel_problem
     problem = kernel_problem("auto", progress)
     if not problem and kernel_path != "auto":  # a path named for this CPU: an error, never a fallback
         unavailable = kernel_problem(kernel_path)

@@ -22,12 +22,11 @@ import torch
 from torch import nn
 
 from specchat.config import W4A8_MODES
-from specchat.core.int8_weights import Int8Block, quantize_linears
-from specchat.core.q4 import FINER_BITS, Q4Tiles, fits, quantize_w4a8
-from specchat.core.w8a8 import quantize_w8a8
-from specchat.loading.locks import building
-from specchat.loading.assets import cache_dir, file_sha256, is_verified, remove_stale_temporaries
-from specchat.loading.progress import Progress, report
+from specchat.quant.int8_weights import Int8Block, quantize_linears
+from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fits, quantize_w4a8
+from specchat.quant.w8a8 import quantize_w8a8
+from specchat.cache import building, cache_dir, file_sha256, is_verified, remove_stale_temporaries
+from specchat.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 FORMATS = {"w4a8": 5, "w4a8-fast": 4}  # a mode's own format number, where it changed apart from the others
@@ -38,7 +37,7 @@ def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=Non
                    finer_bits: int = FINER_BITS) -> dict[str, Q4Tiles]:
     """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K blocks bit for bit (the file's finer layers: finer_bits)."""
-    from specchat.loading.kernels import q4_kernel
+    from specchat.kernels.build import q4_kernel
     exact = None
     if blocks is None and gguf is not None:
         from specchat.loading.gguf_blocks import matching_blocks

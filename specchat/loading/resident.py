@@ -35,7 +35,7 @@ def _madvise():
 
 def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Every tensor a forward reads: parameters, buffers, and the w4a8 layers' blocks."""
-    from specchat.core.q4 import Q4Linear
+    from specchat.quant.w4a8 import Q4Linear
     tensors = [*model.parameters(), *model.buffers()]
     for module in model.modules():
         if isinstance(module, Q4Linear):

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.loading.errors import ModelLoadError
+from specchat.errors import ModelLoadError
 
 BUNDLED_PREFIX = "bundled:"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")

@@ -1,7 +1,7 @@
 """The pair check (target and drafter must speak the same tokens) and the stop-token set."""
 from __future__ import annotations
 
-from specchat.loading.errors import ModelLoadError
+from specchat.errors import ModelLoadError
 
 # End-of-turn tokens of common chat templates; each counts as a stop token when the tokenizer
 # has it as a special token.

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specchat.config import Config, drafter_needed, undecodable_at
-from specchat.core.events import Origin, Rejected, ReplyDone, Token
-from specchat.core.insight import Rejection
-from specchat.core.metrics import ReplyStats
+from specchat.spec.events import Rejected, ReplyDone, Token
+from specchat.spec.insight import Rejection
+from specchat.spec.metrics import ReplyStats
 from specchat.session.stop_strings import StopFilter, StopOrCancel
 
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.

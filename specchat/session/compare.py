@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.core import kvcache
-from specchat.core.engine import Engine, build_engine
-from specchat.core.events import ReplyDone, ReplyEnd
-from specchat.core.metrics import ReplyStats
+from specchat.spec import model_io
+from specchat.spec.engine import Engine, build_engine
+from specchat.spec.events import ReplyDone, ReplyEnd
+from specchat.spec.metrics import ReplyStats
 from specchat.session.stop_strings import STOP_STRING
 
 NEAR_TIE = 0.05  # the least margin called a near tie (float32 logits)
@@ -120,7 +120,7 @@ class Comparer:
     def explain(self, prompt_ids: list[int], a: tuple[int, ...], b: tuple[int, ...]) -> Divergence:
         position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         context = list(prompt_ids) + list(a[:position])
-        logits = kvcache.forward(self.target, kvcache.new_cache(self.target), context, keep=1)[0]
+        logits = model_io.forward(self.target, model_io.new_cache(self.target), context, keep=1)[0]
         top2 = torch.topk(logits.float(), 2).values.tolist()
         return Divergence(position, self._piece(a, position), self._piece(b, position), top2[0] - top2[1],
                           tie_threshold(top2[0], logits.dtype))

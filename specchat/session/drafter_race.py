@@ -12,11 +12,11 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specchat.core.drafters import ModelDrafter
-from specchat.core.engine import Engine
-from specchat.core.events import ReplyEnd
-from specchat.core.metrics import ReplyStats
-from specchat.core.self_drafter import layer_count, self_layers
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.engine import Engine
+from specchat.spec.events import ReplyEnd
+from specchat.spec.metrics import ReplyStats
+from specchat.spec.drafters.self_layers import layer_count, self_layers
 
 NO_DRAFTER = "none"
 

@@ -11,7 +11,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from specchat.core.events import ReplyDone, Token
+from specchat.spec.events import ReplyDone, Token
 
 STOP_STRING = "stop_string"  # the stop reason of a reply cut at a stop string
 

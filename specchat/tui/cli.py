@@ -21,10 +21,10 @@ from specchat.tui import render
 from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.tui.commands import build_registry
 from specchat.config import Config, ConfigError, drafter_needed, load_config, with_value
-from specchat.core.adaptive import AutoGamma
-from specchat.core.engine import build_engine
-from specchat.core.events import ReplyDone, Token
-from specchat.loading.errors import ModelLoadError
+from specchat.spec.gamma import AutoGamma
+from specchat.spec.engine import build_engine
+from specchat.spec.events import ReplyDone, Token
+from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair, reply_stops
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets

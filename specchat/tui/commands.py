@@ -257,7 +257,7 @@ def cmd_show(session: ChatSession, arg: str) -> Outcome:
 def cmd_stats(session: ChatSession, arg: str) -> Outcome:
     if not session.records:
         return Outcome("no reply yet: /stats describes the last reply")
-    from specchat.loading.kernels import running_path
+    from specchat.kernels.build import running_path
     return Outcome(stats_view.stats_detail(session.records[-1], session.totals, running_path()))
 
 

@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.config import GAMMA_AUTO, QUANTIZATIONS
-from specchat.core.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
-from specchat.core.metrics import ReplyStats
+from specchat.spec.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
+from specchat.spec.metrics import ReplyStats
 
 STYLES = {
     Origin.DRAFTED: "green",

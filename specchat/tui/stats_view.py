@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specchat.core.metrics import ReplyStats
+from specchat.spec.metrics import ReplyStats
 from specchat.session.stop_strings import STOP_STRING
 from specchat.tui.render import as_table, gamma_text
 

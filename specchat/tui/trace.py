@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from specchat.core.events import Origin
+from specchat.spec.events import Origin
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatError, ChatSession, ReplyRecord
 

@@ -2,7 +2,7 @@
 
 p is the target's probability of the drafted token, q the drafter's, under the sampling settings
 (plain softmax in greedy mode, where the rule compares argmaxes and the logit margin says by how much
-the target preferred its own token); see core/insight.py.
+the target preferred its own token); see spec/insight.py.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import json
 from rich.table import Table
 from rich.text import Text
 
-from specchat.core.insight import Ranked, Rejection
+from specchat.spec.insight import Ranked, Rejection
 from specchat.session.chat import ChatSession
 from specchat.tui.render import as_table
 

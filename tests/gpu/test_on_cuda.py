@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.bench.tiny_models import build_model, build_tokenizer
+from tiny_models import build_model, build_tokenizer
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig
-from specchat.core.engine import build_engine
-from specchat.core.sampling import make_generator
+from specchat.spec.engine import build_engine
+from specchat.spec.sampling import make_generator
 from specchat.loading.models import load_pair
 from specchat.session.compare import Comparer
 
@@ -115,7 +115,7 @@ def test_device_map_auto_spreads_the_target_over_two_gpus(dirs, tok):
 
 
 def test_a_step_on_cuda_reads_the_device_once_or_twice(dirs, tok):
-    """The explicit synchronize calls of the timed regions (core/timing.py) are not counted: they are the cost ratio's."""
+    """The explicit synchronize calls of the timed regions (spec/timing.py) are not counted: they are the cost ratio's."""
     from syncs import reads_per_step
     pair = pair_on_cuda(dirs)
     for gamma in (2, 8):

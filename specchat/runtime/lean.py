@@ -20,12 +20,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specchat.core.invariant_attention import batch_invariant_attention
-from specchat.core import lean_native, q4, w8a8
+from specchat.runtime.attention import batch_invariant_attention
+from specchat.quant import w4a8, w8a8
+from specchat.runtime import lean_native
+from specchat.spec.model_io import RUNNER
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 FIRST_CAPACITY = 1024
 PREFILL_CHUNK = 512  # tokens per piece of a long prompt
+
+
+def attach_lean(model: nn.Module, native_layers=None) -> str:
+    """Run `model` through the lean forward from now on; returns why not ('' when attached).
+    native_layers: the compiled kernel module's LeanLayers, for w4a8 layers in one C++ call."""
+    reason = supports(model)
+    if not reason:
+        setattr(model, RUNNER, LeanForward(model, native_layers))
+    return reason
 
 
 def supports(model: nn.Module) -> str:
@@ -61,6 +72,9 @@ class LeanCache:
             raise ValueError(f"cannot crop a cache of {self.length} tokens up to {length}")
         self.length = length
 
+    def run(self, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
+        return self.forward(self, input_ids, keep, head)
+
     def make_room(self, needed: int) -> None:
         if needed <= self.capacity:
             return
@@ -94,6 +108,13 @@ class LeanForward:
         self._cos = self._sin = None
         self.native_reason = "no compiled kernel module was given" if native_layers is None else \
             lean_native.unsupported(self.layers, config, self._kv_dtype, self.head_dim)
+
+    def new_cache(self) -> LeanCache:
+        return LeanCache(self)
+
+    def for_view(self, view: nn.Module) -> "LeanForward":
+        """The lean forward of a view of this model's layers (the self drafter's first layers)."""
+        return LeanForward(view, self.native_layers)
 
     def __getstate__(self) -> dict:
         """A copy (copy.deepcopy of the model) builds its own compiled layers over its own weights."""
@@ -198,8 +219,8 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
     """The outputs of layers that all read x, fused where their kind allows (w4a8, w8a8)."""
-    if isinstance(layers[0], q4.Q4Linear):
-        return q4.same_input(layers, x)
+    if isinstance(layers[0], w4a8.Q4Linear):
+        return w4a8.same_input(layers, x)
     return w8a8.same_input(layers, x)
 
 

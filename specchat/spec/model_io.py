@@ -1,30 +1,45 @@
-"""The only code that knows cache internals: make, measure, roll back, run a cached forward.
+"""The model interface the algorithm needs, and the only code that knows cache internals: make a cache,
+measure it, roll it back, run a cached forward.
 
-A model with a lean forward attached (`attach_lean`) gets a LeanCache and runs through it; any other
-model gets transformers' DynamicCache and runs through its own forward.
+A model may carry its own fast forward under the attribute RUNNER (the runtime attaches one: runtime/lean.py);
+it makes the caches, and each cache runs the forward over itself. Any other model gets transformers'
+DynamicCache and runs through its own forward. The algorithm needs nothing else of a model.
 """
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
-from specchat.core.lean import LeanCache, LeanForward, supports
-
-LEAN = "specchat_lean"  # attribute of a model that runs the lean forward
+RUNNER = "specchat_runner"  # attribute of a model that runs its own forward
 
 
-def attach_lean(model, native_layers=None) -> str:
-    """Run `model` through the lean forward from now on; returns why not ('' when attached).
-    native_layers: the compiled kernel module's LeanLayers, for w4a8 layers in one C++ call."""
-    reason = supports(model)
-    if not reason:
-        setattr(model, LEAN, LeanForward(model, native_layers))
-    return reason
+class ModelCache(Protocol):
+    """A cache that runs its model's forward over itself."""
+
+    def get_seq_length(self) -> int: ...
+
+    def crop_to(self, length: int) -> None: ...
+
+    def run(self, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor: ...
 
 
-def new_cache(model) -> DynamicCache | LeanCache:
-    lean = getattr(model, LEAN, None)
-    return LeanCache(lean) if lean is not None else DynamicCache(config=model.config)
+class Runner(Protocol):
+    """A model's own forward: makes its caches; gives the runner of a view of the same layers."""
+
+    def new_cache(self) -> ModelCache: ...
+
+    def for_view(self, view) -> "Runner": ...
+
+
+def runner(model) -> Runner | None:
+    return getattr(model, RUNNER, None)
+
+
+def new_cache(model) -> DynamicCache | ModelCache:
+    own = runner(model)
+    return own.new_cache() if own is not None else DynamicCache(config=model.config)
 
 
 def cache_length(cache) -> int:
@@ -33,7 +48,7 @@ def cache_length(cache) -> int:
 
 def crop_to(cache, length: int) -> None:
     """Roll the cache back so it covers exactly the first `length` tokens."""
-    if isinstance(cache, LeanCache):
+    if not isinstance(cache, DynamicCache):
         return cache.crop_to(length)
     extra = cache_length(cache) - length
     if extra > 0:
@@ -53,8 +68,8 @@ def forward(model, cache, new_ids: list[int], keep: int) -> torch.Tensor:
 @torch.inference_mode()
 def forward_tensor(model, cache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
     """Like forward, with ids already a [1, n] tensor on the model's device (no host round trip)."""
-    if isinstance(cache, LeanCache):
-        return cache.forward(cache, input_ids, keep)
+    if not isinstance(cache, DynamicCache):
+        return cache.run(input_ids, keep)
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
     return out.logits[0, -keep:]
 
@@ -62,7 +77,7 @@ def forward_tensor(model, cache, input_ids: torch.Tensor, keep: int) -> torch.Te
 @torch.inference_mode()
 def hidden_tensor(model, cache, input_ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
     """The decoder's final hidden states at the last `keep` positions [keep, hidden], skipping the head."""
-    if isinstance(cache, LeanCache):
-        return cache.forward(cache, input_ids, keep, head=False)
+    if not isinstance(cache, DynamicCache):
+        return cache.run(input_ids, keep, head=False)
     out = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True)
     return out.last_hidden_state[0, -keep:]

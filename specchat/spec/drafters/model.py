@@ -1,60 +1,17 @@
-"""Drafters propose tokens for the target to verify.
-
-Every drafter follows the `Drafter` protocol: `configure` (the drafter-specific speculation options),
-`propose(ids, plan, sampling, generator) -> Draft`, `rollback(committed_len)` and `reset()`.
-A drafter keeps its own state (e.g. a KV cache) in step with the committed sequence `ids`.
-"""
+"""The model drafter: a small model proposes tokens from its own KV cache, kept in step with the
+committed sequence; it can score a subset of its vocabulary (vocab.py) and try prompt lookup first."""
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.core import kvcache
-from specchat.core.draft_vocab import DraftVocab
-from specchat.core.insight import drafter_top
-from specchat.core.lookup import Guesser, NoGuess, PromptLookup
-from specchat.core.readback import read_back
-from specchat.core.sampling import pick
-from specchat.core.timing import clock
-
-
-@dataclass(frozen=True)
-class DraftPlan:
-    """One step's drafting: at most `gamma` tokens. The draft ends early after a token whose drafter
-    probability is below `min_confidence`, or once the estimated chance that all its tokens are
-    accepted (the product of min(1, confidence_scale * confidence)) is below `path_floor`."""
-    gamma: int
-    path_floor: float = 0.0        # 0: no early end by the path
-    confidence_scale: float = 1.0
-    min_confidence: float = 0.0    # 0: no early end by one doubtful token
-
-    @property
-    def tracks_confidence(self) -> bool:
-        return bool(self.min_confidence or self.path_floor)
-
-
-@dataclass
-class Draft:
-    tokens: torch.Tensor          # [k] int64, on the drafter's device
-    q_probs: torch.Tensor | None  # [k, vocab] drafter probabilities (None when greedy)
-    forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
-    confidences: list[float] = field(default_factory=list)  # per token: the drafter's q of it (see `sure`)
-    rows: list[torch.Tensor] = field(default_factory=list)  # per token: the [1, width] logits it came from
-    vocab: DraftVocab | None = None  # maps a row's positions to ids when the drafter scores a subset
-    sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
-    #                                   its verdict (step.py), `confidences` may be empty
-
-    def top_at(self, position: int, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
-        on the device; None for a drafter without a distribution (prompt lookup: q is one-hot)."""
-        if not self.rows:
-            return None
-        row = self.rows[position]
-        ids = self.vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if self.vocab else None
-        return drafter_top(row, sampling, ids)
+from specchat.spec import model_io
+from specchat.spec.drafters.base import Draft, DraftPlan
+from specchat.spec.drafters.vocab import DraftVocab
+from specchat.spec.drafters.lookup import Guesser, NoGuess, PromptLookup
+from specchat.spec.readback import read_back
+from specchat.spec.sampling import pick
+from specchat.spec.timing import clock
 
 
 def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
@@ -66,26 +23,13 @@ def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | N
     return torch.exp(logits.max() - torch.logsumexp(logits, dim=-1))
 
 
-class Drafter(Protocol):
-    def configure(self, vocab_limit: int, always_ids, lookup: bool) -> None: ...
-
-    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft: ...
-
-    def rollback(self, committed_len: int) -> None: ...
-
-    def catch_up(self, ids: list[int], upto: int) -> None: ...
-
-    def reset(self) -> None: ...
-
-
 class ModelDrafter:
     """A small causal LM with its own KV cache. It sees only tokens it has not seen yet."""
 
     def __init__(self, model, vocab_size: int):
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
-        self.cache = kvcache.new_cache(model)
+        self.cache = model_io.new_cache(model)
         self.device = model.get_input_embeddings().weight.device
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
@@ -101,16 +45,16 @@ class ModelDrafter:
         self.guesser = PromptLookup() if lookup else NoGuess()
 
     def reset(self) -> None:
-        self.cache = kvcache.new_cache(self.model)
+        self.cache = model_io.new_cache(self.model)
         self._vocab = None
 
     @property
     def seen(self) -> int:
-        return kvcache.cache_length(self.cache)
+        return model_io.cache_length(self.cache)
 
     def rollback(self, committed_len: int) -> None:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
-        kvcache.crop_to(self.cache, min(self.seen, committed_len - 1))
+        model_io.crop_to(self.cache, min(self.seen, committed_len - 1))
         if self._vocab is not None:
             self._vocab.keep_first(committed_len - 1)
 
@@ -119,7 +63,7 @@ class ModelDrafter:
         """Read ids[seen:upto] into the cache (a chunk of a long prompt), without scoring them."""
         if upto > self.seen:
             step_ids = torch.tensor([ids[self.seen:upto]], dtype=torch.long, device=self.device)
-            kvcache.hidden_tensor(self.model, self.cache, step_ids, 1)
+            model_io.hidden_tensor(self.model, self.cache, step_ids, 1)
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
@@ -157,7 +101,7 @@ class ModelDrafter:
             if drafting.finished or j == len(guess) or token != guess[j]:
                 used = j
                 break
-        kvcache.crop_to(self.cache, before + feed.shape[0] + used)
+        model_io.crop_to(self.cache, before + feed.shape[0] + used)
         drafting.forwards.append((feed.shape[0] + len(guess), clock(self.model) - start))
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
@@ -172,9 +116,9 @@ class ModelDrafter:
     def _next_logits(self, step_ids: torch.Tensor, vocab: DraftVocab | None, keep: int) -> torch.Tensor:
         """[keep, width] logits of the last `keep` positions, over the whole vocabulary or a DraftVocab."""
         if vocab is None:
-            logits = kvcache.forward_tensor(self.model, self.cache, step_ids, keep=keep)
+            logits = model_io.forward_tensor(self.model, self.cache, step_ids, keep=keep)
             return logits[:, :self.vocab_size]
-        return vocab.logits(kvcache.hidden_tensor(self.model, self.cache, step_ids, keep))  # [keep, width]
+        return vocab.logits(model_io.hidden_tensor(self.model, self.cache, step_ids, keep))  # [keep, width]
 
 
 class _Drafting:

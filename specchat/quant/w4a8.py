@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specchat.core.w8a8 import shared_input_groups
+from specchat.quant.w8a8 import shared_input_groups
 
 FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
@@ -284,7 +284,7 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
     `finer_bits` levels when `exact` is given (the file kept that layer finer than 4 bits) or when it
     is the output head, else 4 bits. finer_bits = 4 makes every layer 4-bit (w4a8-fast).
     `kernel`: build_kernel's module."""
-    from specchat.core.int8_weights import replace_linears
+    from specchat.quant.int8_weights import replace_linears
     used: dict[str, Q4Block] = {}
 
     def bits_for(name: str) -> int:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.core.readback import ints, read_back
-from specchat.core.sampling import probs_from_logits
+from specchat.spec.readback import ints, read_back
+from specchat.spec.sampling import probs_from_logits
 
 TOP = 5  # tokens of each model shown per rejection
 

@@ -1,6 +1,6 @@
 """Tiny random Llama models and a tiny byte-level BPE tokenizer, built offline from a config.
 
-The tests and `python -m specchat.bench.tiny_pair` use them: nothing is downloaded.
+The tests and `python scripts/tiny_pair.py` use them: nothing is downloaded.
 """
 from __future__ import annotations
 

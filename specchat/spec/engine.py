@@ -17,18 +17,19 @@ import time
 from collections.abc import Iterator
 
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig, drafter_needed
-from specchat.core import kvcache
-from specchat.core.adaptive import AutoGamma, GammaPolicy
-from specchat.core.detok import Detokenizer
-from specchat.core.drafters import Drafter, DraftPlan, ModelDrafter
-from specchat.core.lookup_drafter import LookupDrafter
-from specchat.core.self_drafter import check_self_layers, self_drafter, self_layers
-from specchat.core.insight import accept_probability
-from specchat.core.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
-from specchat.core.metrics import StatsRecorder
-from specchat.core.sampling import make_generator
-from specchat.core.step import StepResult, drafter_step, speculative_step
-from specchat.core.timing import clock
+from specchat.spec import model_io
+from specchat.spec.gamma import AutoGamma, GammaPolicy
+from specchat.spec.detok import Detokenizer
+from specchat.spec.drafters.base import Drafter, DraftPlan
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.drafters.lookup_drafter import LookupDrafter
+from specchat.spec.drafters.self_layers import check_self_layers, self_drafter, self_layers
+from specchat.spec.insight import accept_probability
+from specchat.spec.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
+from specchat.spec.metrics import StatsRecorder
+from specchat.spec.sampling import make_generator
+from specchat.spec.step import StepResult, drafter_step, speculative_step
+from specchat.spec.timing import clock
 
 
 PREFILL_CHUNK = 128  # prompt tokens per forward while reading a new prompt: the longest a cancel waits
@@ -52,7 +53,7 @@ class Engine:
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.vocab_size = vocab_size or len(tokenizer)
         self.device = target.get_input_embeddings().weight.device
-        self.cache = kvcache.new_cache(target)
+        self.cache = model_io.new_cache(target)
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
         self.drafters: dict[str, Drafter] = {"lookup": LookupDrafter(self.vocab_size)}
@@ -90,11 +91,11 @@ class Engine:
     # ----- state -------------------------------------------------------------------------------
     @property
     def target_seen(self) -> int:
-        return kvcache.cache_length(self.cache)
+        return model_io.cache_length(self.cache)
 
     def reset(self) -> None:
         """Forget every cached token (both models). The gamma policy keeps what it learnt."""
-        self.cache = kvcache.new_cache(self.target)
+        self.cache = model_io.new_cache(self.target)
         self.ids = []
         for drafter in self.drafters.values():
             drafter.reset()
@@ -102,7 +103,7 @@ class Engine:
     def _adopt_prompt(self, prompt_ids: list[int]) -> int:
         """Make `prompt_ids` the committed sequence, keeping cached KV for the common prefix."""
         keep = min(common_prefix_len(self.ids, prompt_ids), len(prompt_ids) - 1)
-        kvcache.crop_to(self.cache, min(self.target_seen, keep))
+        model_io.crop_to(self.cache, min(self.target_seen, keep))
         if self.drafter:
             self.drafter.rollback(keep + 1)
         self.ids = list(prompt_ids)
@@ -181,7 +182,7 @@ class Engine:
             if cancel.is_set():
                 break
             if mode != "drafter":
-                kvcache.forward(self.target, self.cache, self.ids[self.target_seen:upto], keep=1)
+                model_io.forward(self.target, self.cache, self.ids[self.target_seen:upto], keep=1)
             if self.drafter and mode != "target":
                 self.drafter.catch_up(self.ids, upto)
             yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
@@ -222,7 +223,7 @@ class Engine:
             if hit_eos:
                 step.rejected, step.rejection = [], None
         self.ids.extend(step.tokens)
-        kvcache.crop_to(self.cache, min(self.target_seen, len(self.ids) - 1))
+        model_io.crop_to(self.cache, min(self.target_seen, len(self.ids) - 1))
         if self.drafter:
             self.drafter.rollback(len(self.ids))
         return hit_eos
@@ -230,7 +231,7 @@ class Engine:
 
 def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator[Event]:
     """A committed step as events: accepted drafts, the rejected ones, the target's token, each
-    token with its p and q (core/insight.py)."""
+    token with its p and q (spec/insight.py)."""
     n_accepted = sum(1 for o in step.origins if o == Origin.DRAFTED)
     for i, (token, origin) in enumerate(zip(step.tokens, step.origins)):
         if i == n_accepted and step.rejected:

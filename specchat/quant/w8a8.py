@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specchat.core.int8_weights import Int8Block, replace_linears
+from specchat.quant.int8_weights import Int8Block, replace_linears
 
 
 def _pack(weight: torch.Tensor, scale: torch.Tensor):

@@ -2,19 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Union
 
-from specchat.core.insight import Rejection
-from specchat.core.metrics import ReplyStats
-
-
-class Origin(str, Enum):
-    DRAFTED = "drafted"      # proposed by the drafter and accepted by the target
-    CORRECTED = "corrected"  # the target's resample after a rejected draft
-    BONUS = "bonus"          # the target's own token after every draft was accepted
-    TARGET = "target"        # target-only mode
-    DRAFTER = "drafter"      # drafter-only mode
+from specchat.spec.insight import Rejection
+from specchat.spec.metrics import ReplyStats
+from specchat.spec.origin import Origin  # noqa: F401  (part of the events' vocabulary)
 
 
 @dataclass(frozen=True)
@@ -24,7 +16,7 @@ class Token:
     origin: Origin
     step: int = -1                # the reply's step that produced it (0-based)
     position: int = 0             # its place in that step: drafts 0..n-1, then the target's token at n
-    p: float | None = None        # the target's probability of it (core/insight.py says under what)
+    p: float | None = None        # the target's probability of it (spec/insight.py says under what)
     q: float | None = None        # the drafter's, for drafted tokens
     accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q)
 

@@ -12,8 +12,8 @@ import copy
 
 from torch import nn
 
-from specchat.core import kvcache
-from specchat.core.drafters import ModelDrafter
+from specchat.spec import model_io
+from specchat.spec.drafters.model import ModelDrafter
 
 PREFIX = "self:"
 
@@ -51,12 +51,12 @@ def truncated_model(model, n: int):
     decoder.config = config
     view = copy.copy(model)
     view._modules = dict(view._modules)
-    view.__dict__.pop(kvcache.LEAN, None)  # the target's lean forward runs all its layers
+    view.__dict__.pop(model_io.RUNNER, None)  # the target's own forward runs all its layers
     setattr(view, _decoder_attribute(model), decoder)
     view.config = config
-    lean = getattr(model, kvcache.LEAN, None)
-    if lean is not None:
-        kvcache.attach_lean(view, lean.native_layers)
+    own = model_io.runner(model)
+    if own is not None:
+        setattr(view, model_io.RUNNER, own.for_view(view))
     return view
 
 

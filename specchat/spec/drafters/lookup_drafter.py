@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.core.drafters import Draft, DraftPlan
-from specchat.core.lookup import WINDOW, continuation
+from specchat.spec.drafters.base import Draft, DraftPlan
+from specchat.spec.drafters.lookup import WINDOW, continuation
 
 
 class LookupDrafter:

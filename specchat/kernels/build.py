@@ -1,6 +1,6 @@
 """specchat's own C++ kernels, compiled once per machine into its cache: the w4a8 product
-(core/q4_kernel.cpp and its code paths core/q4_path_*.cpp) and the lean forward's layer loop
-(core/lean_layers.cpp), one module.
+(kernels/q4_kernel.cpp and its code paths kernels/q4_path_*.cpp) and the lean forward's layer loop
+(kernels/lean_layers.cpp), one module.
 
 The module holds every code path of the product the compiler can build here (portable C++; on x86 also
 AVX2, AVX-VNNI and AVX-512 VNNI) and runs the fastest one the CPU has; $SPECCHAT_KERNEL names another
@@ -20,9 +20,9 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from specchat.loading.assets import cache_dir
-from specchat.loading.errors import ModelLoadError, one_line
-from specchat.loading.progress import Progress, report
+from specchat.cache import cache_dir
+from specchat.errors import ModelLoadError, one_line
+from specchat.progress import Progress, report
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
 SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path_avx_vnni.cpp",
@@ -32,8 +32,7 @@ BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and ever
 
 
 def _source_dir() -> Path:
-    import specchat.core
-    return Path(specchat.core.__file__).parent
+    return Path(__file__).parent
 
 
 def kernel_sources() -> list[Path]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.core.sampling import sample
+from specchat.spec.sampling import sample
 
 
 @dataclass(frozen=True)

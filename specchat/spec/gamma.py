@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from specchat.config import GAMMA_MAX
-from specchat.core.drafters import DraftPlan
-from specchat.core.metrics import leviathan_speedup
+from specchat.spec.drafters.base import DraftPlan
+from specchat.spec.metrics import leviathan_speedup
 
 if TYPE_CHECKING:
-    from specchat.core.step import StepResult
+    from specchat.spec.step import StepResult
 
 
 class GammaPolicy(Protocol):

@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.core import kvcache
-from specchat.core.timing import clock
-from specchat.core.drafters import Draft, DraftPlan, Drafter
-from specchat.core.events import Origin
-from specchat.core.insight import Rejection, rejection_at, token_probs
-from specchat.core.readback import ints, read_back
-from specchat.core.sampling import probs_from_logits
-from specchat.core.verify import Verdict, verify_greedy, verify_sampled
+from specchat.spec import model_io
+from specchat.spec.timing import clock
+from specchat.spec.drafters.base import Draft, DraftPlan, Drafter
+from specchat.spec.origin import Origin
+from specchat.spec.insight import Rejection, rejection_at, token_probs
+from specchat.spec.readback import ints, read_back
+from specchat.spec.sampling import probs_from_logits
+from specchat.spec.verify import Verdict, verify_greedy, verify_sampled
 
 TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts towards c (not a prefill)
 
@@ -65,12 +65,12 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     device = target.get_input_embeddings().weight.device
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
     drafted = drafts.shape[0]
-    pending = torch.tensor([ids[kvcache.cache_length(cache):]], dtype=torch.long, device=device)
+    pending = torch.tensor([ids[model_io.cache_length(cache):]], dtype=torch.long, device=device)
     start = clock(target)
     if pending.shape[1] > 1:  # the prompt alone first: the same forward whether drafts follow or not
-        kvcache.forward_tensor(target, cache, pending[:, :-1], keep=1)
+        model_io.forward_tensor(target, cache, pending[:, :-1], keep=1)
     feed = torch.cat([pending[:, -1:], drafts.view(1, -1)], dim=1)  # [1, 1 + drafted]
-    logits = kvcache.forward_tensor(target, cache, feed, keep=drafted + 1)
+    logits = model_io.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
     verdict, p = _verify(drafts, draft, logits, sampling, generator)
     p_drafts, p_emitted = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token)

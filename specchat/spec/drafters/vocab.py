@@ -8,8 +8,7 @@ really sampled from (zero outside this set), so the output stays exactly the tar
 from __future__ import annotations
 
 import torch
-
-from specchat.core.int8_weights import head_rows
+from torch import nn
 
 
 class DraftVocab:
@@ -81,3 +80,23 @@ class DraftVocab:
         if self._extra:
             full[:, self._index_on(q.device)] = q[:, self.limit:]
         return full
+
+
+class RowsOfLinear(nn.Module):
+    """Some output rows of an nn.Linear (a view of its weights, no copy when `index` is a slice)."""
+
+    def __init__(self, linear: nn.Linear, index: torch.Tensor | slice):
+        super().__init__()
+        self.weight = linear.weight[index]
+        self.bias = None if linear.bias is None else linear.bias[index]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight, self.bias)
+
+
+def head_rows(head: nn.Module, index: torch.Tensor | slice) -> nn.Module:
+    """A layer computing only the output rows `index` of an output head (nn.Linear, or a
+    quantized layer with a `rows` method: Int8Linear, W8A8Linear)."""
+    if hasattr(head, "rows"):
+        return head.rows(index)
+    return RowsOfLinear(head, index)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specchat.core.q4 import TILE_ROWS, Q4Linear, whole_group
+from specchat.quant.w4a8 import TILE_ROWS, Q4Linear, whole_group
 
 ACTIVATIONS = ("silu",)
 

@@ -1,4 +1,4 @@
-// The lean forward's decoder layers in one C++ call (core/lean_native.py builds it), for Llama-style
+// The lean forward's decoder layers in one C++ call (runtime/lean_native.py builds it), for Llama-style
 // layers whose linears are all w4a8 (q4_kernel.cpp) and whose activations are float32. Between the
 // kernel's products, everything (RMSNorm, biases, rotary embedding, the KV cache write, attention,
 // SiLU, residuals) is a plain loop over one row's numbers: no torch dispatch, and a row's result

@@ -1,14 +1,17 @@
 """Greedy speculative vs target-only tok/s on a tiny random pair (8-layer target, its first layer as
-drafter), measured side by side in one run:  python -m specchat.bench.tiny_pair"""
+drafter), measured side by side in one run:  python scripts/tiny_pair.py"""
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
-from specchat.bench.tiny_models import build_model, build_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' tiny models
+from tiny_models import build_model, build_tokenizer  # noqa: E402
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.core.drafters import ModelDrafter
-from specchat.core.engine import Engine
-from specchat.core.events import ReplyDone
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.engine import Engine
+from specchat.spec.events import ReplyDone
 
 SAMPLING = SamplingConfig(max_new_tokens=200)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specchat.core.step import StepResult
+    from specchat.spec.step import StepResult
 
 
 def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
