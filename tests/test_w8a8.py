@@ -13,6 +13,7 @@ from tiny_models import build_model
 from specchat.config import GAMMA_AUTO
 from specchat.runtime.attention import use_batch_invariant_attention
 from specchat.spec.model_io import crop_to
+from specchat.quant import shared, w8a8
 from specchat.quant.int8_weights import Int8Block, Int8Linear
 from specchat.quant.w8a8 import W8A8Linear, quantize_w8a8
 from specchat.loading import quantized_cache
@@ -114,7 +115,6 @@ def test_both_passes_in_one_kernel_call_equal_one_call_per_pass_bitwise():
 def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_apart(monkeypatch, lean):
     """q/k/v and gate/up packed together (one kernel call each) against every layer packed alone, on a
     Qwen2 model (attention biases), through the lean forward and through transformers' modules."""
-    import specchat.quant.w8a8 as w8a8
     from specchat.runtime import lean
     from specchat.spec import model_io
     config = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -122,7 +122,7 @@ def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_ap
     torch.manual_seed(2)
     model = Qwen2ForCausalLM(config).eval()
     packed_together = w8a8_model(model, torch.float32)
-    monkeypatch.setattr(w8a8, "SHARED_INPUTS", ())
+    monkeypatch.setattr(shared, "SHARED_INPUTS", ())
     packed_apart = w8a8_model(model, torch.float32)
     layer = packed_together.model.layers[0]
     assert layer.self_attn.k_proj.group is layer.self_attn.q_proj.group is not None
@@ -235,7 +235,6 @@ def test_int8_blocks_keep_row_sums_and_leave_the_float_weight_alone():
 
 
 def test_a_layer_packed_in_row_pieces_computes_the_same_as_one_piece(monkeypatch):
-    import specchat.quant.w8a8 as w8a8
     block = Int8Block.quantize(torch.randn(300, 64))
     whole = W8A8Linear(block, None)
     monkeypatch.setattr(w8a8, "PACK_ROWS", 128)

@@ -1,6 +1,6 @@
-"""specchat's own C++ kernels, compiled once per machine into its cache: the w4a8 product
-(kernels/q4_kernel.cpp and its code paths kernels/q4_path_*.cpp) and the lean forward's layer loop
-(kernels/lean_layers.cpp), one module.
+"""specchat's own C++ kernels, compiled once per machine into its cache, one module: the w4a8 product
+(q4_kernel.cpp and its code paths q4_path_*.cpp, beside this file), the lean forward's layer loop
+(lean_layers.cpp), and the module's Python bindings (bindings.cpp).
 
 The module holds every code path of the product the compiler can build here (portable C++; on x86 also
 AVX2, AVX-VNNI and AVX-512 VNNI) and runs the fastest one the CPU has; $SPECCHAT_KERNEL names another
@@ -26,7 +26,7 @@ from specchat.progress import Progress, report
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
 SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path_avx_vnni.cpp",
-           "q4_path_avx512_vnni.cpp", "lean_layers.cpp"]
+           "q4_path_avx512_vnni.cpp", "lean_layers.cpp", "bindings.cpp"]
 HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "simd.h"]
 BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike
 

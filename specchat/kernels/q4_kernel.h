@@ -1,9 +1,13 @@
-// What the kernel module's sources call of each other (q4_kernel.cpp, lean_layers.cpp).
+// What the kernel module's sources call of each other (q4_kernel.cpp, lean_layers.cpp, bindings.cpp).
 #pragma once
 #include <torch/extension.h>
 
 // x [M, K] float32 → W x [M, outs] float32, the weights in 16-row tiles (q4_tiles.h).
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                         torch::Tensor dmin, int64_t outs);
+
+std::string kernel_path();                    // the code path the product runs
+std::vector<std::string> kernel_paths();      // the paths this CPU can run, fastest first
+void set_kernel_path(const std::string& name);  // run the product on this path
 
 void register_lean_layers(pybind11::module& module);  // lean_layers.cpp

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specchat.quant.shared import replace_linears
+
 
 @dataclass
 class Int8Block:
@@ -78,21 +80,6 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
-
-
-def replace_linears(model: nn.Module, build) -> int:
-    """Replace every nn.Linear by build(name, linear); returns how many were replaced.
-
-    A head tied to the input embeddings is untied: the embeddings keep their float weights.
-    """
-    replaced = 0
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                full = f"{parent_name}.{name}" if parent_name else name
-                setattr(parent, name, build(full, child))
-                replaced += 1
-    return replaced
 
 
 def quantize_linears(model: nn.Module, blocks: dict[str, Int8Block] | None = None) -> dict[str, Int8Block]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specchat.quant.w8a8 import shared_input_groups
+from specchat.quant.shared import layer_output, replace_linears, shared_input_groups
 
 FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
@@ -261,10 +261,7 @@ class Q4Linear(nn.Module):
         return self.finish(run_kernel(self.product, x.reshape(-1, self.in_features).float(), self.tiles), x)
 
     def finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The layer's output for input x from its product W x [rows, out] float32: bias, dtype, shape."""
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return layer_output(y, x, self.bias, self.out_features)
 
     def rows(self, index: torch.Tensor | slice) -> "Q4Linear":
         """A layer computing only the output rows `index`."""
@@ -284,7 +281,6 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
     `finer_bits` levels when `exact` is given (the file kept that layer finer than 4 bits) or when it
     is the output head, else 4 bits. finer_bits = 4 makes every layer 4-bit (w4a8-fast).
     `kernel`: build_kernel's module."""
-    from specchat.quant.int8_weights import replace_linears
     used: dict[str, Q4Block] = {}
 
     def bits_for(name: str) -> int:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specchat.quant.int8_weights import Int8Block, replace_linears
+from specchat.quant.int8_weights import Int8Block
+from specchat.quant.shared import layer_output, replace_linears, shared_input_groups
 
 
 def _pack(weight: torch.Tensor, scale: torch.Tensor):
@@ -213,10 +214,7 @@ class W8A8Linear(nn.Module):
         return self.finish(self._product.apply(mapped), x)
 
     def finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The layer's output for input x from its product W x [rows, out] float32: bias, dtype, shape."""
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return layer_output(y, x, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
         grouped = f", packed with the {len(self.group.widths)} layers reading its input" if self.group else ""
@@ -252,23 +250,6 @@ def activation_passes(name: str) -> int:
     everywhere 98.5% top-1 / KL 0.0016; on the MLP only 97.9% / 0.0033; on down_proj only 96.7% / 0.014.
     """
     return 1 if name.rsplit(".", 1)[-1] in ONE_PASS_LAYERS else 2
-
-
-SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers reading one input
-
-
-def shared_input_groups(linears: dict[str, nn.Module], passes_of=activation_passes) -> list[list[str]]:
-    """Names of the linear layers that read one input and can be packed as one matrix, by parent
-    module: [[…q_proj, …k_proj, …v_proj], [gate_proj, up_proj], …], where they take as many passes."""
-    groups = []
-    for name in linears:
-        parent, _, leaf = name.rpartition(".")
-        for leaves in SHARED_INPUTS:
-            members = [f"{parent}.{other}" if parent else other for other in leaves]
-            if leaf == leaves[0] and all(member in linears for member in members) and \
-                    len({passes_of(member) for member in members}) == 1:
-                groups.append(members)
-    return groups
 
 
 def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None,
