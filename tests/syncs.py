@@ -1,6 +1,6 @@
 """Count host syncs: every Python-level read of a tensor's values to the host (`item`, `tolist`, `int(t)`,
 `float(t)`, `bool(t)`, `range(t)`, `numpy`, `cpu`). On a GPU each one waits for all queued work. On the CPU they
-are free, but counting them here tells what a GPU step would wait for (issue 17)."""
+are free, but counting them here tells what a GPU step would wait for."""
 from __future__ import annotations
 
 import contextlib

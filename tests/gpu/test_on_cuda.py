@@ -1,4 +1,4 @@
-"""A tiny pair on CUDA (issue 17): greedy exactness, sampling on the device, bitsandbytes 4-bit and 8-bit,
+"""A tiny pair on CUDA: greedy exactness, sampling on the device, bitsandbytes 4-bit and 8-bit,
 device_map = "auto" over two GPUs, and the host reads per step. Marked `gpu`, skipped where torch sees no GPU;
 scripts/gpu_check.sh runs them.
 

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from conftest import hf_greedy, make_engine, prompt_ids, run_reply
+from conftest import hf_greedy, make_engine, prompt_ids
 from specchat.config import Config, SamplingConfig, SpeculationConfig, drafter_needed
 from specchat.spec.events import Origin
 from specchat.spec.model_io import cache_length

@@ -15,7 +15,7 @@ from specchat.tui.cli import main
 from specchat.errors import ModelLoadError
 from tinypair import loader, tiny_pair
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ESCAPE = re.compile(r"\x1b\[")
 
 

@@ -1,4 +1,4 @@
-"""GPU readiness (issue 17), tested on this CPU: what a shipped config would do the first time it meets a
+"""GPU readiness, tested on this CPU: what a shipped config would do the first time it meets a
 GPU, with the device decisions monkeypatched. The tests that need a real GPU are in tests/gpu/."""
 from __future__ import annotations
 

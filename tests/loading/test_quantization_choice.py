@@ -100,7 +100,7 @@ def qwen_dir(tmp_path, hidden: int, tokenizer):
 def test_a_small_pair_under_the_bundled_config_answers_and_stays_exact(tmp_path, monkeypatch, hidden, unfit):
     """hidden 64: every layer on the kernel; hidden 96: the layers reading 96 inputs stay unquantized
     (q, k, v, o, gate and up of both layers, and the head), said in one notice per model."""
-    from test_models import greedy_reply
+    from model_files import greedy_reply
 
     from specchat.quant.w4a8 import Q4Linear
     from specchat.loading.models import load_pair

@@ -1,4 +1,4 @@
-"""REPL fuzz (issue 13): random input lines never break the chat, and a refused one changes nothing.
+"""REPL fuzz: random input lines never break the chat, and a refused one changes nothing.
 
 Every registered command (enumerated from the registry, aliases included, so a new command is fuzzed
 without editing this file) gets random arguments: valid-looking values (from the command's completion

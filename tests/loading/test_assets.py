@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 
 import pytest
 
+from model_files import later
 from specchat.loading import assets
 from specchat.loading.models import ModelLoadError
 
@@ -54,12 +54,6 @@ def test_assembles_once_with_progress(fake, cache):
     seen.clear()
     assert assets.bundled_gguf_path("fake", progress=lambda m, f: seen.append((m, f))) == path
     assert seen == []  # verified by its stamp: neither re-assembled nor re-hashed
-
-
-def later(path):
-    """Date a rewrite a second later, as a real later corruption is (mtimes tick coarsely)."""
-    stat = path.stat()
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
 
 
 def test_corrupted_file_is_detected_and_reassembled(fake, cache):

@@ -12,7 +12,7 @@ import pytest
 from specchat.fileio import write_text_atomic
 from specchat.tui.exits import Terminated, leave_on_signals
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # The tiny pair, with a target forward slowed to 50 ms so a reply is still streaming when the signal lands.
 DRIVER = ("import sys, time; sys.path.insert(0, 'tests'); from tinypair import tiny_pair, loader; "

@@ -1,4 +1,4 @@
-"""Stop strings (issue 17, item 2): a base model chatting in specchat's plain User:/Assistant: template
+"""Stop strings: a base model chatting in specchat's plain User:/Assistant: template
 stops where it starts writing the user's next turn ("\\nUser:"), and nothing of that turn is shown."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings churn (issue 13): a long seeded random session stays exact and keeps its caches consistent.
+"""Settings churn: a long seeded random session stays exact and keeps its caches consistent.
 
 Each step takes one action, in a seeded random order (rounds of ROUND = 18 steps, each round holding
 every kind of action, shuffled), and drives it through the real command path (ChatSession plus the
@@ -15,7 +15,7 @@ get dropped.
 What must hold:
 - no exception escapes any step, and every command the test means as valid is accepted;
 - after every step of every reply (at its StepDone), with L = len(engine.ids) the committed length
-  ("both caches hold the committed length" of issue 13, made exact as the engine defines it):
+  ("both caches hold the committed length", made exact as the engine defines it):
   the cache of the model that leads the mode (the target in spec and target mode, the drafter in
   drafter mode) holds exactly L - 1 tokens, the newest committed token being fed next step; in spec
   mode, after a step that drafted, the drafter's cache holds exactly L - 2 tokens when every draft was

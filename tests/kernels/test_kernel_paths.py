@@ -135,7 +135,7 @@ def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, to
 def test_the_bundled_pair_gives_the_same_tokens_on_the_portable_path_and_stays_exact(kernel):
     """The default config's greedy reply, target-only on the fastest path, and target-only and
     speculative with the portable path forced: the same token ids."""
-    from test_models import greedy_reply
+    from model_files import greedy_reply
 
     from specchat.config import load_config
     from specchat.loading.models import load_pair

@@ -43,7 +43,7 @@ def test_a_tiny_temperature_samples_the_most_likely_token(temperature):
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
-@pytest.mark.parametrize("top_p", [1e-320, 1e-46, 5e-324])  # 0 once compared in float32 (REPL fuzz, issue 13)
+@pytest.mark.parametrize("top_p", [1e-320, 1e-46, 5e-324])  # 0 once compared in float32 (found by the REPL fuzz)
 def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token(top_p):
     probs = probs_from_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=top_p))[0]
     assert probs[0] == 1.0 and probs[1:].sum() == 0

@@ -1,4 +1,4 @@
-"""Fault injection on a temporary cache (issue 13): each cached artefact kind, damaged or killed
+"""Fault injection on a temporary cache: each cached artefact kind, damaged or killed
 mid-build, heals at the next load, and the model computes exactly what an undamaged load computes.
 
 Kinds: the assembled bundled GGUF (loaded as `bundled:`), the checkpoint converted from a GGUF file,
@@ -34,8 +34,7 @@ from tiny_models import build_model, build_tokenizer
 from specchat.config import ModelConfig
 from specchat.loading import assets, gguf_convert, quantized_cache
 from specchat.loading.models import load_model
-from test_assets import later
-from test_models import logits, save_dir, tiny_qwen2, write_gguf
+from model_files import later, logits, save_dir, tiny_qwen2, write_gguf
 
 TESTS = Path(__file__).resolve().parent
 DEAD_PID = 999_999_999  # above any pid_max: the writer of a leftover named with it is surely gone
@@ -425,7 +424,7 @@ class ForkServer:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", "import test_cache_faults; test_cache_faults.fork_server()"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, bufsize=1,
-                cwd=TESTS.parent, env=env)
+                cwd=TESTS.parents[1], env=env)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 

@@ -8,7 +8,7 @@ from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.events import Rejected, ReplyDone, Token
 from specchat.spec.drafters.base import DraftPlan
-from specchat.spec.drafters.lookup import MAX_GUESS, WINDOW, continuation
+from specchat.spec.drafters.lookup import MAX_GUESS, continuation
 from specchat.spec.sampling import make_generator
 
 
