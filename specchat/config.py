@@ -34,8 +34,9 @@ INVARIANT_MODES = (*W8A8_MODES, *W4A8_MODES)
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")
-DRAFTERS = ("model", "lookup", "self:N")  # who drafts in spec mode: the drafter model, prompt lookup (no
-# model), or the target's own first N layers (no second model)
+DRAFTERS = ("model", "lookup", "auto", "self:N")  # who drafts in spec mode: the drafter model, prompt lookup (no
+# model), each step the one of the two that fits (a copy where the chat offers a long match), or the target's
+# own first N layers (no second model)
 
 
 class ConfigError(ValueError):
@@ -78,7 +79,7 @@ class SpeculationConfig:
     drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
     prompt_lookup: bool = False    # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
-    drafter: str = "model"    # model (the drafter model) | lookup (prompt lookup, no model) | self:N
+    drafter: str = "model"    # model (the drafter model) | lookup (prompt lookup, no model) | auto (either, per step) | self:N
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,8 @@ VALIDATORS = {
     else f"an integer from 0 to {GAMMA_MAX}, or auto",
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
-    ("speculation", "drafter"): lambda v: None if v in DRAFTERS[:2] or re.fullmatch(r"self:[1-9][0-9]{0,2}", v)
-    else "model, lookup or self:N (the target's first N layers draft)",
+    ("speculation", "drafter"): lambda v: None if v in DRAFTERS[:3] or re.fullmatch(r"self:[1-9][0-9]{0,2}", v)
+    else "model, lookup, auto or self:N (the target's first N layers draft)",
     ("speculation", "draft_confidence"): lambda v: None if 0.0 <= v < 1.0 else "a probability in [0, 1) (0 = off)",
     ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
     else "0 (the whole vocabulary) or an id limit of at least 256",

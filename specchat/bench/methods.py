@@ -75,8 +75,7 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
         if cfg.drafter.quantization != "none":
             methods += _hf_assisted("unquantized", UNQUANTIZED)
         methods += _specchat_spec("")
-    methods += [Method(f"specchat {name} γ{DRAFTER_ROW_GAMMA}", "specchat", "spec", DRAFTER_ROW_GAMMA,
-                       speculator=name) for name in drafters]
+    methods += [_drafter_row(name) for name in drafters]
     for quantization in other_targets:
         methods.append(Method(target_only_name(quantization), "specchat", "target", target=quantization))
         methods += _specchat_spec(quantization) if cfg.drafter.source else []
@@ -86,6 +85,13 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
         methods += [Method(f"llama.cpp speculative γ{g}", "llama.cpp", "spec", g)
                     for g in (GAMMAS if cfg.drafter.source else ())]
     return methods
+
+
+def _drafter_row(name: str) -> Method:
+    """A row for one drafter: at γ DRAFTER_ROW_GAMMA, or auto γ for `auto` (its copies plan themselves)."""
+    gamma = GAMMA_AUTO if name == "auto" else DRAFTER_ROW_GAMMA
+    return Method(f"specchat {name} γ{'auto' if gamma == GAMMA_AUTO else gamma}", "specchat", "spec", gamma,
+                  speculator=name)
 
 
 def _target_suffix(target: str) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-COLUMNS = ("setting", "method", "tok/s", "× target", "× target code", "worst × target",
+COLUMNS = ("setting", "method", "tok/s", "× target", "× target code", "× target edit", "worst × target",
            "× HF same drafter", "× HF unquantized drafter", "× llama.cpp", "acceptance", "tok/step", "c", "bound", "of bound", "exact")
 
 
@@ -25,7 +25,7 @@ def _exact(row: dict) -> str:
 
 
 def table_cells(row: dict) -> list[str]:
-    ratios = ("vs_target", "vs_target_code", "worst_vs_target", "vs_hf_assisted", "vs_hf_unquantized", "vs_llamacpp")
+    ratios = ("vs_target", "vs_target_code", "vs_target_edit", "worst_vs_target", "vs_hf_assisted", "vs_hf_unquantized", "vs_llamacpp")
     return [row["setting"], row["method"], _num(row["tok_s"], ".2f"),
             *(_ratio(row.get(key)) for key in ratios), _num(row["alpha"], ".0%"),
             _num(row["tokens_per_step"], ".2f"), _num(row["c"], ".2f"), _num(row["predicted"], ".2f"),

@@ -57,7 +57,7 @@ def parse_args(argv):
     parser.add_argument("--no-llamacpp", action="store_true",
                         help="leave out llama.cpp's rows (they run when llama-cpp-python is installed)")
     parser.add_argument("--drafters", default="lookup,self:7", metavar="NAMES",
-                        help="drafters beyond the model with a row each at γ4: lookup, self:N (\"\" for none)")
+                        help="drafters beyond the model with a row each at γ4 (auto: γauto): lookup, auto, self:N (\"\" for none)")
     parser.add_argument("--methods", default="", metavar="WORDS",
                         help="only rows whose name contains one of these (comma-separated); baselines always run")
     parser.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and PNG results")
@@ -124,6 +124,11 @@ def median(values):
     return statistics.median(values) if values else None
 
 
+def ratios_of_kind(row: Row, kind: str) -> list[float]:
+    """The row's per-prompt ratios over its own target-only, on the prompts of one kind."""
+    return [v for v, prompt_kind in zip(row.vs_target, row.kinds) if prompt_kind == kind]
+
+
 def summarise(row: Row) -> dict:
     ms = row.measurements
     speculative = row.method.kind == "specchat" and row.method.mode == "spec"
@@ -131,7 +136,8 @@ def summarise(row: Row) -> dict:
         "setting": row.setting, "method": row.method.name, "gamma": row.method.gamma_label,
         "tok_s": median([m.tokens_per_s for m in ms]),
         "vs_target": median(row.vs_target), "vs_hf_assisted": median(row.vs_hf),
-        "vs_target_code": median([v for v, kind in zip(row.vs_target, row.kinds) if kind == "code"]),
+        "vs_target_code": median(ratios_of_kind(row, "code")),
+        "vs_target_edit": median(ratios_of_kind(row, "edit")),  # a pasted file and a change: lookup's case
         "worst_vs_target": min(row.vs_target, default=None),
         "vs_hf_unquantized": median(row.vs_hf_unquantized), "vs_llamacpp": median(row.vs_llamacpp),
         "alpha": median([m.alpha for m in ms]), "tokens_per_step": median([m.tokens_per_step for m in ms]),

@@ -37,9 +37,10 @@ def fresh_engine(engine: Engine) -> Engine:
 
 
 def contenders(engine: Engine, current: str) -> list[str]:
-    """None, the drafter model if loaded, lookup, and a self drafter: the current one if it is self:N,
+    """None, the drafter model if loaded, lookup, auto (with a model), and a self drafter: the current one if it is self:N,
     else the target's first quarter of layers."""
     names = [NO_DRAFTER, *(name for name in ("model", "lookup") if name in engine.drafters)]
+    names += ["auto"] if engine.has_model_drafter else []  # with no model, auto is lookup alone
     if self_layers(current) is None:
         current = f"self:{max(1, layer_count(engine.target) // 4)}"
     return names + ([current] if engine.drafter_problem(current) is None else [])

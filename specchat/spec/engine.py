@@ -23,6 +23,7 @@ from specchat.spec.detok import Detokenizer
 from specchat.spec.drafters.base import Drafter, DraftPlan
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
+from specchat.spec.drafters.mixed import MixedDrafter
 from specchat.spec.drafters.self_layers import check_self_layers, self_drafter, self_layers
 from specchat.spec.insight import accept_probability
 from specchat.spec.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
@@ -56,7 +57,8 @@ class Engine:
         self.cache = model_io.new_cache(target)
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
-        self.drafters: dict[str, Drafter] = {"lookup": LookupDrafter(self.vocab_size)}
+        self.drafters: dict[str, Drafter] = {"lookup": LookupDrafter(self.vocab_size),
+                                             "auto": MixedDrafter(drafter, self.vocab_size)}
         if drafter is not None:
             self.drafters["model"] = drafter
 
@@ -199,7 +201,8 @@ class Engine:
             return DraftPlan(0)
         plan = self.policy.plan() if speculation.gamma == GAMMA_AUTO else DraftPlan(speculation.gamma)
         gamma = max(0, min(plan.gamma, remaining - 1))
-        return dataclasses.replace(plan, gamma=gamma, min_confidence=speculation.draft_confidence)
+        return dataclasses.replace(plan, gamma=gamma, min_confidence=speculation.draft_confidence,
+                                   room=max(0, remaining - 1))
 
     def _step(self, speculation, sampling, remaining, generator) -> StepResult:
         if speculation.mode == "drafter":

@@ -132,6 +132,8 @@ class AutoGamma:
         if step.target_fed and step.target_timed:
             self.observe_cost("target", step.target_seconds)
             self.target_rows.observe(step.target_fed, step.target_seconds)
+        if step.draft is not None and not step.draft.by_plan:
+            return  # a copy drafted past the plan says nothing of the drafter the plan is for
         self.observe(step.drafted, step.accepted)
         if step.draft is not None:
             self.observe_confidences(step.draft.confidences, step.accepted)

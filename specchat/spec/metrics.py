@@ -32,12 +32,13 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
 class ReplyStats:
     mode: str = "spec"
     gamma: int = 0
-    drafter: str = ""     # who drafted in spec mode: model | lookup
+    drafter: str = ""     # who drafted in spec mode: model | lookup | auto | self:N
     prompt_tokens: int = 0
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     draft_steps: int = 0  # steps that drafted at least one token
+    copied_steps: int = 0  # of those, steps the auto drafter drafted by a copy from the chat
     rejections: int = 0   # steps that ended with a rejected draft
     target_forwards: int = 0
     drafter_forwards: int = 0
@@ -130,6 +131,7 @@ class StatsRecorder:
         self.record_drafts(step.drafted, step.accepted)
         self.record_tokens(kept)
         s = self.stats
+        s.copied_steps += 1 if step.draft is not None and step.drafted and not step.draft.by_plan else 0
         for seconds, timed in step.drafter_forwards():
             s.drafter_forwards += 1
             s.drafter_time_s += seconds if timed else 0.0

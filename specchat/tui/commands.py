@@ -212,7 +212,7 @@ def cmd_drafter(session: ChatSession, arg: str) -> Outcome:
     problem = session.engine.drafter_problem(arg) if re.fullmatch(r"self:\d+", arg) else None
     if problem:
         return fail(f"/drafter: {problem}")
-    return show_or_set(session, "drafter", "speculation.drafter", "model|lookup|self:N", arg)
+    return show_or_set(session, "drafter", "speculation.drafter", "model|lookup|auto|self:N", arg)
 
 
 def cmd_compare_drafters(session: ChatSession) -> Outcome:
@@ -362,9 +362,10 @@ def build_registry() -> Registry:
         Command("compare", "on|off|drafter|drafters",
                 "also run each prompt target-only (or drafter-only) side by side; drafters: race every "
                 "drafter on the last prompt", cmd_compare, {**on_off, "drafter": None, "drafters": None}),
-        Command("drafter", "model|lookup|self:N",
-                "who drafts: the drafter model, prompt lookup (no model), or the target's first N layers",
-                cmd_drafter, {"model": None, "lookup": None, "self:4": None, "self:8": None}),
+        Command("drafter", "model|lookup|auto|self:N",
+                "who drafts: the drafter model, prompt lookup (no model), auto (a copy where the chat offers "
+                "a long match, else the model), or the target's first N layers",
+                cmd_drafter, {"model": None, "lookup": None, "auto": None, "self:4": None, "self:8": None}),
         Command("show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show,
                 {"rejected": on_off}),
         Command("stats", "", "the last reply in detail, and session totals", cmd_stats),

@@ -62,13 +62,13 @@ def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_dra
 
 
 TABLE = """\
-| setting | method | tok/s | × target | × target code | worst × target | × HF same drafter | × HF unquantized drafter | \
+| setting | method | tok/s | × target | × target code | × target edit | worst × target | × HF same drafter | × HF unquantized drafter | \
 × llama.cpp | acceptance | tok/step | c | bound | of bound | exact |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| greedy | specchat target-only | 3.50 | 1.00× | 1.00× | 1.00× | 0.70× | — | 0.40× | — | 1.00 | — | — | — | yes |
-| greedy | HF assisted γ4 | 5.00 | 1.46× | 1.67× | 1.25× | 1.00× | — | 0.56× | — | — | — | — | — | yes |
-| greedy | specchat γ4 | 7.75 | 2.25× | 2.50× | 2.00× | 1.55× | — | 0.88× | 70% | 3.00 | 0.15 | 2.50 | 90% | NO: chat |
-| greedy | llama.cpp target-only | 9.00 | 1.00× | 1.00× | 1.00× | 1.80× | — | 1.00× | — | — | — | — | — | yes |"""
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| greedy | specchat target-only | 3.50 | 1.00× | 1.00× | — | 1.00× | 0.70× | — | 0.40× | — | 1.00 | — | — | — | yes |
+| greedy | HF assisted γ4 | 5.00 | 1.46× | 1.67× | — | 1.25× | 1.00× | — | 0.56× | — | — | — | — | — | yes |
+| greedy | specchat γ4 | 7.75 | 2.25× | 2.50× | — | 2.00× | 1.55× | — | 0.88× | 70% | 3.00 | 0.15 | 2.50 | 90% | NO: chat |
+| greedy | llama.cpp target-only | 9.00 | 1.00× | 1.00× | — | 1.00× | 1.80× | — | 1.00× | — | — | — | — | — | yes |"""
 
 
 def test_the_report_table_from_known_measurements():
@@ -98,6 +98,23 @@ def test_a_greedy_mismatch_is_reported_not_hidden(tokenizer):
     summary = bench.summarise(rows[("greedy", "x")])
     assert summary["exact"] is False and summary["mismatched_prompts"] == ["p1"]
     assert summary["vs_target"] == 2.0 and summary["vs_target_code"] == 2.0 and summary["worst_vs_target"] == 2.0
+
+
+def test_edit_prompts_have_their_own_ratio():
+    rows = {("greedy", name): bench.Row("greedy", Method(name, "specchat", mode)) for name, mode in
+            (("specchat target-only", "target"), ("specchat γ4", "spec"))}
+    for prompt, seconds in (({"name": "write", "kind": "code"}, 1.0), ({"name": "edit", "kind": "edit"}, 0.25)):
+        results = {"specchat target-only": Measurement((1, 2), 2, 1.0), "specchat γ4": Measurement((1, 2), 2, seconds)}
+        bench._add_prompt_results(rows, "greedy", prompt, results, greedy=True)
+    summary = bench.summarise(rows[("greedy", "specchat γ4")])
+    assert (summary["vs_target_code"], summary["vs_target_edit"]) == (1.0, 4.0)
+
+
+def test_the_bench_prompts_hold_edits_of_pasted_code():
+    edits = [p for p in bench.load_prompts(None, quick=False) if p["kind"] == "edit"]
+    assert len(edits) >= 4
+    for prompt in edits:
+        assert 15 <= prompt["messages"][-1]["content"].count("\n") <= 60, prompt["name"]
 
 
 def test_bad_arguments_are_one_line_errors(capsys):

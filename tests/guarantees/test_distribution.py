@@ -201,19 +201,20 @@ def test_sampled_output_of_the_public_function_matches_the_target_distribution(s
     assert check(joint, empirical_first_two(reply, 3, runs), "speculative_generate, gamma 3") <= 1.0
 
 
-def lookup_prompt(target, tokenizer) -> list[int]:
-    """A prompt whose newest three tokens occurred earlier, followed by two tokens a, b that the target
+def lookup_prompt(target, tokenizer, match: int = 3, text: str = "def reverse(items):") -> list[int]:
+    """A prompt whose newest `match` tokens occurred earlier, followed by two tokens a, b that the target
     itself finds likely there (found by a few rounds of fixed-point search), so that the lookup
     drafter's one-hot drafts are accepted often and rejected often."""
-    start, filler = prompt_ids(tokenizer, "def reverse(items):"), prompt_ids(tokenizer, " so")
+    start, filler = prompt_ids(tokenizer, text), prompt_ids(tokenizer, " so")
+    assert len(start) >= match
     a = b = 0
     for _ in range(8):
-        seq = start + [a, b] + filler + start[-3:]
+        seq = start + [a, b] + filler + start[-match:]
         law_a = exact_law(target, seq)
         a = max(law_a, key=law_a.get)
         law_b = exact_law(target, seq + [a])
         b = max(law_b, key=law_b.get)
-    seq = start + [a, b] + filler + start[-3:]
+    seq = start + [a, b] + filler + start[-match:]
     assert 0.1 < exact_law(target, seq).get(a, 0) < 0.9 and 0.1 < exact_law(target, seq + [a]).get(b, 0) < 0.9
     return seq
 
@@ -232,6 +233,23 @@ def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution
     engine = make_engine(target, None, tokenizer)
     counts = empirical_first_two(engine_replies(engine, ids, 2, drafter="lookup"), 2, runs)
     assert check(joint, counts, "lookup drafter, gamma 2") <= 1.0
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_speculation_with_the_auto_drafter_matches_target_distribution(target, similar_drafter_model,
+                                                                              tokenizer, runs):
+    """drafter auto: a copy (one-hot q) where the newest 8 tokens occurred before, the model's draft (its
+    own q) elsewhere, both within one reply; the first two tokens keep the target's law."""
+    ids = lookup_prompt(target, tokenizer, match=8, text="def reverse(lst):\n    return lst[::-1]")
+    joint = exact_first_two(target, ids, SAMPLING)
+    sources = Counter()
+
+    def observe(stats, steps):
+        sources.update("copy" if not s.draft.by_plan else "model" for s in steps if s.draft and len(s.draft.tokens))
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = sampled(engine_replies(engine, ids, 3, drafter="auto"), runs, 4, observe=observe)
+    assert sources["copy"] >= runs // 10 and sources["model"] >= runs // 10
+    assert check(joint, counts, "auto drafter, gamma 3") <= 1.0
 
 
 @pytest.mark.parametrize("runs", SIZES)

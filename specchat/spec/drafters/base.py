@@ -25,6 +25,7 @@ class DraftPlan:
     path_floor: float = 0.0        # 0: no early end by the path
     confidence_scale: float = 1.0
     min_confidence: float = 0.0    # 0: no early end by one doubtful token
+    room: int = 1 << 30            # tokens the reply has left after the target's own: no draft goes past it
 
     @property
     def tracks_confidence(self) -> bool:
@@ -41,6 +42,7 @@ class Draft:
     vocab: DraftVocab | None = None  # maps a row's positions to ids when the drafter scores a subset
     sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
     #                                   its verdict (step.py), `confidences` may be empty
+    by_plan: bool = True  # False: a copy the mixed drafter made past the plan; auto gamma learns no alpha from it
 
     def top_at(self, position: int, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),

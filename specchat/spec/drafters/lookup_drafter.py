@@ -25,7 +25,10 @@ class LookupDrafter:
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        tokens = continuation(ids[-WINDOW:], plan.gamma)
+        return self.copy_draft(continuation(ids[-WINDOW:], plan.gamma), sampling)
+
+    def copy_draft(self, tokens: list[int], sampling: SamplingConfig) -> Draft:
+        """A draft of copied tokens: q one-hot on each (None when greedy)."""
         drafts = torch.tensor(tokens, dtype=torch.long)
         q = None if sampling.is_greedy else torch.nn.functional.one_hot(drafts, self.vocab_size).float()
         return Draft(drafts, q, [], [1.0] * len(tokens))

@@ -70,7 +70,7 @@ def test_the_drafter_command_and_the_toolbar(target, tokenizer):
     list(session.reply(REPEATING))
     assert session.records[-1].stats.drafter == "lookup"
     outcome = registry.run(session, "/drafter sideways")
-    assert outcome.error and "model, lookup or self:N" in outcome.message
+    assert outcome.error and "model, lookup, auto or self:N" in outcome.message
 
 
 def test_compare_drafters_races_each_drafter_and_leaves_the_chat_untouched(target, similar_drafter_model,
@@ -84,14 +84,15 @@ def test_compare_drafters_races_each_drafter_and_leaves_the_chat_untouched(targe
               len(session.records), session.config)
     from specchat.session.drafter_race import race
     runs = list(race(session, threading.Event()))
-    assert [run.drafter for run in runs] == ["none", "model", "lookup", "self:1"]  # a quarter of 3 layers
+    assert [run.drafter for run in runs] == ["none", "model", "lookup", "auto", "self:1"]  # self: a quarter of 3 layers
     for run in runs:
         assert run.stats.new_tokens == session.records[-1].stats.new_tokens  # greedy: the same reply each time
     assert runs[0].stats.drafted == 0 and runs[1].stats.drafted > 0 and runs[0].speedup == 1.0
     outcome = registry.run(session, "/compare drafters")
-    assert not outcome.error and outcome.message.startswith("racing 4 ways to answer the last prompt")
+    assert not outcome.error and outcome.message.startswith("racing 5 ways to answer the last prompt")
     lines = list(outcome.work(threading.Event()))
-    assert [line.split(":")[0] for line in lines[:4]] == ["  1/4 none", "  2/4 model", "  3/4 lookup", "  4/4 self"]
+    assert [line.split(":")[0] for line in lines[:5]] == ["  1/5 none", "  2/5 model", "  3/5 lookup", "  4/5 auto",
+                                                          "  5/5 self"]
     cancelled = threading.Event()
     cancelled.set()
     assert list(outcome.work(cancelled)) == ["/compare drafters: cancelled; nothing changed"]
@@ -114,7 +115,7 @@ def test_compare_drafters_runs_in_the_repl_with_progress(target, similar_drafter
         Repl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(), pt_input=pipe,
              pt_output=DummyOutput()).run()
     screen = out.getvalue()
-    assert "racing 4 ways" in screen and "4/4 self:1" in screen and "◀ fastest" in screen
+    assert "racing 5 ways" in screen and "5/5 self:1" in screen and "◀ fastest" in screen
     assert len(session.records) == 1
 
 

@@ -1,0 +1,68 @@
+"""The mixed drafter (`speculation.drafter = "auto"`): each step, prompt lookup where the conversation
+offers a long match, the drafter model elsewhere.
+
+Editing pasted code copies much of the prompt; there a copied run is accepted for many tokens at no
+drafter cost, while the model drafts a few tokens a forward. In fresh writing long matches are rare and
+the model drafts as it always does. A step drafts with one source only, and its Draft carries that
+source's own q (one-hot for a copy, the model's distribution otherwise), so the rejection rule stays
+exact whichever drafts. The model's cache is not fed copied tokens: it catches up on the committed ones
+when it next drafts, as after any step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specchat.config import SamplingConfig
+from specchat.spec.drafters.base import Draft, DraftPlan, Drafter
+from specchat.spec.drafters.lookup import MAX_NGRAM, WINDOW, continuation
+from specchat.spec.drafters.lookup_drafter import LookupDrafter
+
+COPY_MATCH = MAX_NGRAM  # copy only where the newest tokens occurred before at least this long
+COPY_TOKENS = 12        # the most tokens a copy drafts (verified in one target forward)
+
+
+class MixedDrafter:
+    """Follows the Drafter protocol; with no drafter model it drafts by lookup alone."""
+
+    def __init__(self, drafter: Drafter | None, vocab_size: int):
+        self.drafter = drafter  # the drafter model's Drafter, or None
+        self.lookup = LookupDrafter(vocab_size)
+        self.copied_steps = 0  # steps drafted by a copy, since the last reset (the stats line says how many)
+
+    @property
+    def model(self):
+        """The drafter model itself (the engine's clock reads it), or None."""
+        return getattr(self.drafter, "model", None)
+
+    @property
+    def seen(self) -> int:
+        return self.drafter.seen if self.drafter is not None else 0
+
+    def configure(self, vocab_limit: int, always_ids, lookup: bool = False) -> None:
+        if self.drafter is not None:
+            self.drafter.configure(vocab_limit, always_ids, lookup)
+
+    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
+                generator: torch.Generator) -> Draft:
+        copy = continuation(ids[-WINDOW:], min(COPY_TOKENS, plan.room), min_ngram=COPY_MATCH)
+        if copy:
+            self.copied_steps += 1
+            return dataclasses.replace(self.lookup.copy_draft(copy, sampling), by_plan=False)
+        if self.drafter is None:
+            return self.lookup.propose(ids, plan, sampling, generator)
+        return self.drafter.propose(ids, plan, sampling, generator)
+
+    def rollback(self, committed_len: int) -> None:
+        if self.drafter is not None:
+            self.drafter.rollback(committed_len)
+
+    def catch_up(self, ids: list[int], upto: int) -> None:
+        if self.drafter is not None:
+            self.drafter.catch_up(ids, upto)
+
+    def reset(self) -> None:
+        self.copied_steps = 0
+        if self.drafter is not None:
+            self.drafter.reset()

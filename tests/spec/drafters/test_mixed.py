@@ -1,0 +1,88 @@
+"""The mixed drafter (speculation.drafter = auto): a copy where the chat offers a long match, the drafter
+model elsewhere; exact either way, and auto gamma learns the model's alpha only from the model's drafts."""
+from __future__ import annotations
+
+import torch
+
+from conftest import hf_greedy, make_engine, prompt_ids
+from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.spec.drafters.base import Draft, DraftPlan
+from specchat.spec.drafters.mixed import COPY_TOKENS, MixedDrafter
+from specchat.spec.gamma import AutoGamma
+from specchat.spec.step import StepResult
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
+PASTED = ("def area(width, height):\n    return width * height\n\n"
+          "Rename width to w in this function:\ndef area(width, height):\n    return width * height\n")
+
+
+class CountingDrafter:
+    """A stand-in drafter model that records its calls and drafts one fixed token."""
+
+    def __init__(self):
+        self.proposals, self.seen = 0, 0
+
+    def propose(self, ids, plan, sampling, generator) -> Draft:
+        self.proposals += 1
+        return Draft(torch.tensor([7]), None, [(1, 0.0)], [0.5])
+
+
+def repeated(n: int) -> list[int]:
+    block = list(range(100, 100 + n))
+    return block + [5, 6] + block[:9]  # the newest 9 tokens occurred before, followed by block[9:]
+
+
+def test_a_long_match_is_copied_without_the_model_and_marked_off_plan():
+    model = CountingDrafter()
+    mixed = MixedDrafter(model, vocab_size=512)
+    ids = repeated(30)
+    draft = mixed.propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator())
+    assert draft.tokens.tolist() == list(range(109, 109 + COPY_TOKENS)) and not draft.by_plan
+    assert model.proposals == 0 and mixed.copied_steps == 1
+
+
+def test_a_copy_never_passes_the_reply_s_room():
+    draft = MixedDrafter(CountingDrafter(), 512).propose(repeated(30), DraftPlan(gamma=3, room=2), GREEDY,
+                                                         torch.Generator())
+    assert draft.tokens.tolist() == [109, 110]
+
+
+def test_a_short_match_leaves_drafting_to_the_model():
+    model = CountingDrafter()
+    ids = [1, 2, 3, 4, 9, 1, 2, 3, 4]  # only four tokens match: prompt lookup alone would copy, auto does not
+    draft = MixedDrafter(model, 512).propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator())
+    assert draft.tokens.tolist() == [7] and draft.by_plan and model.proposals == 1
+
+
+def test_without_a_model_auto_is_prompt_lookup():
+    ids = [1, 2, 3, 4, 9, 1, 2, 3, 4]
+    draft = MixedDrafter(None, 512).propose(ids, DraftPlan(gamma=2), GREEDY, torch.Generator())
+    assert draft.tokens.tolist() == [9, 1]
+
+
+def test_auto_gamma_learns_no_alpha_from_a_copy():
+    policy = AutoGamma()
+    before = policy.alpha
+    copy = Draft(torch.tensor([1, 2, 3]), None, [], [1.0] * 3, by_plan=False)
+    policy.observe_step(StepResult([1, 2, 9], [], [3], drafted=3, accepted=2, draft=copy))
+    assert policy.alpha == before
+    model_draft = Draft(torch.tensor([1, 2, 3]), None, [], [1.0] * 3)
+    policy.observe_step(StepResult([1, 2, 9], [], [3], drafted=3, accepted=2, draft=model_draft))
+    assert policy.alpha != before
+
+
+def test_greedy_auto_drafting_on_a_pasted_edit_equals_the_target_alone(target, similar_drafter_model, tokenizer):
+    ids = prompt_ids(tokenizer, PASTED)
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    done = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=GAMMA_AUTO, drafter="auto")))[-1]
+    assert list(done.ids) == hf_greedy(target, ids, 40)
+    assert engine.drafter is engine.drafters["auto"]
+    assert 1 <= done.stats.copied_steps < done.stats.draft_steps  # both sources drafted in this reply
+
+
+def test_the_stats_line_counts_the_copied_steps(target, similar_drafter_model, tokenizer):
+    from specchat.tui.render import stats_line
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    done = list(engine.stream(prompt_ids(tokenizer, PASTED), GREEDY, SpeculationConfig(gamma=3, drafter="auto")))[-1]
+    assert 0 <= done.stats.copied_steps <= done.stats.draft_steps
+    assert f"auto drafter: {done.stats.copied_steps}/{done.stats.draft_steps} steps copied" in stats_line(done.stats)
