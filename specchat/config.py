@@ -35,7 +35,7 @@ BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2;
 MODES = ("spec", "target", "drafter")
 COMPARE = ("off", "on", "drafter")
 DRAFTERS = ("model", "lookup", "auto", "self:N")  # who drafts in spec mode: the drafter model, prompt lookup (no
-# model), each step the one of the two that fits (a copy where the chat offers a long match), or the target's
+# model), each step the one of the two that fits (a copy where the chat offers a match), or the target's
 # own first N layers (no second model)
 
 

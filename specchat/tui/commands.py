@@ -364,7 +364,7 @@ def build_registry() -> Registry:
                 "drafter on the last prompt", cmd_compare, {**on_off, "drafter": None, "drafters": None}),
         Command("drafter", "model|lookup|auto|self:N",
                 "who drafts: the drafter model, prompt lookup (no model), auto (a copy where the chat offers "
-                "a long match, else the model), or the target's first N layers",
+                "a match, else the model), or the target's first N layers",
                 cmd_drafter, {"model": None, "lookup": None, "auto": None, "self:4": None, "self:8": None}),
         Command("show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show,
                 {"rejected": on_off}),

@@ -187,9 +187,9 @@ def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | Non
         parts.append(f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%})")
         parts.append(f"{stats.tokens_per_step:.1f} tok/step")
         parts.append(f"γ {gamma_text(stats.gamma, stats.mean_gamma)}")
-        if stats.drafter == "auto":
-            parts.append(f"auto drafter: {stats.copied_steps}/{stats.draft_steps} steps copied")
-        elif stats.drafter and stats.drafter != "model":
+        if stats.drafter == "auto" and stats.copied_steps:
+            parts.append(f"{stats.copied_steps}/{stats.draft_steps} steps copied")
+        elif stats.drafter not in ("", "auto", "model"):
             parts.append(f"{stats.drafter} drafter")
     else:
         parts.append(f"{stats.mode} only")
@@ -242,7 +242,7 @@ def banner(pair, drafter: str = "model") -> Text:
     elif pair.drafter_facts is not None:
         text.append("\n         · " + model_facts_text("drafter", pair.drafter_facts))
         if drafter == "auto":
-            text.append("\n         · drafts: a copy from the chat where it offers a long match, else the drafter")
+            text.append("\n         · drafts: a copy from the chat where it offers a match, else the drafter")
     else:
         text.append("\n         · no drafter model (target-only, or /drafter lookup)")
     return text

@@ -201,20 +201,19 @@ def test_sampled_output_of_the_public_function_matches_the_target_distribution(s
     assert check(joint, empirical_first_two(reply, 3, runs), "speculative_generate, gamma 3") <= 1.0
 
 
-def lookup_prompt(target, tokenizer, match: int = 3, text: str = "def reverse(items):") -> list[int]:
-    """A prompt whose newest `match` tokens occurred earlier, followed by two tokens a, b that the target
+def lookup_prompt(target, tokenizer) -> list[int]:
+    """A prompt whose newest three tokens occurred earlier, followed by two tokens a, b that the target
     itself finds likely there (found by a few rounds of fixed-point search), so that the lookup
     drafter's one-hot drafts are accepted often and rejected often."""
-    start, filler = prompt_ids(tokenizer, text), prompt_ids(tokenizer, " so")
-    assert len(start) >= match
+    start, filler = prompt_ids(tokenizer, "def reverse(items):"), prompt_ids(tokenizer, " so")
     a = b = 0
     for _ in range(8):
-        seq = start + [a, b] + filler + start[-match:]
+        seq = start + [a, b] + filler + start[-3:]
         law_a = exact_law(target, seq)
         a = max(law_a, key=law_a.get)
         law_b = exact_law(target, seq + [a])
         b = max(law_b, key=law_b.get)
-    seq = start + [a, b] + filler + start[-match:]
+    seq = start + [a, b] + filler + start[-3:]
     assert 0.1 < exact_law(target, seq).get(a, 0) < 0.9 and 0.1 < exact_law(target, seq + [a]).get(b, 0) < 0.9
     return seq
 
@@ -238,9 +237,9 @@ def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution
 @pytest.mark.parametrize("runs", SIZES)
 def test_sampled_speculation_with_the_auto_drafter_matches_target_distribution(target, similar_drafter_model,
                                                                               tokenizer, runs):
-    """drafter auto: a copy (one-hot q) where the newest 8 tokens occurred before, the model's draft (its
+    """drafter auto: a copy (one-hot q) where the newest 3 tokens occurred before, the model's draft (its
     own q) elsewhere, both within one reply; the first two tokens keep the target's law."""
-    ids = lookup_prompt(target, tokenizer, match=8, text="def reverse(lst):\n    return lst[::-1]")
+    ids = lookup_prompt(target, tokenizer)
     joint = exact_first_two(target, ids, SAMPLING)
     sources = Counter()
 
