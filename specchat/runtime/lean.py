@@ -64,6 +64,11 @@ class LeanCache:
     def capacity(self) -> int:
         return self.keys[0].shape[1] if self.keys else 0
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes its keys and values take, at their capacity."""
+        return sum(t.nbytes for t in (*self.keys, *self.values))
+
     def get_seq_length(self) -> int:
         return self.length
 

@@ -51,6 +51,8 @@ class ReplyStats:
     reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
     prefill_tokens: int = 0  # prompt tokens read into the target's cache before the first step
     prefill_s: float = 0.0   # the time that took (part of wall_s and ttft_s)
+    kv_bytes: int = 0        # the target's KV cache at the reply's end (as allocated)
+    resident_bytes: int = 0  # the process's resident memory at the reply's end (0 where unknown)
     per_position_drafted: list[int] = field(default_factory=list)   # index i: position i+1
     per_position_accepted: list[int] = field(default_factory=list)
     accepted_histogram: dict[int, int] = field(default_factory=dict)  # accepted length -> steps
@@ -164,6 +166,9 @@ class StatsRecorder:
         if n and self._first_token_at is None:
             self._first_token_at = time.perf_counter()
         self.stats.new_tokens += n
+
+    def record_memory(self, kv_bytes: int, resident_bytes: int) -> None:
+        self.stats.kv_bytes, self.stats.resident_bytes = kv_bytes, resident_bytes
 
     def finish(self) -> ReplyStats:
         end = time.perf_counter()

@@ -24,6 +24,9 @@ class ModelCache(Protocol):
 
     def run(self, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor: ...
 
+    @property
+    def nbytes(self) -> int: ...  # the bytes its keys and values hold (as allocated)
+
 
 class Runner(Protocol):
     """A model's own forward: makes its caches; gives the runner of a view of the same layers."""
@@ -40,6 +43,14 @@ def runner(model) -> Runner | None:
 def new_cache(model) -> DynamicCache | ModelCache:
     own = runner(model)
     return own.new_cache() if own is not None else DynamicCache(config=model.config)
+
+
+def cache_bytes(cache) -> int:
+    """The bytes a cache's keys and values take."""
+    if not isinstance(cache, DynamicCache):
+        return cache.nbytes
+    tensors = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
 def cache_length(cache) -> int:

@@ -51,11 +51,19 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
         ("speedup", f"measured {stats.measured_speedup:.2f}× (vs one target forward per token) "
                     f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α per draft "
                     f"{stats.alpha_per_draft:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
+        ("memory", memory_text(stats)),
         ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)",
                      STOP_STRING: "the model began the next User: turn (cut there)"}
          .get(stop_reason, stop_reason)),
     ]
     return as_table(rows, ("last reply", f"mode {stats.mode}"))
+
+
+def memory_text(stats: ReplyStats) -> str:
+    """`1.87 GiB resident · target KV cache 14.0 MiB allocated, 412 tokens held`."""
+    resident = f"{stats.resident_bytes / 2**30:.2f} GiB resident" if stats.resident_bytes else "resident memory unknown"
+    held = stats.prompt_tokens + stats.new_tokens
+    return f"{resident} · target KV cache {stats.kv_bytes / 2**20:.1f} MiB allocated, {held} tokens held"
 
 
 def totals_table(totals, kernel: str = "") -> Table:

@@ -116,6 +116,7 @@ acceptance  accepted 71/88 drafts (81%) · γ 4
 steps       28 target forwards · 88 drafter forwards · 3.43 tok/step
 cost c      0.100 (drafter forward ÷ target forward)
 speedup     measured 0.98× (vs one target forward per token) · predicted 3.13× (Leviathan et al., α per draft 0.93, γ 4, c 0.10)
+memory      resident memory unknown · target KV cache 0.0 MiB allocated, 126 tokens held
 stopped     end of turn
 
            accepted length per step
