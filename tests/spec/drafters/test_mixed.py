@@ -1,4 +1,4 @@
-"""The mixed drafter (speculation.drafter = auto): a copy where the chat offers a long match, the drafter
+"""The mixed drafter (speculation.drafter = auto): a copy where the chat offers a match, the drafter
 model elsewhere; exact either way, and auto gamma learns the model's alpha only from the model's drafts."""
 from __future__ import annotations
 
