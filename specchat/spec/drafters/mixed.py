@@ -46,11 +46,9 @@ class MixedDrafter:
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
         copy = continuation(ids[-WINDOW:], min(COPY_TOKENS, plan.room), min_ngram=COPY_MATCH)
-        if copy:
-            return dataclasses.replace(self.lookup.copy_draft(copy, sampling), by_plan=False)
-        if self.drafter is None:
-            return self.lookup.propose(ids, plan, sampling, generator)
-        return self.drafter.propose(ids, plan, sampling, generator)
+        if not copy and self.drafter is not None:
+            return self.drafter.propose(ids, plan, sampling, generator)
+        return dataclasses.replace(self.lookup.copy_draft(copy, sampling), by_plan=not copy)  # empty: no match, no model
 
     def rollback(self, committed_len: int) -> None:
         if self.drafter is not None:
