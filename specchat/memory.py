@@ -1,6 +1,8 @@
-"""How much memory the process holds: its resident set now, read from /proc on Linux (0 elsewhere)."""
+"""How much memory the process holds (its resident set now, read from /proc on Linux; 0 elsewhere), and giving
+the heap's freed pages back."""
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -14,3 +16,16 @@ def resident_bytes(statm: Path = STATM) -> int:
     except (OSError, IndexError, ValueError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap's freed pages back to the system (glibc's malloc_trim). Loading frees GBs of temporaries
+    (cached blocks before they are fused): 0.2 GB of the bundled pair's resident set stayed with the heap.
+    Returns False where there is no glibc."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -62,8 +62,9 @@ def tiny_qwen2(vocab_size: int, seed: int = 5) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).eval()
 
 
-def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML):
-    """A float32 GGUF (qwen2 architecture, gpt2-style BPE vocabulary) written with the gguf package."""
+def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML, stored: dict | None = None):
+    """A float32 GGUF (qwen2 architecture, gpt2-style BPE vocabulary) written with the gguf package;
+    `stored`: {GGUF tensor name: GGMLQuantizationType} for tensors kept in blocks (Q8_0, Q5_0, ...)."""
     import gguf
     writer = gguf.GGUFWriter(str(path), "qwen2")
     _write_gguf_header(writer, model.config)
@@ -74,7 +75,12 @@ def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML):
             name = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
         else:
             name = GGUF_TOP_NAMES[key]
-        writer.add_tensor(name, value.detach().numpy().astype(np.float32))
+        values = value.detach().numpy().astype(np.float32)
+        kind = (stored or {}).get(name)
+        if kind is None:
+            writer.add_tensor(name, values)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -11,6 +11,7 @@ from transformers import GenerationConfig
 
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfig
 from specchat.spec.engine import build_engine
+from specchat.spec.model_io import input_device
 from specchat.spec.gamma import AutoGamma
 from specchat.spec.events import ReplyEnd
 from specchat.session.chat import render_prompt
@@ -197,7 +198,7 @@ class Runner:
         if method.mode == "assisted":
             kwargs["assistant_model"] = self.drafters[method.drafter]
             self._configure_assistant(method, kwargs["assistant_model"])
-        device = self.pair.target.get_input_embeddings().weight.device
+        device = input_device(self.pair.target)
         input_ids = torch.tensor([ids], device=device)
         torch.manual_seed(sampling.seed)
         start = time.perf_counter()

@@ -211,7 +211,7 @@ def _drafter_row(pair, context: list[int], vocab_limit: int, repeats: int) -> di
 
 
 def _ids_like(model, ids: list[int]) -> torch.Tensor:
-    return torch.tensor([ids], dtype=torch.long, device=model.get_input_embeddings().weight.device)
+    return torch.tensor([ids], dtype=torch.long, device=model_io.input_device(model))
 
 
 def host_rows(pair, gamma: int, draft_width: int, repeats: int) -> dict[str, float]:

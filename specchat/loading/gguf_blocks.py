@@ -6,6 +6,7 @@ with exactly the file's weights. Each imported layer is checked against the weig
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -45,9 +46,10 @@ def decode_q4_k(raw: torch.Tensor) -> Q4Block:
 
 def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
     """Every Q4_K weight of a GGUF file whose layer transformers names, decoded, by module name."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import GGMLQuantizationType
+    from specchat.loading.gguf_header import read_tensors
     found = {}
-    for tensor in GGUFReader(str(path)).tensors:
+    for tensor in read_tensors(Path(path))[1]:
         name = module_name(tensor.name)
         if name and tensor.tensor_type == GGMLQuantizationType.Q4_K:
             found[name] = decode_q4_k(torch.from_numpy(tensor.data.copy()))
@@ -73,3 +75,25 @@ def _decodes_to(block: Q4Block, weight: torch.Tensor) -> bool:
     w = weight.detach().float()
     tolerance = w.abs().amax(dim=1, keepdim=True) * torch.finfo(weight.dtype).eps * 2 + 1e-12
     return bool(((block.dequantize() - w).abs() <= tolerance).all())
+
+
+def streamed_blocks(path: str | Path, model: nn.Module, finer_bits: int) -> Iterator[tuple[str, Q4Block]]:
+    """(name, w4a8 block) of every linear layer of `model` the kernel takes, read from the GGUF a tensor at a
+    time (the model's own weights may be on the meta device): a Q4_K tensor the loader takes as stored is
+    used bit for bit (decode_q4_k equals gguf-py's dequantize, tests/loading/test_gguf_blocks.py), any
+    other is dequantized as transformers would and quantized to `finer_bits` levels: the rule
+    quantize_w4a8 applies with a GGUF's blocks at hand."""
+    from gguf import GGMLQuantizationType
+    from specchat.loading.gguf_tensors import GGUFTensors
+    from specchat.quant.w4a8 import fits
+    tensors = GGUFTensors(Path(path), model)
+    for name, layer in model.named_modules():
+        if not (isinstance(layer, nn.Linear) and fits(layer)):
+            continue
+        weight = f"{name}.weight"
+        info = tensors.info(weight)
+        if info.tensor_type == GGMLQuantizationType.Q4_K and tensors.unchanged(weight) and \
+                tuple(layer.weight.shape) == (tensors.rows(weight), int(info.shape[0])):
+            yield name, decode_q4_k(tensors.raw(weight))
+        else:
+            yield name, Q4Block.quantize(tensors.float(weight).reshape(layer.weight.shape), finer_bits)

@@ -26,8 +26,9 @@ from specchat.errors import ModelLoadError, one_line
 META = "specchat.json"
 
 
-def converted_dir(sha256: str, dtype: torch.dtype) -> Path:
-    return cache_dir() / "converted" / f"{sha256[:16]}-{dtype_name(dtype)}"
+def converted_dir(sha256: str, dtype: torch.dtype, slim: bool = False) -> Path:
+    """A full conversion (every weight in `dtype`), or a slim one (loading/slim.py: the w4a8 modes)."""
+    return cache_dir() / "converted" / f"{sha256[:16]}-{dtype_name(dtype)}{'-slim' if slim else ''}"
 
 
 def read_meta(directory: Path) -> dict:
@@ -50,9 +51,9 @@ def gguf_digest(path: Path, progress: Progress | None = None) -> str:
 
 
 def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
-                     progress: Progress | None = None) -> Path:
-    """The converted checkpoint for `gguf` in `dtype`, converting it first if it is not cached."""
-    out = converted_dir(sha256, dtype)
+                     progress: Progress | None = None, slim: bool = False) -> Path:
+    """The converted checkpoint for `gguf` in `dtype` (slim: loading/slim.py), converting it first if it is not cached."""
+    out = converted_dir(sha256, dtype, slim)
     if (out / META).exists() and not damage(out, progress):
         return out
     with building(out, f"the converted checkpoint of {name}", progress):
@@ -63,17 +64,18 @@ def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
             if progress:
                 progress(f"rebuilding the converted checkpoint of {name}: {problem}", None)
             shutil.rmtree(out, ignore_errors=True)
-        _convert_into(out, gguf, dtype, name, progress)
+        _convert_into(out, gguf, dtype, name, progress, slim)
     return out
 
 
-def _convert_into(out: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None) -> None:
+def _convert_into(out: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None,
+                  slim: bool = False) -> None:
     """Convert in a temporary directory and rename it into place only when complete."""
     remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        convert_gguf(gguf, dtype, tmp, name, progress)
+        convert_gguf(gguf, dtype, tmp, name, progress, slim)
         shutil.rmtree(out, ignore_errors=True)  # an incomplete directory, if any
         os.replace(tmp, out)
     finally:
@@ -97,16 +99,21 @@ def gguf_facts(gguf: Path) -> dict:
 
 
 def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
-                 progress: Progress | None = None) -> None:
-    """Dequantize `gguf` into a safetensors checkpoint with config and tokenizer in `out`."""
+                 progress: Progress | None = None, slim: bool = False) -> None:
+    """Dequantize `gguf` into a safetensors checkpoint with config and tokenizer in `out`; slim: only the
+    tensors that stay float beside the w4a8 layers, the embeddings in the file's blocks (loading/slim.py)."""
     facts = gguf_facts(gguf)
     if progress:
-        progress(f"converting {name} from GGUF {facts['quantization']} to {dtype_name(dtype)} "
-                 f"(first start only)", None)
-    tokenizer = _gguf_tokenizer(gguf)
-    model = _gguf_model(gguf, dtype, progress)
-    save_checkpoint(model, tokenizer, out)
-    meta = {"name": name, "quantization": facts["quantization"], "dtype": dtype_name(dtype),
+        what = "its float tensors (w4a8)" if slim else dtype_name(dtype)
+        progress(f"converting {name} from GGUF {facts['quantization']}: {what} (first start only)", None)
+    from specchat.loading.gguf_metadata import quick_metadata
+    with quick_metadata():
+        tokenizer = _gguf_tokenizer(gguf)
+        if slim:
+            _save_slim(gguf, tokenizer, out)
+        else:
+            save_checkpoint(_gguf_model(gguf, dtype, progress), tokenizer, out)
+    meta = {"name": name, "quantization": facts["quantization"], "dtype": dtype_name(dtype), "slim": slim,
             "architecture": facts["architecture"], "gguf": _cache_relative(gguf), "files": _file_records(out)}
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
 
@@ -182,6 +189,20 @@ def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     return model.eval()
 
 
+def _save_slim(gguf: Path, tokenizer, out: Path) -> None:
+    """Config, generation config, tokenizer, and slim.write_weights' tensors."""
+    from transformers import AutoConfig, GenerationConfig
+    from specchat.loading import slim
+    from specchat.loading.hfquiet import quiet_transformers
+    with quiet_transformers():
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    out.mkdir(parents=True)
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    slim.write_weights(gguf, config, out)
+    tokenizer.save_pretrained(out)
+
+
 def save_checkpoint(model, tokenizer, out: Path) -> None:
     """Config, weights (safetensors, shared tensors stored once), generation config and tokenizer."""
     from safetensors.torch import save_model
@@ -195,7 +216,7 @@ def save_checkpoint(model, tokenizer, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def is_converted(sha256: str, dtype: torch.dtype) -> bool:
+def is_converted(sha256: str, dtype: torch.dtype, slim: bool = False) -> bool:
     """A finished conversion is in the cache; a damaged one is not (ensure_converted rebuilds it)."""
-    directory = converted_dir(sha256, dtype)
+    directory = converted_dir(sha256, dtype, slim)
     return (directory / META).exists() and not damage(directory)

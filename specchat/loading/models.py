@@ -18,10 +18,12 @@ import torch
 from specchat.config import INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
 from specchat.errors import ModelLoadError, one_line
+from specchat.memory import release_freed_memory
 from specchat.progress import Progress, report
 from specchat.loading.quantization_choice import choose, choose_quantizations
 from specchat.loading.resident import model_tensors, populate
 from specchat.loading.shared_tokenizer import tokenizer_digest
+from specchat.loading.slim import check_materialized, load as load_slim, parameter_count
 from specchat.loading.sources import Source, resolve_source
 from specchat.loading.tokenizer_check import check_pair, output_width, stop_ids
 
@@ -75,6 +77,7 @@ class Checkpoint:
     quantization: str  # what the checkpoint itself is: none, or a GGUF type
     identity: str = ""  # what the weights are, for caches derived from them (a sha256, a fingerprint)
     gguf_source: Source | None = None  # the GGUF file (or bundled model) it was converted from
+    slim: bool = False  # only the float tensors of a w4a8 model (loading/slim.py); the rest comes quantized
 
 
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
@@ -94,6 +97,7 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
         check_pair(tokenizer, drafter_tok, drafter, target_facts.name, drafter_facts.name)
     _check_target_width(target, tokenizer, target_facts.name)
     eos = stop_ids(tokenizer, target.generation_config.eos_token_id, cfg.speculation.extra_eos)
+    release_freed_memory()
     return LoadedPair(target, drafter, tokenizer, eos, len(tokenizer),
                       context_limit(cfg, target, tokenizer), target_facts, drafter_facts)
 
@@ -121,8 +125,10 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     checkpoint = checkpoint_for(source, mc, dtype, progress)
     report(progress, f"loading {role} {source.name}", None)
     model = _load_weights(checkpoint, mc, source, kwargs)
-    params = model.num_parameters()  # before int8 turns weights into buffers
+    params = parameter_count(model)  # before int8 turns weights into buffers
     _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
+    if checkpoint.slim:
+        check_materialized(model, f"{role} {source.name}")
     if mc.quantization in INVARIANT_MODES:  # the int8 kernels return float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
     tokenizer, template = _shared_tokenizer(checkpoint, mc, source, tokenizers)
@@ -211,9 +217,10 @@ def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype,
         from specchat.loading.quantized_cache import directory_identity
         return Checkpoint(source.location, local=True, quantization="none",
                           identity=directory_identity(Path(source.location)))
-    directory = _converted(source, dtype, progress)
-    return Checkpoint(str(directory), local=True, quantization=gguf_convert.read_meta(directory)["quantization"],
-                      identity=directory.name, gguf_source=source)
+    directory = _converted(source, dtype, mc.quantization in W4A8_MODES, progress)
+    meta = gguf_convert.read_meta(directory)
+    return Checkpoint(str(directory), local=True, quantization=meta["quantization"],
+                      identity=directory.name, gguf_source=source, slim=bool(meta.get("slim")))
 
 
 def _gguf_file(checkpoint: Checkpoint, progress: Progress | None):
@@ -227,17 +234,21 @@ def _gguf_file(checkpoint: Checkpoint, progress: Progress | None):
     return lambda: Path(source.location)
 
 
-def _converted(source: Source, dtype: torch.dtype, progress: Progress | None) -> Path:
+def _converted(source: Source, dtype: torch.dtype, w4a8: bool, progress: Progress | None) -> Path:
+    """The cached conversion of a GGUF source: slim for the w4a8 modes where the file streams (loading/slim.py),
+    else full. A bundled model's file is assembled only when its conversion is not cached."""
     from specchat.loading import assets, gguf_convert
+    from specchat.loading.gguf_tensors import streamable
     if source.kind == "bundled":
         sha = assets.bundled_model(source.location).sha256
-        if not gguf_convert.is_converted(sha, dtype):
-            gguf = assets.bundled_gguf_path(source.location, progress)
-            gguf_convert.ensure_converted(gguf, sha, dtype, source.name, progress)
-        return gguf_convert.converted_dir(sha, dtype)
-    gguf = Path(source.location)
-    sha = gguf_convert.gguf_digest(gguf, progress)
-    return gguf_convert.ensure_converted(gguf, sha, dtype, source.name, progress)
+        if gguf_convert.is_converted(sha, dtype, w4a8):
+            return gguf_convert.converted_dir(sha, dtype, w4a8)
+        gguf = assets.bundled_gguf_path(source.location, progress)
+    else:
+        gguf = Path(source.location)
+        sha = gguf_convert.gguf_digest(gguf, progress)
+    slim = w4a8 and streamable(gguf)
+    return gguf_convert.ensure_converted(gguf, sha, dtype, source.name, progress, slim)
 
 
 def _from_pretrained_kwargs(checkpoint: Checkpoint, mc: ModelConfig) -> dict:
@@ -250,10 +261,14 @@ def _from_pretrained_kwargs(checkpoint: Checkpoint, mc: ModelConfig) -> dict:
 
 
 def _load_weights(checkpoint: Checkpoint, mc: ModelConfig, source: Source, placement: dict):
+    """The model from its checkpoint; a slim one's quantized layers still empty (on the meta device).
+    A slim checkpoint is for w4a8, which runs on the CPU only: there is nothing to place."""
     from transformers import AutoModelForCausalLM
     from specchat.loading.hfquiet import quiet_transformers
     try:
         with quiet_transformers():
+            if checkpoint.slim:
+                return load_slim(Path(checkpoint.location))
             model = AutoModelForCausalLM.from_pretrained(
                 checkpoint.location, **_from_pretrained_kwargs(checkpoint, mc), **placement)
     except ModelLoadError:

@@ -40,9 +40,16 @@ def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=Non
     from specchat.kernels.build import q4_kernel
     exact = None
     if blocks is None and gguf is not None:
-        from specchat.loading.gguf_blocks import matching_blocks
-        exact = matching_blocks(gguf(), model)
+        from specchat.loading.gguf_blocks import matching_blocks, streamed_blocks
+        if _weights_unloaded(model):  # a slim checkpoint (loading/slim.py): every block from the file
+            blocks = {name: Q4Tiles.from_block(block) for name, block in streamed_blocks(gguf(), model, finer_bits)}
+        else:
+            exact = matching_blocks(gguf(), model)
     return quantize_w4a8(model, blocks, q4_kernel(), exact, finer_bits)
+
+
+def _weights_unloaded(model: nn.Module) -> bool:
+    return any(module.weight.is_meta for module in model.modules() if isinstance(module, nn.Linear))
 
 
 QUANTIZERS = {"w8a8": quantize_w8a8, "w8a8-fast": partial(quantize_w8a8, passes=1),
@@ -129,13 +136,12 @@ def _read(path: Path, progress: Progress | None, kind: type = Int8Block) -> tupl
 
 
 def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
-    """The blocks (of dataclass `kind`); Int8Blocks in fresh, 64-byte-aligned memory: safetensors maps
-    the file, and its tensors start wherever the header ends; torch's CPU int8 kernel crashes on
-    misaligned weights from 8 rows up."""
+    """The blocks (of dataclass `kind`), in fresh memory. safetensors maps the file, and its tensors start
+    wherever the header ends: torch's CPU int8 kernel crashes on misaligned weights from 8 rows up. And the
+    mapped pages of a file stay resident: w4a8's grouped layers (q/k/v, gate/up) are fused into new tensors,
+    so the mapped copy of their tiles held 0.9 GB of the bundled pair twice."""
     from safetensors.torch import load_file
-    tensors = load_file(str(path))
-    if kind is Int8Block:  # w4a8's kernel reads unaligned memory: its blocks stay where safetensors put them
-        tensors = {key: tensor.clone() for key, tensor in tensors.items()}
+    tensors = {key: tensor.clone() for key, tensor in load_file(str(path)).items()}
     names = {key.rsplit(".", 1)[0] for key in tensors}
     fields = dataclasses.fields(kind)
     return {name: kind(*(_field_value(tensors[f"{name}.{field.name}"], field) for field in fields)) for name in names}

@@ -26,6 +26,7 @@ FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K...,
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
 PAIR = 2 * GROUP  # a stored row packs its groups two by two
 TILE_ROWS = 16  # output rows the kernel reads interleaved (one per 32-bit lane of a 512-bit vector)
+QUANTIZE_ROWS = 8192  # rows quantized at a time
 
 
 def block_width(width: int) -> int:
@@ -53,9 +54,18 @@ class Q4Block:
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bits: int = 4) -> "Q4Block":
-        """Min/max levels per 32-group: 4 bits (two a byte), or 6 or 7 for layers kept finer."""
+        """Min/max levels per 32-group: 4 bits (two a byte), or 6 or 7 for layers kept finer. Each row is
+        quantized on its own, QUANTIZE_ROWS at a time (a head of 151,936 rows needs no GBs of temporaries)."""
         if bits not in LEVEL_BITS:
             raise ValueError(f"w4a8 levels are 4, 6 or 7 bits, not {bits}")
+        parts = [cls._quantize_rows(weight[start:start + QUANTIZE_ROWS], bits)
+                 for start in range(0, weight.shape[0], QUANTIZE_ROWS)]
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(torch.cat(fields).contiguous() for fields in zip(*(part.tensors() for part in parts))))
+
+    @classmethod
+    def _quantize_rows(cls, weight: torch.Tensor, bits: int) -> "Q4Block":
         top = float(2 ** bits - 1)
         w = weight.detach().float()
         rows, width = w.shape

@@ -23,7 +23,7 @@ from torch import nn
 from specchat.runtime.attention import batch_invariant_attention
 from specchat.quant import w4a8, w8a8
 from specchat.runtime import lean_native
-from specchat.spec.model_io import RUNNER
+from specchat.spec.model_io import RUNNER, input_device
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 FIRST_CAPACITY = 1024
@@ -109,7 +109,7 @@ class LeanForward:
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scaling = self.head_dim ** -0.5
-        self.device = self.embed.weight.device
+        self.device = input_device(model)
         self._cos = self._sin = None
         self.native_reason = "no compiled kernel module was given" if native_layers is None else \
             lean_native.unsupported(self.layers, config, self._kv_dtype, self.head_dim)
@@ -144,7 +144,7 @@ class LeanForward:
 
     @property
     def _kv_dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        return self.embed.weight.dtype if hasattr(self.embed, "weight") else self.embed.dtype
 
     def _tables(self, capacity: int) -> None:
         if self._cos is not None and self._cos.shape[0] >= capacity:

@@ -54,7 +54,7 @@ class Engine:
         self.drafter = drafter
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.vocab_size = vocab_size or len(tokenizer)
-        self.device = target.get_input_embeddings().weight.device
+        self.device = model_io.input_device(target)
         self.cache = model_io.new_cache(target)
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()

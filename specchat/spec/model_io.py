@@ -68,10 +68,16 @@ def crop_to(cache, length: int) -> None:
         raise ValueError(f"cannot crop a cache of {cache_length(cache)} tokens up to {length}")
 
 
+def input_device(model) -> torch.device:
+    """Where a model's input ids go: its input embeddings' device (a table kept in blocks names its own)."""
+    embed = model.get_input_embeddings()
+    return embed.weight.device if hasattr(embed, "weight") else embed.device
+
+
 @torch.inference_mode()
 def forward(model, cache, new_ids: list[int], keep: int) -> torch.Tensor:
     """Feed `new_ids` after what the cache holds; return logits of the last `keep` positions [keep, vocab]."""
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=device)  # [1, n]
     return forward_tensor(model, cache, input_ids, keep)
 

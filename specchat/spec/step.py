@@ -62,7 +62,7 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
                      sampling: SamplingConfig, generator: torch.Generator, vocab_size: int) -> StepResult:
     """Draft up to plan.gamma tokens, verify them with one target forward; the target's cache grows."""
     draft = drafter.propose(ids, plan, sampling, generator) if plan.gamma else empty_draft()
-    device = target.get_input_embeddings().weight.device
+    device = model_io.input_device(target)
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
     drafted = drafts.shape[0]
     pending = torch.tensor([ids[model_io.cache_length(cache):]], dtype=torch.long, device=device)

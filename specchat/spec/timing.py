@@ -11,11 +11,13 @@ import time
 
 import torch
 
+from specchat.spec.model_io import input_device
+
 
 def cuda_devices(model) -> set[torch.device]:
     """The CUDA devices holding `model`'s weights: its device_map's when spread, else its embeddings'."""
     device_map = getattr(model, "hf_device_map", None) or {}
-    places = set(device_map.values()) or {model.get_input_embeddings().weight.device}
+    places = set(device_map.values()) or {input_device(model)}
     return {device for device in map(_cuda_device, places) if device is not None}
 
 

@@ -30,7 +30,7 @@ class ModelDrafter:
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
         self.cache = model_io.new_cache(model)
-        self.device = model.get_input_embeddings().weight.device
+        self.device = model_io.input_device(model)
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
         self.guesser: Guesser = NoGuess()  # prompt-lookup tokens checked in the same forward

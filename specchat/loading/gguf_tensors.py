@@ -1,0 +1,106 @@
+"""A GGUF file's tensors under transformers' names, read a tensor at a time.
+
+transformers' own GGUF loading dequantizes every tensor of the file into one dict before it builds the
+model: 6.7 GB of float32 for the bundled 1.5B target, and a first start that peaked at 12.5 GB. specchat
+reads a file with the same name map and the same tensor processor (so every value is the one that loading
+gives), one tensor at a time, in row chunks where the processor leaves a tensor as it is.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from specchat.loading.gguf_header import read_tensors
+
+CHUNK_ROWS = 8192  # rows dequantized at a time: 8192 × 1536 floats is 50 MB
+PERMUTED = ("attn_q.", "attn_k.")  # what LlamaTensorProcessor reorders; it leaves every other tensor as it is
+
+
+def streamable(gguf: Path) -> bool:
+    """Whether specchat can read this file's architecture a tensor at a time: its transformers tensor processor
+    is the plain one, or Llama's (which only reorders the query and key weights)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor
+    facts, _ = read_tensors(gguf)
+    processor = TENSOR_PROCESSORS.get(facts.get("general.architecture", ""), TensorProcessor)
+    return processor in (TensorProcessor, LlamaTensorProcessor)
+
+
+class GGUFTensors:
+    """The tensors of `gguf` by the names of `model`'s state dict (a model with the file's config; its
+    parameters may be on the meta device)."""
+
+    def __init__(self, gguf: Path, model: nn.Module):
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+        facts, tensors = read_tensors(gguf)
+        config = model.config.get_text_config().to_dict()
+        self.parsed = {"config": config, "tensors": {}}  # what a processor may read (Llama's: the head counts)
+        self.processor = TENSOR_PROCESSORS.get(facts.get("general.architecture", ""), TensorProcessor)(config=config)
+        self.names = get_gguf_hf_weights_map(model, self.processor)  # GGUF name → transformers name
+        self.by_name = {self.names[t.name]: t for t in tensors if t.name in self.names}
+        self.tied = _tied_names(model)
+
+    def info(self, name: str):
+        """The GGUF tensor behind a transformers name (a tied head: the input embeddings')."""
+        tensor = self.by_name.get(name) or self.by_name.get(self.tied.get(name, ""))
+        if tensor is None:
+            raise KeyError(f"the GGUF file has no tensor for {name}")
+        return tensor
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.by_name or self.tied.get(name, "") in self.by_name
+
+    def kind(self, name: str) -> str:
+        """The tensor's GGML type name: F32, Q4_K, Q8_0, ..."""
+        return self.info(name).tensor_type.name
+
+    def unchanged(self, name: str) -> bool:
+        """Whether transformers takes this tensor as the file stores it (its processor reorders nothing)."""
+        from transformers.modeling_gguf_pytorch_utils import TensorProcessor
+        gguf_name = self.info(name).name
+        return type(self.processor) is TensorProcessor or not any(part in gguf_name for part in PERMUTED)
+
+    def raw(self, name: str) -> torch.Tensor:
+        """The tensor's stored bytes, uint8 [rows, bytes a row], copied out of the file."""
+        return torch.from_numpy(np.array(self.info(name).data, dtype=np.uint8).reshape(self.rows(name), -1))
+
+    def rows(self, name: str) -> int:
+        return int(self.info(name).shape[-1]) if len(self.info(name).shape) > 1 else 1
+
+    def float(self, name: str) -> torch.Tensor:
+        """The tensor as transformers loads it, float32."""
+        tensor = self.info(name)
+        if self.unchanged(name):
+            return _dequantized(tensor)
+        from gguf import dequantize
+        result = self.processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                                        tensor_key_mapping=self.names, parsed_parameters=self.parsed)
+        return torch.from_numpy(np.array(result.weights, dtype=np.float32))
+
+
+def _dequantized(tensor) -> torch.Tensor:
+    """A GGUF tensor's float32 values, dequantized CHUNK_ROWS rows at a time (each row is independent)."""
+    from gguf import dequantize
+    data = tensor.data
+    if data.ndim < 2:
+        return torch.from_numpy(np.array(dequantize(data, tensor.tensor_type), dtype=np.float32))
+    first = dequantize(data[:CHUNK_ROWS], tensor.tensor_type)
+    out = torch.empty((data.shape[0], *first.shape[1:]), dtype=torch.float32)
+    out[:CHUNK_ROWS] = torch.from_numpy(np.array(first, dtype=np.float32))
+    for start in range(CHUNK_ROWS, data.shape[0], CHUNK_ROWS):
+        chunk = dequantize(data[start:start + CHUNK_ROWS], tensor.tensor_type)
+        out[start:start + CHUNK_ROWS] = torch.from_numpy(np.array(chunk, dtype=np.float32))
+    return out
+
+
+def _tied_names(model: nn.Module) -> dict[str, str]:
+    """{output head weight: input embedding weight} when the config ties them, else {}."""
+    if not getattr(model.config.get_text_config(), "tie_word_embeddings", False):
+        return {}
+    modules = {id(module): name for name, module in model.named_modules()}
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is None or id(head) not in modules or id(embed) not in modules:
+        return {}
+    return {f"{modules[id(head)]}.weight": f"{modules[id(embed)]}.weight"}
