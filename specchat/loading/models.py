@@ -129,6 +129,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     _quantize_after_loading(model, mc, checkpoint, dtype, f"{role} {source.name}", progress)
     if checkpoint.slim:
         check_materialized(model, f"{role} {source.name}")
+        _drop_assembled(source)
     if mc.quantization in INVARIANT_MODES:  # the int8 kernels return float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
     tokenizer, template = _shared_tokenizer(checkpoint, mc, source, tokenizers)
@@ -138,6 +139,13 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
                        model.get_memory_footprint(), round(time.perf_counter() - start, 2), template,
                        _backend(model, mc), _kernel_path(mc))
     return model, tokenizer, facts
+
+
+def _drop_assembled(source: Source) -> None:
+    """A bundled model loaded slim (its quantized cache written) needs its assembled GGUF no more."""
+    if source.kind == "bundled":
+        from specchat.loading import assets
+        assets.drop_assembled(source.location)
 
 
 def _kernel_path(mc: ModelConfig) -> str:

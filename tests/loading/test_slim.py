@@ -135,3 +135,33 @@ def test_the_slim_conversion_is_recorded_as_such(q8_gguf, cache, kernel):
     load_model(w4a8_config(q8_gguf))
     meta = json.loads(next((cache / "converted").iterdir()).joinpath("specchat.json").read_text())
     assert meta["slim"] is True and "model.safetensors" in meta["files"]
+
+
+def fake_bundled(path, tmp_path, monkeypatch) -> "assets.BundledModel":
+    """`bundled:tiny-q8` made of three parts of the GGUF at `path`."""
+    import hashlib
+    from specchat.loading import assets
+    data = path.read_bytes()
+    parts = []
+    for index, chunk in enumerate((data[:1000], data[1000:5000], data[5000:]), start=1):
+        parts.append(tmp_path / f"part{index:02d}.bin")
+        parts[-1].write_bytes(chunk)
+    fake = assets.BundledModel("Tiny-Q8-Bundled", "fake-part", "0", 3, len(data), hashlib.sha256(data).hexdigest())
+    monkeypatch.setitem(assets.BUNDLED, "tiny-q8", fake)
+    monkeypatch.setattr(assets, "find_parts", lambda model: parts)
+    return fake
+
+
+def test_a_bundled_w4a8_start_drops_the_assembled_gguf_and_later_starts_need_none(q8_gguf, cache, kernel,
+                                                                                   monkeypatch, tmp_path):
+    from specchat.loading import assets
+    fake = fake_bundled(q8_gguf, tmp_path, monkeypatch)
+    first, tokenizer, _ = load_model(w4a8_config("bundled:tiny-q8"))
+    assert not (cache / "gguf" / fake.filename).exists()
+    parts = assets.find_parts(fake)
+    monkeypatch.setattr(assets, "find_parts", lambda model: pytest.fail("assembled again"))
+    again, _, _ = load_model(w4a8_config("bundled:tiny-q8"))
+    assert torch.equal(logits(again, tokenizer), logits(first, tokenizer))
+    monkeypatch.setattr(assets, "find_parts", lambda model: parts)  # a full conversion assembles it again
+    load_model(ModelConfig(source="bundled:tiny-q8", dtype="float32", quantization="none"))
+    assert (cache / "gguf" / fake.filename).exists()
