@@ -95,5 +95,7 @@ def streamed_blocks(path: str | Path, model: nn.Module, finer_bits: int) -> Iter
         if info.tensor_type == GGMLQuantizationType.Q4_K and tensors.unchanged(weight) and \
                 tuple(layer.weight.shape) == (tensors.rows(weight), int(info.shape[0])):
             yield name, decode_q4_k(tensors.raw(weight))
+        elif tensors.unchanged(weight):  # row chunks: no float copy of a 151,936-row head
+            yield name, Q4Block.concat([Q4Block.quantize(rows, finer_bits) for rows in tensors.float_chunks(weight)])
         else:
             yield name, Q4Block.quantize(tensors.float(weight).reshape(layer.weight.shape), finer_bits)

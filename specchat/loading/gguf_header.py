@@ -19,11 +19,21 @@ STRING, ARRAY = 8, 9
 
 @dataclass(frozen=True)
 class TensorEntry:
-    """One tensor of the file, as gguf-py's ReaderTensor names its parts."""
+    """One tensor of the file, its parts named as gguf-py's ReaderTensor names them."""
     name: str
     shape: tuple[int, ...]  # ggml order: the fastest-moving dimension (a row's width) first
     tensor_type: object     # gguf.GGMLQuantizationType
-    data: np.ndarray        # the stored bytes or values, mapped: [rows, bytes a row] for blocks
+    path: Path
+    start: int              # byte offset in the file
+    rows: int
+    row_bytes: int
+
+    @property
+    def data(self) -> np.ndarray:
+        """The stored values or blocks ([rows, bytes a row]), read from the file now: read, not mapped, so the
+        pages are the system's page cache and not this process's resident set."""
+        data = np.fromfile(self.path, dtype=np.uint8, count=self.rows * self.row_bytes, offset=self.start)
+        return _shaped(data, self.tensor_type, self.shape, self.rows)
 
 
 def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
@@ -44,9 +54,7 @@ def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
         kind = GGMLQuantizationType(kind)
         block, size = GGML_QUANT_SIZES[kind]
         rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
-        row_bytes = dims[0] // block * size
-        data = blob[start + offset:start + offset + rows * row_bytes]
-        tensors.append(TensorEntry(name, dims, kind, _shaped(data, kind, dims, rows)))
+        tensors.append(TensorEntry(name, dims, kind, Path(path), start + offset, rows, dims[0] // block * size))
     return facts, tensors
 
 

@@ -58,8 +58,12 @@ class Q4Block:
         quantized on its own, QUANTIZE_ROWS at a time (a head of 151,936 rows needs no GBs of temporaries)."""
         if bits not in LEVEL_BITS:
             raise ValueError(f"w4a8 levels are 4, 6 or 7 bits, not {bits}")
-        parts = [cls._quantize_rows(weight[start:start + QUANTIZE_ROWS], bits)
-                 for start in range(0, weight.shape[0], QUANTIZE_ROWS)]
+        return cls.concat([cls._quantize_rows(weight[start:start + QUANTIZE_ROWS], bits)
+                           for start in range(0, weight.shape[0], QUANTIZE_ROWS)])
+
+    @classmethod
+    def concat(cls, parts: list["Q4Block"]) -> "Q4Block":
+        """The blocks of consecutive row ranges as one."""
         if len(parts) == 1:
             return parts[0]
         return cls(*(torch.cat(fields).contiguous() for fields in zip(*(part.tensors() for part in parts))))
@@ -291,7 +295,7 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
     `finer_bits` levels when `exact` is given (the file kept that layer finer than 4 bits) or when it
     is the output head, else 4 bits. finer_bits = 4 makes every layer 4-bit (w4a8-fast).
     `kernel`: build_kernel's module."""
-    used: dict[str, Q4Block] = {}
+    used: list[str] = []
 
     def bits_for(name: str) -> int:
         return finer_bits if exact is not None or name == "lm_head" else 4
@@ -304,13 +308,13 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
         else:
             block = (exact or {}).get(name) or Q4Block.quantize(linear.weight, bits_for(name))
         layer = Q4Linear(block, linear.bias, kernel.q4_linear)
-        used[name] = layer.tiles  # before any fusing: the layer's own tiles
+        used.append(name)
         return layer
     linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear) and fits(module)}
     replace_linears(model, build)
     for names in shared_input_groups(linears, lambda name: 1):
-        group_layers(model, names)
-    return used
+        group_layers(model, names)  # a group's own tiles are freed as it is fused (nothing else holds them)
+    return {name: model.get_submodule(name).tiles for name in used}  # a fused layer's: a view of its rows
 
 
 class Q4Group:
