@@ -165,3 +165,13 @@ def test_a_bundled_w4a8_start_drops_the_assembled_gguf_and_later_starts_need_non
     monkeypatch.setattr(assets, "find_parts", lambda model: parts)  # a full conversion assembles it again
     load_model(ModelConfig(source="bundled:tiny-q8", dtype="float32", quantization="none"))
     assert (cache / "gguf" / fake.filename).exists()
+
+
+def test_a_damaged_slim_checkpoint_is_rebuilt_with_one_notice(q8_gguf, cache, kernel):
+    first, tokenizer, _ = load_model(w4a8_config(q8_gguf))
+    weights = next((cache / "converted").iterdir()) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-10])
+    seen = []
+    again, _, _ = load_model(w4a8_config(q8_gguf), progress=lambda message, fraction: seen.append(message))
+    assert sum(message.startswith("rebuilding the converted checkpoint") for message in set(seen)) == 1
+    assert torch.equal(logits(again, tokenizer), logits(first, tokenizer))

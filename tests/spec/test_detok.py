@@ -27,11 +27,11 @@ def streamed(tokenizer, ids: list[int]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def qwen_tokenizer():
-    """The bundled pair's tokenizer, from the converted checkpoint in the cache (no network)."""
+    """The bundled pair's tokenizer, from a converted checkpoint in the cache, slim or full (no network)."""
     for model in BUNDLED.values():
-        for dtype in (torch.bfloat16, torch.float32):
-            if is_converted(model.sha256, dtype):
-                return AutoTokenizer.from_pretrained(converted_dir(model.sha256, dtype))
+        for dtype, slim in ((torch.float32, True), (torch.bfloat16, False), (torch.float32, False)):
+            if is_converted(model.sha256, dtype, slim):
+                return AutoTokenizer.from_pretrained(converted_dir(model.sha256, dtype, slim))
     pytest.skip(f"the bundled Qwen tokenizer is not converted in {cache_dir()} yet (`make chat` does it once)")
 
 
