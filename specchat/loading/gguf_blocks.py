@@ -85,11 +85,9 @@ def streamed_blocks(path: str | Path, model: nn.Module, finer_bits: int) -> Iter
     quantize_w4a8 applies with a GGUF's blocks at hand."""
     from gguf import GGMLQuantizationType
     from specchat.loading.gguf_tensors import GGUFTensors
-    from specchat.quant.w4a8 import fits
+    from specchat.quant.w4a8 import fitting_linears
     tensors = GGUFTensors(Path(path), model)
-    for name, layer in model.named_modules():
-        if not (isinstance(layer, nn.Linear) and fits(layer)):
-            continue
+    for name, layer in fitting_linears(model).items():
         weight = f"{name}.weight"
         info = tensors.info(weight)
         if info.tensor_type == GGMLQuantizationType.Q4_K and tensors.unchanged(weight) and \

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from specchat.loading.gguf_header import read_tensors
+from specchat.quant.shared import name_of
 
 CHUNK_ROWS = 8192  # rows dequantized at a time: 8192 × 1536 floats is 50 MB
 PERMUTED = ("attn_q.", "attn_k.")  # what LlamaTensorProcessor reorders; it leaves every other tensor as it is
@@ -123,8 +124,7 @@ def _tied_names(model: nn.Module) -> dict[str, str]:
     """{output head weight: input embedding weight} when the config ties them, else {}."""
     if not getattr(model.config.get_text_config(), "tie_word_embeddings", False):
         return {}
-    modules = {id(module): name for name, module in model.named_modules()}
-    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    if head is None or id(head) not in modules or id(embed) not in modules:
+    head, embed = name_of(model, model.get_output_embeddings()), name_of(model, model.get_input_embeddings())
+    if head is None or embed is None:
         return {}
-    return {f"{modules[id(head)]}.weight": f"{modules[id(embed)]}.weight"}
+    return {f"{head}.weight": f"{embed}.weight"}

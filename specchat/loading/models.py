@@ -244,17 +244,17 @@ def _gguf_file(checkpoint: Checkpoint, progress: Progress | None):
 
 def _converted(source: Source, dtype: torch.dtype, w4a8: bool, progress: Progress | None) -> Path:
     """The cached conversion of a GGUF source: slim for the w4a8 modes where the file streams (loading/slim.py),
-    else full. A bundled model's file is assembled only when its conversion is not cached."""
+    else full. Only when it is not cached is a bundled model's file assembled, or a file's header read."""
     from specchat.loading import assets, gguf_convert
     from specchat.loading.gguf_tensors import streamable
-    if source.kind == "bundled":
+    bundled = source.kind == "bundled"
+    if bundled:
         sha = assets.bundled_model(source.location).sha256
-        if gguf_convert.is_converted(sha, dtype, w4a8):
-            return gguf_convert.converted_dir(sha, dtype, w4a8)
-        gguf = assets.bundled_gguf_path(source.location, progress)
     else:
-        gguf = Path(source.location)
-        sha = gguf_convert.gguf_digest(gguf, progress)
+        sha = gguf_convert.gguf_digest(Path(source.location), progress)
+    if gguf_convert.is_converted(sha, dtype, w4a8):
+        return gguf_convert.converted_dir(sha, dtype, w4a8)
+    gguf = assets.bundled_gguf_path(source.location, progress) if bundled else Path(source.location)
     slim = w4a8 and streamable(gguf)
     return gguf_convert.ensure_converted(gguf, sha, dtype, source.name, progress, slim)
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from specchat.config import W4A8_MODES
 from specchat.quant.int8_weights import Int8Block, quantize_linears
-from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fits, quantize_w4a8
+from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w4a8
 from specchat.quant.w8a8 import quantize_w8a8
 from specchat.cache import building, cache_dir, file_sha256, is_verified, remove_stale_temporaries
 from specchat.progress import Progress, report
@@ -110,8 +110,9 @@ def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode:
 
 def _linear_names(model: nn.Module, mode: str) -> set[str]:
     """The layers a mode quantizes: every nn.Linear, or for w4a8 those whose shape its kernel takes."""
-    return {name for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and (mode not in W4A8_MODES or fits(module))}
+    if mode in W4A8_MODES:
+        return set(fitting_linears(model))
+    return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
 
 def unquantized_layers(model: nn.Module, mode: str) -> list[str]:

@@ -7,7 +7,6 @@ tensor at a time (gguf_blocks.streamed_blocks) when it has no copy.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -15,7 +14,8 @@ from torch import nn
 
 from specchat.errors import ModelLoadError
 from specchat.quant.block_embedding import BlockEmbedding
-from specchat.quant.w4a8 import fits
+from specchat.quant.shared import name_of
+from specchat.quant.w4a8 import fitting_linears
 
 WEIGHTS = "model.safetensors"
 BLOCKS = ".gguf_blocks"  # suffix of the embeddings' stored blocks in WEIGHTS
@@ -33,13 +33,7 @@ def empty_model(config) -> nn.Module:
 
 def quantized_weights(model: nn.Module) -> set[str]:
     """The weights the w4a8 kernel takes: every nn.Linear whose shape fits it."""
-    return {f"{name}.weight" for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and fits(module)}
-
-
-def embedding_name(model: nn.Module) -> str:
-    embed = model.get_input_embeddings()
-    return next(name for name, module in model.named_modules() if module is embed)
+    return {f"{name}.weight" for name in fitting_linears(model)}
 
 
 def write_weights(gguf: Path, config, out: Path) -> None:
@@ -49,10 +43,10 @@ def write_weights(gguf: Path, config, out: Path) -> None:
     model = empty_model(config)
     tensors = GGUFTensors(gguf, model)
     skipped = quantized_weights(model)
-    embed = embedding_name(model)
+    embed = name_of(model, model.get_input_embeddings())
     kind = tensors.kind(f"{embed}.weight")
-    as_blocks = kind not in FLOAT_KINDS and tensors.unchanged(f"{embed}.weight") and \
-        f"{embed}.weight" not in _float_heads(model, skipped)
+    float_head = any(head not in skipped for head in tensors.tied)  # a tied head the kernel cannot take reads it
+    as_blocks = kind not in FLOAT_KINDS and tensors.unchanged(f"{embed}.weight") and not float_head
     state = {}
     for name in _parameter_names(model):
         if name in skipped or name not in tensors:
@@ -63,15 +57,6 @@ def write_weights(gguf: Path, config, out: Path) -> None:
             state[name] = tensors.float(name).reshape(model.get_parameter(name).shape).contiguous()
     metadata = {"format": "pt", "embedding": embed if as_blocks else "", "embedding_kind": kind}
     save_file(state, str(out / WEIGHTS), metadata=metadata)
-
-
-def _float_heads(model: nn.Module, skipped: set[str]) -> set[str]:
-    """The embedding weight when a head tied to it stays float (the kernel cannot take the head)."""
-    head = model.get_output_embeddings()
-    if head is None or head.weight is not model.get_input_embeddings().weight:
-        return set()
-    head_name = next(name for name, module in model.named_modules() if module is head)
-    return set() if f"{head_name}.weight" in skipped else {f"{embedding_name(model)}.weight"}
 
 
 def _parameter_names(model: nn.Module) -> list[str]:
@@ -111,7 +96,3 @@ def parameter_count(model: nn.Module) -> int:
     extra = embed.num_embeddings * embed.embedding_dim if isinstance(embed, BlockEmbedding) else 0
     return model.num_parameters() + extra
 
-
-def is_slim(directory: Path) -> bool:
-    meta = directory / "specchat.json"
-    return meta.is_file() and bool(json.loads(meta.read_text()).get("slim"))

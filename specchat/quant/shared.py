@@ -21,6 +21,11 @@ def replace_linears(model: nn.Module, build) -> int:
     return replaced
 
 
+def name_of(model: nn.Module, module: nn.Module | None) -> str | None:
+    """`module`'s qualified name inside `model` (model.named_modules' name), or None when it is not there."""
+    return next((name for name, candidate in model.named_modules() if candidate is module), None)
+
+
 SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers reading one input
 
 

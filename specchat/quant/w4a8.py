@@ -43,6 +43,11 @@ def fits(linear: nn.Linear) -> bool:
     return linear.in_features % PAIR == 0
 
 
+def fitting_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The model's nn.Linear layers the kernel takes, by module name."""
+    return {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear) and fits(module)}
+
+
 @dataclass
 class Q4Block:
     """Weights [out, in] as 4-bit (or 6- or 7-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
@@ -310,7 +315,7 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
         layer = Q4Linear(block, linear.bias, kernel.q4_linear)
         used.append(name)
         return layer
-    linears = {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear) and fits(module)}
+    linears = fitting_linears(model)
     replace_linears(model, build)
     for names in shared_input_groups(linears, lambda name: 1):
         group_layers(model, names)  # a group's own tiles are freed as it is fused (nothing else holds them)
