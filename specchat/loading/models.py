@@ -21,7 +21,7 @@ from specchat.errors import ModelLoadError, one_line
 from specchat.memory import release_freed_memory
 from specchat.progress import Progress, report
 from specchat.loading.quantization_choice import choose, choose_quantizations
-from specchat.loading.resident import model_tensors, populate
+from specchat.loading.resident import model_tensors, populate, tensor_bytes
 from specchat.loading.shared_tokenizer import tokenizer_digest
 from specchat.loading.slim import check_materialized, load as load_slim, parameter_count
 from specchat.loading.sources import Source, resolve_source
@@ -133,10 +133,11 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     if mc.quantization in INVARIANT_MODES:  # the int8 kernels return float32: norms and attention stay in it
         model, dtype = model.float(), torch.float32
     tokenizer, template = _shared_tokenizer(checkpoint, mc, source, tokenizers)
-    populate(model_tensors(model))  # mapped weights: resident now, not a page fault at a time
+    tensors = model_tensors(model)
+    populate(tensors)  # mapped weights: resident now, not a page fault at a time
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
-                       model.get_memory_footprint(), round(time.perf_counter() - start, 2), template,
+                       tensor_bytes(tensors), round(time.perf_counter() - start, 2), template,
                        _backend(model, mc), _kernel_path(mc))
     return model, tokenizer, facts
 

@@ -43,6 +43,11 @@ def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes the tensors hold, each counted once (a tied weight, a layer's view of a fused group)."""
+    return sum(nbytes for _, nbytes in {(t.data_ptr(), t.nbytes) for t in tensors})
+
+
 def populate(tensors: Iterable[torch.Tensor]) -> int:
     """Map every page of the CPU tensors' storages now; returns how many storages were asked for
     (0 where the platform cannot). A kernel without MADV_POPULATE_READ refuses, harmlessly."""

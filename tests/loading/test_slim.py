@@ -65,6 +65,8 @@ def test_a_w4a8_start_caches_a_slim_checkpoint_without_float_layers(q8_gguf, cac
     assert isinstance(model.get_input_embeddings(), BlockEmbedding)
     assert isinstance(model.model.layers[0].self_attn.q_proj, Q4Linear)
     assert facts.params == sum(p.numel() for p in tiny_qwen2(model.config.vocab_size, seed=7).parameters())
+    tiles = sum(t.nbytes for layer in model.modules() if isinstance(layer, Q4Linear) for t in layer.tiles.tensors())
+    assert facts.memory_bytes >= tiles + model.get_input_embeddings().blocks.nbytes  # the banner counts the 4-bit tiles
 
 
 def test_the_slim_model_equals_the_one_a_full_conversion_gives(q8_gguf, tok, cache, kernel, monkeypatch):
