@@ -1,6 +1,12 @@
 // The w4a8 product on 256-bit vectors, for the AVX2 and AVX-VNNI paths (q4_path_avx2.cpp,
 // q4_path_avx_vnni.cpp include it, each under its own instruction-set target). A tile is two halves
 // of 8 output rows, one int32 lane each (layout: q4_tiles.h).
+//
+// A job of one or two rows (a decode step) unpacks each group's levels in registers as it goes. A
+// longer job walks the tile block by block: a block's levels are unpacked once into a byte a level
+// (and its group scales widened once), then every activation row of the job reads them, MAX_ROWS rows
+// at a time and one half of the tile at a time, so a long prompt pays the unpacking once per block,
+// not once per row (6-bit levels: twice the speed at 128 rows), and the sums stay in registers.
 //   AVX-VNNI: `vpdpbusd` adds four level × activation products into each lane.
 //   AVX2: `maddubs` gives int16 pair sums, added in int16 for as many vectors as cannot overflow
 //   (4-bit: 8, 6-bit: 2, 7-bit: 1), then `madd` with the group's scale folds them into int32.
@@ -14,7 +20,16 @@
 namespace q4 {
 namespace {
 
-constexpr int MAX_ROWS = 3;  // activation rows per pass over a tile: both halves' sums fit 16 registers (measured best)
+constexpr int DIRECT_ROWS = 2;       // jobs of at most this many rows unpack each group in registers (measured faster)
+constexpr int MAX_ROWS = 4;          // activation rows per pass over an unpacked block (their sums stay in registers)
+constexpr int MAX_GROUPS = 8;        // 32-groups a block holds at most (256 inputs)
+
+// One block of a tile, unpacked: vector q of group g holds L[j][4q..4q+3] at bytes 4j..4j+3 (rows
+// 0-7 in the first 32 bytes, 8-15 in the next); each group's scales per half as int32 lanes.
+struct Unpacked {
+  alignas(32) uint8_t levels[MAX_GROUPS][8][64];
+  alignas(32) int32_t scales[MAX_GROUPS][2][8];
+};
 
 // Rows 8h..8h+7 of level vector q of one group.
 template <int BITS>
@@ -47,15 +62,48 @@ inline __m256i widen(const uint8_t* bytes) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
 }
 
-// Group g's Σ sc·L·x for R rows, added to dot (int32 lanes).
-template <int R, int BITS, bool VNNI>
-inline void group_dots(const uint8_t* qs, __m256i scales, const int8_t* const* levels, int half, __m256i* dot) {
+// Block b's offset sums (q4_tiles.h) of one half of the tile for R rows from `first`: m as int16 pairs times two group sums.
+template <int R>
+inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half, __m256i* offset) {
+  const int64_t per_block = w.groups / w.blocks;
+  for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
+  for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {
+    const uint8_t* m = w.m + (tile * w.groups + g) * TILE_ROWS + half * 16;
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
+    for (int r = 0; r < R; ++r)
+      offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, broadcast4(x.sums + (first + r) * w.groups + g)));
+  }
+}
+
+// out += block b's part for R rows from `first`, half h of the tile, from its dot and offset sums:
+// out = fma(dot, d·xs, out); out = fma(−offset, dmin·xs, out).
+template <int R>
+inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, int64_t first, int h, const __m256i* dot,
+                      const __m256i* offset) {
+  const int64_t lanes = (job.tile * w.blocks + b) * TILE_ROWS + h * 8;
+  const __m256 d = _mm256_loadu_ps(w.d + lanes), dmin = _mm256_loadu_ps(w.dmin + lanes);
+  for (int r = 0; r < R; ++r) {
+    float* out = job.out + (first + r) * job.stride + job.tile * TILE_ROWS + h * 8;
+    const __m256 scale = _mm256_set1_ps(x.scales[(first + r) * w.blocks + b]);
+    __m256 total = _mm256_loadu_ps(out);
+    total = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r]), _mm256_mul_ps(d, scale), total);
+    total = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offset[r]), _mm256_mul_ps(dmin, scale), total);
+    _mm256_storeu_ps(out, total);
+  }
+}
+
+// One group's Σ sc·L·x for R rows (levels: each row's 32 activation levels of the group), added to
+// dot (int32 lanes). level_vector(q): the group's level vector q for this half of the tile.
+template <int R, int BITS, bool VNNI, typename LevelVector>
+inline void group_dots(LevelVector level_vector, __m256i scales, const int8_t* const* levels, __m256i* dot) {
   constexpr int RUN = BITS == 4 ? 8 : BITS == 6 ? 2 : 1;
   const __m256i scale_pairs = _mm256_or_si256(scales, _mm256_slli_epi32(scales, 16));
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
   for (int q = 0; q < 8; ++q) {
-    const __m256i v = level_vector<BITS>(qs, q, half);
+    const __m256i v = level_vector(q);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256i x = broadcast4(levels[r] + 4 * q);
       if constexpr (VNNI) {
@@ -73,15 +121,16 @@ inline void group_dots(const uint8_t* qs, __m256i scales, const int8_t* const* l
     for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_mullo_epi32(acc[r], scales));
 }
 
-// Block b's dot and offset sums (q4_tiles.h) for R activation rows from `first`, both halves of the
-// tile in one pass (sums [h·R + r]), so each cache line of weights is read once; it asks for the
-// weights PREFETCH bytes ahead.
+// ----- few rows (a decode step): each group unpacked in registers, both halves in one pass, so each
+// cache line of weights is read once from memory -----
+
+// Block b's dot sums (q4_tiles.h) of both halves for R activation rows from `first` (dot[h·R + r]),
+// unpacked in registers; it asks for the weights PREFETCH bytes ahead.
 template <int R, int BITS, bool VNNI>
-inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m256i* dot,
-                       __m256i* offset) {
+inline void direct_block_dots(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m256i* dot) {
   constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
   const int64_t per_block = w.groups / w.blocks;
-  for (int i = 0; i < 2 * R; ++i) dot[i] = offset[i] = _mm256_setzero_si256();
+  for (int i = 0; i < 2 * R; ++i) dot[i] = _mm256_setzero_si256();
   for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
     const int64_t at = tile * w.groups + g;
     const uint8_t* qs = w.qs + at * BYTES;
@@ -89,46 +138,80 @@ inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t firs
     const int8_t* levels[R];
     for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + g * GROUP;
     for (int half = 0; half < 2; ++half)
-      group_dots<R, BITS, VNNI>(qs, widen(w.sc + at * TILE_ROWS + half * 8), levels, half, dot + half * R);
-  }
-  for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {  // offsets: m as int16 pairs times two group sums
-    for (int half = 0; half < 2; ++half) {
-      const uint8_t* m = w.m + (tile * w.groups + g) * TILE_ROWS + half * 16;
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
-      for (int r = 0; r < R; ++r) {
-        const __m256i sums = broadcast4(x.sums + (first + r) * w.groups + g);
-        offset[half * R + r] = _mm256_add_epi32(offset[half * R + r], _mm256_madd_epi16(mins, sums));
-      }
-    }
+      group_dots<R, BITS, VNNI>([&](int q) { return level_vector<BITS>(qs, q, half); }, widen(w.sc + at * TILE_ROWS + half * 8),
+                                levels, dot + half * R);
   }
 }
 
 template <int R, int BITS, bool VNNI>
-void rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
-  float* out[R];
-  for (int r = 0; r < R; ++r) out[r] = job.out + (first + r) * job.stride + job.tile * TILE_ROWS;
-  for (int r = 0; r < R; ++r)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out[r] + h * 8, _mm256_setzero_ps());
+void direct_rows(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
   for (int64_t b = 0; b < w.blocks; ++b) {
-    __m256i dot[2 * R], offset[2 * R];
-    block_sums<R, BITS, VNNI>(w, x, job.tile, first, b, dot, offset);
+    __m256i dot[2 * R], offset[R];
+    direct_block_dots<R, BITS, VNNI>(w, x, job.tile, first, b, dot);
     for (int h = 0; h < 2; ++h) {
-      const int64_t lanes = (job.tile * w.blocks + b) * TILE_ROWS + h * 8;
-      const __m256 d = _mm256_loadu_ps(w.d + lanes), dmin = _mm256_loadu_ps(w.dmin + lanes);
-      for (int r = 0; r < R; ++r) {
-        const __m256 scale = _mm256_set1_ps(x.scales[(first + r) * w.blocks + b]);
-        __m256 total = _mm256_loadu_ps(out[r] + h * 8);
-        total = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h * R + r]), _mm256_mul_ps(d, scale), total);
-        total = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offset[h * R + r]), _mm256_mul_ps(dmin, scale), total);
-        _mm256_storeu_ps(out[r] + h * 8, total);
-      }
+      block_offsets<R>(w, x, job.tile, first, b, h, offset);
+      add_block<R>(w, x, job, b, first, h, dot + h * R, offset);
     }
+  }
+}
+
+// ----- many rows: each block unpacked once for all of them -----
+
+// Block b of tile `tile` into `into`.
+template <int BITS>
+inline void unpack_block(const Tiles& w, int64_t tile, int64_t b, Unpacked& into) {
+  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
+  const int64_t per_block = w.groups / w.blocks;
+  for (int64_t g = 0; g < per_block; ++g) {
+    const int64_t at = tile * w.groups + b * per_block + g;
+    const uint8_t* qs = w.qs + at * BYTES;
+    for (int half = 0; half < 2; ++half) {
+      for (int q = 0; q < 8; ++q)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(into.levels[g][q] + half * 32), level_vector<BITS>(qs, q, half));
+      const __m256i scales = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + at * TILE_ROWS + half * 8)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(into.scales[g][half]), scales);
+    }
+  }
+}
+
+// Block b's dot sums (q4_tiles.h) of one half of the tile for R activation rows (levels: each row's
+// first level of the block).
+template <int R, int BITS, bool VNNI>
+inline void block_dots(const Unpacked& u, int64_t per_block, const int8_t* const* levels, int half, __m256i* dot) {
+  for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
+  for (int64_t g = 0; g < per_block; ++g) {
+    const int8_t* group[R];
+    for (int r = 0; r < R; ++r) group[r] = levels[r] + g * GROUP;
+    const auto vector = [&](int q) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(u.levels[g][q] + half * 32)); };
+    group_dots<R, BITS, VNNI>(vector, _mm256_load_si256(reinterpret_cast<const __m256i*>(u.scales[g][half])), group, dot);
+  }
+}
+
+// Block b of the tile (unpacked in u) for R activation rows from `first`, one half after the other.
+template <int R, int BITS, bool VNNI>
+void block_rows(const Tiles& w, const Rows& x, const Job& job, const Unpacked& u, int64_t b, int64_t first) {
+  const int64_t per_block = w.groups / w.blocks;
+  const int8_t* levels[R];
+  for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + b * per_block * GROUP;
+  for (int h = 0; h < 2; ++h) {
+    __m256i dot[R], offset[R];
+    block_dots<R, BITS, VNNI>(u, per_block, levels, h, dot);
+    block_offsets<R>(w, x, job.tile, first, b, h, offset);
+    add_block<R>(w, x, job, b, first, h, dot, offset);
   }
 }
 
 template <int BITS, bool VNNI>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
-  in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) { rows_of_tile<decltype(rows)::value, BITS, VNNI>(w, x, job, first); });
+  for (int64_t r = 0; r < job.count; ++r)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(job.out + (job.first + r) * job.stride + job.tile * TILE_ROWS + h * 8, _mm256_setzero_ps());
+  if (job.count <= DIRECT_ROWS)
+    return in_chunks<DIRECT_ROWS>(job, [&](auto rows, int64_t first) { direct_rows<decltype(rows)::value, BITS, VNNI>(w, x, job, first); });
+  Unpacked u;
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    unpack_block<BITS>(w, job.tile, b, u);
+    in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) { block_rows<decltype(rows)::value, BITS, VNNI>(w, x, job, u, b, first); });
+  }
 }
 
 template <bool VNNI>

@@ -80,6 +80,21 @@ def test_on_every_path_a_row_gets_the_same_bits_alone_or_anywhere_in_a_batch(ker
             assert torch.equal(products(kernel, path, batch, tiles)[position], alone), (rows, position)
 
 
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("bits, width", [(4, 1536), (6, 640), (7, 192)])
+def test_a_long_prompts_rows_get_the_bits_each_row_gets_alone(kernel, path, bits, width):
+    """A prompt's rows in one product (its blocks unpacked once for all rows) == each row on its own
+    (unpacked in registers), for 7, 128 and 512 rows."""
+    path_or_skip(kernel, path)
+    torch.manual_seed(bits + width)
+    tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(48, width) * 0.1, bits))
+    x = torch.randn(512, width)
+    x[:, 5] *= 30  # an outlier channel
+    alone = torch.cat([products(kernel, path, x[r:r + 1], tiles) for r in range(512)])
+    for rows in (7, 128, 512):
+        assert torch.equal(products(kernel, path, x[:rows], tiles), alone[:rows]), f"{rows} rows"
+
+
 def test_the_tiles_hold_the_weights_a_row_after_a_row_held(kernel):
     torch.manual_seed(5)
     for bits in (4, 6, 7):
