@@ -1,6 +1,7 @@
 """Where a step's time goes: matmuls, attention, everything else, and the host-side verification.
 
     python -m specchat.bench.profile [--config FILE] [--gamma 4] [--context 256] [--repeats 9] [key=value ...]
+    python -m specchat.bench.profile --prefill 512 2048 8192 [--chunk N]   (prompt reading: bench/prefill.py)
 
 For one decode step of the target (1 token), a verification forward of the target (gamma+1 tokens)
 and one decode step of the drafter (1 token, with the drafter's restricted head as the chat runs it),
@@ -19,162 +20,21 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from collections import defaultdict
-from contextlib import contextmanager
 
 import torch
-from torch import nn
 
+from specchat.bench.part_timing import seconds_of, split_forward
+from specchat.bench.prefill import prefill_rows, prefill_table, prompt_ids
 from specchat.config import ConfigError, SamplingConfig, load_config
-from specchat.quant import w4a8, w8a8
-from specchat.runtime import lean
+from specchat.kernels.build import running_path
 from specchat.spec import model_io
 from specchat.spec.drafters.vocab import DraftVocab
+from specchat.spec.model_io import PREFILL_CHUNK
 from specchat.spec.sampling import make_generator, pick, probs_from_logits
 from specchat.spec.verify import verify_greedy, verify_sampled
 from specchat.errors import ModelLoadError
 
-PARTS = ("matmuls", "kernel", "attention", "other")
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
-
-
-class PartTimer:
-    """Timing hooks: seconds inside linear layers, inside attention modules, and inside the linear
-    layers that attention modules call (their projections), summed over every call."""
-
-    def __init__(self, modules: list[nn.Module]):
-        self.seconds: dict[str, float] = defaultdict(float)
-        self._starts: dict[int, float] = {}
-        self._in_attention = 0
-        self.in_shared = 0  # inside w8a8.same_input, timed as a whole as "linear"
-        self._handles = []
-        for module in {id(m): m for root in modules for m in root.modules()}.values():
-            kind = _kind(module)
-            if kind:
-                self._handles.append(module.register_forward_pre_hook(self._enter(kind)))
-                self._handles.append(module.register_forward_hook(self._leave(kind)))
-
-    def _enter(self, kind: str):
-        def hook(module, _args) -> None:
-            self._in_attention += kind == "attention"
-            self._starts[id(module)] = time.perf_counter()
-        return hook
-
-    def _leave(self, kind: str):
-        def hook(module, _args, _out) -> None:
-            elapsed = time.perf_counter() - self._starts.pop(id(module))
-            if kind == "linear" and self.in_shared:
-                return
-            self.seconds[kind] += elapsed
-            if kind == "attention":
-                self._in_attention -= 1
-            elif self._in_attention:
-                self.seconds["projections"] += elapsed
-        return hook
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-def _kind(module: nn.Module) -> str | None:
-    """'linear' for any linear layer (torch, bitsandbytes, int8, w8a8), 'attention' for self-attention."""
-    name = type(module).__name__
-    if isinstance(module, nn.Linear) or name.endswith("Linear"):
-        return "linear"
-    if name.endswith("Attention"):
-        return "attention"
-    return None
-
-
-@contextmanager
-def timed_function(owner, name: str, seconds: dict[str, float], key: str, timer: PartTimer | None = None):
-    """Count the time of calls to `owner.name` (a module-level function) into seconds[key]; with a
-    timer, linear modules called inside are not counted again."""
-    original = getattr(owner, name)
-
-    def timed(*args, **kwargs):
-        start = time.perf_counter()
-        if timer:
-            timer.in_shared += 1
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if timer:
-                timer.in_shared -= 1
-            seconds[key] += time.perf_counter() - start
-    setattr(owner, name, timed)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
-@contextmanager
-def timed_calls(timer: PartTimer):
-    """w8a8's and w4a8's kernel calls; the lean forward's attention (it calls no attention module) and
-    its linear layers that share one input (they skip their modules' forward)."""
-    seconds = timer.seconds
-    with timed_function(w8a8, "_int8_product", seconds, "kernel"), \
-            timed_function(w4a8, "run_kernel", seconds, "kernel"), \
-            timed_function(lean, "batch_invariant_attention", seconds, "lean attention"), \
-            timed_function(lean, "same_input", seconds, "linear", timer):
-        yield
-
-
-@contextmanager
-def compiled_parts(modules: list[nn.Module], seconds: dict[str, float]):
-    """The parts timed inside the lean forward's compiled layer loops (lean_layers.cpp), which no
-    Python hook sees: their kernel, matmul and attention seconds are added to `seconds`."""
-    leans = [getattr(module, model_io.RUNNER, None) for module in modules]
-    loops = [loop for loop in (lean.native_loop() for lean in leans if lean is not None) if loop is not None]
-    for loop in loops:
-        loop.time_parts(True)
-    try:
-        yield
-    finally:
-        for loop in loops:
-            kernel, matmuls, attention, _total = loop.part_seconds()
-            seconds["kernel"] += kernel
-            seconds["linear"] += matmuls
-            seconds["lean attention"] += attention
-            loop.time_parts(False)
-
-
-def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[str, float]:
-    """Median ms of `run()` (then `reset()`, untimed) in total and split by part.
-
-    The total comes from runs without hooks; the split from as many hooked runs, scaled onto it.
-    """
-    totals = [_seconds(run, reset) for _ in range(repeats)]
-    timer, parts = PartTimer(modules), []
-    try:
-        for _ in range(repeats):
-            timer.seconds.clear()
-            with timed_calls(timer), compiled_parts(modules, timer.seconds):
-                total = _seconds(run, reset)
-            parts.append(_parts(timer.seconds, total))
-    finally:
-        timer.remove()
-    scale = statistics.median(totals) / statistics.median(p["total"] for p in parts)
-    split = {part: statistics.median(p[part] for p in parts) * scale * 1e3 for part in PARTS}
-    return split | {"total": statistics.median(totals) * 1e3}
-
-
-def _parts(seconds: dict[str, float], total: float) -> dict[str, float]:
-    linear = seconds.get("linear", 0.0)
-    attention = seconds.get("attention", 0.0) - seconds.get("projections", 0.0) + seconds.get("lean attention", 0.0)
-    return {"matmuls": linear, "kernel": seconds.get("kernel", 0.0),
-            "attention": attention, "other": total - linear - attention, "total": total}
-
-
-def _seconds(run, reset) -> float:
-    start = time.perf_counter()
-    run()
-    seconds = time.perf_counter() - start
-    reset()
-    return seconds
 
 
 @torch.inference_mode()
@@ -228,7 +88,7 @@ def host_rows(pair, gamma: int, draft_width: int, repeats: int) -> dict[str, flo
             drafts, q, probs_from_logits(logits, SAMPLED), generator),
         "drafter sampling of 1 token": lambda: pick(row, SAMPLED, generator),
     }
-    return {name: statistics.median(_seconds(job, lambda: None) for _ in range(repeats)) * 1e3
+    return {name: statistics.median(seconds_of(job, lambda: None) for _ in range(repeats)) * 1e3
             for name, job in jobs.items()}
 
 
@@ -252,14 +112,20 @@ def parse_args(argv):
     parser.add_argument("--gamma", type=int, default=4, help="draft length of the verification forward (default 4)")
     parser.add_argument("--context", type=int, default=256, help="tokens already in the caches (default 256)")
     parser.add_argument("--repeats", type=int, default=9, help="runs per median (default 9)")
+    parser.add_argument("--prefill", type=int, nargs="+", metavar="N",
+                        help="instead: how fast each model reads a prompt of N tokens, and the split")
+    parser.add_argument("--chunk", type=int, default=PREFILL_CHUNK,
+                        help=f"with --prefill: prompt tokens a forward (default {PREFILL_CHUNK}, as the chat reads)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.gamma < 1 or args.context < args.gamma + 1 or args.repeats < 1:
-        print("specchat bench profile: error: --gamma ≥ 1, --context > gamma and --repeats ≥ 1", file=sys.stderr)
+    if args.gamma < 1 or args.context < args.gamma + 1 or args.repeats < 1 or args.chunk < 1 or \
+            min(args.prefill or [1]) < 1:
+        print("specchat bench profile: error: --gamma ≥ 1, --context > gamma, --repeats, --chunk and --prefill ≥ 1",
+              file=sys.stderr)
         return 2
     try:
         cfg = load_config(args.config, args.overrides)
@@ -269,6 +135,8 @@ def main(argv=None) -> int:
         print(f"specchat bench profile: error: {err}", file=sys.stderr)
         return 2
     from specchat.bench.targets import fixed_text
+    if args.prefill:
+        return _prefill_report(pair, fixed_text(), args.prefill, args.chunk)
     context = pair.tokenizer.encode(fixed_text())[:args.context]
     vocab_limit = cfg.speculation.drafter_vocab
     print(f"target {pair.target_facts.name} ({pair.target_facts.quantization}, {pair.target_facts.dtype}); "
@@ -277,6 +145,15 @@ def main(argv=None) -> int:
     print(forward_table(forward_rows(pair, context, args.gamma, vocab_limit, args.repeats)) + "\n")
     width = vocab_limit if 0 < vocab_limit < pair.vocab_size else pair.vocab_size
     print(host_table(host_rows(pair, args.gamma, width, args.repeats)))
+    return 0
+
+
+def _prefill_report(pair, text: str, lengths: list[int], chunk: int) -> int:
+    ids = prompt_ids(pair.tokenizer, text, max(lengths))
+    print(f"target {pair.target_facts.name} ({pair.target_facts.quantization}); drafter "
+          f"{pair.drafter_facts.name if pair.drafter_facts else '—'}; kernel {running_path() or '—'}; "
+          f"{torch.get_num_threads()} threads; one run each\n")
+    print(prefill_table(prefill_rows(pair, ids, lengths, chunk), chunk))
     return 0
 
 

@@ -124,34 +124,66 @@ void silu_mul_rows(const float* gate_up, int64_t rows, int64_t width, float* out
     }
 }
 
-float dot(const float* a, const float* b, int64_t dim) {
-  F8 sum = simd::splat(0.f);
-  for (int64_t d = 0; d < dim; d += LANES) sum = sum + simd::load(a + d) * simd::load(b + d);
-  return simd::lane_sum(sum);
+// Keys and values as the cache stores them: float32, or bfloat16 (half the bytes; rounded to nearest
+// even when written, read back exactly).
+inline F8 load_stored(const float* p) { return simd::load(p); }
+inline F8 load_stored(const uint16_t* p) { return simd::load_bf16(p); }
+inline void store_row(const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
+inline void store_row(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = simd::to_bf16(x[i]);
 }
 
-// One query row of one head over keys and values [length, dim]: softmax(q·k · scaling) · v into out [dim].
-// scores: room for length rounded up to LANES.
-void attend_one(const float* query, const float* keys, const float* values, int64_t length, int64_t dim,
-                float scaling, float* scores, float* out) {
-  float best = -INFINITY;
-  for (int64_t j = 0; j < length; ++j) {
-    scores[j] = dot(query, keys + j * dim, dim) * scaling;
-    best = std::max(best, scores[j]);
-  }
+constexpr int MAX_HEADS = 8;  // query heads attended together (their sums stay in registers)
+
+// G query heads of one row that share a key/value head (queries: G·dim floats, head after head) over
+// keys and values [length, dim]: softmax(q·k · scaling) · v into out (G·dim). Each key and value row is
+// read once for all G heads, and each head's numbers take the same steps in the same order whatever G
+// is and whatever other rows are fed, so the forward stays batch-invariant. scores: G·padded floats.
+template <int G, typename T>
+void attend_heads(const float* queries, const T* keys, const T* values, int64_t length, int64_t dim, float scaling,
+                  float* scores, float* out) {
   const int64_t padded = (length + LANES - 1) / LANES * LANES;
-  std::fill(scores + length, scores + padded, -INFINITY);
-  const F8 shift = simd::splat(best);
-  for (int64_t j = 0; j < padded; j += LANES) simd::store(scores + j, simd::exp(simd::load(scores + j) - shift));
-  float total = 0.f;
-  for (int64_t j = 0; j < length; ++j) total += scores[j];
-  std::fill(out, out + dim, 0.f);
-  for (int64_t j = 0; j < length; ++j) {
-    const F8 weight = simd::splat(scores[j]);
-    for (int64_t d = 0; d < dim; d += LANES) simd::store(out + d, simd::load(out + d) + weight * simd::load(values + j * dim + d));
+  float best[G], total[G];
+  for (int g = 0; g < G; ++g) best[g] = -INFINITY;
+  for (int64_t j = 0; j < length; ++j) {  // scores: Σ over 8-lane chunks in order, then the lanes' sum
+    F8 sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = simd::splat(0.f);
+    for (int64_t d = 0; d < dim; d += LANES) {
+      const F8 key = load_stored(keys + j * dim + d);
+      for (int g = 0; g < G; ++g) sums[g] = sums[g] + simd::load(queries + g * dim + d) * key;
+    }
+    for (int g = 0; g < G; ++g) {
+      scores[g * padded + j] = simd::lane_sum(sums[g]) * scaling;
+      best[g] = std::max(best[g], scores[g * padded + j]);
+    }
   }
-  const F8 inverse = simd::splat(1.0f / total);
-  for (int64_t d = 0; d < dim; d += LANES) simd::store(out + d, simd::load(out + d) * inverse);
+  for (int g = 0; g < G; ++g) {  // softmax's numerators and their sum, in order
+    float* row = scores + g * padded;
+    std::fill(row + length, row + padded, -INFINITY);
+    const F8 shift = simd::splat(best[g]);
+    for (int64_t j = 0; j < padded; j += LANES) simd::store(row + j, simd::exp(simd::load(row + j) - shift));
+    total[g] = 0.f;
+    for (int64_t j = 0; j < length; ++j) total[g] += row[j];
+  }
+  for (int64_t d = 0; d < dim; d += LANES) {  // Σ_j weight_j · v_j, j in order, then / the sum
+    F8 sums[G];
+    for (int g = 0; g < G; ++g) sums[g] = simd::splat(0.f);
+    for (int64_t j = 0; j < length; ++j) {
+      const F8 value = load_stored(values + j * dim + d);
+      for (int g = 0; g < G; ++g) sums[g] = sums[g] + simd::splat(scores[g * padded + j]) * value;
+    }
+    for (int g = 0; g < G; ++g) simd::store(out + g * dim + d, sums[g] * simd::splat(1.0f / total[g]));
+  }
+}
+
+// attend_heads for `count` heads (1..MAX_HEADS), chosen at run time.
+template <typename T, int G = MAX_HEADS>
+void attend_count(int count, const float* queries, const T* keys, const T* values, int64_t length, int64_t dim,
+                  float scaling, float* scores, float* out) {
+  if constexpr (G > 1) {
+    if (count < G) return attend_count<T, G - 1>(count, queries, keys, values, length, dim, scaling, scores, out);
+  }
+  attend_heads<G>(queries, keys, values, length, dim, scaling, scores, out);
 }
 
 }  // namespace
@@ -198,9 +230,10 @@ class LeanLayers {
                   table.size(1) == head_dim_, "cos and sin must be contiguous float32 [fed, head_dim]");
     for (size_t i = 0; i < keys.size(); ++i)
       for (const auto& cache : {keys[i], values[i]})
-        TORCH_CHECK(cache.scalar_type() == torch::kFloat32 && cache.is_contiguous() && cache.size(0) == kv_heads_ &&
+        TORCH_CHECK((cache.scalar_type() == torch::kFloat32 || cache.scalar_type() == torch::kBFloat16) &&
+                    cache.scalar_type() == keys[0].scalar_type() && cache.is_contiguous() && cache.size(0) == kv_heads_ &&
                     cache.size(1) >= start + fed && cache.size(2) == head_dim_,
-                    "keys and values must be contiguous float32 [kv_heads, capacity >= start + fed, head_dim]");
+                    "keys and values must be contiguous float32 or bfloat16 (all alike) [kv_heads, capacity >= start + fed, head_dim]");
     Stopwatch whole(times_, times_.total);
     c10::InferenceMode inference;
     auto state = hidden.reshape({fed, width}).clone(at::MemoryFormat::Contiguous);
@@ -256,13 +289,20 @@ class LeanLayers {
   // and the values into the cache at start.., and attends each query row (causal) into out [fed, heads·head_dim].
   void attention(torch::Tensor& qkv, const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& cos,
                  const torch::Tensor& sin, int64_t start, float* out) {
+    if (keys.scalar_type() == torch::kBFloat16)
+      return attention_on(qkv, reinterpret_cast<uint16_t*>(keys.data_ptr()), reinterpret_cast<uint16_t*>(values.data_ptr()),
+                          keys.size(1), cos, sin, start, out);
+    attention_on(qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1), cos, sin, start, out);
+  }
+
+  template <typename T>
+  void attention_on(torch::Tensor& qkv, T* key_cache, T* value_cache, int64_t capacity, const torch::Tensor& cos,
+                    const torch::Tensor& sin, int64_t start, float* out) {
     Stopwatch watch(times_, times_.attention);
-    const int64_t fed = qkv.size(0), stride = qkv.size(1), dim = head_dim_, capacity = keys.size(1);
+    const int64_t fed = qkv.size(0), stride = qkv.size(1), dim = head_dim_;
     const int64_t q_width = heads_ * dim, kv_width = kv_heads_ * dim, groups = heads_ / kv_heads_;
     TORCH_CHECK(stride == q_width + 2 * kv_width, "q/k/v are not heads·head_dim wide");
     float* rows = qkv.data_ptr<float>();
-    float* key_cache = keys.data_ptr<float>();
-    float* value_cache = values.data_ptr<float>();
     std::vector<float> rotated(dim);
     for (int64_t r = 0; r < fed; ++r) {
       float* row = rows + r * stride;
@@ -274,17 +314,21 @@ class LeanLayers {
       }
       for (int64_t h = 0; h < kv_heads_; ++h) {
         const int64_t slot = (h * capacity + start + r) * dim;
-        rotate_into(row + q_width + h * dim, c, s, dim, key_cache + slot);
-        std::copy(row + q_width + kv_width + h * dim, row + q_width + kv_width + (h + 1) * dim, value_cache + slot);
+        rotate_into(row + q_width + h * dim, c, s, dim, rotated.data());
+        store_row(rotated.data(), dim, key_cache + slot);
+        store_row(row + q_width + kv_width + h * dim, dim, value_cache + slot);
       }
     }
     const int64_t room = (start + fed + LANES - 1) / LANES * LANES;
-    at::parallel_for(0, fed * heads_, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(room);
+    const int64_t parts = (groups + MAX_HEADS - 1) / MAX_HEADS;  // a key/value head's query heads, ≤ MAX_HEADS at a time
+    at::parallel_for(0, fed * kv_heads_ * parts, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(MAX_HEADS * room);
       for (int64_t unit = begin; unit < end; ++unit) {
-        const int64_t r = unit / heads_, h = unit % heads_, kv = h / groups;
-        attend_one(rows + r * stride + h * dim, key_cache + kv * capacity * dim, value_cache + kv * capacity * dim,
-                   start + r + 1, dim, scaling_, scores.data(), out + r * q_width + h * dim);
+        const int64_t r = unit / (kv_heads_ * parts), kv = unit / parts % kv_heads_, first = kv * groups + unit % parts * MAX_HEADS;
+        const int count = static_cast<int>(std::min<int64_t>(MAX_HEADS, (kv + 1) * groups - first));
+        attend_count<T>(count, rows + r * stride + first * dim, key_cache + kv * capacity * dim,
+                        value_cache + kv * capacity * dim, start + r + 1, dim, scaling_, scores.data(),
+                        out + r * q_width + first * dim);
       }
     });
   }

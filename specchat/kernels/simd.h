@@ -19,6 +19,11 @@ struct F8 {
   __m256 v;
 };
 inline F8 load(const float* p) { return {_mm256_loadu_ps(p)}; }
+// Eight bfloat16 (the top halves of float32s) as float32, exactly.
+inline F8 load_bf16(const uint16_t* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))};
+}
 inline void store(float* p, F8 a) { _mm256_storeu_ps(p, a.v); }
 inline F8 splat(float x) { return {_mm256_set1_ps(x)}; }
 inline F8 operator+(F8 a, F8 b) { return {_mm256_add_ps(a.v, b.v)}; }
@@ -55,6 +60,14 @@ inline F8 load(const float* p) {
   std::memcpy(out.v, p, sizeof out.v);
   return out;
 }
+inline F8 load_bf16(const uint16_t* p) {
+  F8 out;
+  for (int i = 0; i < LANES; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    std::memcpy(&out.v[i], &bits, sizeof bits);
+  }
+  return out;
+}
 inline void store(float* p, F8 a) { std::memcpy(p, a.v, sizeof a.v); }
 inline F8 splat(float x) { return {{x, x, x, x, x, x, x, x}}; }
 inline F8 operator+(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x + y; }); }
@@ -77,6 +90,14 @@ inline float lane_sum(F8 a) {
   return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 #endif
+
+// x as bfloat16: the top half of its float32 bits, rounded to nearest, ties to even (a NaN stays a NaN).
+inline uint16_t to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
 
 // e^x per lane (Cephes' expf: a degree-5 polynomial on x - n ln 2, times 2^n), relative error about
 // 2e-7; 0 below about -87.7, and x is capped at 88 (e^88 is near float32's largest). Each lane's result

@@ -89,10 +89,10 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     drafter, drafter_tok, drafter_facts = None, None, None
     tokenizers: dict = {}  # one tokenizer for checkpoints with the same tokenizer files
     if drafter_loads_first(cfg):
-        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers)
-    target, tokenizer, target_facts = load_model(cfg.target, progress, "target", tokenizers)
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers, cfg.runtime.kv_cache)
+    target, tokenizer, target_facts = load_model(cfg.target, progress, "target", tokenizers, cfg.runtime.kv_cache)
     if cfg.drafter.source and drafter is None:
-        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers)
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers, cfg.runtime.kv_cache)
     if drafter is not None:
         check_pair(tokenizer, drafter_tok, drafter, target_facts.name, drafter_facts.name)
     _check_target_width(target, tokenizer, target_facts.name)
@@ -109,9 +109,10 @@ def drafter_loads_first(cfg: Config) -> bool:
 
 
 def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "target",
-               tokenizers: dict | None = None):
+               tokenizers: dict | None = None, kv_cache: str = "bfloat16"):
     """One model, eval mode, with its tokenizer and banner facts: (model, tokenizer, ModelFacts).
-    `tokenizers` (digest of the tokenizer files -> tokenizer, template) lets a pair share one."""
+    `tokenizers` (digest of the tokenizer files -> tokenizer, template) lets a pair share one;
+    kv_cache: how the compiled layer loop stores keys and values (runtime.kv_cache)."""
     start = time.perf_counter()
     source = resolve_source(mc.source)
     device = resolve_device(mc.device)
@@ -138,7 +139,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        tensor_bytes(tensors), round(time.perf_counter() - start, 2), template,
-                       _backend(model, mc), _kernel_path(mc))
+                       _backend(model, mc, kv_cache), _kernel_path(mc))
     return model, tokenizer, facts
 
 
@@ -154,9 +155,9 @@ def _kernel_path(mc: ModelConfig) -> str:
     return running_path() if mc.quantization in W4A8_MODES else ""
 
 
-def _backend(model, mc: ModelConfig) -> str:
+def _backend(model, mc: ModelConfig, kv_cache: str) -> str:
     """Attach the lean forward when asked and possible; the label the banner shows. w4a8 models get
-    the compiled layer loop too."""
+    the compiled layer loop too, with its keys and values stored as kv_cache says."""
     if mc.backend != "lean":
         return mc.backend
     from specchat.runtime.lean import attach_lean
@@ -165,7 +166,7 @@ def _backend(model, mc: ModelConfig) -> str:
     if mc.quantization in W4A8_MODES:
         from specchat.kernels.build import q4_kernel
         native_layers = q4_kernel().LeanLayers
-    reason = attach_lean(model, native_layers)
+    reason = attach_lean(model, native_layers, kv_cache)
     if reason:
         return f"transformers ({reason})"
     return "lean (compiled layers)" if not getattr(model, RUNNER).native_reason else "lean"

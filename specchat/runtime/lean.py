@@ -23,19 +23,23 @@ from torch import nn
 from specchat.runtime.attention import batch_invariant_attention
 from specchat.quant import w4a8, w8a8
 from specchat.runtime import lean_native
+from specchat.spec import model_io
 from specchat.spec.model_io import RUNNER, input_device
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+# How the compiled layer loop stores keys and values: bfloat16 takes half the bytes of float32 (the
+# rounding is measured by python -m specchat.bench.targets); the Python loop keeps its activations' dtype.
+KV_CACHE_TYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 FIRST_CAPACITY = 1024
-PREFILL_CHUNK = 512  # tokens per piece of a long prompt
 
 
-def attach_lean(model: nn.Module, native_layers=None) -> str:
+def attach_lean(model: nn.Module, native_layers=None, kv_cache: str = "bfloat16") -> str:
     """Run `model` through the lean forward from now on; returns why not ('' when attached).
-    native_layers: the compiled kernel module's LeanLayers, for w4a8 layers in one C++ call."""
+    native_layers: the compiled kernel module's LeanLayers, for w4a8 layers in one C++ call;
+    kv_cache: how those layers store keys and values (KV_CACHE_TYPES)."""
     reason = supports(model)
     if not reason:
-        setattr(model, RUNNER, LeanForward(model, native_layers))
+        setattr(model, RUNNER, LeanForward(model, native_layers, kv_cache))
     return reason
 
 
@@ -95,11 +99,15 @@ class LeanForward:
 
     native_layers: the compiled kernel module's LeanLayers class, or None. Given it, w4a8 float32
     decoders run their layers in one C++ call (lean_native.py); `native_reason` says why not ('' when
-    they do)."""
+    they do). kv_cache: how those store keys and values (KV_CACHE_TYPES); `kv_dtype` is what the
+    cache holds."""
 
-    def __init__(self, model: nn.Module, native_layers=None):
+    def __init__(self, model: nn.Module, native_layers=None, kv_cache: str = "bfloat16"):
+        if kv_cache not in KV_CACHE_TYPES:
+            raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, not {kv_cache!r}")
         self.model = model
         self.native_layers = native_layers
+        self.kv_cache = kv_cache
         self._native = None
         decoder = model.get_decoder()
         self.layers = list(decoder.layers)
@@ -112,14 +120,15 @@ class LeanForward:
         self.device = input_device(model)
         self._cos = self._sin = None
         self.native_reason = "no compiled kernel module was given" if native_layers is None else \
-            lean_native.unsupported(self.layers, config, self._kv_dtype, self.head_dim)
+            lean_native.unsupported(self.layers, config, self._activation_dtype, self.head_dim)
+        self.kv_dtype = KV_CACHE_TYPES[kv_cache] if not self.native_reason else self._activation_dtype
 
     def new_cache(self) -> LeanCache:
         return LeanCache(self)
 
     def for_view(self, view: nn.Module) -> "LeanForward":
         """The lean forward of a view of this model's layers (the self drafter's first layers)."""
-        return LeanForward(view, self.native_layers)
+        return LeanForward(view, self.native_layers, self.kv_cache)
 
     def __getstate__(self) -> dict:
         """A copy (copy.deepcopy of the model) builds its own compiled layers over its own weights."""
@@ -134,7 +143,7 @@ class LeanForward:
 
     # ----- tables computed once (regrown with the cache) ------------------------------------------
     def empty_kv(self, capacity: int) -> list[torch.Tensor]:
-        return [torch.zeros(self.kv_heads, capacity, self.head_dim, dtype=self._kv_dtype, device=self.device)
+        return [torch.zeros(self.kv_heads, capacity, self.head_dim, dtype=self.kv_dtype, device=self.device)
                 for _ in self.layers]
 
     def grow(self, tensor: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -143,14 +152,14 @@ class LeanForward:
         return bigger
 
     @property
-    def _kv_dtype(self) -> torch.dtype:
+    def _activation_dtype(self) -> torch.dtype:
         return self.embed.weight.dtype if hasattr(self.embed, "weight") else self.embed.dtype
 
     def _tables(self, capacity: int) -> None:
         if self._cos is not None and self._cos.shape[0] >= capacity:
             return
         positions = torch.arange(capacity, device=self.device).unsqueeze(0)
-        probe = torch.zeros(1, dtype=self._kv_dtype, device=self.device)
+        probe = torch.zeros(1, dtype=self._activation_dtype, device=self.device)
         cos, sin = self.rotary(probe, positions)  # the model's own rotary module: the same values
         self._cos, self._sin = cos[0], sin[0]     # [capacity, head_dim]
 
@@ -159,18 +168,18 @@ class LeanForward:
         table for the whole capacity would take capacity² floats (4 GB at 32k tokens)."""
         if fed == 1:
             return None
-        blocked = torch.full((fed, start + fed), torch.finfo(self._kv_dtype).min, device=self.device,
-                             dtype=self._kv_dtype)
+        blocked = torch.full((fed, start + fed), torch.finfo(self._activation_dtype).min, device=self.device,
+                             dtype=self._activation_dtype)
         return torch.triu(blocked, diagonal=start + 1)[None, None]
 
     # ----- the forward --------------------------------------------------------------------------------
     @torch.inference_mode()
     def __call__(self, cache: LeanCache, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
         """Logits [keep, vocab] (or final hidden states) of the last `keep` positions fed. A long
-        prompt is fed in pieces of PREFILL_CHUNK tokens: attention scores for n tokens at once take
+        prompt is fed in pieces of model_io.PREFILL_CHUNK tokens: attention scores for n tokens at once take
         n² floats per head (43 GB for 30k tokens on the bundled target)."""
         tail = None
-        for piece in input_ids.split(PREFILL_CHUNK, dim=1):
+        for piece in input_ids.split(model_io.PREFILL_CHUNK, dim=1):
             hidden = self._decode(cache, piece)
             tail = hidden if tail is None else torch.cat([tail, hidden], dim=1)[:, -keep:]
         hidden = rms_norm(self.norm, tail[:, -keep:])

@@ -34,7 +34,6 @@ from specchat.spec.step import StepResult, drafter_step, speculative_step
 from specchat.spec.timing import clock
 
 
-PREFILL_CHUNK = 128  # prompt tokens per forward while reading a new prompt: the longest a cancel waits
 # (bundled w8a8 target, this CPU: 60-80 prompt tok/s at 16-256 tokens a chunk, so 128 costs nothing)
 
 
@@ -176,12 +175,13 @@ class Engine:
 
     def _prefill(self, mode: str, cancel: threading.Event, recorder: StatsRecorder) -> Iterator[PrefillProgress]:
         """Read a new prompt (all but its newest token, which the first step feeds) into the caches of
-        the models the mode uses, PREFILL_CHUNK tokens at a time, with progress after each chunk.
+        the models the mode uses, model_io.PREFILL_CHUNK tokens at a time, with progress after each chunk.
         Cancelling stops between chunks: the caches then hold a prefix of the prompt, which the next
         reply reuses or crops like any other."""
         end, start = len(self.ids) - 1, self._prompt_read(mode)
         began = time.perf_counter()
-        chunk_ends = [*range(start + PREFILL_CHUNK, end, PREFILL_CHUNK), end] if end > start else []
+        chunk = model_io.PREFILL_CHUNK
+        chunk_ends = [*range(start + chunk, end, chunk), end] if end > start else []
         for upto in chunk_ends:
             if cancel.is_set():
                 break

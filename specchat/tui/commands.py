@@ -26,7 +26,7 @@ from specchat.tui.why_view import why
 from specchat.session.chat import ChatError, ChatSession
 from specchat.config import ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
-START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel")  # used when the models load, not per reply
+START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel", "runtime.kv_cache")  # used when the models load, not per reply
 KEYS_HELP = "keys: Esc-Enter new line · Ctrl-C cancels a reply · F2 / Ctrl-T toggles compare · Ctrl-D quits"
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from specchat.bench import profile
+from specchat.bench import part_timing, profile
 from tiny_models import build_model
 from specchat.runtime import lean
 from specchat.spec import model_io
@@ -47,7 +47,7 @@ class Block(nn.Module):
 
 def test_projection_time_counts_as_matmuls_not_attention():
     block, x = Block(), torch.randn(1, 4)
-    row = profile.split_forward([block], lambda: block(x), lambda: None, repeats=1)
+    row = part_timing.split_forward([block], lambda: block(x), lambda: None, repeats=1)
     assert row["matmuls"] >= 70      # the split is scaled onto the unhooked total: a little less
     assert 8 <= row["attention"] < 60   # the 80 ms projection inside attention is not counted twice
     assert row["other"] >= 15
@@ -56,7 +56,7 @@ def test_projection_time_counts_as_matmuls_not_attention():
 
 def test_the_hooks_are_removed_afterwards():
     block, x = Block(), torch.randn(1, 4)
-    profile.split_forward([block], lambda: block(x), lambda: None, repeats=1)
+    part_timing.split_forward([block], lambda: block(x), lambda: None, repeats=1)
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in block.modules())
 
 
@@ -108,3 +108,32 @@ def test_host_rows_time_greedy_and_sampled_verification(tokenizer):
 def test_bad_arguments_are_one_line_errors(capsys):
     assert profile.main(["--gamma", "0"]) == 2
     assert "--gamma" in capsys.readouterr().err
+
+
+def test_prefill_rows_read_each_models_prompt_in_chunks_and_split_the_time(tokenizer, kernel, monkeypatch):
+    from specchat.bench import prefill
+    from specchat.quant.w4a8 import quantize_w4a8
+    models = [build_model(len(tokenizer), seed=seed, layers=2, hidden=128) for seed in (1, 2)]
+    for model in models:
+        quantize_w4a8(model, None, kernel)
+        lean.attach_lean(model, kernel.LeanLayers)
+    fed = []
+    real_forward = model_io.forward
+    monkeypatch.setattr(model_io, "forward", lambda m, c, ids, keep: fed.append(len(ids)) or real_forward(m, c, ids, keep))
+    pair = SimpleNamespace(target=models[0], drafter=models[1])
+    ids = prefill.prompt_ids(tokenizer, "def f(x):\n    return x\n", 70)
+    assert len(ids) == 70
+    rows = prefill.prefill_rows(pair, ids, [20, 70], chunk=32)
+    assert list(rows) == ["target · 20 tokens", "target · 70 tokens", "drafter · 20 tokens", "drafter · 70 tokens"]
+    assert fed == [20] * 2 + [32, 32, 6] * 2 + [20] * 2 + [32, 32, 6] * 2  # each read twice: untimed, then split
+    for name, row in rows.items():
+        assert 0 < row["kernel"] <= row["matmuls"] and row["attention"] > 0
+        assert row["tokens/s"] == pytest.approx(int(name.split()[2]) / row["total"] * 1e3)
+    table = prefill.prefill_table(rows, 32)
+    assert "| prompt read in chunks of 32 |" in table and table.count("\n") == 5
+
+
+def test_prefill_arguments_are_checked(capsys):
+    assert profile.main(["--prefill", "0"]) == 2
+    assert "--prefill" in capsys.readouterr().err
+    assert profile.main(["--prefill", "512", "--chunk", "0"]) == 2

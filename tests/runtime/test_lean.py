@@ -68,7 +68,7 @@ def test_a_long_prompt_fed_in_pieces_gives_the_same_logits(target, tokenizer, mo
     ids = prompt_ids(tokenizer, TEXT)
     model = lean_copy(target)
     whole = logits_in_pieces(model, ids, 3, [27])
-    monkeypatch.setattr(lean, "PREFILL_CHUNK", 4)  # 27 tokens: 7 pieces, the last one 3 tokens long
+    monkeypatch.setattr(model_io, "PREFILL_CHUNK", 4)  # 27 tokens: 7 pieces, the last one 3 tokens long
     pieces = logits_in_pieces(model, ids, 3, [27])
     assert pieces.shape == whole.shape == (27, target.config.vocab_size)
     assert torch.allclose(pieces, whole, atol=1e-4, rtol=0)

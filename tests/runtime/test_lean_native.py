@@ -68,7 +68,7 @@ def test_the_compiled_layers_give_the_python_loops_logits_within_rounding(kernel
     wrong rotation, head or bias would not."""
     unquantized = LeanForward(tiny_model(build, len(tokenizer)))
     model = w4a8(tiny_model(build, len(tokenizer)), kernel, finer)
-    native, python = LeanForward(model, kernel.LeanLayers), LeanForward(model)
+    native, python = LeanForward(model, kernel.LeanLayers, kv_cache="float32"), LeanForward(model)
     assert native.native_reason == "" and python.native_reason != ""
     ids = torch.randint(3, len(tokenizer), (30,), generator=torch.Generator().manual_seed(0)).tolist()
     compiled, looped, exact = run_steps(native, ids), run_steps(python, ids), run_steps(unquantized, ids)
@@ -81,10 +81,33 @@ def test_the_compiled_layers_give_the_python_loops_logits_within_rounding(kernel
 
 
 @BUILDS
-def test_the_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, tokenizer, build, finer):
+def test_a_bfloat16_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kernel, tokenizer, build, finer):
+    """Keys and values rounded to bfloat16 move the logits far less than the weights' quantization does."""
+    unquantized = LeanForward(tiny_model(build, len(tokenizer)))
+    model = w4a8(tiny_model(build, len(tokenizer)), kernel, finer)
+    half, full = LeanForward(model, kernel.LeanLayers), LeanForward(model, kernel.LeanLayers, kv_cache="float32")
+    assert (half.kv_dtype, full.kv_dtype, LeanForward(model).kv_dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    ids = torch.randint(3, len(tokenizer), (30,), generator=torch.Generator().manual_seed(0)).tolist()
+    rounded, exact, reference = run_steps(half, ids), run_steps(full, ids), run_steps(unquantized, ids)
+    for index, (a, b, c) in enumerate(zip(rounded, exact, reference)):
+        error, noise = (a - b).abs().mean().item(), (b - c).abs().mean().item()
+        assert 0 < error < 0.15 * noise, f"forward {index}: {error} from float32 keys and values (quantization: {noise})"
+    top_1 = torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(rounded, exact)])
+    assert top_1.float().mean() >= 0.9
+    caches = [LeanCache(lean) for lean in (half, full)]
+    for lean, cache in zip((half, full), caches):
+        lean(cache, torch.tensor([ids[:5]]), keep=1)
+    assert caches[0].nbytes * 2 == caches[1].nbytes
+    for stored, kept in ((caches[0].keys[0], caches[1].keys[0]), (caches[0].values[0], caches[1].values[0])):
+        assert torch.equal(stored[:, :5], kept[:, :5].to(torch.bfloat16))  # layer 0: rounded as torch rounds
+
+
+@BUILDS
+@pytest.mark.parametrize("kv_cache", ["bfloat16", "float32"])
+def test_the_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, tokenizer, build, finer, kv_cache):
     """What keeps greedy speculation exact: verifying five tokens in one forward gives each row what
     five one-token steps give, after a prompt and after a rollback."""
-    lean = LeanForward(w4a8(tiny_model(build, len(tokenizer)), kernel, finer), kernel.LeanLayers)
+    lean = LeanForward(w4a8(tiny_model(build, len(tokenizer)), kernel, finer), kernel.LeanLayers, kv_cache)
     ids = torch.randint(3, len(tokenizer), (40,), generator=torch.Generator().manual_seed(1)).tolist()
     for prompt in (7, 30):
         batched, single = LeanCache(lean), LeanCache(lean)

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-import specchat.spec.engine
+from specchat.spec import model_io
 from conftest import hf_greedy, make_engine, prompt_ids, run_reply
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec.events import PrefillProgress, ReplyDone, Token
@@ -24,7 +24,7 @@ def long_prompt(tokenizer) -> list[int]:
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(specchat.spec.engine, "PREFILL_CHUNK", CHUNK)
+    monkeypatch.setattr(model_io, "PREFILL_CHUNK", CHUNK)
 
 
 @pytest.mark.parametrize("mode", ["spec", "target", "drafter"])
