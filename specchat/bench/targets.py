@@ -1,12 +1,15 @@
 """Target quantizations compared: fidelity to the float32 target and the cost of verifying.
 
     python -m specchat.bench.targets [--config FILE] [--modes none,int8,w8a8] [--tokens 2048]
+    python -m specchat.bench.targets --kv-cache [--tokens 4096]
 
 For each quantization of the configured target (loaded in its configured dtype) it prints:
 - top-1 agreement and mean KL(float32 ‖ quantized) of next-token distributions, teacher-forced over
   a fixed text of code and prose (this package's README and engine source);
 - the time of one forward of 1 token and of gamma+1 tokens after a 256-token context, and their
   ratio T(gamma+1)/T(1): what verifying a whole draft costs against one target-only step.
+With --kv-cache, instead: the configured target with its keys and values stored as bfloat16 against the
+same model storing them as float32 (runtime.kv_cache), top-1 agreement and mean KL over the same text.
 """
 from __future__ import annotations
 
@@ -73,6 +76,8 @@ def parse_args(argv):
     parser.add_argument("--config", help="model pair TOML (default: the bundled pair)")
     parser.add_argument("--modes", default="none,int8,w8a8", help="target quantizations to compare")
     parser.add_argument("--tokens", type=int, default=2048, help="length of the teacher-forced text")
+    parser.add_argument("--kv-cache", action="store_true",
+                        help="instead: bfloat16 keys and values against float32 ones, on the configured target")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
 
@@ -97,6 +102,24 @@ def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
     return results
 
 
+def compare_kv_caches(cfg, tokens: int, say) -> dict:
+    """The configured target's next-token log-probs with bfloat16 keys and values against float32 ones."""
+    from specchat.loading.models import load_model
+    from specchat.runtime.lean import attach_lean
+    from specchat.spec.model_io import runner
+    model, tokenizer, facts = load_model(cfg.target, role="target", kv_cache="float32")
+    if runner(model) is None or runner(model).native_reason:
+        raise ConfigError(f"--kv-cache needs a target on the compiled layer loop (w4a8, float32); this one runs {facts.backend}")
+    ids = (tokenizer.encode(fixed_text()) * (tokens // 1000 + 1))[:tokens]
+    full = next_token_logprobs(model, ids)
+    attach_lean(model, runner(model).native_layers, "bfloat16")
+    top1, kl = agreement(full, next_token_logprobs(model, ids))
+    result = {"target": facts.name, "tokens": len(ids), "top1": top1, "kl": kl}
+    say(f"{facts.name} ({facts.quantization}) over {len(ids)} tokens: bfloat16 keys and values against float32 · "
+        f"top-1 {top1:.2%} · KL {kl:.5f}")
+    return result
+
+
 def _line(r: dict) -> str:
     ms = r["ms"]
     ratios = " · ".join(f"T({rows})/T(1) {ms[rows] / ms[1]:.2f}" for rows in VERIFY_ROWS[1:])
@@ -111,7 +134,11 @@ def main(argv=None) -> int:
         cfg = load_config(args.config, args.overrides)
         if not modes or any(m not in QUANTIZATIONS for m in modes):
             raise ConfigError(f"--modes takes quantizations ({', '.join(QUANTIZATIONS)}), got '{args.modes}'")
-        compare(cfg, modes, args.tokens, lambda line: print(line, flush=True))
+        say = lambda line: print(line, flush=True)  # noqa: E731
+        if args.kv_cache:
+            compare_kv_caches(cfg, args.tokens, say)
+        else:
+            compare(cfg, modes, args.tokens, say)
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench targets: error: {err}", file=sys.stderr)
         return 2

@@ -245,8 +245,9 @@ def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator
         if step.last and i == len(step.tokens) - 1:
             text += detok.flush()  # a tail held back for an incomplete character, now final
         p, q = step.p_tokens[i], step.q_tokens[i]
-        accept_p = accept_probability(p, q, greedy, True) if origin == Origin.DRAFTED else None
-        yield Token(token, text, origin, step.index, i, p, q, accept_p)
+        drafted = origin == Origin.DRAFTED
+        accept_p = accept_probability(p, q, greedy, True) if drafted else None
+        yield Token(token, text, origin, step.index, i, p, q, accept_p, step.draft.source if drafted else "")
     yield StepDone(step.drafted, step.accepted)
 
 

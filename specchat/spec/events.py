@@ -19,6 +19,7 @@ class Token:
     p: float | None = None        # the target's probability of it (spec/insight.py says under what)
     q: float | None = None        # the drafter's, for drafted tokens
     accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q)
+    source: str = ""              # what drafted it (drafted tokens): model | lookup
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class Rejection:
     target_top: Ranked
     drafter_top: Ranked
     margin: float | None = None  # greedy: the target's logit of its choice minus that of the draft
+    source: str = ""          # what drafted it: model | lookup
 
 
 def accept_probability(p: float, q: float, greedy: bool, accepted: bool) -> float:
@@ -78,7 +79,7 @@ def target_row_probs(logits_row: torch.Tensor, probs_row: torch.Tensor | None) -
 
 def rejection_at(step: int, position: int, drafted: int, emitted: int, logits: torch.Tensor,
                  probs: torch.Tensor | None, q: float,
-                 drafter_best: tuple[torch.Tensor, torch.Tensor] | None) -> Rejection:
+                 drafter_best: tuple[torch.Tensor, torch.Tensor] | None, source: str = "") -> Rejection:
     """The record of a rejection at `position`: logits [rows, vocab] of the target's verification
     forward; probs the same rows after the sampling settings (None in greedy mode); drafter_best the drafter's
     top ids and probabilities there (drafter_top), None for a one-hot q (the drafted token, probability 1).
@@ -91,7 +92,7 @@ def rejection_at(step: int, position: int, drafted: int, emitted: int, logits: t
         row[drafted], margin, *top(row), drafter_ids, drafter_p)
     accept_p = None if greedy else accept_probability(p[0], q, greedy, False)
     return Rejection(step, position, drafted, emitted, p[0], q, accept_p, tuple(zip(ints(target_ids), target_p)),
-                     tuple(zip(ints(drafter_ids), drafter_p)), gap[0] if greedy else None)
+                     tuple(zip(ints(drafter_ids), drafter_p)), gap[0] if greedy else None, source)
 
 
 def drafter_top(logits_row: torch.Tensor, sampling, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

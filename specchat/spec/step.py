@@ -116,7 +116,7 @@ def _score(step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampl
     if n < step.drafted:
         drafted = step.rejected[0]
         step.rejection = rejection_at(-1, n, drafted, step.tokens[-1], logits, p, step.draft.confidences[n],
-                                      step.draft.top_at(n, sampling))
+                                      step.draft.top_at(n, sampling), step.draft.source)
 
 
 def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, fed: int) -> StepResult:

@@ -1,9 +1,11 @@
 """/trace: each token of the last reply (or of the session) as one JSON line, for plotting.
 
-One line per token, in order: {"reply", "step", "pos", "id", "text", "origin", "p", "q", "accept_p"}.
-origin is drafted | corrected | bonus | target | drafter, or rejected for the first draft of a step
-the target refused (it comes before the corrected token at the same pos; drafts after it were never
-judged and are not listed). p, q and accept_p are null where a model did not score the token.
+One line per token, in order: {"reply", "step", "pos", "id", "text", "origin", "source", "p", "q",
+"accept_p"}. origin is drafted | corrected | bonus | target | drafter, or rejected for the first draft of
+a step the target refused (it comes before the corrected token at the same pos; drafts after it were
+never judged and are not listed). source says what drafted a drafted or rejected token: model (the
+drafter model) or lookup (a copy from the conversation); null for the others. p, q and accept_p are null
+where a model did not score the token.
 """
 from __future__ import annotations
 
@@ -24,10 +26,12 @@ def record_lines(reply: int, record: ReplyRecord, tokenizer) -> Iterator[dict]:
         rejection = refused.get(token.step) if token.origin == Origin.CORRECTED else None
         if rejection is not None:
             yield {"reply": reply, "step": token.step, "pos": rejection.position, "id": rejection.drafted,
-                   "text": tokenizer.decode([rejection.drafted]), "origin": "rejected", "p": rejection.p,
+                   "text": tokenizer.decode([rejection.drafted]), "origin": "rejected",
+                   "source": rejection.source or None, "p": rejection.p,
                    "q": rejection.q, "accept_p": rejection.accept_p if rejection.accept_p is not None else 0.0}
         yield {"reply": reply, "step": token.step, "pos": token.position, "id": token.id, "text": token.text,
-               "origin": token.origin.value, "p": token.p, "q": token.q, "accept_p": token.accept_p}
+               "origin": token.origin.value, "source": token.source or None, "p": token.p, "q": token.q,
+               "accept_p": token.accept_p}
 
 
 def parse_trace_arg(arg: str) -> tuple[bool, Path]:

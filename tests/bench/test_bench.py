@@ -199,6 +199,32 @@ def test_target_fidelity_is_perfect_for_the_same_model_and_falls_for_another(tar
     assert top1 < 0.5 and kl > 0.1
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_kv_cache_comparison_measures_bfloat16_against_float32_on_one_model(tokenizer, kernel, monkeypatch, compiled):
+    from specchat.bench import targets
+    from specchat.loading import models
+    from specchat.quant.w4a8 import quantize_w4a8
+    from specchat.runtime.lean import attach_lean
+    from specchat.spec.model_io import runner
+    model = build_model(len(tokenizer), seed=3, layers=2, hidden=128)
+    quantize_w4a8(model, None, kernel)
+
+    def load_model(mc, role, kv_cache):
+        attach_lean(model, kernel.LeanLayers if compiled else None, kv_cache)
+        return model, tokenizer, ModelFacts("tiny", "tiny", 0, "float32", "w4a8", "cpu", 0, 0.0, "", "lean")
+    monkeypatch.setattr(models, "load_model", load_model)
+    monkeypatch.setattr(targets, "CHUNK", 16)
+    lines = []
+    if not compiled:
+        with pytest.raises(ConfigError, match="needs a target on the compiled layer loop"):
+            targets.compare_kv_caches(Config(), 40, lines.append)
+        return
+    result = targets.compare_kv_caches(Config(), 40, lines.append)
+    assert runner(model).kv_dtype == torch.bfloat16  # the second pass ran on bfloat16 keys and values
+    assert result["tokens"] == 40 and 0.9 <= result["top1"] <= 1.0 and 0 < result["kl"] < 0.01
+    assert "bfloat16 keys and values against float32" in lines[0]
+
+
 def test_the_lookup_ablation_variant_differs_from_the_default_levers(target, similar_drafter_model, tokenizer):
     from specchat.bench.ablation import BASELINE, variants
 

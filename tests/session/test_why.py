@@ -2,6 +2,7 @@
 (recomputed here with plain full forwards), and min(1, p/q) agrees with what the verifier decided."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -120,10 +121,28 @@ def test_why_and_trace_commands(target, similar_drafter_model, tokenizer, tmp_pa
     assert {line["reply"] for line in lines} == {1, 2}
     refused = [line for line in lines if line["origin"] == "rejected"]
     assert len(refused) == sum(len(r.rejections) for r in session.records) > 0
-    assert set(lines[0]) == {"reply", "step", "pos", "id", "text", "origin", "p", "q", "accept_p"}
+    assert set(lines[0]) == {"reply", "step", "pos", "id", "text", "origin", "source", "p", "q", "accept_p"}
+    assert {line["source"] for line in lines if line["origin"] in ("drafted", "rejected")} == {"model"}
+    assert {line["source"] for line in lines if line["origin"] not in ("drafted", "rejected")} == {None}
     registry.run(session, f"/trace {path}")
     assert {json.loads(line)["reply"] for line in path.read_text().splitlines()} == {2}
     for bad in ("/trace", f"/trace {tmp_path / 'x.txt'}", f"/trace all {tmp_path / 'missing' / 'x.jsonl'}"):
         outcome = registry.run(session, bad)
         assert outcome.error and outcome.message.startswith("/trace: ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.jsonl"]
+
+
+
+def test_why_says_what_drafted_a_refused_token(target, similar_drafter_model, tokenizer):
+    from specchat.tui.why_view import rejection_detail, rejections_table
+    from rich.console import Console
+    session = chat(target, similar_drafter_model, tokenizer, GREEDY)
+    record = answer(session, "hello")
+    assert record.rejections and {r.source for r in record.rejections} == {"model"}
+    copied = dataclasses.replace(record.rejections[0], source="lookup")
+    console = Console(width=200, record=True)
+    console.print(rejections_table(tokenizer, [record.rejections[0], copied]))
+    console.print(rejection_detail(tokenizer, 2, copied))
+    text = console.export_text()
+    assert "draft 1 (by the model)" in text.replace(f"draft {record.rejections[0].position + 1} (", "draft 1 (")
+    assert "(copied by lookup)" in text and ", copied by lookup" in text

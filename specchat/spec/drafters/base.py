@@ -43,6 +43,7 @@ class Draft:
     sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
     #                                   its verdict (step.py), `confidences` may be empty
     by_plan: bool = True  # False: a copy the mixed drafter made past the plan; auto gamma learns no alpha from it
+    source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation)
 
     def top_at(self, position: int, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),

@@ -31,7 +31,7 @@ class LookupDrafter:
         """A draft of copied tokens: q one-hot on each (None when greedy)."""
         drafts = torch.tensor(tokens, dtype=torch.long)
         q = None if sampling.is_greedy else torch.nn.functional.one_hot(drafts, self.vocab_size).float()
-        return Draft(drafts, q, [], [1.0] * len(tokens))
+        return Draft(drafts, q, [], [1.0] * len(tokens), source="lookup")
 
     def rollback(self, committed_len: int) -> None:
         return None

@@ -88,3 +88,15 @@ def test_the_stats_line_counts_the_copied_steps(target, similar_drafter_model, t
     assert f" · {done.stats.copied_steps}/{done.stats.draft_steps} steps copied" in stats_line(done.stats)
     done.stats.copied_steps = 0  # a reply with no copy says nothing of them
     assert "copied" not in stats_line(done.stats) and "drafter" not in stats_line(done.stats)
+
+
+def test_each_drafted_token_says_which_source_drafted_it(target, similar_drafter_model, tokenizer):
+    """What /why and /trace report: a copy's tokens come from lookup, the model's from the model."""
+    from specchat.spec.events import Origin, Rejected, Token
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    events = list(engine.stream(prompt_ids(tokenizer, PASTED), GREEDY, SpeculationConfig(gamma=3, drafter="auto")))
+    tokens = [e for e in events if isinstance(e, Token)]
+    refused = [e.detail for e in events if isinstance(e, Rejected) and e.detail is not None]
+    drafted = [t.source for t in tokens if t.origin == Origin.DRAFTED] + [r.source for r in refused]
+    assert set(drafted) == {"model", "lookup"}, drafted
+    assert {t.source for t in tokens if t.origin != Origin.DRAFTED} == {""}
