@@ -133,7 +133,8 @@ inline void store_row(const float* x, int64_t n, uint16_t* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = simd::to_bf16(x[i]);
 }
 
-constexpr int MAX_HEADS = 8;  // query heads attended together (their sums stay in registers)
+constexpr int MAX_HEADS = 8;       // query heads attended together (their sums stay in registers)
+constexpr int64_t VALUE_ROWS = 64;  // value rows a pass over their width takes (64 rows of 128: 16-32 KB, in L1)
 
 // G query heads of one row that share a key/value head (queries: G·dim floats, head after head) over
 // keys and values [length, dim]: softmax(q·k · scaling) · v into out (G·dim). Each key and value row is
@@ -145,12 +146,12 @@ void attend_heads(const float* queries, const T* keys, const T* values, int64_t 
   const int64_t padded = (length + LANES - 1) / LANES * LANES;
   float best[G], total[G];
   for (int g = 0; g < G; ++g) best[g] = -INFINITY;
-  for (int64_t j = 0; j < length; ++j) {  // scores: Σ over 8-lane chunks in order, then the lanes' sum
+  for (int64_t j = 0; j < length; ++j) {  // scores: fused multiply-adds over 8-lane chunks in order, then the lanes' sum
     F8 sums[G];
     for (int g = 0; g < G; ++g) sums[g] = simd::splat(0.f);
     for (int64_t d = 0; d < dim; d += LANES) {
       const F8 key = load_stored(keys + j * dim + d);
-      for (int g = 0; g < G; ++g) sums[g] = sums[g] + simd::load(queries + g * dim + d) * key;
+      for (int g = 0; g < G; ++g) sums[g] = simd::fma(simd::load(queries + g * dim + d), key, sums[g]);
     }
     for (int g = 0; g < G; ++g) {
       scores[g * padded + j] = simd::lane_sum(sums[g]) * scaling;
@@ -165,14 +166,24 @@ void attend_heads(const float* queries, const T* keys, const T* values, int64_t 
     total[g] = 0.f;
     for (int64_t j = 0; j < length; ++j) total[g] += row[j];
   }
-  for (int64_t d = 0; d < dim; d += LANES) {  // Σ_j weight_j · v_j, j in order, then / the sum
-    F8 sums[G];
-    for (int g = 0; g < G; ++g) sums[g] = simd::splat(0.f);
-    for (int64_t j = 0; j < length; ++j) {
-      const F8 value = load_stored(values + j * dim + d);
-      for (int g = 0; g < G; ++g) sums[g] = sums[g] + simd::splat(scores[g * padded + j]) * value;
+  // Σ_j weight_j · v_j, j in order, then / the sum. VALUE_ROWS value rows at a time, so each is read
+  // from memory once (not once per 8-lane chunk of its width), the sums kept in `out` between blocks.
+  std::fill(out, out + G * dim, 0.f);
+  for (int64_t from = 0; from < length; from += VALUE_ROWS) {
+    const int64_t to = std::min(length, from + VALUE_ROWS);
+    for (int64_t d = 0; d < dim; d += LANES) {
+      F8 sums[G];
+      for (int g = 0; g < G; ++g) sums[g] = simd::load(out + g * dim + d);
+      for (int64_t j = from; j < to; ++j) {
+        const F8 value = load_stored(values + j * dim + d);
+        for (int g = 0; g < G; ++g) sums[g] = simd::fma(simd::splat(scores[g * padded + j]), value, sums[g]);
+      }
+      for (int g = 0; g < G; ++g) simd::store(out + g * dim + d, sums[g]);
     }
-    for (int g = 0; g < G; ++g) simd::store(out + g * dim + d, sums[g] * simd::splat(1.0f / total[g]));
+  }
+  for (int g = 0; g < G; ++g) {
+    const F8 inverse = simd::splat(1.0f / total[g]);
+    for (int64_t d = 0; d < dim; d += LANES) simd::store(out + g * dim + d, simd::load(out + g * dim + d) * inverse);
   }
 }
 

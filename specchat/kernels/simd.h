@@ -30,6 +30,7 @@ inline F8 operator+(F8 a, F8 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline F8 operator-(F8 a, F8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline F8 operator*(F8 a, F8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
 inline F8 operator/(F8 a, F8 b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline F8 fma(F8 a, F8 b, F8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }  // a·b + c, rounded once
 inline F8 lesser(F8 a, F8 b) { return {_mm256_min_ps(a.v, b.v)}; }   // a < b ? a : b
 inline F8 greater(F8 a, F8 b) { return {_mm256_max_ps(a.v, b.v)}; }  // a > b ? a : b
 inline F8 floor(F8 a) { return {_mm256_floor_ps(a.v)}; }
@@ -74,6 +75,11 @@ inline F8 operator+(F8 a, F8 b) { return each(a, b, [](float x, float y) { retur
 inline F8 operator-(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x - y; }); }
 inline F8 operator*(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x * y; }); }
 inline F8 operator/(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x / y; }); }
+inline F8 fma(F8 a, F8 b, F8 c) {
+  F8 out;
+  for (int i = 0; i < LANES; ++i) out.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+  return out;
+}
 inline F8 lesser(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x < y ? x : y; }); }
 inline F8 greater(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x > y ? x : y; }); }
 inline F8 floor(F8 a) { return each(a, a, [](float x, float) { return std::floor(x); }); }
