@@ -8,8 +8,8 @@ For each quantization of the configured target (loaded in its configured dtype) 
   a fixed text of code and prose (this package's README and engine source);
 - the time of one forward of 1 token and of gamma+1 tokens after a 256-token context, and their
   ratio T(gamma+1)/T(1): what verifying a whole draft costs against one target-only step.
-With --kv-cache, instead: the configured target with its keys and values stored as bfloat16 against the
-same model storing them as float32 (runtime.kv_cache), top-1 agreement and mean KL over the same text.
+With --kv-cache, instead: the configured target with its keys and values stored as float16, then bfloat16,
+against the same model storing them as float32 (runtime.kv_cache), top-1 agreement and mean KL.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def parse_args(argv):
     parser.add_argument("--modes", default="none,int8,w8a8", help="target quantizations to compare")
     parser.add_argument("--tokens", type=int, default=2048, help="length of the teacher-forced text")
     parser.add_argument("--kv-cache", action="store_true",
-                        help="instead: bfloat16 keys and values against float32 ones, on the configured target")
+                        help="instead: 16-bit keys and values against float32 ones, on the configured target")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
 
@@ -102,8 +102,9 @@ def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
     return results
 
 
-def compare_kv_caches(cfg, tokens: int, say) -> dict:
-    """The configured target's next-token log-probs with bfloat16 keys and values against float32 ones."""
+def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
+    """The configured target's next-token log-probs with float16, then bfloat16, keys and values against
+    float32 ones."""
     from specchat.loading.models import load_model
     from specchat.runtime.lean import attach_lean
     from specchat.spec.model_io import runner
@@ -111,13 +112,14 @@ def compare_kv_caches(cfg, tokens: int, say) -> dict:
     if runner(model) is None or runner(model).native_reason:
         raise ConfigError(f"--kv-cache needs a target on the compiled layer loop (w4a8, float32); this one runs {facts.backend}")
     ids = (tokenizer.encode(fixed_text()) * (tokens // 1000 + 1))[:tokens]
-    full = next_token_logprobs(model, ids)
-    attach_lean(model, runner(model).native_layers, "bfloat16")
-    top1, kl = agreement(full, next_token_logprobs(model, ids))
-    result = {"target": facts.name, "tokens": len(ids), "top1": top1, "kl": kl}
-    say(f"{facts.name} ({facts.quantization}) over {len(ids)} tokens: bfloat16 keys and values against float32 · "
-        f"top-1 {top1:.2%} · KL {kl:.5f}")
-    return result
+    full, results = next_token_logprobs(model, ids), []
+    for kind in ("float16", "bfloat16"):
+        attach_lean(model, runner(model).native_layers, kind)
+        top1, kl = agreement(full, next_token_logprobs(model, ids))
+        results.append({"target": facts.name, "kv_cache": kind, "tokens": len(ids), "top1": top1, "kl": kl})
+        say(f"{facts.name} ({facts.quantization}) over {len(ids)} tokens: {kind} keys and values against float32 · "
+            f"top-1 {top1:.2%} · KL {kl:.5f}")
+    return results
 
 
 def _line(r: dict) -> str:

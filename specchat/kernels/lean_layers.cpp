@@ -124,29 +124,30 @@ void silu_mul_rows(const float* gate_up, int64_t rows, int64_t width, float* out
     }
 }
 
-// Keys and values as the cache stores them: float32, or bfloat16 (half the bytes; rounded to nearest
-// even when written, read back exactly).
+// Keys and values as the cache stores them: float32, or float16 / bfloat16 (half the bytes; rounded to
+// nearest even when written, read back exactly).
 inline F8 load_stored(const float* p) { return simd::load(p); }
-inline F8 load_stored(const uint16_t* p) { return simd::load_bf16(p); }
+inline F8 load_stored(const c10::Half* p) { return simd::load_half(reinterpret_cast<const uint16_t*>(p)); }
+inline F8 load_stored(const c10::BFloat16* p) { return simd::load_bf16(reinterpret_cast<const uint16_t*>(p)); }
 inline void store_row(const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
-inline void store_row(const float* x, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = simd::to_bf16(x[i]);
+inline void store_row(const float* x, int64_t n, c10::Half* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = c10::Half(x[i]);
+}
+inline void store_row(const float* x, int64_t n, c10::BFloat16* out) {
+  for (int64_t i = 0; i < n; ++i) reinterpret_cast<uint16_t*>(out)[i] = simd::to_bf16(x[i]);
 }
 
 constexpr int MAX_HEADS = 8;       // query heads attended together (their sums stay in registers)
 constexpr int64_t VALUE_ROWS = 64;  // value rows a pass over their width takes (64 rows of 128: 16-32 KB, in L1)
 
-// G query heads of one row that share a key/value head (queries: G·dim floats, head after head) over
-// keys and values [length, dim]: softmax(q·k · scaling) · v into out (G·dim). Each key and value row is
-// read once for all G heads, and each head's numbers take the same steps in the same order whatever G
-// is and whatever other rows are fed, so the forward stays batch-invariant. scores: G·padded floats.
+// The scores q·k · scaling of G query heads (queries: G·dim floats, head after head) against keys
+// [length, dim], into scores [G][padded]: fused multiply-adds over 8-lane chunks in order, then the
+// lanes' sum. Each key row is read once for all G heads; best[g]: each head's highest score.
 template <int G, typename T>
-void attend_heads(const float* queries, const T* keys, const T* values, int64_t length, int64_t dim, float scaling,
-                  float* scores, float* out) {
-  const int64_t padded = (length + LANES - 1) / LANES * LANES;
-  float best[G], total[G];
+void head_scores(const float* queries, const T* keys, int64_t length, int64_t dim, float scaling, int64_t padded,
+                 float* scores, float* best) {
   for (int g = 0; g < G; ++g) best[g] = -INFINITY;
-  for (int64_t j = 0; j < length; ++j) {  // scores: fused multiply-adds over 8-lane chunks in order, then the lanes' sum
+  for (int64_t j = 0; j < length; ++j) {
     F8 sums[G];
     for (int g = 0; g < G; ++g) sums[g] = simd::splat(0.f);
     for (int64_t d = 0; d < dim; d += LANES) {
@@ -158,16 +159,23 @@ void attend_heads(const float* queries, const T* keys, const T* values, int64_t 
       best[g] = std::max(best[g], scores[g * padded + j]);
     }
   }
-  for (int g = 0; g < G; ++g) {  // softmax's numerators and their sum, in order
-    float* row = scores + g * padded;
-    std::fill(row + length, row + padded, -INFINITY);
-    const F8 shift = simd::splat(best[g]);
-    for (int64_t j = 0; j < padded; j += LANES) simd::store(row + j, simd::exp(simd::load(row + j) - shift));
-    total[g] = 0.f;
-    for (int64_t j = 0; j < length; ++j) total[g] += row[j];
-  }
-  // Σ_j weight_j · v_j, j in order, then / the sum. VALUE_ROWS value rows at a time, so each is read
-  // from memory once (not once per 8-lane chunk of its width), the sums kept in `out` between blocks.
+}
+
+// One head's scores [length] (room for padded) → softmax's numerators e^(score − best), in place; their sum, in order.
+float numerators(float* row, int64_t length, int64_t padded, float best) {
+  std::fill(row + length, row + padded, -INFINITY);
+  const F8 shift = simd::splat(best);
+  for (int64_t j = 0; j < padded; j += LANES) simd::store(row + j, simd::exp(simd::load(row + j) - shift));
+  float total = 0.f;
+  for (int64_t j = 0; j < length; ++j) total += row[j];
+  return total;
+}
+
+// out [G][dim] = Σ_j weights[g][j] · v_j (j in order) / total[g]. VALUE_ROWS value rows at a time, so each
+// is read from memory once (not once per 8-lane chunk of its width), the sums kept in `out` between blocks.
+template <int G, typename T>
+void weighted_values(const float* weights, const float* total, const T* values, int64_t length, int64_t dim,
+                     int64_t padded, float* out) {
   std::fill(out, out + G * dim, 0.f);
   for (int64_t from = 0; from < length; from += VALUE_ROWS) {
     const int64_t to = std::min(length, from + VALUE_ROWS);
@@ -176,7 +184,7 @@ void attend_heads(const float* queries, const T* keys, const T* values, int64_t 
       for (int g = 0; g < G; ++g) sums[g] = simd::load(out + g * dim + d);
       for (int64_t j = from; j < to; ++j) {
         const F8 value = load_stored(values + j * dim + d);
-        for (int g = 0; g < G; ++g) sums[g] = simd::fma(simd::splat(scores[g * padded + j]), value, sums[g]);
+        for (int g = 0; g < G; ++g) sums[g] = simd::fma(simd::splat(weights[g * padded + j]), value, sums[g]);
       }
       for (int g = 0; g < G; ++g) simd::store(out + g * dim + d, sums[g]);
     }
@@ -185,6 +193,19 @@ void attend_heads(const float* queries, const T* keys, const T* values, int64_t 
     const F8 inverse = simd::splat(1.0f / total[g]);
     for (int64_t d = 0; d < dim; d += LANES) simd::store(out + g * dim + d, simd::load(out + g * dim + d) * inverse);
   }
+}
+
+// G query heads of one row that share a key/value head over keys and values [length, dim]:
+// softmax(q·k · scaling) · v into out (G·dim). Each head's numbers take the same steps in the same order
+// whatever G is and whatever other rows are fed, so the forward stays batch-invariant. scores: G·padded floats.
+template <int G, typename T>
+void attend_heads(const float* queries, const T* keys, const T* values, int64_t length, int64_t dim, float scaling,
+                  float* scores, float* out) {
+  const int64_t padded = (length + LANES - 1) / LANES * LANES;
+  float best[G], total[G];
+  head_scores<G>(queries, keys, length, dim, scaling, padded, scores, best);
+  for (int g = 0; g < G; ++g) total[g] = numerators(scores + g * padded, length, padded, best[g]);
+  weighted_values<G>(scores, total, values, length, dim, padded, out);
 }
 
 // attend_heads for `count` heads (1..MAX_HEADS), chosen at run time.
@@ -241,10 +262,11 @@ class LeanLayers {
                   table.size(1) == head_dim_, "cos and sin must be contiguous float32 [fed, head_dim]");
     for (size_t i = 0; i < keys.size(); ++i)
       for (const auto& cache : {keys[i], values[i]})
-        TORCH_CHECK((cache.scalar_type() == torch::kFloat32 || cache.scalar_type() == torch::kBFloat16) &&
+        TORCH_CHECK((cache.scalar_type() == torch::kFloat32 || cache.scalar_type() == torch::kHalf ||
+                     cache.scalar_type() == torch::kBFloat16) &&
                     cache.scalar_type() == keys[0].scalar_type() && cache.is_contiguous() && cache.size(0) == kv_heads_ &&
                     cache.size(1) >= start + fed && cache.size(2) == head_dim_,
-                    "keys and values must be contiguous float32 or bfloat16 (all alike) [kv_heads, capacity >= start + fed, head_dim]");
+                    "keys and values must be contiguous float32, float16 or bfloat16 (all alike) [kv_heads, capacity >= start + fed, head_dim]");
     Stopwatch whole(times_, times_.total);
     c10::InferenceMode inference;
     auto state = hidden.reshape({fed, width}).clone(at::MemoryFormat::Contiguous);
@@ -300,10 +322,15 @@ class LeanLayers {
   // and the values into the cache at start.., and attends each query row (causal) into out [fed, heads·head_dim].
   void attention(torch::Tensor& qkv, const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& cos,
                  const torch::Tensor& sin, int64_t start, float* out) {
-    if (keys.scalar_type() == torch::kBFloat16)
-      return attention_on(qkv, reinterpret_cast<uint16_t*>(keys.data_ptr()), reinterpret_cast<uint16_t*>(values.data_ptr()),
-                          keys.size(1), cos, sin, start, out);
-    attention_on(qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1), cos, sin, start, out);
+    switch (keys.scalar_type()) {
+      case torch::kHalf:
+        return attention_on(qkv, keys.data_ptr<c10::Half>(), values.data_ptr<c10::Half>(), keys.size(1), cos, sin, start, out);
+      case torch::kBFloat16:
+        return attention_on(qkv, keys.data_ptr<c10::BFloat16>(), values.data_ptr<c10::BFloat16>(), keys.size(1), cos, sin,
+                            start, out);
+      default:
+        return attention_on(qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1), cos, sin, start, out);
+    }
   }
 
   template <typename T>

@@ -97,6 +97,35 @@ inline float lane_sum(F8 a) {
 }
 #endif
 
+// A float16's value as float32, exactly (every float16 is a float32).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0) {  // zero or subnormal: mantissa · 2^-24, exact in float32
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &magnitude, sizeof bits);
+    bits |= sign;
+  } else if (exponent == 31) {  // infinity or NaN
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// Eight float16 as float32, exactly: F16C where the module is built with it, else lane by lane.
+inline F8 load_half(const uint16_t* p) {
+#if defined(__AVX2__) && defined(__F16C__)
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+#else
+  float lanes[LANES];
+  for (int i = 0; i < LANES; ++i) lanes[i] = half_to_float(p[i]);
+  return load(lanes);
+#endif
+}
+
 // x as bfloat16: the top half of its float32 bits, rounded to nearest, ties to even (a NaN stays a NaN).
 inline uint16_t to_bf16(float x) {
   uint32_t bits;

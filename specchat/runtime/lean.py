@@ -27,9 +27,10 @@ from specchat.spec import model_io
 from specchat.spec.model_io import RUNNER, input_device
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-# How the compiled layer loop stores keys and values: bfloat16 takes half the bytes of float32 (the
-# rounding is measured by python -m specchat.bench.targets); the Python loop keeps its activations' dtype.
-KV_CACHE_TYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+# How the compiled layer loop stores keys and values: float16 and bfloat16 take half the bytes of float32
+# (their rounding is measured by python -m specchat.bench.targets --kv-cache); the Python loop keeps its
+# activations' dtype.
+KV_CACHE_TYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 FIRST_CAPACITY = 1024
 
 

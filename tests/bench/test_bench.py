@@ -219,10 +219,12 @@ def test_the_kv_cache_comparison_measures_bfloat16_against_float32_on_one_model(
         with pytest.raises(ConfigError, match="needs a target on the compiled layer loop"):
             targets.compare_kv_caches(Config(), 40, lines.append)
         return
-    result = targets.compare_kv_caches(Config(), 40, lines.append)
-    assert runner(model).kv_dtype == torch.bfloat16  # the second pass ran on bfloat16 keys and values
-    assert result["tokens"] == 40 and 0.9 <= result["top1"] <= 1.0 and 0 < result["kl"] < 0.01
-    assert "bfloat16 keys and values against float32" in lines[0]
+    results = targets.compare_kv_caches(Config(), 40, lines.append)
+    assert runner(model).kv_dtype == torch.bfloat16  # the last pass ran on bfloat16 keys and values
+    assert [r["kv_cache"] for r in results] == ["float16", "bfloat16"]
+    assert all(r["tokens"] == 40 and 0.9 <= r["top1"] <= 1.0 and 0 < r["kl"] < 0.01 for r in results)
+    assert results[0]["kl"] < results[1]["kl"]  # float16 keeps 3 more bits of each number
+    assert "float16 keys and values against float32" in lines[0] and "bfloat16 keys" in lines[1]
 
 
 def test_the_lookup_ablation_variant_differs_from_the_default_levers(target, similar_drafter_model, tokenizer):

@@ -81,12 +81,15 @@ def test_the_compiled_layers_give_the_python_loops_logits_within_rounding(kernel
 
 
 @BUILDS
-def test_a_bfloat16_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kernel, tokenizer, build, finer):
-    """Keys and values rounded to bfloat16 move the logits far less than the weights' quantization does."""
+@pytest.mark.parametrize("kv_cache", ["float16", "bfloat16"])
+def test_a_16_bit_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kernel, tokenizer, build, finer, kv_cache):
+    """Keys and values rounded to 16 bits move the logits far less than the weights' quantization does."""
     unquantized = LeanForward(tiny_model(build, len(tokenizer)))
     model = w4a8(tiny_model(build, len(tokenizer)), kernel, finer)
-    half, full = LeanForward(model, kernel.LeanLayers), LeanForward(model, kernel.LeanLayers, kv_cache="float32")
-    assert (half.kv_dtype, full.kv_dtype, LeanForward(model).kv_dtype) == (torch.bfloat16, torch.float32, torch.float32)
+    half, full = LeanForward(model, kernel.LeanLayers, kv_cache), LeanForward(model, kernel.LeanLayers, kv_cache="float32")
+    dtype = getattr(torch, kv_cache)
+    assert (half.kv_dtype, full.kv_dtype, LeanForward(model).kv_dtype) == (dtype, torch.float32, torch.float32)
+    assert LeanForward(model, kernel.LeanLayers).kv_dtype == torch.bfloat16  # the default
     ids = torch.randint(3, len(tokenizer), (30,), generator=torch.Generator().manual_seed(0)).tolist()
     rounded, exact, reference = run_steps(half, ids), run_steps(full, ids), run_steps(unquantized, ids)
     for index, (a, b, c) in enumerate(zip(rounded, exact, reference)):
@@ -99,11 +102,11 @@ def test_a_bfloat16_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(ke
         lean(cache, torch.tensor([ids[:5]]), keep=1)
     assert caches[0].nbytes * 2 == caches[1].nbytes
     for stored, kept in ((caches[0].keys[0], caches[1].keys[0]), (caches[0].values[0], caches[1].values[0])):
-        assert torch.equal(stored[:, :5], kept[:, :5].to(torch.bfloat16))  # layer 0: rounded as torch rounds
+        assert torch.equal(stored[:, :5], kept[:, :5].to(dtype))  # layer 0: rounded as torch rounds
 
 
 @BUILDS
-@pytest.mark.parametrize("kv_cache", ["bfloat16", "float32"])
+@pytest.mark.parametrize("kv_cache", ["float16", "bfloat16", "float32"])
 def test_the_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, tokenizer, build, finer, kv_cache):
     """What keeps greedy speculation exact: verifying five tokens in one forward gives each row what
     five one-token steps give, after a prompt and after a rollback."""
