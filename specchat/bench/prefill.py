@@ -38,7 +38,8 @@ def prefill_rows(pair, ids: list[int], lengths: list[int], chunk: int) -> dict[s
 
 
 def prefill_table(rows: dict[str, dict], chunk: int) -> str:
-    lines = [f"| prompt read in chunks of {chunk} | tokens/s | total s | matmuls | (of which the kernel) | attention | other |",
+    lines = [f"| prompt read in chunks of {chunk} | tokens/s | total s | matmuls | (of which the kernel) | attention "
+             "| other |",
              "|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         shares = [f"{r[part] / r['total']:.0%}" for part in ("matmuls", "kernel", "attention", "other")]

@@ -110,7 +110,8 @@ def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
     from specchat.spec.model_io import runner
     model, tokenizer, facts = load_model(cfg.target, role="target", kv_cache="float32")
     if runner(model) is None or runner(model).native_reason:
-        raise ConfigError(f"--kv-cache needs a target on the compiled layer loop (w4a8, float32); this one runs {facts.backend}")
+        raise ConfigError("--kv-cache needs a target on the compiled layer loop (w4a8, float32); "
+                          f"this one runs {facts.backend}")
     ids = (tokenizer.encode(fixed_text()) * (tokens // 1000 + 1))[:tokens]
     full, results = next_token_logprobs(model, ids), []
     for kind in ("float16", "bfloat16"):

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 RUNNER = "specchat_runner"  # attribute of a model that runs its own forward
-PREFILL_CHUNK = 128  # prompt tokens a forward while a prompt is read: the longest a cancel waits (measured: bench/prefill.py)
+PREFILL_CHUNK = 128  # prompt tokens a forward while a prompt is read: the longest a cancel waits (bench/prefill.py)
 
 
 class ModelCache(Protocol):
