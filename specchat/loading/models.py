@@ -88,11 +88,12 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
         check_device_types(resolve_device(cfg.target.device), resolve_device(cfg.drafter.device))
     drafter, drafter_tok, drafter_facts = None, None, None
     tokenizers: dict = {}  # one tokenizer for checkpoints with the same tokenizer files
+    kv = cfg.runtime.kv_cache
     if drafter_loads_first(cfg):
-        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers, cfg.runtime.kv_cache)
-    target, tokenizer, target_facts = load_model(cfg.target, progress, "target", tokenizers, cfg.runtime.kv_cache)
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers, kv)
+    target, tokenizer, target_facts = load_model(cfg.target, progress, "target", tokenizers, kv)
     if cfg.drafter.source and drafter is None:
-        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers, cfg.runtime.kv_cache)
+        drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers, kv)
     if drafter is not None:
         check_pair(tokenizer, drafter_tok, drafter, target_facts.name, drafter_facts.name)
     _check_target_width(target, tokenizer, target_facts.name)

@@ -5,7 +5,8 @@ tables and a mask, and dispatches through several Python layers per decoder laye
 uses the same weights and the same linear layers (bf16, int8, w8a8: whatever the loader put there),
 and instead:
 - a static KV cache per model: one key and one value tensor per layer with room for `capacity`
-  tokens, written in place; rolling back moves a length. It grows by doubling when full;
+  tokens, written in place; rolling back moves a length. It grows by doubling when full; the compiled
+  layer loop stores it in 16 bits (KV_CACHE_TYPES);
 - rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
 - a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces;
 - the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
