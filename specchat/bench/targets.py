@@ -105,6 +105,7 @@ def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
 def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
     """The configured target's next-token log-probs with float16, then bfloat16, keys and values against
     float32 ones."""
+    from specchat.bench.prefill import prompt_ids
     from specchat.loading.models import load_model
     from specchat.runtime.lean import attach_lean
     from specchat.spec.model_io import runner
@@ -112,7 +113,7 @@ def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
     if runner(model) is None or runner(model).native_reason:
         raise ConfigError("--kv-cache needs a target on the compiled layer loop (w4a8, float32); "
                           f"this one runs {facts.backend}")
-    ids = (tokenizer.encode(fixed_text()) * (tokens // 1000 + 1))[:tokens]
+    ids = prompt_ids(tokenizer, fixed_text(), tokens)
     full, results = next_token_logprobs(model, ids), []
     for kind in ("float16", "bfloat16"):
         attach_lean(model, runner(model).native_layers, kind)

@@ -134,7 +134,7 @@ inline void store_row(const float* x, int64_t n, c10::Half* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = c10::Half(x[i]);
 }
 inline void store_row(const float* x, int64_t n, c10::BFloat16* out) {
-  for (int64_t i = 0; i < n; ++i) reinterpret_cast<uint16_t*>(out)[i] = simd::to_bf16(x[i]);
+  for (int64_t i = 0; i < n; ++i) out[i] = c10::BFloat16(x[i]);
 }
 
 constexpr int MAX_HEADS = 8;       // query heads attended together (their sums stay in registers)

@@ -126,14 +126,6 @@ inline F8 load_half(const uint16_t* p) {
 #endif
 }
 
-// x as bfloat16: the top half of its float32 bits, rounded to nearest, ties to even (a NaN stays a NaN).
-inline uint16_t to_bf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
 // e^x per lane (Cephes' expf: a degree-5 polynomial on x - n ln 2, times 2^n), relative error about
 // 2e-7; 0 below about -87.7, and x is capped at 88 (e^88 is near float32's largest). Each lane's result
 // depends on that lane alone.
