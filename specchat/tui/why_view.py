@@ -25,12 +25,9 @@ def ranked_text(tokenizer, ranked: Ranked, separator: str = "  ") -> str:
     return separator.join(f"{token_text(tokenizer, i)} {p:.2f}" for i, p in ranked)
 
 
-def source_text(rejection: Rejection, separator: str = " ") -> str:
-    """What drafted it, in words: "(by the model)", "(copied by lookup)"; "" when unknown."""
-    words = {"model": "by the model", "lookup": "copied by lookup"}.get(rejection.source)
-    if not words:
-        return ""
-    return f"{separator}{words}" if separator.strip() else f" ({words})"
+def source_words(rejection: Rejection) -> str:
+    """What drafted it, in words: "by the model", "copied by lookup"; "" when unknown."""
+    return {"model": "by the model", "lookup": "copied by lookup"}.get(rejection.source, "")
 
 
 def rule_text(rejection: Rejection) -> str:
@@ -47,7 +44,8 @@ def rejections_table(tokenizer, rejections: list[Rejection]) -> Table:
     table.add_column("#", style="cyan", no_wrap=True)
     table.add_column("rejection", overflow="fold")
     for number, r in enumerate(rejections, 1):
-        lines = (f"step {r.step + 1} · draft {r.position + 1}{source_text(r)}: drafted {token_text(tokenizer, r.drafted)} "
+        source = f" ({source_words(r)})" if source_words(r) else ""
+        lines = (f"step {r.step + 1} · draft {r.position + 1}{source}: drafted {token_text(tokenizer, r.drafted)} "
                  f"(q {r.q:.2f}, p {r.p:.2f}) · the target emitted {token_text(tokenizer, r.emitted)} · "
                  f"{rule_text(r)}\n"
                  f"  target : {ranked_text(tokenizer, r.target_top)}\n"
@@ -58,7 +56,7 @@ def rejections_table(tokenizer, rejections: list[Rejection]) -> Table:
 
 def rejection_detail(tokenizer, number: int, r: Rejection) -> Table:
     rows = [("where", f"step {r.step + 1}, draft position {r.position + 1}"),
-            ("drafted", f"{token_text(tokenizer, r.drafted)} (id {r.drafted}){source_text(r, ', ')}"),
+            ("drafted", ", ".join(filter(None, [f"{token_text(tokenizer, r.drafted)} (id {r.drafted})", source_words(r)]))),
             ("emitted", f"{token_text(tokenizer, r.emitted)} (id {r.emitted}), the target's token instead"),
             ("q", f"{r.q:.4f}  the drafter's probability of the drafted token"),
             ("p", f"{r.p:.4f}  the target's probability of it"),
