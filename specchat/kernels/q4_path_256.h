@@ -157,14 +157,16 @@ void direct_rows(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
 
 // ----- many rows: each block unpacked once for all of them -----
 
-// Block b of tile `tile` into `into`.
+// Block b of tile `tile` into `into`, asking for the weights PREFETCH bytes ahead (a verification's
+// few rows would wait on memory otherwise).
 template <int BITS>
 inline void unpack_block(const Tiles& w, int64_t tile, int64_t b, Unpacked& into) {
-  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
+  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
   const int64_t per_block = w.groups / w.blocks;
   for (int64_t g = 0; g < per_block; ++g) {
     const int64_t at = tile * w.groups + b * per_block + g;
     const uint8_t* qs = w.qs + at * BYTES;
+    for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T0);
     for (int half = 0; half < 2; ++half) {
       for (int q = 0; q < 8; ++q)
         _mm256_store_si256(reinterpret_cast<__m256i*>(into.levels[g][q] + half * 32), level_vector<BITS>(qs, q, half));

@@ -68,8 +68,9 @@ inline void group_dots(const __m512i* v, __m512i scales, const int8_t* const* le
   }
 }
 
-// Block b's dot and offset sums (q4_tiles.h) for R activation rows from `first`. One or two rows wait
-// on memory, so they ask for the weights PREFETCH bytes ahead.
+// Block b's dot and offset sums (q4_tiles.h) for R activation rows from `first`, asking for the
+// weights PREFETCH bytes ahead: the hardware's prefetcher alone leaves a verification's rows waiting
+// on memory (5 rows of a target-sized stack: 61 ms with it alone, 44 with this; one row: 41, 39).
 template <int R, int BITS>
 inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* dot, __m512i* offset) {
   constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
@@ -78,8 +79,7 @@ inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t firs
   for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
     const int64_t at = tile * w.groups + g;
     const uint8_t* qs = w.qs + at * BYTES;
-    if constexpr (R <= 2)
-      for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T0);
+    for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T0);
     __m512i v[8];
     unpack<BITS>(qs, v);
     const int8_t* levels[R];
