@@ -120,6 +120,17 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+def new_messages_to_stderr():
+    """A load progress callback that prints each message once (a hash's progress repeats its message)."""
+    last = [None]
+
+    def progress(message: str, _fraction) -> None:
+        if message != last[0]:
+            print(message, file=sys.stderr, flush=True)
+            last[0] = message
+    return progress
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.gamma < 1 or args.context < args.gamma + 1 or args.repeats < 1 or args.chunk < 1 or \
@@ -130,7 +141,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         from specchat.loading.models import load_pair
-        pair = load_pair(cfg, lambda message, _fraction: print(message, file=sys.stderr, flush=True))
+        pair = load_pair(cfg, new_messages_to_stderr())
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench profile: error: {err}", file=sys.stderr)
         return 2
