@@ -29,7 +29,7 @@ W4A8_MODES = ("w4a8", "w4a8-fast")
 # auto (auto-fast): w4a8 (w4a8-fast) on a CPU where specchat's kernel builds, else w8a8 (w8a8-fast) on
 # x86, else none, with one notice line; unquantized off the CPU (loading/quantization_choice.py)
 AUTO_MODES = {"auto": ("w4a8", "w8a8"), "auto-fast": ("w4a8-fast", "w8a8-fast")}
-KERNELS = ("auto", "portable", "avx2", "avx-vnni", "avx512-vnni")  # the w4a8 kernel's code paths
+KERNELS = ("auto", "portable", "avx2", "avx-vnni", "avx512-vnni", "amx")  # the w4a8 kernel's code paths
 KV_CACHES = ("bfloat16", "float16", "float32")  # how the compiled layer loop stores keys and values
 INVARIANT_MODES = (*W8A8_MODES, *W4A8_MODES)
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers

@@ -3,8 +3,8 @@
 (lean_layers.cpp), and the module's Python bindings (bindings.cpp).
 
 The module holds every code path of the product the compiler can build here (portable C++; on x86 also
-AVX2, AVX-VNNI and AVX-512 VNNI) and runs the fastest one the CPU has; $SPECCHAT_KERNEL names another
-(`portable`, `avx2`, `avx-vnni`, `avx512-vnni`), for A/B runs and tests. Every path gives the same bits.
+AVX2, AVX-VNNI, AVX-512 VNNI and AMX-INT8) and runs the fastest one the CPU has; $SPECCHAT_KERNEL names another
+(`portable`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx`), for A/B runs and tests. Every path gives the same bits.
 
 Each version of the sources builds into a folder of its own, named by the sources, the flags, torch's
 version, the Python ABI and the compiler, so environments sharing a cache never load each other's build.
@@ -26,8 +26,8 @@ from specchat.progress import Progress, report
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
 SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path_avx_vnni.cpp",
-           "q4_path_avx512_vnni.cpp", "lean_layers.cpp", "bindings.cpp"]
-HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "simd.h"]
+           "q4_path_avx512_vnni.cpp", "q4_path_amx.cpp", "lean_layers.cpp", "bindings.cpp"]
+HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "q4_path_512.h", "simd.h"]
 BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike
 
 

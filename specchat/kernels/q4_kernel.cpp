@@ -2,8 +2,8 @@
 // fed with it (integer dot products are exact, and every row takes the same float steps in the same
 // order whatever the batch), and the same bits on every code path (layout and arithmetic: q4_tiles.h).
 //
-// The code path is chosen at run time from what the CPU reports (avx512-vnni, avx-vnni, avx2, else
-// portable) and can be forced (set_kernel_path) for A/B runs and tests.
+// The code path is chosen at run time from what the CPU reports (amx, avx512-vnni, avx-vnni, avx2,
+// else portable) and can be forced (set_kernel_path) for A/B runs and tests.
 //
 // Activations x [M, K] float32 are mapped per row and per block onto int8 (scale amax/127), as
 // llama.cpp's Q8 blocks do, so an outlier channel costs precision only inside its own block. A row
@@ -16,6 +16,14 @@
 #include <limits>
 #include <string>
 #include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "q4_kernel.h"
 #include "q4_tiles.h"
@@ -83,6 +91,24 @@ bool has_avx512_vnni() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && has_avx2();
 }
+
+// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and the OS's leave to use the tiles' state,
+// asked once for the whole process (Linux 5.16+); where it is refused the path is simply not there.
+bool os_grants_amx() {
+#if defined(__linux__)
+  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+  static const bool granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  return granted;
+#else
+  return false;
+#endif
+}
+
+bool has_amx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!has_avx512_vnni() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  return ((edx >> 24) & 1) && ((edx >> 25) & 1) && os_grants_amx();
+}
 #endif
 bool always() { return true; }
 
@@ -90,6 +116,7 @@ bool always() { return true; }
 const std::vector<Path>& paths() {
   static const std::vector<Path> all = {
 #if defined(__x86_64__) || defined(_M_X64)
+      {"amx", q4::tile_amx, has_amx, "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles"},
       {"avx512-vnni", q4::tile_avx512_vnni, has_avx512_vnni, "AVX-512 F/BW/VL/VNNI"},
       {"avx-vnni", q4::tile_avx_vnni, has_avx_vnni, "AVX-VNNI"},
       {"avx2", q4::tile_avx2, has_avx2, "AVX2 and FMA"},

@@ -13,44 +13,12 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
 #endif
 
+#include "q4_path_512.h"
+
 namespace q4 {
 namespace {
 
 constexpr int MAX_ROWS = 8;  // activation rows per pass over a tile's weights (their sums stay in registers)
-
-// One group's 8 level vectors (vector q: L[j][4q..4q+3] in lane j).
-template <int BITS>
-inline void unpack(const uint8_t* qs, __m512i* v) {
-  if constexpr (BITS == 7) {
-    for (int q = 0; q < 8; ++q) v[q] = _mm512_loadu_si512(qs + q * 64);
-  } else {
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int c = 0; c < 4; ++c) {
-      const __m512i packed = _mm512_loadu_si512(qs + c * 64);
-      v[c] = _mm512_and_si512(packed, low);
-      v[c + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-    }
-    if constexpr (BITS == 6) {  // top 2 bits of vector 4e+s at bits 2s..2s+1 → bits 4-5 of its byte
-      const __m512i bits_4_5 = _mm512_set1_epi8(0x30);
-      for (int e = 0; e < 2; ++e) {
-        const __m512i top = _mm512_loadu_si512(qs + 256 + e * 64);
-        const __m512i shifted[4] = {_mm512_slli_epi16(top, 4), _mm512_slli_epi16(top, 2), top, _mm512_srli_epi16(top, 2)};
-        for (int s = 0; s < 4; ++s) v[4 * e + s] = _mm512_or_si512(v[4 * e + s], _mm512_and_si512(shifted[s], bits_4_5));
-      }
-    }
-  }
-}
-
-// Four activation levels in every lane (or two int16 group sums).
-inline __m512i broadcast4(const void* bytes) {
-  int32_t quad;
-  __builtin_memcpy(&quad, bytes, 4);
-  return _mm512_set1_epi32(quad);
-}
-
-inline __m512i widen(const uint8_t* bytes) {
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
-}
 
 // Group g's Σ L·x for R rows, then times the group's scales into dot. With one or two rows the
 // products go to two accumulators (half the chain of dependent `vpdpbusd`s).
@@ -68,14 +36,14 @@ inline void group_dots(const __m512i* v, __m512i scales, const int8_t* const* le
   }
 }
 
-// Block b's dot and offset sums (q4_tiles.h) for R activation rows from `first`, asking for the
-// weights PREFETCH bytes ahead: the hardware's prefetcher alone leaves a verification's rows waiting
-// on memory (5 rows of a target-sized stack: 61 ms with it alone, 44 with this; one row: 41, 39).
+// Block b's dot sums (q4_tiles.h) for R activation rows from `first`, asking for the weights PREFETCH
+// bytes ahead: the hardware's prefetcher alone leaves a verification's rows waiting on memory (5 rows
+// of a target-sized stack of layers on a Xeon: 61 ms with it alone, 44 with this; one row: 41, 39).
 template <int R, int BITS>
-inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* dot, __m512i* offset) {
+inline void block_dots(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* dot) {
   constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
   const int64_t per_block = w.groups / w.blocks;
-  for (int r = 0; r < R; ++r) dot[r] = offset[r] = _mm512_setzero_si512();
+  for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
   for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
     const int64_t at = tile * w.groups + g;
     const uint8_t* qs = w.qs + at * BYTES;
@@ -85,32 +53,17 @@ inline void block_sums(const Tiles& w, const Rows& x, int64_t tile, int64_t firs
     const int8_t* levels[R];
     for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + g * GROUP;
     group_dots<R>(v, widen(w.sc + at * TILE_ROWS), levels, dot);
-    if (g % 2 == 1) {  // the pair's offsets: m as int16 pairs times the two group sums
-      const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + (at - 1) * TILE_ROWS)));
-      for (int r = 0; r < R; ++r) offset[r] = _mm512_dpwssd_epi32(offset[r], mins, broadcast4(x.sums + (first + r) * w.groups + g - 1));
-    }
   }
 }
 
 template <int R, int BITS>
 void rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
-  float* out[R];
-  for (int r = 0; r < R; ++r) {
-    out[r] = job.out + (first + r) * job.stride + job.tile * TILE_ROWS;
-    _mm512_storeu_ps(out[r], _mm512_setzero_ps());
-  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(job.out + (first + r) * job.stride + job.tile * TILE_ROWS, _mm512_setzero_ps());
   for (int64_t b = 0; b < w.blocks; ++b) {
     __m512i dot[R], offset[R];
-    block_sums<R, BITS>(w, x, job.tile, first, b, dot, offset);
-    const __m512 d = _mm512_loadu_ps(w.d + (job.tile * w.blocks + b) * TILE_ROWS);
-    const __m512 dmin = _mm512_loadu_ps(w.dmin + (job.tile * w.blocks + b) * TILE_ROWS);
-    for (int r = 0; r < R; ++r) {
-      const __m512 scale = _mm512_set1_ps(x.scales[(first + r) * w.blocks + b]);
-      __m512 total = _mm512_loadu_ps(out[r]);
-      total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, scale), total);
-      total = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(offset[r]), _mm512_mul_ps(dmin, scale), total);
-      _mm512_storeu_ps(out[r], total);
-    }
+    block_dots<R, BITS>(w, x, job.tile, first, b, dot);
+    block_offsets<R>(w, x, job.tile, first, b, offset);
+    add_block<R>(w, x, job, b, first, dot, offset);
   }
 }
 

@@ -88,6 +88,7 @@ void tile_portable(const Tiles& w, const Rows& x, const Job& job);
 void tile_avx2(const Tiles& w, const Rows& x, const Job& job);
 void tile_avx_vnni(const Tiles& w, const Rows& x, const Job& job);
 void tile_avx512_vnni(const Tiles& w, const Rows& x, const Job& job);
+void tile_amx(const Tiles& w, const Rows& x, const Job& job);  // AVX-512 VNNI and AMX-INT8, the OS granting the tiles
 #endif
 
 }  // namespace q4

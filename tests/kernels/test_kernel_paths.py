@@ -12,7 +12,8 @@ import torch
 from tiny_models import build_model
 from specchat.quant.w4a8 import Q4Block, Q4Tiles, quantize_w4a8, run_kernel
 
-PATHS = {"portable": "", "avx2": "AVX2 and FMA", "avx-vnni": "AVX-VNNI", "avx512-vnni": "AVX-512 F/BW/VL/VNNI"}
+PATHS = {"portable": "", "avx2": "AVX2 and FMA", "avx-vnni": "AVX-VNNI", "avx512-vnni": "AVX-512 F/BW/VL/VNNI",
+         "amx": "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles"}
 
 
 @contextlib.contextmanager
@@ -41,7 +42,7 @@ def test_the_fastest_path_this_cpu_has_runs_and_the_portable_one_is_always_there
     available = kernel.kernel_paths()
     assert available[-1] == "portable" and kernel.kernel_path() == available[0]
     assert list(available) == [name for name in PATHS if name in available][::-1]
-    with pytest.raises(RuntimeError, match="unknown kernel path fastest .known: avx512-vnni, avx-vnni, avx2, portable"):
+    with pytest.raises(RuntimeError, match="unknown kernel path fastest .known: amx, avx512-vnni, avx-vnni, avx2, portable"):
         kernel.set_kernel_path("fastest")
     missing = [name for name in PATHS if name not in available]
     for name in missing:
@@ -59,7 +60,7 @@ def test_every_path_gives_the_portable_paths_bits(kernel, path, bits, outs, widt
     tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, width) * 0.1, bits))
     x = torch.randn(64, width)
     x[:, 3] *= 30  # an outlier channel
-    for rows in [*range(1, 17), 64]:
+    for rows in [*range(1, 18), 53, 64]:  # AMX: a tile of 16 rows, pairs of them, the rows left over
         portable = products(kernel, "portable", x[:rows], tiles)
         assert portable.shape == (rows, outs)
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"

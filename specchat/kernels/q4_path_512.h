@@ -1,0 +1,77 @@
+// What the 512-bit paths (q4_path_avx512_vnni.cpp, q4_path_amx.cpp) share: a group's levels unpacked
+// into 8 vectors, one output row per int32 lane (layout: q4_tiles.h), a block's offset sums, and the
+// float steps that add a block into a row's outputs. Each path file includes it under its own
+// instruction-set target.
+#pragma once
+#include <immintrin.h>
+#include <cstdint>
+
+#include "q4_tiles.h"
+
+namespace q4 {
+namespace {
+
+// One group's 8 level vectors (vector q: L[j][4q..4q+3] in lane j).
+template <int BITS>
+inline void unpack(const uint8_t* qs, __m512i* v) {
+  if constexpr (BITS == 7) {
+    for (int q = 0; q < 8; ++q) v[q] = _mm512_loadu_si512(qs + q * 64);
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i packed = _mm512_loadu_si512(qs + c * 64);
+      v[c] = _mm512_and_si512(packed, low);
+      v[c + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+    }
+    if constexpr (BITS == 6) {  // top 2 bits of vector 4e+s at bits 2s..2s+1 → bits 4-5 of its byte
+      const __m512i bits_4_5 = _mm512_set1_epi8(0x30);
+      for (int e = 0; e < 2; ++e) {
+        const __m512i top = _mm512_loadu_si512(qs + 256 + e * 64);
+        const __m512i shifted[4] = {_mm512_slli_epi16(top, 4), _mm512_slli_epi16(top, 2), top, _mm512_srli_epi16(top, 2)};
+        for (int s = 0; s < 4; ++s) v[4 * e + s] = _mm512_or_si512(v[4 * e + s], _mm512_and_si512(shifted[s], bits_4_5));
+      }
+    }
+  }
+}
+
+// Four activation levels in every lane (or two int16 group sums).
+inline __m512i broadcast4(const void* bytes) {
+  int32_t quad;
+  __builtin_memcpy(&quad, bytes, 4);
+  return _mm512_set1_epi32(quad);
+}
+
+inline __m512i widen(const uint8_t* bytes) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
+}
+
+// Block b's offset sums (q4_tiles.h) for R activation rows from `first`: m as int16 pairs times the
+// two group sums of each pair of groups.
+template <int R>
+inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* offset) {
+  const int64_t per_block = w.groups / w.blocks;
+  for (int r = 0; r < R; ++r) offset[r] = _mm512_setzero_si512();
+  for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {
+    const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + (tile * w.groups + g) * TILE_ROWS)));
+    for (int r = 0; r < R; ++r) offset[r] = _mm512_dpwssd_epi32(offset[r], mins, broadcast4(x.sums + (first + r) * w.groups + g));
+  }
+}
+
+// out += block b's part for R rows from `first`: out = fma(dot, d·xs, out); out = fma(−offset, dmin·xs, out).
+template <int R>
+inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, int64_t first, const __m512i* dot,
+                      const __m512i* offset) {
+  const __m512 d = _mm512_loadu_ps(w.d + (job.tile * w.blocks + b) * TILE_ROWS);
+  const __m512 dmin = _mm512_loadu_ps(w.dmin + (job.tile * w.blocks + b) * TILE_ROWS);
+  for (int r = 0; r < R; ++r) {
+    float* out = job.out + (first + r) * job.stride + job.tile * TILE_ROWS;
+    const __m512 scale = _mm512_set1_ps(x.scales[(first + r) * w.blocks + b]);
+    __m512 total = _mm512_loadu_ps(out);
+    total = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(d, scale), total);
+    total = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(offset[r]), _mm512_mul_ps(dmin, scale), total);
+    _mm512_storeu_ps(out, total);
+  }
+}
+
+}  // namespace
+}  // namespace q4

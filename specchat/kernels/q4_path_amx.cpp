@@ -1,0 +1,175 @@
+// The w4a8 product with AMX-INT8 tiles, for a job of 16 activation rows and more (a prompt): one
+// `tdpbsud` multiplies 16 activation rows by 64 inputs of the tile's 16 output rows (16·16·64 products)
+// into an int32 tile. Fewer rows (a decode step, a verification) run the AVX-512 VNNI code, and so do
+// the rows left over past the last 16.
+//
+// A tile multiply sums over 64 inputs, two 32-groups with scales of their own, so each block's levels
+// are first multiplied by their group's scale (at most 127·63, 13 bits) and the products split into a
+// low and a high byte, two tiles of unsigned levels: Σ sc·L·x = Σ low·x + 256·Σ high·x, summed per
+// block in two int32 tiles, exact. That is the integer every path computes, and the float steps after
+// it are the AVX-512 path's (q4_path_512.h), so this path gives the same bits as every other.
+//
+// The OS must grant the process the tiles' state (Linux 5.16+: arch_prctl, asked in q4_kernel.cpp);
+// each job loads the tile configuration and releases the tiles when done.
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#include <cstdint>
+
+#include "q4_tiles.h"
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,amx-tile,amx-int8"))), apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma,amx-tile,amx-int8")
+#endif
+
+#include "q4_path_512.h"
+
+namespace q4 {
+namespace {
+
+constexpr int64_t CHUNK = 16;      // activation rows a tile holds
+constexpr int64_t STEP = 64;       // inputs one tile multiply takes (16 vectors of the layout)
+constexpr int64_t MAX_GROUPS = 8;  // 32-groups a block holds at most (256 inputs)
+
+// Tiles 0-3: the int32 sums (low, high) of the first and the second 16 rows; 4-5: their activations;
+// 6-7: the block's scaled levels, low and high bytes. Each is 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.bytes_per_row[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+}
+
+// A block's levels times their group's scale, split into bytes: vector q of group g at [g·8 + q].
+struct ScaledBlock {
+  alignas(64) uint8_t low[MAX_GROUPS * 8][64];
+  alignas(64) uint8_t high[MAX_GROUPS * 8][64];
+};
+
+template <int BITS>
+void scale_block(const Tiles& w, int64_t tile, int64_t b, ScaledBlock& into) {
+  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
+  const int64_t per_block = w.groups / w.blocks;
+  const __m512i low_bytes = _mm512_set1_epi16(0x00FF);
+  for (int64_t g = 0; g < per_block; ++g) {
+    const int64_t at = tile * w.groups + b * per_block + g;
+    __m512i v[8];
+    unpack<BITS>(w.qs + at * BYTES, v);
+    const __m512i scales = widen(w.sc + at * TILE_ROWS);  // a row's scale in each of its lane's int16 halves
+    const __m512i pairs = _mm512_or_si512(scales, _mm512_slli_epi32(scales, 16));
+    for (int q = 0; q < 8; ++q) {
+      const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(v[q], low_bytes), pairs);
+      const __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(v[q], 8), pairs);
+      _mm512_store_si512(into.low[g * 8 + q], _mm512_or_si512(_mm512_and_si512(even, low_bytes), _mm512_slli_epi16(odd, 8)));
+      _mm512_store_si512(into.high[g * 8 + q], _mm512_or_si512(_mm512_srli_epi16(even, 8), _mm512_andnot_si512(low_bytes, odd)));
+    }
+  }
+}
+
+// The int32 sums of one block for 16 or 32 rows, as the tiles store them: [chunk][low|high][row][lane].
+struct BlockSums {
+  alignas(64) int32_t sums[2][2][CHUNK][TILE_ROWS];
+};
+
+// Block b's Σ low·x and Σ high·x for activation rows first..first+15 (and the next 16 when PAIR).
+template <bool PAIR>
+void multiply_block(const Rows& x, const ScaledBlock& s, int64_t per_block, int64_t b, int64_t first, BlockSums& out) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (PAIR) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t step = 0; step < per_block * GROUP / STEP; ++step) {
+    const int8_t* a = x.levels + first * x.width + b * per_block * GROUP + step * STEP;
+    _tile_loadd(4, a, x.width);
+    _tile_loadd(6, s.low[step * 16], 64);
+    _tile_loadd(7, s.high[step * 16], 64);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    if constexpr (PAIR) {
+      _tile_loadd(5, a + CHUNK * x.width, x.width);
+      _tile_dpbsud(2, 5, 6);
+      _tile_dpbsud(3, 5, 7);
+    }
+  }
+  _tile_stored(0, out.sums[0][0], 64);
+  _tile_stored(1, out.sums[0][1], 64);
+  if constexpr (PAIR) {
+    _tile_stored(2, out.sums[1][0], 64);
+    _tile_stored(3, out.sums[1][1], 64);
+  }
+}
+
+// out += block b's part for the 16 rows from `first` (chunk c of the sums).
+void add_chunk(const Tiles& w, const Rows& x, const Job& job, int64_t b, int64_t first, const BlockSums& s, int c) {
+  for (int64_t r = 0; r < CHUNK; r += 4) {
+    __m512i dot[4], offset[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i low = _mm512_load_si512(s.sums[c][0][r + i]), high = _mm512_load_si512(s.sums[c][1][r + i]);
+      dot[i] = _mm512_add_epi32(low, _mm512_slli_epi32(high, 8));
+    }
+    block_offsets<4>(w, x, job.tile, first + r, b, offset);
+    add_block<4>(w, x, job, b, first + r, dot, offset);
+  }
+}
+
+// Rows job.first..job.first+count (a multiple of 16) block by block, each block scaled once for all of them.
+template <int BITS>
+void tiled_rows(const Tiles& w, const Rows& x, const Job& job, int64_t count) {
+  const int64_t per_block = w.groups / w.blocks;
+  ScaledBlock scaled;
+  BlockSums sums;
+  configure_tiles();
+  for (int64_t b = 0; b < w.blocks; ++b) {
+    scale_block<BITS>(w, job.tile, b, scaled);
+    int64_t first = job.first;
+    for (; first + 2 * CHUNK <= job.first + count; first += 2 * CHUNK) {
+      multiply_block<true>(x, scaled, per_block, b, first, sums);
+      add_chunk(w, x, job, b, first, sums, 0);
+      add_chunk(w, x, job, b, first + CHUNK, sums, 1);
+    }
+    if (first < job.first + count) {
+      multiply_block<false>(x, scaled, per_block, b, first, sums);
+      add_chunk(w, x, job, b, first, sums, 0);
+    }
+  }
+  _tile_release();
+}
+
+template <int BITS>
+void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
+  const int64_t tiled = job.count / CHUNK * CHUNK;
+  if (tiled > 0) {
+    for (int64_t r = job.first; r < job.first + tiled; ++r)
+      _mm512_storeu_ps(job.out + r * job.stride + job.tile * TILE_ROWS, _mm512_setzero_ps());
+    tiled_rows<BITS>(w, x, job, tiled);
+  }
+  if (job.count > tiled) tile_avx512_vnni(w, x, {job.tile, job.first + tiled, job.count - tiled, job.out, job.stride});
+}
+
+}  // namespace
+
+void tile_amx(const Tiles& w, const Rows& x, const Job& job) {
+  switch (w.bits) {
+    case 4: return tile_rows<4>(w, x, job);
+    case 6: return tile_rows<6>(w, x, job);
+    default: return tile_rows<7>(w, x, job);
+  }
+}
+
+}  // namespace q4
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif
