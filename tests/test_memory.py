@@ -43,3 +43,14 @@ def test_a_lean_cache_counts_its_capacity():
     cache.keys = [torch.zeros(2, 8, 4)]
     cache.values = [torch.zeros(2, 8, 4)]
     assert cache.nbytes == 2 * 2 * 8 * 4 * 4 == model_io.cache_bytes(cache)
+
+
+def test_a_reply_gives_the_heaps_freed_pages_back_before_it_reads_its_resident_memory(target, tokenizer, monkeypatch):
+    from specchat.spec import engine as engine_module
+    calls = []
+    monkeypatch.setattr(engine_module, "release_freed_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(engine_module, "resident_bytes", lambda: calls.append("resident") or 1)
+    engine = make_engine(target, None, tokenizer)
+    done = list(engine.stream(prompt_ids(tokenizer, "def add(a, b):"), SamplingConfig(max_new_tokens=3),
+                              SpeculationConfig(mode="target")))[-1]
+    assert calls == ["release", "resident"] and done.stats.resident_bytes == 1

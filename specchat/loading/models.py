@@ -21,7 +21,7 @@ from specchat.errors import ModelLoadError, one_line
 from specchat.memory import release_freed_memory
 from specchat.progress import Progress, report
 from specchat.loading.quantization_choice import choose, choose_quantizations
-from specchat.loading.resident import model_tensors, populate, tensor_bytes
+from specchat.loading.resident import model_tensors, populate, read_whole, tensor_bytes
 from specchat.loading.shared_tokenizer import tokenizer_digest
 from specchat.loading.slim import check_materialized, load as load_slim, parameter_count
 from specchat.loading.sources import Source, resolve_source
@@ -136,7 +136,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
         model, dtype = model.float(), torch.float32
     tokenizer, template = _shared_tokenizer(checkpoint, mc, source, tokenizers)
     tensors = model_tensors(model)
-    populate(tensors)  # mapped weights: resident now, not a page fault at a time
+    populate(read_whole(model, tensors))  # mapped weights: resident now, not a page fault at a time
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        tensor_bytes(tensors), round(time.perf_counter() - start, 2), template,

@@ -43,6 +43,14 @@ def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
+def read_whole(model: nn.Module, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Of a model's tensors, those a forward reads whole: not an embedding table in blocks, of which a chat
+    reads a few hundred rows (it is mapped from the cache, and the rest of it stays on disk)."""
+    from specchat.quant.block_embedding import BlockEmbedding
+    tables = {id(module.blocks) for module in model.modules() if isinstance(module, BlockEmbedding)}
+    return [tensor for tensor in tensors if id(tensor) not in tables]
+
+
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """The bytes the tensors hold, each counted once (a tied weight, a layer's view of a fused group)."""
     return sum(nbytes for _, nbytes in {(t.data_ptr(), t.nbytes) for t in tensors})

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig, drafter_needed
-from specchat.memory import resident_bytes
+from specchat.memory import release_freed_memory, resident_bytes
 from specchat.spec import model_io
 from specchat.spec.gamma import AutoGamma, GammaPolicy
 from specchat.spec.detok import Detokenizer
@@ -170,6 +170,7 @@ class Engine:
             if finished:
                 stop_reason = "eos"
                 break
+        release_freed_memory()  # a prompt's chunks leave freed activations with the heap
         recorder.record_memory(model_io.cache_bytes(self.cache), resident_bytes())
         yield ReplyEnd(recorder.finish(), tuple(self.ids[len(prompt_ids):]), stop_reason, seed)
 

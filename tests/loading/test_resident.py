@@ -49,3 +49,16 @@ def test_loading_a_model_populates_its_tensors(tokenizer, tmp_path, monkeypatch)
     monkeypatch.setattr(models, "populate", lambda tensors: asked.append(len(list(tensors))))
     models.load_model(ModelConfig(source=str(path), dtype="float32"))
     assert asked and asked[0] > 0
+
+
+def test_an_embedding_table_in_blocks_is_not_read_whole(tokenizer):
+    """A chat reads a few hundred of the table's rows: it stays mapped, the rest of it on disk."""
+    from tiny_models import build_model
+    from specchat.quant.block_embedding import BlockEmbedding
+    model = build_model(len(tokenizer), seed=0, layers=1, hidden=128)
+    model.set_input_embeddings(BlockEmbedding(torch.zeros(len(tokenizer), 34 * 4, dtype=torch.uint8), "Q8_0", 128))
+    tensors = resident.model_tensors(model)
+    whole = resident.read_whole(model, tensors)
+    table = model.get_input_embeddings().blocks
+    assert any(t is table for t in tensors) and not any(t is table for t in whole)
+    assert len(whole) == len(tensors) - 1
