@@ -4,7 +4,8 @@ Chats about code repeat themselves: a follow-up turn re-prints the function it e
 the prompt's names. The drafter feeds such a guess together with its current token in one forward
 and keeps the guessed tokens it would have drafted anyway (see drafters.py), so a guess does not
 change what is drafted (up to the rounding of a batched forward), only how many drafter forwards it
-takes. Measured neutral on the bench prompts, so it is off by default (speculation.prompt_lookup).
+takes (speculation.prompt_lookup). Measured neutral on the bench prompts of an earlier release; on with the
+auto drafter's doubling copies in the bundled config since they measured ahead together (mixed.py).
 """
 from __future__ import annotations
 

@@ -19,8 +19,13 @@ from specchat.spec.drafters.lookup import MIN_NGRAM, WINDOW, continuation
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
 
 COPY_MATCH = MIN_NGRAM  # copy where prompt lookup finds a match at all (the newest 3 tokens occurred before)
-COPY_TOKENS = 4         # tokens a copy drafts. Measured on the bench's edit and fresh prompts (this CPU, AVX2):
-# 3-token matches with 4-token copies beat 5- and 8-token matches, and copies that double while taken whole
+COPY_TOKENS = 4         # tokens a first copy drafts
+MAX_COPY = 16           # a copy taken whole doubles the next one, up to this; one that is not starts again at 4.
+# Measured with speculation.prompt_lookup on (the bundled config's), two runs of the bench's 4 edit and 4 fresh
+# prompts each (Intel Xeon, avx512-vnni/amx, where 9 verified rows cost 1.75 one-row steps and 17 cost 2.8):
+# 1.73x / 1.76x and 1.70x / 1.86x target-only (greedy / sampled), against 1.61x / 1.65x and 1.64x / 1.60x with
+# copies of 4 always and no lookup in the model's forwards; alone, each of the two measured within the noise.
+# On an AVX2 EPYC with the kernel of the release before (every verified row dearer) doubling measured worse.
 
 
 class MixedDrafter:
@@ -29,6 +34,8 @@ class MixedDrafter:
     def __init__(self, drafter: Drafter | None, vocab_size: int):
         self.drafter = drafter  # the drafter model's Drafter, or None
         self.lookup = LookupDrafter(vocab_size)
+        self.copy_tokens = COPY_TOKENS
+        self.last_copy: tuple[int, list[int]] = (0, [])  # where the last step's copy began, and its tokens
 
     @property
     def model(self):
@@ -45,10 +52,18 @@ class MixedDrafter:
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
-        copy = continuation(ids[-WINDOW:], min(COPY_TOKENS, plan.room), min_ngram=COPY_MATCH)
+        self.copy_tokens = self._next_copy_tokens(ids)
+        copy = continuation(ids[-WINDOW:], min(self.copy_tokens, plan.room), min_ngram=COPY_MATCH)
+        self.last_copy = (len(ids), copy)
         if not copy and self.drafter is not None:
             return self.drafter.propose(ids, plan, sampling, generator)
         return dataclasses.replace(self.lookup.copy_draft(copy, sampling), by_plan=not copy)  # empty: no match, no model
+
+    def _next_copy_tokens(self, ids: list[int]) -> int:
+        """Twice the last copy's length if the target took it whole (it now stands in ids), else COPY_TOKENS."""
+        start, last = self.last_copy
+        taken_whole = bool(last) and ids[start:start + len(last)] == last
+        return min(MAX_COPY, 2 * self.copy_tokens) if taken_whole else COPY_TOKENS
 
     def rollback(self, committed_len: int) -> None:
         if self.drafter is not None:
@@ -59,5 +74,6 @@ class MixedDrafter:
             self.drafter.catch_up(ids, upto)
 
     def reset(self) -> None:
+        self.copy_tokens, self.last_copy = COPY_TOKENS, (0, [])
         if self.drafter is not None:
             self.drafter.reset()

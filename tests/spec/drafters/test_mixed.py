@@ -7,7 +7,7 @@ import torch
 from conftest import hf_greedy, make_engine, prompt_ids
 from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.base import Draft, DraftPlan
-from specchat.spec.drafters.mixed import COPY_TOKENS, MixedDrafter
+from specchat.spec.drafters.mixed import COPY_TOKENS, MAX_COPY, MixedDrafter
 from specchat.spec.gamma import AutoGamma
 from specchat.spec.step import StepResult
 
@@ -100,3 +100,19 @@ def test_each_drafted_token_says_which_source_drafted_it(target, similar_drafter
     drafted = [t.source for t in tokens if t.origin == Origin.DRAFTED] + [r.source for r in refused]
     assert set(drafted) == {"model", "lookup"}, drafted
     assert {t.source for t in tokens if t.origin != Origin.DRAFTED} == {""}
+
+
+def test_a_copy_taken_whole_doubles_the_next_one_and_one_refused_starts_again_at_four():
+    mixed = MixedDrafter(CountingDrafter(), 512)
+    block = list(range(100, 160))
+    ids = block + [5, 6] + block[:3]  # the newest 3 tokens occurred before: copies continue block
+    lengths = []
+    for _ in range(3):  # each copy taken whole: 4, 8, 16
+        copy = mixed.propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator()).tokens.tolist()
+        lengths.append(len(copy))
+        ids = ids + copy + [block[len(ids) - 62 + len(copy)]]  # the copy, then the target's bonus token
+    copy = mixed.propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator()).tokens.tolist()
+    lengths.append(len(copy))  # capped at MAX_COPY
+    ids = ids + copy[:2] + [7, 8, 9] + block[:3]  # two of that copy taken, then a fresh match
+    lengths.append(len(mixed.propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator()).tokens))
+    assert lengths == [COPY_TOKENS, 8, MAX_COPY, MAX_COPY, COPY_TOKENS]
