@@ -10,3 +10,15 @@ def report(progress: Progress | None, message: str, fraction: float | None) -> N
     """Call `progress` when there is one."""
     if progress is not None:
         progress(message, fraction)
+
+
+def each_message_once(show: Callable[[str], None]) -> Progress:
+    """A progress callback for a plain stream: show(message) for each new message, once (a long step
+    reports the same message with a growing fraction)."""
+    last = [None]
+
+    def progress(message: str, _fraction: float | None = None) -> None:
+        if message != last[0]:
+            show(message)
+            last[0] = message
+    return progress

@@ -27,6 +27,7 @@ from specchat.bench.part_timing import seconds_of, split_forward
 from specchat.bench.prefill import prefill_rows, prefill_table, prompt_ids
 from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.kernels.build import running_path
+from specchat.progress import each_message_once
 from specchat.spec import model_io
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.model_io import PREFILL_CHUNK
@@ -120,17 +121,6 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def new_messages_to_stderr():
-    """A load progress callback that prints each message once (a hash's progress repeats its message)."""
-    last = [None]
-
-    def progress(message: str, _fraction) -> None:
-        if message != last[0]:
-            print(message, file=sys.stderr, flush=True)
-            last[0] = message
-    return progress
-
-
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.gamma < 1 or args.context < args.gamma + 1 or args.repeats < 1 or args.chunk < 1 or \
@@ -141,7 +131,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         from specchat.loading.models import load_pair
-        pair = load_pair(cfg, new_messages_to_stderr())
+        pair = load_pair(cfg, each_message_once(lambda message: print(message, file=sys.stderr, flush=True)))
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench profile: error: {err}", file=sys.stderr)
         return 2

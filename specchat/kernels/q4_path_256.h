@@ -218,11 +218,7 @@ void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
 
 template <bool VNNI>
 void tile_256(const Tiles& w, const Rows& x, const Job& job) {
-  switch (w.bits) {
-    case 4: return tile_rows<4, VNNI>(w, x, job);
-    case 6: return tile_rows<6, VNNI>(w, x, job);
-    default: return tile_rows<7, VNNI>(w, x, job);
-  }
+  with_bits(w.bits, [&](auto bits) { tile_rows<decltype(bits)::value, VNNI>(w, x, job); });
 }
 
 }  // namespace

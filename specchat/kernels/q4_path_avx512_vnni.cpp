@@ -75,11 +75,7 @@ void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
 }  // namespace
 
 void tile_avx512_vnni(const Tiles& w, const Rows& x, const Job& job) {
-  switch (w.bits) {
-    case 4: return tile_rows<4>(w, x, job);
-    case 6: return tile_rows<6>(w, x, job);
-    default: return tile_rows<7>(w, x, job);
-  }
+  with_bits(w.bits, [&](auto bits) { tile_rows<decltype(bits)::value>(w, x, job); });
 }
 
 }  // namespace q4

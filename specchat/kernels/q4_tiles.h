@@ -71,6 +71,16 @@ inline void with_count(int64_t count, Run& run, int64_t first) {
   run(Count<R>{}, first);
 }
 
+// run(Count<BITS>{}) for the tiles' level width (4, 6 or 7 bits): a path's code compiled per width.
+template <typename Run>
+inline void with_bits(int bits, Run&& run) {
+  switch (bits) {
+    case 4: return run(Count<4>{});
+    case 6: return run(Count<6>{});
+    default: return run(Count<7>{});
+  }
+}
+
 // run(Count<R>{}, first) over the job's rows in chunks of at most MAX, as even as possible (8 rows
 // with MAX 5: 4 + 4). Each row's result is the same whatever its chunk.
 template <int MAX, typename Run>

@@ -25,6 +25,7 @@ from specchat.spec.gamma import AutoGamma
 from specchat.spec.engine import build_engine
 from specchat.spec.events import ReplyDone, Token
 from specchat.errors import ModelLoadError
+from specchat.progress import each_message_once
 from specchat.loading.models import load_pair, reply_stops
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
@@ -77,7 +78,7 @@ def with_progress(console: Console, work: Callable):
     When the console is not a terminal, each distinct message is written once as a plain line.
     """
     if not console.is_terminal:
-        return work(PlainProgress(console))
+        return work(each_message_once(lambda message: console.print(message, soft_wrap=True)))
     columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -111,17 +112,6 @@ def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: 
         warm_up(session)
         return pair, session
     return with_progress(console, work)
-
-
-class PlainProgress:
-    def __init__(self, console: Console):
-        self.console = console
-        self.last = ""
-
-    def __call__(self, message: str, fraction: float | None = None) -> None:
-        if message != self.last:
-            self.console.print(message, soft_wrap=True)
-            self.last = message
 
 
 def read_config(args) -> Config:

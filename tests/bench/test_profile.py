@@ -138,10 +138,3 @@ def test_prefill_arguments_are_checked(capsys):
     assert "--prefill" in capsys.readouterr().err
     assert profile.main(["--prefill", "512", "--chunk", "0"]) == 2
 
-
-def test_load_progress_prints_each_message_once(capsys):
-    progress = profile.new_messages_to_stderr()
-    for fraction in (0.1, 0.5, 1.0):
-        progress("checking target.gguf", fraction)
-    progress("loading the target", None)
-    assert capsys.readouterr().err.splitlines() == ["checking target.gguf", "loading the target"]

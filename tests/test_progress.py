@@ -1,0 +1,14 @@
+"""How loading reports progress (progress.py): a plain stream shows each message once."""
+from __future__ import annotations
+
+from specchat.progress import each_message_once
+
+
+def test_a_plain_stream_shows_each_message_once():
+    shown = []
+    progress = each_message_once(shown.append)
+    for fraction in (0.1, 0.5, 1.0):
+        progress("checking target.gguf", fraction)
+    progress("loading the target", None)
+    progress("checking target.gguf", None)  # a message that comes back is new again
+    assert shown == ["checking target.gguf", "loading the target", "checking target.gguf"]
