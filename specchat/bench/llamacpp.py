@@ -2,8 +2,10 @@
 
     pip install -e ".[llamacpp]"     # builds llama.cpp from source (about 10 minutes on 2 cores)
 
-Rows: llama.cpp target-only, and llama.cpp speculative with the drafter GGUF drafting greedily
-`gamma` tokens a step (llama-cpp-python's `draft_model` hook; its own loop verifies the drafts).
+Rows: llama.cpp target-only, llama.cpp speculative with the drafter GGUF drafting greedily `gamma`
+tokens a step (llama-cpp-python's `draft_model` hook; its own loop verifies the drafts), and llama.cpp
+n-gram: the same loop drafting by prompt lookup (llama-cpp-python's LlamaPromptLookupDecoding, up to
+NGRAM_TOKENS tokens copied after the context's latest match of its last tokens), no drafter model.
 Both use the same prompt ids, token limit, stop ids, sampling settings and thread count as specchat.
 Without the extra, or without GGUF sources, the rows are left out with one line saying why.
 """
@@ -15,6 +17,8 @@ from pathlib import Path
 from specchat.config import Config, SamplingConfig
 
 GAMMAS = (4, 8)
+NGRAM = "ngram"      # the gamma of the n-gram row
+NGRAM_TOKENS = 16    # tokens an n-gram draft copies at most, as llama-speculative-simple --spec-draft-n-max 16
 
 
 def unavailable(cfg: Config) -> str:
@@ -76,10 +80,12 @@ class LlamaCppRunner:
 
     def __init__(self, cfg: Config, threads: int, context: int = 4096):
         from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaDraftModel
+        from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
         common = dict(n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
         target = str(gguf_path(cfg.target.source))
         self.target = Llama(model_path=target, **common)
+        self.ngram = Llama(model_path=target, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=NGRAM_TOKENS),
+                           **common)
         self.drafter = None
         drafter = gguf_path(cfg.drafter.source) if cfg.drafter.source else None
         if drafter:
@@ -87,11 +93,12 @@ class LlamaCppRunner:
             self.drafter = type("Drafter", (GreedyDrafter, LlamaDraftModel), {})(draft_llama)
             self.speculative = Llama(model_path=target, draft_model=self.drafter, **common)
 
-    def generate(self, ids: list[int], sampling: SamplingConfig, eos_ids, gamma: int | None):
-        """(new ids, seconds) for one reply; gamma None: target-only."""
-        llama = self.target if gamma is None else self.speculative
-        if gamma is not None:
-            self.drafter.gamma = gamma
+    def generate(self, ids: list[int], sampling: SamplingConfig, eos_ids, gamma: int | str | None):
+        """(new ids, seconds) for one reply; gamma None: target-only, NGRAM: prompt-lookup drafts."""
+        if gamma is None or gamma == NGRAM:
+            llama = self.target if gamma is None else self.ngram
+        else:
+            llama, self.drafter.gamma = self.speculative, gamma
         llama.reset()
         llama.set_seed(sampling.seed if sampling.seed >= 0 else 0)
         options = _options(sampling)

@@ -28,7 +28,7 @@ class Method:
     name: str
     kind: str                  # "specchat" | "hf" | "llama.cpp"
     mode: str                  # "target" | "spec" | "assisted"
-    gamma: int | None = None   # None: not speculative; GAMMA_AUTO: specchat's auto gamma
+    gamma: int | str | None = None  # None: not speculative; GAMMA_AUTO: specchat's auto gamma; llama.cpp's "ngram"
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
     drafter: str = "loaded"    # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
     target: str = ""           # specchat: "" the configured target, else another quantization of it
@@ -68,7 +68,7 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
     (and on the unquantized drafter when the config quantizes it) and specchat at several gammas.
     Each of `drafters` (lookup, self:N: no drafter model needed) adds a specchat row at γ
     DRAFTER_ROW_GAMMA. Each of `other_targets` (target quantizations) adds specchat's rows on that
-    target; `llamacpp` adds llama.cpp's target-only and speculative rows on the same GGUF files."""
+    target; `llamacpp` adds llama.cpp's target-only, speculative and n-gram rows on the same GGUF files."""
     methods = [Method(target_only_name(""), "specchat", "target"),
                Method("HF generate target-only", "hf", "target")]
     if cfg.drafter.source:
@@ -81,10 +81,11 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
         methods.append(Method(target_only_name(quantization), "specchat", "target", target=quantization))
         methods += _specchat_spec(quantization) if cfg.drafter.source else []
     if llamacpp:
-        from specchat.bench.llamacpp import GAMMAS
+        from specchat.bench.llamacpp import GAMMAS, NGRAM
         methods.append(Method(LLAMACPP_TARGET_ONLY, "llama.cpp", "target"))
         methods += [Method(f"llama.cpp speculative γ{g}", "llama.cpp", "spec", g)
                     for g in (GAMMAS if cfg.drafter.source else ())]
+        methods.append(Method("llama.cpp n-gram", "llama.cpp", "spec", NGRAM))
     return methods
 
 

@@ -7,6 +7,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("q4_linear", &q4_linear, "4-bit weights x 8-bit activations, batch-invariant", pybind11::arg("x"),
              pybind11::arg("qs"), pybind11::arg("sc"), pybind11::arg("m"), pybind11::arg("d"), pybind11::arg("dmin"),
              pybind11::arg("outs") = -1, pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("q4_linear_parts", &q4_linear_parts, "the products of several w4a8 weights side by side, x quantized once",
+             pybind11::arg("x"), pybind11::arg("weights"), pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("kernel_path", &kernel_path, "the code path the product runs");
   module.def("kernel_paths", &kernel_paths, "the code paths this CPU can run, fastest first");
   module.def("set_kernel_path", &set_kernel_path, "run the product on this path (a name of kernel_paths())");

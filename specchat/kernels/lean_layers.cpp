@@ -40,15 +40,11 @@ class Stopwatch {
   Clock::time_point start_;
 };
 
-// One w4a8 weight matrix: the kernel's arguments after x.
-struct Q4Weights {
-  torch::Tensor qs, sc, m, d, dmin;
-};
-
-// Linear layers that read one input (q/k/v, gate/up, or a single layer): one kernel call per part,
-// the parts' outputs side by side, then the bias of all of them (undefined when they have none).
+// Linear layers that read one input (q/k/v, gate/up, or a single layer): one kernel call for all the
+// parts (each a w4a8 weight: qs, sc, m, d, dmin), their outputs side by side, then the bias of all of
+// them (undefined when they have none).
 struct Projection {
-  std::vector<Q4Weights> parts;
+  std::vector<std::vector<torch::Tensor>> parts;
   torch::Tensor bias;
 };
 
@@ -59,19 +55,15 @@ struct Layer {
   int64_t gate_width;
 };
 
-Q4Weights weights_from(const std::vector<torch::Tensor>& tensors) {
-  TORCH_CHECK(tensors.size() == 5, "a w4a8 weight is 5 tensors (qs, sc, m, d, dmin), not ", tensors.size());
-  return {tensors[0], tensors[1], tensors[2], tensors[3], tensors[4]};
-}
-
 Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
                            const std::optional<torch::Tensor>& bias) {
   TORCH_CHECK(!parts.empty(), "a projection needs at least one weight");
   Projection projection;
   int64_t outputs = 0;
   for (const auto& part : parts) {
-    projection.parts.push_back(weights_from(part));
-    outputs += projection.parts.back().qs.size(0) * 16;  // 16-row tiles (q4_tiles.h)
+    TORCH_CHECK(part.size() == 5, "a w4a8 weight is 5 tensors (qs, sc, m, d, dmin), not ", part.size());
+    projection.parts.push_back(part);
+    outputs += part[0].size(0) * 16;  // 16-row tiles (q4_tiles.h)
   }
   if (bias) {
     TORCH_CHECK(bias->size(0) == outputs && outputs % LANES == 0, "a bias per output, 8 at a time");
@@ -304,15 +296,14 @@ class LeanLayers {
     add_rows(rows, width, down.data_ptr<float>(), width, fed, width);
   }
 
-  // x [rows, in] → [rows, out] float32: each part's kernel product side by side, plus the bias.
+  // x [rows, in] → [rows, out] float32: the parts' kernel products side by side, plus the bias.
   torch::Tensor project(const Projection& projection, const torch::Tensor& x) {
     Stopwatch watch(times_, times_.matmuls);
-    std::vector<torch::Tensor> outputs;
-    for (const auto& w : projection.parts) {
+    torch::Tensor y;
+    {
       Stopwatch kernel(times_, times_.kernel);
-      outputs.push_back(q4_linear(x, w.qs, w.sc, w.m, w.d, w.dmin, -1));
+      y = q4_linear_parts(x, projection.parts);
     }
-    auto y = outputs.size() == 1 ? outputs[0] : at::cat(outputs, 1);
     if (projection.bias.defined())  // checked against the parts' widths when the layer was added
       add_rows(y.data_ptr<float>(), y.size(1), projection.bias.data_ptr<float>(), 0, y.size(0), y.size(1));
     return y;

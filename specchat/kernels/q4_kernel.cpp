@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -164,28 +165,66 @@ void check_weights(const torch::Tensor& x, const torch::Tensor& qs, const torch:
                                               "d and dmin must be contiguous float32 [tiles, blocks, 16]");
 }
 
+
+// One weight matrix of a fused product, as the path functions read it, and where its outputs go.
+struct Part {
+  q4::Tiles w;
+  int64_t tiles, column, block;  // its 16-row tiles, its first output column, the inputs per block of x's scales
+};
+
+Part part_from(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t column) {
+  TORCH_CHECK(t.size() == 5, "a w4a8 weight is 5 tensors (qs, sc, m, d, dmin), not ", t.size());
+  check_weights(x, t[0], t[1], t[2], t[3], t[4]);
+  const q4::Tiles w{t[0].data_ptr<uint8_t>(), t[1].data_ptr<uint8_t>(), t[2].data_ptr<uint8_t>(), t[3].data_ptr<float>(),
+                    t[4].data_ptr<float>(), t[0].size(1), t[3].size(1), bits_of(t[0].size(2))};
+  return {w, t[0].size(0), column, x.size(1) / t[3].size(1)};
+}
+
 }  // namespace
+
+// x [M, K] float32 → every part's W x side by side [M, Σ tiles·16]: x mapped onto int8 once per block
+// size the parts use, and all the parts' tiles shared out in one parallel loop (one wait, not one a part).
+// Each tile's outputs are what q4_linear gives for that part alone, bit for bit.
+torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& weights) {
+  TORCH_CHECK(!weights.empty(), "a product needs at least one weight");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
+  auto input = x.contiguous();
+  std::vector<Part> parts;
+  int64_t columns = 0;
+  for (const auto& t : weights) {
+    parts.push_back(part_from(input, t, columns));
+    columns += parts.back().tiles * TILE_ROWS;
+  }
+  const int64_t rows = input.size(0), width = input.size(1);
+  std::map<int64_t, Activations> quantized;  // by block size
+  for (const auto& part : parts)
+    if (!quantized.count(part.block)) quantized.emplace(part.block, quantize_rows(input.data_ptr<float>(), rows, width, part.block));
+  auto out = torch::empty({rows, columns}, x.options());
+  float* outs = out.data_ptr<float>();
+  const TileProduct product = selected().load()->product;
+  at::parallel_for(0, columns / TILE_ROWS, 1, [&](int64_t begin, int64_t end) {
+    size_t p = 0;
+    for (int64_t tile = begin; tile < end; ++tile) {
+      while (tile * TILE_ROWS >= parts[p].column + parts[p].tiles * TILE_ROWS) ++p;
+      const Part& part = parts[p];
+      const Activations& a = quantized.at(part.block);
+      const q4::Rows activations{a.levels.data(), a.scales.data(), a.sums.data(), width};
+      product(part.w, activations, {tile - part.column / TILE_ROWS, 0, rows, outs + part.column, columns});
+    }
+  });
+  const Activations& any = quantized.begin()->second;  // every block size sees the same non-finite rows
+  for (int64_t r = 0; r < rows; ++r)
+    if (!any.finite[r]) out[r].fill_(std::numeric_limits<float>::quiet_NaN());
+  return out;
+}
 
 // x [M, K] float32 → W x [M, outs] float32 (outs: the true output rows, at most tiles·16; −1: all).
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                         torch::Tensor dmin, int64_t outs) {
-  check_weights(x, qs, sc, m, d, dmin);
-  const int64_t rows = x.size(0), width = x.size(1), tiles = qs.size(0), padded = tiles * TILE_ROWS;
+  const int64_t padded = qs.dim() == 3 ? qs.size(0) * TILE_ROWS : 0;
   if (outs < 0) outs = padded;
   TORCH_CHECK(outs <= padded && outs > padded - TILE_ROWS, "outs must fall in the last tile");
-  const int64_t block = width / d.size(1);
-  auto input = x.contiguous();
-  const Activations a = quantize_rows(input.data_ptr<float>(), rows, width, block);
-  auto out = torch::empty({rows, padded}, x.options());
-  const q4::Tiles w{qs.data_ptr<uint8_t>(), sc.data_ptr<uint8_t>(), m.data_ptr<uint8_t>(), d.data_ptr<float>(),
-                    dmin.data_ptr<float>(), qs.size(1), d.size(1), bits_of(qs.size(2))};
-  const q4::Rows activations{a.levels.data(), a.scales.data(), a.sums.data(), width};
-  const TileProduct product = selected().load()->product;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t tile = begin; tile < end; ++tile) product(w, activations, {tile, 0, rows, out.data_ptr<float>(), padded});
-  });
-  for (int64_t r = 0; r < rows; ++r)
-    if (!a.finite[r]) out[r].fill_(std::numeric_limits<float>::quiet_NaN());
+  auto out = q4_linear_parts(x, {{qs, sc, m, d, dmin}});
   return outs == padded ? out : out.narrow(1, 0, outs).contiguous();
 }
 

@@ -6,6 +6,10 @@
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                         torch::Tensor dmin, int64_t outs);
 
+// x [M, K] → the products of several such weights (each 5 tensors: qs, sc, m, d, dmin) side by side,
+// [M, Σ tiles·16]: x quantized once, one parallel loop over all their tiles; the same bits as q4_linear's.
+torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& weights);
+
 std::string kernel_path();                    // the code path the product runs
 std::vector<std::string> kernel_paths();      // the paths this CPU can run, fastest first
 void set_kernel_path(const std::string& name);  // run the product on this path

@@ -30,7 +30,8 @@ def test_a_target_that_is_not_a_gguf_file_has_no_llama_cpp_rows(monkeypatch, tmp
 def test_llama_cpp_rows_are_compared_with_llama_cpp_target_only():
     methods = default_methods(load_config(None, []), llamacpp=True)
     rows = [m for m in methods if m.kind == "llama.cpp"]
-    assert [m.name for m in rows] == ["llama.cpp target-only", "llama.cpp speculative γ4", "llama.cpp speculative γ8"]
+    assert [m.name for m in rows] == ["llama.cpp target-only", "llama.cpp speculative γ4", "llama.cpp speculative γ8",
+                                      "llama.cpp n-gram"]
     assert {m.baseline for m in rows} == {"llama.cpp target-only"}
     assert all(m.baseline == "specchat target-only" for m in methods if m.kind != "llama.cpp" and not m.target)
 
@@ -74,3 +75,32 @@ def test_the_greedy_drafter_drafts_gamma_tokens_and_feeds_only_what_it_has_not_s
     fake.fed.clear()
     assert drafter(np.array([5, 6, 7, 8, 4], dtype=np.intc)).tolist() == [5, 6, 7]  # 9 was rejected
     assert fake.fed[0] == [4]  # kept 5 6 7 8, fed the corrected token only
+
+
+class RecordingLlama:
+    """A Llama whose generate() yields a fixed reply and says which instance ran."""
+
+    def __init__(self, name: str, ran: list[str]):
+        self.name, self.ran = name, ran
+
+    def reset(self) -> None:
+        pass
+
+    def set_seed(self, seed: int) -> None:
+        pass
+
+    def generate(self, ids, reset, **options):
+        self.ran.append(self.name)
+        yield from (1, 2, 3)
+
+
+def test_each_llama_cpp_row_runs_its_own_llama_and_the_n_gram_row_drafts_without_a_model():
+    ran: list[str] = []
+    runner = object.__new__(llamacpp.LlamaCppRunner)
+    runner.target, runner.ngram, runner.speculative = (RecordingLlama(n, ran) for n in ("target", "ngram", "spec"))
+    runner.drafter = SimpleNamespace(gamma=0)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=2)
+    for gamma in (None, llamacpp.NGRAM, 8):
+        new, seconds = runner.generate([5, 6], sampling, eos_ids={99}, gamma=gamma)
+        assert new == (1, 2) and seconds >= 0
+    assert ran == ["target", "ngram", "spec"] and runner.drafter.gamma == 8

@@ -66,6 +66,22 @@ def test_every_path_gives_the_portable_paths_bits(kernel, path, bits, outs, widt
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
 
 
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_several_weights_in_one_call_give_each_weights_own_bits_side_by_side(kernel, rows):
+    """q4_linear_parts (q/k/v, gate/up in the layer loop): x quantized once, one loop over every part's tiles."""
+    torch.manual_seed(rows)
+    parts = [Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, 512) * 0.1, bits)) for outs, bits in
+             [(64, 4), (16, 6), (48, 7), (32, 4)]]
+    x = torch.randn(rows, 512)
+    x[-1, 7] = float("nan")  # a row with a NaN is NaN in every part, the others untouched
+    together = kernel.q4_linear_parts(x, [list(p.tensors()) for p in parts])
+    alone = torch.cat([kernel.q4_linear(x, *p.tensors()) for p in parts], dim=1)
+    assert together.shape == (rows, 160) and torch.equal(together[:-1], alone[:-1])
+    assert together[-1].isnan().all() and alone[-1].isnan().all()
+    with pytest.raises(RuntimeError, match="x is 256 wide; the weights take 512"):
+        kernel.q4_linear_parts(x[:, :256], [list(parts[0].tensors())])
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("bits", [4, 6])
 def test_on_every_path_a_row_gets_the_same_bits_alone_or_anywhere_in_a_batch(kernel, path, bits):
