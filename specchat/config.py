@@ -80,6 +80,7 @@ class SpeculationConfig:
     drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
     prompt_lookup: bool = False    # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
+    drafter_context: int = 0  # the drafter model keeps a longer conversation's first N/4 and last 3N/4 tokens (0 = all)
     drafter: str = "model"    # model (the drafter model) | lookup (prompt lookup, no model) | auto (either, per step) | self:N
 
 
@@ -168,6 +169,8 @@ VALIDATORS = {
     ("speculation", "draft_confidence"): lambda v: None if 0.0 <= v < 1.0 else "a probability in [0, 1) (0 = off)",
     ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
     else "0 (the whole vocabulary) or an id limit of at least 256",
+    ("speculation", "drafter_context"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
+    else "0 (the whole conversation) or a number of tokens of at least 256",
     ("ui", "context_limit"): _int_range(0, 10_000_000),
     ("ui", "system_prompt"): _check_text,
     ("runtime", "kernel"): _one_of(KERNELS),

@@ -20,8 +20,8 @@ class LookupDrafter:
         self.vocab_size = vocab_size
         self.seen = 0  # it reads no prompt: nothing is ever cached
 
-    def configure(self, vocab_limit: int, always_ids, lookup: bool = False) -> None:
-        return None  # the model drafter's options (vocabulary limit, guesses) mean nothing here
+    def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
+        return None  # the model drafter's options (vocabulary limit, guesses, context) mean nothing here
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:

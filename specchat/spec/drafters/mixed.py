@@ -46,9 +46,9 @@ class MixedDrafter:
     def seen(self) -> int:
         return self.drafter.seen if self.drafter is not None else 0
 
-    def configure(self, vocab_limit: int, always_ids, lookup: bool = False) -> None:
+    def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
         if self.drafter is not None:
-            self.drafter.configure(vocab_limit, always_ids, lookup)
+            self.drafter.configure(vocab_limit, always_ids, lookup, context)
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:

@@ -1,5 +1,6 @@
 """The model drafter: a small model proposes tokens from its own KV cache, kept in step with the
-committed sequence; it can score a subset of its vocabulary (vocab.py) and try prompt lookup first."""
+committed sequence (the middle of a long one left out: context.py); it can score a subset of its
+vocabulary (vocab.py) and try prompt lookup first."""
 from __future__ import annotations
 
 import torch
@@ -7,6 +8,7 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.spec import model_io
 from specchat.spec.drafters.base import Draft, DraftPlan
+from specchat.spec.drafters.context import ContextGap
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.drafters.lookup import Guesser, NoGuess, PromptLookup
 from specchat.spec.readback import read_back
@@ -34,35 +36,55 @@ class ModelDrafter:
         self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
         self.always_ids: frozenset[int] = frozenset()
         self.guesser: Guesser = NoGuess()  # prompt-lookup tokens checked in the same forward
+        self.context_limit = 0        # 0: the whole conversation in the cache; else see context.py
+        self.gap = ContextGap()
         self._vocab: DraftVocab | None = None
 
-    def configure(self, vocab_limit: int, always_ids, lookup: bool = False) -> None:
-        """Score only ids below vocab_limit (+ seen ids + always_ids; 0: all of them), and check
-        prompt-lookup guesses alongside the current token when `lookup` is on."""
+    def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
+        """Score only ids below vocab_limit (+ seen ids + always_ids; 0: all of them), check prompt-lookup
+        guesses alongside the current token when `lookup` is on, and keep at most about `context` tokens of
+        a long conversation (0: all of it; a new limit reads the conversation again)."""
         if vocab_limit != self.vocab_limit or frozenset(always_ids) != self.always_ids:
             self._vocab = None
-        self.vocab_limit, self.always_ids = vocab_limit, frozenset(always_ids)
+        if context != self.context_limit:
+            self.reset()
+        self.vocab_limit, self.always_ids, self.context_limit = vocab_limit, frozenset(always_ids), context
         self.guesser = PromptLookup() if lookup else NoGuess()
 
     def reset(self) -> None:
         self.cache = model_io.new_cache(self.model)
+        self.gap = ContextGap()
         self._vocab = None
 
     @property
-    def seen(self) -> int:
+    def cached(self) -> int:
+        """Tokens in the cache."""
         return model_io.cache_length(self.cache)
+
+    @property
+    def seen(self) -> int:
+        """Committed ids the cache stands for (a gap's ids count as seen)."""
+        return self.gap.seen(self.cached)
 
     def rollback(self, committed_len: int) -> None:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
-        model_io.crop_to(self.cache, min(self.seen, committed_len - 1))
+        model_io.crop_to(self.cache, self.gap.cut(min(self.seen, committed_len - 1)))
         if self._vocab is not None:
             self._vocab.keep_first(committed_len - 1)
 
     @torch.inference_mode()
     def catch_up(self, ids: list[int], upto: int) -> None:
-        """Read ids[seen:upto] into the cache (a chunk of a long prompt), without scoring them."""
+        """Read ids[seen:upto] into the cache (a chunk of a long prompt), without scoring them; the middle of
+        a conversation longer than the context limit is left out."""
+        self.gap.open(self.context_limit, len(ids), self.seen)
+        if self.gap.count and self.cached < self.gap.start:  # up to the gap first, then past it
+            self._read(ids[self.cached:min(upto, self.gap.start)])
         if upto > self.seen:
-            step_ids = torch.tensor([ids[self.seen:upto]], dtype=torch.long, device=self.device)
+            self._read(ids[self.seen:upto])
+
+    def _read(self, ids: list[int]) -> None:
+        if ids:
+            step_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
             model_io.hidden_tensor(self.model, self.cache, step_ids, 1)
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
@@ -71,6 +93,8 @@ class ModelDrafter:
 
         The tokens stay on the device, each fed to the next forward as it is, unless the host must see each one:
         to end the draft early on its confidence, or to look for prompt-lookup guesses after it."""
+        if self.gap.count and self.cached < self.gap.start:
+            self.catch_up(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
         guessing = not isinstance(self.guesser, NoGuess)
         drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids),
                              host=guessing or plan.tracks_confidence)
@@ -89,7 +113,7 @@ class ModelDrafter:
         Row j is conditioned on guess[:j], so it is the drafter's own next-token distribution as long
         as every earlier guessed token is the one drafted. The cache keeps only that matching part.
         """
-        start, before = clock(self.model), self.seen
+        start, before = clock(self.model), self.cached
         if guess:
             feed_and_guess = torch.cat([feed, torch.tensor(guess, dtype=torch.long, device=self.device)])
         else:
