@@ -144,7 +144,8 @@ class Engine:
 
     def _run(self, prompt_ids, sampling, speculation, cancel) -> Iterator[StepResult | ReplyEnd]:
         if self.drafter:
-            context = speculation.drafter_context if speculation.mode == "spec" else 0  # drafter mode: its own view
+            # drafter mode answers with the drafter's own view of everything; target mode leaves its cache as spec set it
+            context = 0 if speculation.mode == "drafter" else speculation.drafter_context
             self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup, context)
         self._adopt_prompt(prompt_ids)  # the reused tokens: those the leading model's cache still holds
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids),

@@ -77,7 +77,7 @@ def test_a_drafter_seeing_part_of_a_long_prompt_leaves_the_reply_exactly_the_tar
     assert torch.allclose(step, expected[:step.shape[0]], atol=1e-4)  # the cache is exactly the gapped view
 
 
-def test_later_turns_over_a_gapped_cache_stay_exact_and_drafter_mode_sees_everything(
+def test_later_turns_over_a_gapped_cache_stay_exact_target_mode_keeps_it_and_drafter_mode_sees_everything(
         target, similar_drafter_model, tokenizer):
     ids = long_prompt(tokenizer)
     gapped = replies(make_engine(target, similar_drafter_model, tokenizer), ids, LIMIT, turns=3)
@@ -85,6 +85,8 @@ def test_later_turns_over_a_gapped_cache_stay_exact_and_drafter_mode_sees_everyt
     assert [list(d.ids) for d in gapped] == [list(d.ids) for d in whole]
     engine = make_engine(target, similar_drafter_model, tokenizer)
     replies(engine, ids, LIMIT)
+    list(engine.stream(ids, GREEDY, SpeculationConfig(mode="target", drafter_context=LIMIT)))  # compare mode's rerun
+    assert engine.drafter.gap.count > 0 and engine.drafter.seen == len(ids) - 1  # rewound to the prompt, not reset
     list(engine.stream(ids, GREEDY, SpeculationConfig(mode="drafter", drafter_context=LIMIT)))
     assert engine.drafter.gap.count == 0 and engine.drafter.cached == engine.drafter.seen  # read again, whole
 
