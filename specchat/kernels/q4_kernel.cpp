@@ -165,7 +165,6 @@ void check_weights(const torch::Tensor& x, const torch::Tensor& qs, const torch:
                                               "d and dmin must be contiguous float32 [tiles, blocks, 16]");
 }
 
-
 // One weight matrix of a fused product, as the path functions read it, and where its outputs go.
 struct Part {
   q4::Tiles w;
