@@ -4,8 +4,9 @@ Reading a pasted file costs the bundled drafter about 40% of what it costs the t
 the instruction and the text near the reply far more than the middle of a long file, which prompt-lookup
 copies still see whole (they read the committed ids, not the drafter's cache). With
 `speculation.drafter_context` = N, a conversation longer than N tokens reaches the drafter's cache as its
-first N/4 tokens and its last 3N/4, with one gap between them. Only the drafter's proposals change; the
-target verifies them as ever, so the reply stays exactly the target's.
+first N/4 tokens and its last 3N/4, with one gap between them; later turns add to the cache after the gap, and
+one that brings more than N new tokens (another paste) has the drafter read the chat's start and end anew.
+Only the drafter's proposals change; the target verifies them as ever, so the reply stays exactly the target's.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.spec import model_io
 from specchat.spec.drafters.base import Draft, DraftPlan
-from specchat.spec.drafters.context import ContextGap
+from specchat.spec.drafters.context import MIN_GAP, ContextGap
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.drafters.lookup import Guesser, NoGuess, PromptLookup
 from specchat.spec.readback import read_back
@@ -76,6 +76,8 @@ class ModelDrafter:
     def catch_up(self, ids: list[int], upto: int) -> None:
         """Read ids[seen:upto] into the cache (a chunk of a long prompt), without scoring them; the middle of
         a conversation longer than the context limit is left out."""
+        if self.gap.count and len(ids) - self.seen >= self.context_limit + MIN_GAP:
+            self.reset()  # a second long stretch (another paste): the chat's start and end read anew, not all of it
         self.gap.open(self.context_limit, len(ids), self.seen)
         if self.gap.count and self.cached < self.gap.start:  # up to the gap first, then past it
             self._read(ids[self.cached:min(upto, self.gap.start)])

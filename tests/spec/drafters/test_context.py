@@ -96,3 +96,15 @@ def test_the_bundled_config_limits_the_drafters_view_and_bad_values_say_what_is_
     with pytest.raises(ConfigError, match="at least 256"):
         set_from_text(load_config(None, []), "speculation.drafter_context", "100")
     assert set_from_text(load_config(None, []), "speculation.drafter_context", "0").speculation.drafter_context == 0
+
+
+def test_a_second_long_paste_has_the_drafter_read_the_chats_start_and_end_anew(target, similar_drafter_model, tokenizer):
+    ids = long_prompt(tokenizer)
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    first = replies(engine, ids, LIMIT)[0]
+    conversation = ids + list(first.ids) + long_prompt(tokenizer)  # another paste, longer than the limit
+    speculation = SpeculationConfig(gamma=4, drafter_context=LIMIT)
+    second = list(engine.stream(conversation, GREEDY, speculation))[-1]
+    assert list(second.ids) == hf_greedy(target, conversation, GREEDY.max_new_tokens)
+    drafter = engine.drafter
+    assert drafter.gap.start == LIMIT // 4 and drafter.cached <= LIMIT + GREEDY.max_new_tokens  # not both pastes
