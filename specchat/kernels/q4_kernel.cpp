@@ -220,10 +220,10 @@ torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<tor
 // x [M, K] float32 → W x [M, outs] float32 (outs: the true output rows, at most tiles·16; −1: all).
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                         torch::Tensor dmin, int64_t outs) {
-  const int64_t padded = qs.dim() == 3 ? qs.size(0) * TILE_ROWS : 0;
+  auto out = q4_linear_parts(x, {{qs, sc, m, d, dmin}});  // checks the weights first
+  const int64_t padded = out.size(1);
   if (outs < 0) outs = padded;
   TORCH_CHECK(outs <= padded && outs > padded - TILE_ROWS, "outs must fall in the last tile");
-  auto out = q4_linear_parts(x, {{qs, sc, m, d, dmin}});
   return outs == padded ? out : out.narrow(1, 0, outs).contiguous();
 }
 

@@ -66,6 +66,11 @@ class ModelDrafter:
         """Committed ids the cache stands for (a gap's ids count as seen)."""
         return self.gap.seen(self.cached)
 
+    @property
+    def _short_of_gap(self) -> bool:
+        """A gap is planned and the cache has not reached its start yet."""
+        return bool(self.gap.count) and self.cached < self.gap.start
+
     def rollback(self, committed_len: int) -> None:
         """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
         model_io.crop_to(self.cache, self.gap.cut(min(self.seen, committed_len - 1)))
@@ -79,7 +84,7 @@ class ModelDrafter:
         if self.gap.count and len(ids) - self.seen >= self.context_limit + MIN_GAP:
             self.reset()  # a second long stretch (another paste): the chat's start and end read anew, not all of it
         self.gap.open(self.context_limit, len(ids), self.seen)
-        if self.gap.count and self.cached < self.gap.start:  # up to the gap first, then past it
+        if self._short_of_gap:  # up to the gap first, then past it
             self._read(ids[self.cached:min(upto, self.gap.start)])
         if upto > self.seen:
             self._read(ids[self.seen:upto])
@@ -95,7 +100,7 @@ class ModelDrafter:
 
         The tokens stay on the device, each fed to the next forward as it is, unless the host must see each one:
         to end the draft early on its confidence, or to look for prompt-lookup guesses after it."""
-        if self.gap.count and self.cached < self.gap.start:
+        if self._short_of_gap:
             self.catch_up(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
         guessing = not isinstance(self.guesser, NoGuess)
         drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids),
