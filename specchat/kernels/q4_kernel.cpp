@@ -41,37 +41,17 @@ struct Activations {
   std::vector<uint8_t> finite;  // [M]: 0 where the row holds a NaN or an infinity
 };
 
-// Row r of x onto its int8 levels, block by block.
-void quantize_row(const float* x, int64_t r, int64_t width, int64_t block, Activations& a) {
-  bool finite = true;
-  for (int64_t b = 0; b < width / block; ++b) {
-    const float* in = x + b * block;
-    float amax = 0.f;
-    for (int64_t i = 0; i < block; ++i) {
-      finite = finite && std::isfinite(in[i]);
-      amax = std::fmax(amax, std::fabs(in[i]));
-    }
-    const float scale = finite ? amax / 127.f : 0.f;
-    const float inverse = scale > 0.f ? 1.f / scale : 0.f;
-    a.scales[r * (width / block) + b] = scale;
-    int8_t* levels = a.levels.data() + r * width + b * block;
-    for (int64_t g = 0; g < block / GROUP; ++g) {
-      int32_t sum = 0;
-      for (int64_t i = g * GROUP; i < (g + 1) * GROUP; ++i) {
-        levels[i] = static_cast<int8_t>(std::nearbyint(in[i] * inverse));
-        sum += levels[i];
-      }
-      a.sums[r * (width / GROUP) + b * (block / GROUP) + g] = static_cast<int16_t>(sum);
-    }
-  }
-  a.finite[r] = finite;
-}
+using RowQuantizer = bool (*)(const float*, int64_t, int64_t, const q4::RowOut&);
 
-Activations quantize_rows(const float* x, int64_t rows, int64_t width, int64_t block) {
+Activations quantize_rows(RowQuantizer quantize, const float* x, int64_t rows, int64_t width, int64_t block) {
   Activations a{std::vector<int8_t>(rows * width), std::vector<float>(rows * (width / block)),
                 std::vector<int16_t>(rows * (width / GROUP)), std::vector<uint8_t>(rows)};
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) quantize_row(x + r * width, r, width, block, a);
+    for (int64_t r = begin; r < end; ++r) {
+      const q4::RowOut out{a.levels.data() + r * width, a.scales.data() + r * (width / block),
+                           a.sums.data() + r * (width / GROUP)};
+      a.finite[r] = quantize(x + r * width, width, block, out);
+    }
   });
   return a;
 }
@@ -81,6 +61,7 @@ using TileProduct = void (*)(const q4::Tiles&, const q4::Rows&, const q4::Job&);
 struct Path {
   const char* name;
   TileProduct product;
+  RowQuantizer quantize;  // the activations' int8 levels: the same bits on every path
   bool (*available)();
   const char* needs;  // what the CPU lacks when it is not available
 };
@@ -117,12 +98,12 @@ bool always() { return true; }
 const std::vector<Path>& paths() {
   static const std::vector<Path> all = {
 #if defined(__x86_64__) || defined(_M_X64)
-      {"amx", q4::tile_amx, has_amx, "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles"},
-      {"avx512-vnni", q4::tile_avx512_vnni, has_avx512_vnni, "AVX-512 F/BW/VL/VNNI"},
-      {"avx-vnni", q4::tile_avx_vnni, has_avx_vnni, "AVX-VNNI"},
-      {"avx2", q4::tile_avx2, has_avx2, "AVX2 and FMA"},
+      {"amx", q4::tile_amx, q4::quantize_row_avx2, has_amx, "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles"},
+      {"avx512-vnni", q4::tile_avx512_vnni, q4::quantize_row_avx2, has_avx512_vnni, "AVX-512 F/BW/VL/VNNI"},
+      {"avx-vnni", q4::tile_avx_vnni, q4::quantize_row_avx2, has_avx_vnni, "AVX-VNNI"},
+      {"avx2", q4::tile_avx2, q4::quantize_row_avx2, has_avx2, "AVX2 and FMA"},
 #endif
-      {"portable", q4::tile_portable, always, ""},
+      {"portable", q4::tile_portable, q4::quantize_row_portable, always, ""},
   };
   return all;
 }
@@ -195,12 +176,14 @@ torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<tor
     columns += parts.back().tiles * TILE_ROWS;
   }
   const int64_t rows = input.size(0), width = input.size(1);
+  const Path& path = *selected().load();
   std::map<int64_t, Activations> quantized;  // by block size
   for (const auto& part : parts)
-    if (!quantized.count(part.block)) quantized.emplace(part.block, quantize_rows(input.data_ptr<float>(), rows, width, part.block));
+    if (!quantized.count(part.block))
+      quantized.emplace(part.block, quantize_rows(path.quantize, input.data_ptr<float>(), rows, width, part.block));
   auto out = torch::empty({rows, columns}, x.options());
   float* outs = out.data_ptr<float>();
-  const TileProduct product = selected().load()->product;
+  const TileProduct product = path.product;
   at::parallel_for(0, columns / TILE_ROWS, 1, [&](int64_t begin, int64_t end) {
     size_t p = 0;
     for (int64_t tile = begin; tile < end; ++tile) {

@@ -53,6 +53,30 @@ void block_sums(const Tiles& w, const Rows& x, const Job& job, int64_t b, int32_
 
 }  // namespace
 
+bool quantize_row_portable(const float* x, int64_t width, int64_t block, const RowOut& out) {
+  bool finite = true;
+  for (int64_t b = 0; b < width / block; ++b) {
+    const float* in = x + b * block;
+    float amax = 0.f;
+    for (int64_t i = 0; i < block; ++i) {
+      finite = finite && std::isfinite(in[i]);
+      amax = std::fmax(amax, std::fabs(in[i]));
+    }
+    const float scale = finite ? amax / 127.f : 0.f;
+    const float inverse = scale > 0.f ? 1.f / scale : 0.f;
+    out.scales[b] = scale;
+    for (int64_t g = b * block / GROUP; g < (b + 1) * block / GROUP; ++g) {
+      int32_t sum = 0;
+      for (int64_t i = g * GROUP; i < (g + 1) * GROUP; ++i) {
+        out.levels[i] = static_cast<int8_t>(std::nearbyint(x[i] * inverse));
+        sum += out.levels[i];
+      }
+      out.sums[g] = static_cast<int16_t>(sum);
+    }
+  }
+  return finite;
+}
+
 void tile_portable(const Tiles& w, const Rows& x, const Job& job) {
   std::vector<int32_t> sums(2 * job.count * TILE_ROWS);
   auto* dot = reinterpret_cast<int32_t (*)[TILE_ROWS]>(sums.data());

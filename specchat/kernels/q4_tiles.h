@@ -93,8 +93,19 @@ inline void in_chunks(const Job& job, Run&& run) {
   }
 }
 
+// One activation row x [width] onto its int8 levels, block by block (scale amax/127, each level
+// nearbyint(x / scale)), with each 32-group's sum of levels; `finite` turns false at a NaN or an infinity
+// (the block holding it and those after get scale 0). Every version gives the same bits.
+struct RowOut {
+  int8_t* levels;  // [width]
+  float* scales;   // [width / block]
+  int16_t* sums;   // [width / 32]
+};
+bool quantize_row_portable(const float* x, int64_t width, int64_t block, const RowOut& out);  // → finite
+
 void tile_portable(const Tiles& w, const Rows& x, const Job& job);
 #if defined(__x86_64__) || defined(_M_X64)
+bool quantize_row_avx2(const float* x, int64_t width, int64_t block, const RowOut& out);
 void tile_avx2(const Tiles& w, const Rows& x, const Job& job);
 void tile_avx_vnni(const Tiles& w, const Rows& x, const Job& job);
 void tile_avx512_vnni(const Tiles& w, const Rows& x, const Job& job);

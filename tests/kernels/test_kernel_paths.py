@@ -66,6 +66,25 @@ def test_every_path_gives_the_portable_paths_bits(kernel, path, bits, outs, widt
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
 
 
+@pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
+def test_every_path_maps_activations_onto_levels_as_the_portable_path(kernel, path):
+    """Each path quantizes x with its own code (q4_path_*.cpp): halfway values round to even on all
+    of them, a row of zeros stays zero, and a NaN or an infinity makes its row NaN wherever it sits."""
+    path_or_skip(kernel, path)
+    torch.manual_seed(7)
+    tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(48, 512) * 0.1, 4))
+    halves = torch.randint(-127, 127, (6, 512)).float() + 0.5  # each x / scale lands halfway between levels
+    halves[:, ::256] = 127.0  # so every block's amax is 127 and its scale exactly 1
+    x = torch.cat([halves, torch.zeros(1, 512), torch.randn(3, 512)])
+    x[-3, 300], x[-2, 5], x[-1, 511] = float("inf"), float("nan"), -float("inf")
+    for rows in (1, 4, 7):  # halfway rows, then the row of zeros
+        portable, other = (products(kernel, name, x[:rows], tiles) for name in ("portable", path))
+        assert torch.equal(other, portable), f"{rows} rows"
+    portable, other = (products(kernel, name, x, tiles) for name in ("portable", path))
+    assert torch.equal(other[:7], portable[:7]) and portable[6].eq(0).all()
+    assert portable[7:].isnan().all() and other[7:].isnan().all()
+
+
 @pytest.mark.parametrize("rows", [1, 5, 40])
 def test_several_weights_in_one_call_give_each_weights_own_bits_side_by_side(kernel, rows):
     """q4_linear_parts (q/k/v, gate/up in the layer loop): x quantized once, one loop over every part's tiles."""
