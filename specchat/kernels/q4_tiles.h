@@ -94,7 +94,7 @@ inline void in_chunks(const Job& job, Run&& run) {
 }
 
 // One activation row x [width] onto its int8 levels, block by block (scale amax/127, each level
-// nearbyint(x / scale)), with each 32-group's sum of levels; `finite` turns false at a NaN or an infinity
+// nearbyint(x · (1/scale)), halfway to even), with each 32-group's sum of levels; `finite` turns false at a NaN or an infinity
 // (the block holding it and those after get scale 0). Every version gives the same bits.
 struct RowOut {
   int8_t* levels;  // [width]
