@@ -95,8 +95,10 @@ class LlamaCppRunner:
 
     def generate(self, ids: list[int], sampling: SamplingConfig, eos_ids, gamma: int | str | None):
         """(new ids, seconds) for one reply; gamma None: target-only, NGRAM: prompt-lookup drafts."""
-        if gamma is None or gamma == NGRAM:
-            llama = self.target if gamma is None else self.ngram
+        if gamma is None:
+            llama = self.target
+        elif gamma == NGRAM:
+            llama = self.ngram
         else:
             llama, self.drafter.gamma = self.speculative, gamma
         llama.reset()

@@ -167,8 +167,7 @@ Part part_from(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int6
 // Each tile's outputs are what q4_linear gives for that part alone, bit for bit.
 torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& weights) {
   TORCH_CHECK(!weights.empty(), "a product needs at least one weight");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
-  auto input = x.contiguous();
+  auto input = x.contiguous();  // x itself is checked with the first weight
   std::vector<Part> parts;
   int64_t columns = 0;
   for (const auto& t : weights) {
@@ -181,6 +180,11 @@ torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<tor
   for (const auto& part : parts)
     if (!quantized.count(part.block))
       quantized.emplace(part.block, quantize_rows(path.quantize, input.data_ptr<float>(), rows, width, part.block));
+  std::vector<q4::Rows> activations;  // each part's, as the path functions read them
+  for (const auto& part : parts) {
+    const Activations& a = quantized.at(part.block);
+    activations.push_back({a.levels.data(), a.scales.data(), a.sums.data(), width});
+  }
   auto out = torch::empty({rows, columns}, x.options());
   float* outs = out.data_ptr<float>();
   const TileProduct product = path.product;
@@ -189,9 +193,7 @@ torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<tor
     for (int64_t tile = begin; tile < end; ++tile) {
       while (tile * TILE_ROWS >= parts[p].column + parts[p].tiles * TILE_ROWS) ++p;
       const Part& part = parts[p];
-      const Activations& a = quantized.at(part.block);
-      const q4::Rows activations{a.levels.data(), a.scales.data(), a.sums.data(), width};
-      product(part.w, activations, {tile - part.column / TILE_ROWS, 0, rows, outs + part.column, columns});
+      product(part.w, activations[p], {tile - part.column / TILE_ROWS, 0, rows, outs + part.column, columns});
     }
   });
   const Activations& any = quantized.begin()->second;  // every block size sees the same non-finite rows
