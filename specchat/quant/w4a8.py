@@ -209,12 +209,27 @@ class Q4Tiles:
         return {16: 4, 24: 6, 32: 7}[self.qs.shape[2] // TILE_ROWS]
 
     def rows(self, index: torch.Tensor | slice) -> "Q4Tiles":
-        """The tiles of only the output rows `index` (only the tiles they lie in are unpacked)."""
+        """The tiles of only the output rows `index`: views of whole tiles when `index` is a run of them (a
+        drafter's head for the ids below its limit), else only the tiles the rows lie in, unpacked."""
+        whole = self._whole_tiles(index)
+        if whole is not None:
+            return whole
         wanted = torch.arange(self.outs)[index]
         tiles = torch.unique(wanted // TILE_ROWS)
         local = torch.searchsorted(tiles, wanted // TILE_ROWS) * TILE_ROWS + wanted % TILE_ROWS
         part = Q4Tiles(*(t[tiles] for t in self.tensors()), outs=len(tiles) * TILE_ROWS).to_block()
         return Q4Tiles.from_block(Q4Block(*(t[local].contiguous() for t in part.tensors())))
+
+    def _whole_tiles(self, index: torch.Tensor | slice) -> "Q4Tiles | None":
+        """Views of tiles first..last when `index` is the slice of their rows (the last tile's padding
+        included), else None."""
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            return None
+        start, stop, _ = index.indices(self.outs)
+        if start % TILE_ROWS or stop <= start or (stop % TILE_ROWS and stop != self.outs):
+            return None
+        tiles = slice(start // TILE_ROWS, -(-stop // TILE_ROWS))
+        return Q4Tiles(*(t[tiles] for t in self.tensors()), outs=stop - start)
 
     def dequantize(self) -> torch.Tensor:
         return self.to_block().dequantize()

@@ -141,6 +141,10 @@ def test_the_tiles_hold_the_weights_a_row_after_a_row_held(kernel):
         index = torch.tensor([36, 0, 17, 5])
         assert torch.equal(tiles.rows(index).dequantize(), block.dequantize()[index])
         assert torch.equal(tiles.rows(slice(3, 20)).dequantize(), block.dequantize()[3:20])
+        for whole in (slice(0, 32), slice(16, 37), slice(16, None)):  # runs of whole tiles: views, no unpacking
+            part = tiles.rows(whole)
+            assert part.qs.untyped_storage().data_ptr() == tiles.qs.untyped_storage().data_ptr()
+            assert torch.equal(part.dequantize(), block.dequantize()[whole]), whole
 
 
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])

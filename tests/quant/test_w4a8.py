@@ -112,6 +112,15 @@ def test_a_row_gets_bitwise_the_same_result_alone_or_anywhere_in_a_batch(kernel,
         assert torch.equal(layer(batch)[position], alone[0])
 
 
+@pytest.mark.parametrize("index", [slice(0, 64), slice(32, 200), torch.tensor([199, 3, 64, 17])])
+def test_a_layer_of_some_output_rows_gives_those_columns_of_the_whole_layer(kernel, index):
+    """A drafter's head for the ids below its limit (whole tiles, views) or for ids seen in the chat."""
+    torch.manual_seed(8)
+    layer = Q4Linear(Q4Block.quantize(torch.randn(200, 640) * 0.1, 6), None, kernel.q4_linear)
+    x = torch.randn(5, 640)
+    assert torch.equal(layer.rows(index)(x), layer(x)[:, index])
+
+
 def w4a8_model(model: torch.nn.Module, kernel, dtype: torch.dtype) -> torch.nn.Module:
     quantized = copy.deepcopy(model)
     quantize_w4a8(quantized, None, kernel)
