@@ -233,6 +233,15 @@ class LeanLayers {
                        projection_from(gate_up, gate_up_bias), projection_from({down}, down_bias), gate_width});
   }
 
+  // The decoder's norm after its last layer (what forward_tail applies).
+  void set_final_norm(torch::Tensor weight, double eps) {
+    TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.size(0) % LANES == 0 &&
+                (layers_.empty() || weight.size(0) == layers_[0].input_norm.size(0)),
+                "the final norm's weight must be contiguous float32, as wide as the layers");
+    final_norm_ = weight;
+    final_eps_ = eps;
+  }
+
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
   // hidden [1, fed, hidden] float32 after `start` cached tokens → hidden after every layer; writes
@@ -267,6 +276,22 @@ class LeanLayers {
     for (size_t index = 0; index < layers_.size(); ++index)
       layer(layers_[index], state, normed, attended, keys[index], values[index], cos, sin, start);
     return state.view({1, fed, width});
+  }
+
+  // forward, then the final norm of its last `keep` rows (all of them when fewer were fed): [1, rows, hidden].
+  // The norm runs here, while the rows are in cache: a torch call after a forward that streamed the weights
+  // found its own code and data evicted (0.5 ms for one row's norm here).
+  torch::Tensor forward_tail(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
+                             const std::vector<torch::Tensor>& values, const torch::Tensor& cos,
+                             const torch::Tensor& sin, int64_t start, int64_t keep) {
+    TORCH_CHECK(final_norm_.defined(), "set_final_norm first");
+    TORCH_CHECK(keep >= 1, "keep must be >= 1, not ", keep);
+    const auto state = forward(hidden, keys, values, cos, sin, start);
+    const int64_t fed = state.size(1), width = state.size(2), rows = std::min(keep, fed);
+    auto out = torch::empty({1, rows, width}, state.options());
+    rms_norm_rows(state.data_ptr<float>() + (fed - rows) * width, final_norm_.data_ptr<float>(), rows, width,
+                  final_eps_, out.data_ptr<float>());
+    return out;
   }
 
   void time_parts(bool on) { times_ = PartTimes{on}; }
@@ -365,6 +390,8 @@ class LeanLayers {
   int64_t heads_, kv_heads_, head_dim_;
   float scaling_;
   std::vector<Layer> layers_;
+  torch::Tensor final_norm_;
+  double final_eps_ = 0;
   PartTimes times_;
 };
 
@@ -373,7 +400,9 @@ void register_lean_layers(pybind11::module& module) {
       .def(pybind11::init<int64_t, int64_t, int64_t, double>())
       .def("add_layer", &LeanLayers::add_layer)
       .def("__len__", &LeanLayers::size)
+      .def("set_final_norm", &LeanLayers::set_final_norm)
       .def("forward", &LeanLayers::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("forward_tail", &LeanLayers::forward_tail, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("time_parts", &LeanLayers::time_parts)
       .def("part_seconds", &LeanLayers::part_seconds);
 }

@@ -122,7 +122,7 @@ class LeanForward:
         self.device = input_device(model)
         self._cos = self._sin = None
         self.native_reason = "no compiled kernel module was given" if native_layers is None else \
-            lean_native.unsupported(self.layers, config, self._activation_dtype, self.head_dim)
+            lean_native.unsupported(self.layers, self.norm, config, self._activation_dtype, self.head_dim)
         self.kv_dtype = KV_CACHE_TYPES[kv_cache] if not self.native_reason else self._activation_dtype
 
     def new_cache(self) -> LeanCache:
@@ -139,7 +139,7 @@ class LeanForward:
     def native_loop(self):
         """The compiled layer loop, built on first use; None where the Python loop runs."""
         if self._native is None and not self.native_reason:
-            self._native = lean_native.build(self.native_layers, self.layers, self.heads, self.kv_heads,
+            self._native = lean_native.build(self.native_layers, self.layers, self.norm, self.heads, self.kv_heads,
                                              self.head_dim, self.scaling)
         return self._native
 
@@ -182,25 +182,26 @@ class LeanForward:
         n² floats per head (43 GB for 30k tokens on the bundled target)."""
         tail = None
         for piece in input_ids.split(model_io.PREFILL_CHUNK, dim=1):
-            hidden = self._decode(cache, piece)
+            hidden = self._decode(cache, piece, keep)
             tail = hidden if tail is None else torch.cat([tail, hidden], dim=1)[:, -keep:]
-        hidden = rms_norm(self.norm, tail[:, -keep:])
-        return self.head(hidden)[0] if head else hidden[0]
+        return self.head(tail)[0] if head else tail[0]
 
-    def _decode(self, cache: LeanCache, input_ids: torch.Tensor) -> torch.Tensor:
-        """The decoder layers over input_ids [1, fed] after the cache: hidden states [1, fed, hidden]."""
+    def _decode(self, cache: LeanCache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """The decoder layers over input_ids [1, fed] after the cache, then the final norm of the last
+        `keep` rows (per row, so a prompt's pieces normed apart are normed alike): [1, min(keep, fed), hidden]."""
         start, fed = cache.length, input_ids.shape[1]
         cache.make_room(start + fed)
         self._tables(cache.capacity)
         cos, sin = self._cos[start:start + fed], self._sin[start:start + fed]  # [fed, head_dim]
         hidden = self.embed(input_ids)  # [1, fed, hidden]
         native = self.native_loop()
-        if native is not None:  # causal by itself
-            hidden = native.forward(hidden, cache.keys, cache.values, cos, sin, start)
+        if native is not None:  # causal by itself; the norm while the rows are in cache
+            hidden = native.forward_tail(hidden, cache.keys, cache.values, cos, sin, start, keep)
         else:
             mask = self._causal_mask(start, fed)
             for index, layer in enumerate(self.layers):
                 hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
+            hidden = rms_norm(self.norm, hidden[:, -keep:])
         cache.length = start + fed
         return hidden
 

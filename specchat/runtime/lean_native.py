@@ -17,8 +17,10 @@ from specchat.quant.w4a8 import TILE_ROWS, Q4Linear, whole_group
 ACTIVATIONS = ("silu",)
 
 
-def unsupported(layers: list[nn.Module], config, dtype: torch.dtype, head_dim: int) -> str:
-    """'' when build() can take these decoder layers, else why not."""
+def unsupported(layers: list[nn.Module], norm: nn.Module, config, dtype: torch.dtype, head_dim: int) -> str:
+    """'' when build() can take these decoder layers and the norm after them, else why not."""
+    if getattr(norm, "variance_epsilon", None) is None:
+        return f"its final {type(norm).__name__} is not an RMSNorm"
     if dtype != torch.float32:
         return f"its activations are {dtype}, not float32"
     if getattr(config, "hidden_act", None) not in ACTIVATIONS:
@@ -41,8 +43,9 @@ def unsupported(layers: list[nn.Module], config, dtype: torch.dtype, head_dim: i
     return ""
 
 
-def build(layer_type, layers: list[nn.Module], heads: int, kv_heads: int, head_dim: int, scaling: float):
-    """A compiled LeanLayers (layer_type: the kernel module's class) over `layers`."""
+def build(layer_type, layers: list[nn.Module], norm: nn.Module, heads: int, kv_heads: int, head_dim: int,
+          scaling: float):
+    """A compiled LeanLayers (layer_type: the kernel module's class) over `layers` and the norm after them."""
     native = layer_type(heads, kv_heads, head_dim, scaling)
     for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -53,6 +56,7 @@ def build(layer_type, layers: list[nn.Module], heads: int, kv_heads: int, head_d
                          _parts(qkv), _bias(qkv), list(attention.o_proj.tiles.tensors()), _bias([attention.o_proj]),
                          _parts(gate_up), _bias(gate_up), mlp.gate_proj.out_features,
                          list(mlp.down_proj.tiles.tensors()), _bias([mlp.down_proj]))
+    native.set_final_norm(norm.weight.detach().contiguous(), float(norm.variance_epsilon))
     return native
 
 
