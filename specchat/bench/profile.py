@@ -12,8 +12,9 @@ it prints the median time split by what ran, measured by timing hooks on the mod
   with the lean forward, which calls no attention module, the attention function alone (timed
   inside the compiled layer loop where w4a8 layers run in one C++ call);
 - other: the rest of the forward (Python and dispatch, norms, embeddings, masks, cache bookkeeping).
-Then the host-side work per step: greedy verification, and sampled verification (probabilities from
-logits at T=0.7/top-p 0.9, the rejection rule) and the drafter's sampling of one token.
+Then the host-side work per step on both models' logits at the context's end: greedy verification, and
+sampled verification (probabilities from logits at T=0.7/top-p 0.9, the rejection rule) and the drafter's
+sampling of one token.
 """
 from __future__ import annotations
 
@@ -75,22 +76,35 @@ def _ids_like(model, ids: list[int]) -> torch.Tensor:
     return torch.tensor([ids], dtype=torch.long, device=model_io.input_device(model))
 
 
-def host_rows(pair, gamma: int, draft_width: int, repeats: int) -> dict[str, float]:
-    """Median ms of the host-side work of one step on random logits (the target's width; the
-    drafter samples over its own, restricted width)."""
+def host_rows(pair, gamma: int, draft_width: int, repeats: int,
+              logits: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
+    """Median ms of the host-side work of one step (the target's width; the drafter samples over its own,
+    restricted width) on `logits`: the target's [gamma+1, vocab] and the drafter's [gamma, vocab], as
+    real_logits gives them (a real reply's nucleus is narrow, and top-p's cost follows it), else random ones."""
     width, generator = pair.vocab_size, make_generator(0)
-    logits = torch.randn(gamma + 1, width, generator=generator) * 4
-    drafts = logits[:gamma].argmax(-1)
-    q = probs_from_logits(torch.randn(gamma, width, generator=generator) * 4, SAMPLED)
-    row = logits[:1, :draft_width]
+    target, drafter = logits or (torch.randn(gamma + 1, width, generator=generator) * 4,
+                                 torch.randn(gamma, width, generator=generator) * 4)
+    target, drafter = target[:, :width].float(), drafter[:, :width].float()
+    drafts = drafter.argmax(-1)
+    q = probs_from_logits(drafter, SAMPLED)
+    row = drafter[-1:, :draft_width]
     jobs = {
-        "verify, greedy": lambda: verify_greedy(drafts, logits),
+        "verify, greedy": lambda: verify_greedy(drafts, target),
         "verify, sampled (p from logits + rule)": lambda: verify_sampled(
-            drafts, q, probs_from_logits(logits, SAMPLED), generator),
+            drafts, q, probs_from_logits(target, SAMPLED), generator),
         "drafter sampling of 1 token": lambda: pick(row, SAMPLED, generator),
     }
     return {name: statistics.median(seconds_of(job, lambda: None) for _ in range(repeats)) * 1e3
             for name, job in jobs.items()}
+
+
+def real_logits(pair, context: list[int], gamma: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The target's logits at the context's last gamma+1 positions and the drafter's at its last gamma
+    (None without a drafter)."""
+    if pair.drafter is None:
+        return None
+    return (model_io.forward(pair.target, model_io.new_cache(pair.target), context, keep=gamma + 1),
+            model_io.forward(pair.drafter, model_io.new_cache(pair.drafter), context, keep=gamma))
 
 
 def forward_table(rows: dict[str, dict]) -> str:
@@ -145,7 +159,7 @@ def main(argv=None) -> int:
           f"{torch.get_num_threads()} threads; medians of {args.repeats}\n")
     print(forward_table(forward_rows(pair, context, args.gamma, vocab_limit, args.repeats)) + "\n")
     width = vocab_limit if 0 < vocab_limit < pair.vocab_size else pair.vocab_size
-    print(host_table(host_rows(pair, args.gamma, width, args.repeats)))
+    print(host_table(host_rows(pair, args.gamma, width, args.repeats, real_logits(pair, context, args.gamma))))
     return 0
 
 

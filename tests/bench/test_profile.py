@@ -100,9 +100,13 @@ def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tok
 
 def test_host_rows_time_greedy_and_sampled_verification(tokenizer):
     pair = SimpleNamespace(vocab_size=len(tokenizer))
-    rows = profile.host_rows(pair, gamma=4, draft_width=100, repeats=3)
-    assert set(rows) == {"verify, greedy", "verify, sampled (p from logits + rule)", "drafter sampling of 1 token"}
-    assert all(ms > 0 for ms in rows.values())
+    peaked = torch.full((9, len(tokenizer)), -30.0)
+    peaked[:, 7] = 0.0  # a real reply's narrow nucleus
+    for logits in (None, (peaked[:5], peaked[5:])):
+        rows = profile.host_rows(pair, gamma=4, draft_width=100, repeats=3, logits=logits)
+        assert set(rows) == {"verify, greedy", "verify, sampled (p from logits + rule)", "drafter sampling of 1 token"}
+        assert all(ms > 0 for ms in rows.values())
+    assert profile.real_logits(SimpleNamespace(drafter=None), [1, 2, 3], 2) is None
 
 
 def test_bad_arguments_are_one_line_errors(capsys):
