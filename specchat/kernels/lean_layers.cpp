@@ -210,6 +210,12 @@ void attend_count(int count, const float* queries, const T* keys, const T* value
   attend_heads<G>(queries, keys, values, length, dim, scaling, scores, out);
 }
 
+// A norm's weight as rms_norm_rows reads it.
+void check_norm(const torch::Tensor& weight) {
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.size(0) % LANES == 0,
+              "norm weights must be contiguous float32, a multiple of 8 wide");
+}
+
 }  // namespace
 
 class LeanLayers {
@@ -225,9 +231,7 @@ class LeanLayers {
                  std::vector<torch::Tensor> out, std::optional<torch::Tensor> out_bias,
                  std::vector<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> gate_up_bias,
                  int64_t gate_width, std::vector<torch::Tensor> down, std::optional<torch::Tensor> down_bias) {
-    for (const auto& t : {input_norm, post_norm})
-      TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.size(0) % LANES == 0,
-                  "norm weights must be contiguous float32, a multiple of 8 wide");
+    for (const auto& t : {input_norm, post_norm}) check_norm(t);
     TORCH_CHECK(gate_width % LANES == 0, "the MLP's width must be a multiple of 8");
     layers_.push_back({input_norm, post_norm, eps, projection_from(qkv, qkv_bias), projection_from({out}, out_bias),
                        projection_from(gate_up, gate_up_bias), projection_from({down}, down_bias), gate_width});
@@ -235,9 +239,9 @@ class LeanLayers {
 
   // The decoder's norm after its last layer (what forward_tail applies).
   void set_final_norm(torch::Tensor weight, double eps) {
-    TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.size(0) % LANES == 0 &&
-                (layers_.empty() || weight.size(0) == layers_[0].input_norm.size(0)),
-                "the final norm's weight must be contiguous float32, as wide as the layers");
+    check_norm(weight);
+    TORCH_CHECK(layers_.empty() || weight.size(0) == layers_[0].input_norm.size(0),
+                "the final norm must be as wide as the layers");
     final_norm_ = weight;
     final_eps_ = eps;
   }

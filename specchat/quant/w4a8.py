@@ -349,8 +349,7 @@ class Q4Group:
         self.product = layers[0].product
         start = 0
         for index, layer in enumerate(layers):
-            tiles = slice(start // TILE_ROWS, (start + layer.out_features) // TILE_ROWS)
-            layer.tiles = Q4Tiles(*(tensor[tiles] for tensor in self.fused.tensors()), outs=layer.out_features)
+            layer.tiles = self.fused.rows(slice(start, start + layer.out_features))  # whole tiles: views
             layer.group, start = (self, index), start + layer.out_features
 
     def products(self, x: torch.Tensor) -> list[torch.Tensor]:
