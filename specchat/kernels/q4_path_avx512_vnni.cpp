@@ -18,7 +18,10 @@
 namespace q4 {
 namespace {
 
-constexpr int MAX_ROWS = 8;  // activation rows per pass over a tile's weights (their sums stay in registers)
+// Activation rows per pass over a tile's weights (their sums stay in registers): 16, so a verification of up
+// to 16 rows streams the weights once (the bundled pair's layers on a Xeon, against 8: 9 rows 16% faster, 12
+// rows 13%, 5 rows the same).
+constexpr int MAX_ROWS = 16;
 
 // Group g's Σ L·x for R rows, then times the group's scales into dot. With one or two rows the
 // products go to two accumulators (half the chain of dependent `vpdpbusd`s).

@@ -60,7 +60,9 @@ def test_every_path_gives_the_portable_paths_bits(kernel, path, bits, outs, widt
     tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, width) * 0.1, bits))
     x = torch.randn(64, width)
     x[:, 3] *= 30  # an outlier channel
-    for rows in [*range(1, 18), 53, 64]:  # AMX: a tile of 16 rows, pairs of them, the rows left over
+    # 1-17: one pass or two of the VNNI rows; 31 and 32: the last without AMX tiles, the first with; 53, 64: pairs
+    # of tiles, one tile, the rows left over
+    for rows in [*range(1, 18), 31, 32, 53, 64]:
         portable = products(kernel, "portable", x[:rows], tiles)
         assert portable.shape == (rows, outs)
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
