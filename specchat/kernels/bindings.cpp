@@ -1,5 +1,5 @@
-// The compiled module's Python face: the w4a8 product and its code paths (q4_kernel.cpp), and the lean
-// forward's layer loop (lean_layers.cpp). Built by build.py.
+// The compiled module's Python face: the w4a8 product and its code paths (q4_kernel.cpp), the lean
+// forward's layer loop (lean_layers.cpp), and sampling's probabilities (sampling.cpp). Built by build.py.
 #include "q4_kernel.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
@@ -9,6 +9,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("outs") = -1, pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("q4_linear_parts", &q4_linear_parts, "the products of several w4a8 weights side by side, x quantized once",
              pybind11::arg("x"), pybind11::arg("weights"), pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("top_p_probs", &top_p_probs, "sampling probabilities: temperature, top-k, top-p", pybind11::arg("logits"),
+             pybind11::arg("temperature"), pybind11::arg("top_k"), pybind11::arg("top_p"),
+             pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("kernel_path", &kernel_path, "the code path the product runs");
   module.def("kernel_paths", &kernel_paths, "the code paths this CPU can run, fastest first");
   module.def("set_kernel_path", &set_kernel_path, "run the product on this path (a name of kernel_paths())");

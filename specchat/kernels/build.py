@@ -1,6 +1,6 @@
 """specchat's own C++ kernels, compiled once per machine into its cache, one module: the w4a8 product
 (q4_kernel.cpp and its code paths q4_path_*.cpp, beside this file), the lean forward's layer loop
-(lean_layers.cpp), and the module's Python bindings (bindings.cpp).
+(lean_layers.cpp), sampling's probabilities (sampling.cpp), and the module's Python bindings (bindings.cpp).
 
 The module holds every code path of the product the compiler can build here (portable C++; on x86 also
 AVX2, AVX-VNNI, AVX-512 VNNI and AMX-INT8) and runs the fastest one the CPU has; $SPECCHAT_KERNEL names another
@@ -23,10 +23,12 @@ from pathlib import Path
 from specchat.cache import cache_dir
 from specchat.errors import ModelLoadError, one_line
 from specchat.progress import Progress, report
+from specchat.spec import sampling
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
 SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path_avx_vnni.cpp",
-           "q4_path_avx512_vnni.cpp", "q4_path_amx.cpp", "lean_layers.cpp", "bindings.cpp"]
+           "q4_path_avx512_vnni.cpp", "q4_path_amx.cpp", "lean_layers.cpp", "sampling.cpp",
+           "bindings.cpp"]
 HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "q4_path_512.h", "simd.h"]
 BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike
 
@@ -118,6 +120,7 @@ def _kernel_or_error() -> tuple[object | None, str]:
         log = build_dir / "build.log"
         log.write_text(f"{type(err).__name__}: {err}\n")
         return None, f"{one_line(err)} (build log: {log})"
+    sampling.use_native_probs(module.top_p_probs)  # sampled rows on the CPU take its one-pass probabilities
     forced = os.environ.get(KERNEL_ENV, "")
     try:
         if forced:

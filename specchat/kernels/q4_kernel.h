@@ -14,4 +14,7 @@ std::string kernel_path();                    // the code path the product runs
 std::vector<std::string> kernel_paths();      // the paths this CPU can run, fastest first
 void set_kernel_path(const std::string& name);  // run the product on this path
 
+// logits [rows, vocab] float32 → probabilities after temperature, top-k (0: off), top-p (1: off) (sampling.cpp).
+torch::Tensor top_p_probs(torch::Tensor logits, double temperature, int64_t top_k, double top_p);
+
 void register_lean_layers(pybind11::module& module);  // lean_layers.cpp

@@ -33,6 +33,7 @@ inline F8 operator/(F8 a, F8 b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline F8 fma(F8 a, F8 b, F8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }  // a·b + c, rounded once
 inline F8 lesser(F8 a, F8 b) { return {_mm256_min_ps(a.v, b.v)}; }   // a < b ? a : b
 inline F8 greater(F8 a, F8 b) { return {_mm256_max_ps(a.v, b.v)}; }  // a > b ? a : b
+inline F8 keep_where_at_least(F8 a, F8 b) { return {_mm256_and_ps(_mm256_cmp_ps(a.v, b.v, _CMP_GE_OQ), a.v)}; }  // a >= b ? a : 0
 inline F8 floor(F8 a) { return {_mm256_floor_ps(a.v)}; }
 // 2^n per lane, n a whole number in float32's exponent range.
 inline F8 power_of_two(F8 n) {
@@ -82,6 +83,7 @@ inline F8 fma(F8 a, F8 b, F8 c) {
 }
 inline F8 lesser(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x < y ? x : y; }); }
 inline F8 greater(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x > y ? x : y; }); }
+inline F8 keep_where_at_least(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x >= y ? x : 0.0f; }); }
 inline F8 floor(F8 a) { return each(a, a, [](float x, float) { return std::floor(x); }); }
 inline F8 power_of_two(F8 n) {
   return each(n, n, [](float x, float) {

@@ -17,15 +17,29 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
 
 SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny  # a float32 division by less gives inf or nan
 
+# The compiled module's probabilities for CPU rows (kernels/sampling.cpp: one pass over a row, where the torch
+# code below takes ten), f(logits, temperature, top_k, top_p); set by the module's loader, None before.
+_native_probs = None
+
+
+def use_native_probs(function) -> None:
+    """From now on compute CPU rows' probabilities with `function` (None: with torch, as below)."""
+    global _native_probs
+    _native_probs = function
+
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
     """[n, vocab] logits -> [n, vocab] float32 probabilities after temperature, top-k, top-p.
 
-    Greedy (temperature 0 or greedy=True) gives one-hot argmax rows.
+    Greedy (temperature 0 or greedy=True) gives one-hot argmax rows. Once the compiled module is loaded, CPU
+    rows take its code: the same kept tokens and probabilities within float rounding of the torch code here
+    (a token whose mass before it is within rounding of top_p may fall either side).
     """
     logits = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    if _native_probs is not None and logits.device.type == "cpu":
+        return _native_probs(logits, max(params.temperature, SMALLEST_TEMPERATURE), params.top_k, params.top_p)
     # the best logit of each row moves to 0 first (the softmax is the same), so a tiny temperature sends the others
     # to -inf and never the best to inf (inf - inf = nan); below float32's least normal number the law is one-hot
     best = logits.amax(dim=-1, keepdim=True)  # [n, 1]

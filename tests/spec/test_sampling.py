@@ -14,11 +14,23 @@ from specchat.spec.verify import residual, verify_greedy, verify_sampled
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
 
 
+@pytest.fixture(params=["torch", "compiled"])
+def probs_code(request, monkeypatch):
+    """probs_from_logits on its torch code, then on the compiled module's (kernels/sampling.cpp), which
+    serves CPU rows once the module is loaded; skipped where the module cannot be built."""
+    import specchat.spec.sampling as sampling
+    function = request.getfixturevalue("kernel").top_p_probs if request.param == "compiled" else None
+    monkeypatch.setattr(sampling, "_native_probs", function)
+    return request.param
+
+
+@pytest.mark.usefixtures("probs_code")
 def test_greedy_is_one_hot_argmax():
     probs = probs_from_logits(LOGITS, SamplingConfig(temperature=0.0))
     assert probs.tolist() == [[1.0, 0, 0, 0, 0, 0]]
 
 
+@pytest.mark.usefixtures("probs_code")
 def test_temperature_top_k_top_p_and_no_in_place_edit():
     before = LOGITS.clone()
     probs = probs_from_logits(LOGITS, SamplingConfig(temperature=0.5, top_k=4, top_p=0.9))[0]
@@ -32,18 +44,21 @@ def test_temperature_top_k_top_p_and_no_in_place_edit():
     assert keep < 4
 
 
+@pytest.mark.usefixtures("probs_code")
 def test_top_p_always_keeps_the_most_likely_token():
     probs = probs_from_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=0.01))[0]
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
 @pytest.mark.parametrize("temperature", [1e-320, 1e-40, 1e-38, 1e-30])  # logits / T was inf or nan (REPL fuzz)
+@pytest.mark.usefixtures("probs_code")
 def test_a_tiny_temperature_samples_the_most_likely_token(temperature):
     probs = probs_from_logits(LOGITS * 40, SamplingConfig(temperature=temperature, top_k=3, top_p=0.9))[0]
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
 @pytest.mark.parametrize("top_p", [1e-320, 1e-46, 5e-324])  # 0 once compared in float32 (found by the REPL fuzz)
+@pytest.mark.usefixtures("probs_code")
 def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token(top_p):
     probs = probs_from_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=top_p))[0]
     assert probs[0] == 1.0 and probs[1:].sum() == 0
@@ -65,6 +80,7 @@ def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> list[set[int]]:
 
 
 @pytest.mark.parametrize("spread", [8.0, 0.05])  # a peaked nucleus, and one wider than the first candidates
+@pytest.mark.usefixtures("probs_code")
 def test_top_p_keeps_the_nucleus_a_full_sort_finds(spread, monkeypatch):
     import specchat.spec.sampling as sampling
     monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 16)
@@ -75,6 +91,7 @@ def test_top_p_keeps_the_nucleus_a_full_sort_finds(spread, monkeypatch):
     assert spread > 1 or min(len(k) for k in kept) > 16  # the flat rows did need a wider search
 
 
+@pytest.mark.usefixtures("probs_code")
 def test_top_p_keeps_ties_with_the_last_token_kept():
     logits = torch.tensor([[3.0, 1.0, 1.0, 1.0, -2.0]])
     probs = probs_from_logits(logits, SamplingConfig(temperature=1.0, top_p=0.75))[0]
@@ -176,6 +193,7 @@ def test_probing_and_off_plans_have_no_floor():
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.9),
                                                        (1.3, 12, 0.75), (0.5, 3, 0.5), (2.0, 40, 0.95)])
+@pytest.mark.usefixtures("probs_code")
 def test_probs_from_logits_follow_the_written_definitions_ties_included(temperature, top_k, top_p):
     """Against helpers.reference_probs (plain Python from the definitions, not the code under test),
     on random logits, half of them rounded so that ties sit at the top-k and top-p cuts."""

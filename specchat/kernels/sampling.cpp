@@ -1,0 +1,124 @@
+// Logits → sampling probabilities in one pass over each row: what specchat/spec/sampling.py's
+// probs_from_logits computes in torch (temperature, top-k, top-p, the same kept tokens), without its
+// ten passes over a 152k-wide row. A sampled step calls it on the verified rows and on every drafted
+// token's row.
+//
+// Per row: s = (x − max) / T; e = exp(s) (simd.h); top-k keeps s ≥ the k-th largest s; top-p keeps the
+// most likely tokens until the mass before the next reaches top_p, and every token tied with the last
+// one kept; the kept e's, over their sum, are the probabilities, the rest 0. The nucleus is looked for
+// among the tokens of probability ≥ 1e-4 first (far fewer than 152k), among more only when it reaches
+// past them.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "q4_kernel.h"
+#include "simd.h"
+
+namespace {
+
+constexpr int64_t RUN = 512;  // entries summed in float lanes before the run's sum joins a double total
+
+// Σ f(i) over [0, width), f giving 8 entries at a time (plain floats past the last whole 8): float lanes within a
+// run of RUN entries, the runs' sums in double, so 152k entries sum within about 1e-7 of their value.
+template <typename Lanes, typename One>
+double sum_in_runs(int64_t width, Lanes lanes, One one) {
+  double total = 0;
+  int64_t i = 0;
+  while (i + simd::LANES <= width) {
+    simd::F8 sums = simd::splat(0.0f);
+    for (const int64_t end = std::min(width, i + RUN); i + simd::LANES <= end; i += simd::LANES) sums = sums + lanes(i);
+    total += simd::lane_sum(sums);
+  }
+  for (; i < width; ++i) total += one(i);
+  return total;
+}
+
+// e^((x − max) / T) of every entry into e; returns their sum.
+double exp_row(const float* x, int64_t width, float temperature, float* e) {
+  float best = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < width; ++i) best = std::max(best, x[i]);
+  const simd::F8 shift = simd::splat(best), divisor = simd::splat(temperature);
+  return sum_in_runs(
+      width,
+      [&](int64_t i) {
+        const simd::F8 v = simd::exp((simd::load(x + i) - shift) / divisor);
+        simd::store(e + i, v);
+        return v;
+      },
+      [&](int64_t i) { return e[i] = std::exp((x[i] - best) / temperature); });
+}
+
+// Zero every e below `least`; returns the sum of what is left.
+double keep_from(float least, int64_t width, float* e) {
+  const simd::F8 floor = simd::splat(least);
+  return sum_in_runs(
+      width,
+      [&](int64_t i) {
+        const simd::F8 kept = simd::keep_where_at_least(simd::load(e + i), floor);
+        simd::store(e + i, kept);
+        return kept;
+      },
+      [&](int64_t i) { return e[i] = e[i] < least ? 0.0f : e[i]; });
+}
+
+// The k-th largest e (top-k keeps e from it up; exp never reorders).
+float kth_largest(const float* e, int64_t width, int64_t k) {
+  std::vector<float> copy(e, e + width);
+  std::nth_element(copy.begin(), copy.begin() + (k - 1), copy.end(), std::greater<float>());
+  return copy[k - 1];
+}
+
+// The e of the last token the nucleus keeps: the most likely tokens until the mass before the next reaches
+// top_p (at least one). Looked for among the e ≥ cut·total, the cut lowered while the nucleus reaches past them.
+float nucleus_least(const float* e, int64_t width, double total, double top_p) {
+  std::vector<float> top;
+  for (double cut = 1e-4;; cut *= 1e-3) {
+    const bool everything = cut < 1e-30;
+    const float least = static_cast<float>(cut * total);
+    top.clear();
+    for (int64_t i = 0; i < width; ++i)
+      if (e[i] > 0 && (everything || e[i] >= least)) top.push_back(e[i]);
+    std::sort(top.begin(), top.end(), std::greater<float>());
+    double before = 0;  // the mass of the tokens more likely than top[kept]
+    size_t kept = 0;
+    while (kept < top.size() && (kept == 0 || before < top_p)) before += top[kept++] / total;
+    if (kept < top.size() || everything || before >= top_p) return top[kept - 1];
+  }
+}
+
+void row_probs(const float* x, int64_t width, float temperature, int64_t top_k, double top_p, float* out) {
+  if (std::any_of(x, x + width, [](float v) { return std::isnan(v); })) {  // as torch's softmax: all NaN
+    std::fill(out, out + width, std::numeric_limits<float>::quiet_NaN());
+    return;
+  }
+  double total = exp_row(x, width, temperature, out);
+  if (top_k > 0 && top_k < width) total = keep_from(kth_largest(out, width, top_k), width, out);
+  if (top_p < 1.0) total = keep_from(nucleus_least(out, width, total, top_p), width, out);
+  const float inverse = static_cast<float>(1.0 / total);
+  int64_t i = 0;
+  for (; i + simd::LANES <= width; i += simd::LANES) simd::store(out + i, simd::load(out + i) * simd::splat(inverse));
+  for (; i < width; ++i) out[i] *= inverse;
+}
+
+}  // namespace
+
+torch::Tensor top_p_probs(torch::Tensor logits, double temperature, int64_t top_k, double top_p) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == torch::kFloat32,
+              "logits must be float32 [rows, vocab] on the CPU");
+  TORCH_CHECK(temperature > 0 && top_p > 0 && top_p <= 1 && top_k >= 0, "temperature > 0, top_p in (0, 1], top_k >= 0");
+  auto input = logits.contiguous();
+  auto out = torch::empty_like(input);
+  const int64_t rows = input.size(0), width = input.size(1);
+  const float* x = input.data_ptr<float>();
+  float* probs = out.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      row_probs(x + r * width, width, static_cast<float>(temperature), top_k, top_p, probs + r * width);
+  });
+  return out;
+}
