@@ -3,11 +3,12 @@
 // ten passes over a 152k-wide row. A sampled step calls it on the verified rows and on every drafted
 // token's row.
 //
-// Per row: s = (x − max) / T; e = exp(s) (simd.h); top-k keeps s ≥ the k-th largest s; top-p keeps the
-// most likely tokens until the mass before the next reaches top_p, and every token tied with the last
-// one kept; the kept e's, over their sum, are the probabilities, the rest 0. The nucleus is looked for
-// among the tokens of probability ≥ 1e-4 first (far fewer than 152k), among more only when it reaches
-// past them.
+// Per row: e = exp((x − max) / T) (simd.h: 0 below about e^-87.3, where torch keeps a subnormal); top-k keeps
+// the e from the k-th largest up; top-p keeps the most likely tokens until the mass before the next reaches
+// top_p, and every token tied with the last one kept; the kept e's, over their sum, are the probabilities,
+// the rest 0. The nucleus is looked for among the tokens of probability ≥ 1e-4 first (far fewer than 152k),
+// among more only when it reaches past them. Sums run in float lanes within runs of 512 entries, in double
+// across them.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>

@@ -38,7 +38,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     logits = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
-    if _native_probs is not None and logits.device.type == "cpu":
+    if _native_probs is not None and logits.device.type == "cpu" and logits.dim() == 2:
         return _native_probs(logits, max(params.temperature, SMALLEST_TEMPERATURE), params.top_k, params.top_p)
     # the best logit of each row moves to 0 first (the softmax is the same), so a tiny temperature sends the others
     # to -inf and never the best to inf (inf - inf = nan); below float32's least normal number the law is one-hot
