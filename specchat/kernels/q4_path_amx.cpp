@@ -153,12 +153,10 @@ void tiled_rows(const Tiles& w, const Rows& x, const Job& job, int64_t count) {
 template <int BITS>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
   if (job.count < TILED_FROM) return tile_avx512_vnni(w, x, job);
-  const int64_t tiled = job.count / CHUNK * CHUNK;
-  if (tiled > 0) {
-    for (int64_t r = job.first; r < job.first + tiled; ++r)
-      _mm512_storeu_ps(job.out + r * job.stride + job.tile * TILE_ROWS, _mm512_setzero_ps());
-    tiled_rows<BITS>(w, x, job, tiled);
-  }
+  const int64_t tiled = job.count / CHUNK * CHUNK;  // at least TILED_FROM
+  for (int64_t r = job.first; r < job.first + tiled; ++r)
+    _mm512_storeu_ps(job.out + r * job.stride + job.tile * TILE_ROWS, _mm512_setzero_ps());
+  tiled_rows<BITS>(w, x, job, tiled);
   if (job.count > tiled) tile_avx512_vnni(w, x, {job.tile, job.first + tiled, job.count - tiled, job.out, job.stride});
 }
 

@@ -38,12 +38,13 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     logits = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    temperature = max(params.temperature, SMALLEST_TEMPERATURE)
     if _native_probs is not None and logits.device.type == "cpu" and logits.dim() == 2:
-        return _native_probs(logits, max(params.temperature, SMALLEST_TEMPERATURE), params.top_k, params.top_p)
+        return _native_probs(logits, temperature, params.top_k, params.top_p)
     # the best logit of each row moves to 0 first (the softmax is the same), so a tiny temperature sends the others
     # to -inf and never the best to inf (inf - inf = nan); below float32's least normal number the law is one-hot
     best = logits.amax(dim=-1, keepdim=True)  # [n, 1]
-    scaled = (logits - best) / max(params.temperature, SMALLEST_TEMPERATURE)
+    scaled = (logits - best) / temperature
     if params.top_k and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]  # [n, 1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
