@@ -51,12 +51,17 @@ struct Rows {
   int64_t width;
 };
 
-// out rows first..first+count, columns tile·16..tile·16+15 (row stride `stride`): W·x of tile `tile`.
+// out rows first..first+count, columns tile·16..(tile+tiles)·16−1 (row stride `stride`): W·x of tiles
+// tile..tile+tiles−1. Only the amx path takes more than one tile a job (q4_kernel.cpp's Path::tiles_a_job).
 struct Job {
   int64_t tile, first, count;
   float* out;
   int64_t stride;
+  int64_t tiles = 1;
 };
+
+// Tile `tile + t` of a job's run, as a job of its own.
+inline Job one_tile(const Job& job, int64_t t) { return {job.tile + t, job.first, job.count, job.out, job.stride}; }
 
 template <int N>
 struct Count {
