@@ -68,9 +68,10 @@ def top(probs_row: torch.Tensor, ids: torch.Tensor | None = None, k: int = TOP) 
 
 
 def ranked(probs_row: torch.Tensor, ids: torch.Tensor | None = None, k: int = TOP) -> Ranked:
-    """The k most likely entries of a [width] probability row, read back: ((id, probability), ...)."""
+    """The k most likely entries of a [width] probability row, read back: ((id, probability), ...). Entries of
+    probability 0 (outside the sampling settings' top-k or top-p) are left out, so a nucleus of 2 lists 2."""
     positions, values = read_back(*top(probs_row, ids, k))
-    return tuple(zip(ints(positions), values))
+    return tuple((i, p) for i, p in zip(ints(positions), values) if p > 0.0)
 
 
 def target_row_probs(logits_row: torch.Tensor, probs_row: torch.Tensor | None) -> torch.Tensor:
