@@ -67,11 +67,10 @@ def top(probs_row: torch.Tensor, ids: torch.Tensor | None = None, k: int = TOP) 
     return (best.indices if ids is None else ids[best.indices]), best.values
 
 
-def ranked(probs_row: torch.Tensor, ids: torch.Tensor | None = None, k: int = TOP) -> Ranked:
-    """The k most likely entries of a [width] probability row, read back: ((id, probability), ...). Entries of
-    probability 0 (outside the sampling settings' top-k or top-p) are left out, so a nucleus of 2 lists 2."""
-    positions, values = read_back(*top(probs_row, ids, k))
-    return tuple((i, p) for i, p in zip(ints(positions), values) if p > 0.0)
+def listed(ids, probabilities) -> Ranked:
+    """Read-back ids and probabilities, most likely first, as ((id, probability), ...). Entries of probability 0
+    (outside the sampling settings' top-k or top-p) are left out, so a nucleus of 2 tokens lists 2."""
+    return tuple((i, p) for i, p in zip(ints(ids), probabilities) if p > 0.0)
 
 
 def target_row_probs(logits_row: torch.Tensor, probs_row: torch.Tensor | None) -> torch.Tensor:
@@ -92,8 +91,8 @@ def rejection_at(step: int, position: int, drafted: int, emitted: int, logits: t
     p, gap, target_ids, target_p, drafter_ids, drafter_p = read_back(
         row[drafted], margin, *top(row), drafter_ids, drafter_p)
     accept_p = None if greedy else accept_probability(p[0], q, greedy, False)
-    return Rejection(step, position, drafted, emitted, p[0], q, accept_p, tuple(zip(ints(target_ids), target_p)),
-                     tuple(zip(ints(drafter_ids), drafter_p)), gap[0] if greedy else None, source)
+    return Rejection(step, position, drafted, emitted, p[0], q, accept_p, listed(target_ids, target_p),
+                     listed(drafter_ids, drafter_p), gap[0] if greedy else None, source)
 
 
 def drafter_top(logits_row: torch.Tensor, sampling, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
