@@ -61,8 +61,8 @@ def rejection_detail(tokenizer, number: int, r: Rejection) -> Table:
             ("q", f"{r.q:.4f}  the drafter's probability of the drafted token"),
             ("p", f"{r.p:.4f}  the target's probability of it"),
             ("rule", rule_text(r)),
-            ("target top 5", ranked_text(tokenizer, r.target_top, "\n")),
-            ("drafter top 5", ranked_text(tokenizer, r.drafter_top, "\n"))]
+            (f"target top {len(r.target_top)}", ranked_text(tokenizer, r.target_top, "\n")),
+            (f"drafter top {len(r.drafter_top)}", ranked_text(tokenizer, r.drafter_top, "\n"))]
     return as_table(rows, (f"rejection {number}", ""))
 
 
