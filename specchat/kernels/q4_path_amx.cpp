@@ -191,10 +191,12 @@ template <int BITS>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
   const bool tiles_fit = w.groups / w.blocks <= MAX_GROUPS;  // a block a ScaledBlock holds
   const int64_t tiled = job.count < TILED_FROM || !tiles_fit ? 0 : job.count / CHUNK * CHUNK;
-  for (int64_t t = 0; t < job.tiles && tiled; ++t)
-    for (int64_t r = job.first; r < job.first + tiled; ++r)
-      _mm512_storeu_ps(job.out + r * job.stride + (job.tile + t) * TILE_ROWS, _mm512_setzero_ps());
-  if (tiled) tiled_rows<BITS>(w, x, job, tiled);
+  if (tiled) {
+    for (int64_t t = 0; t < job.tiles; ++t)
+      for (int64_t r = job.first; r < job.first + tiled; ++r)
+        _mm512_storeu_ps(job.out + r * job.stride + (job.tile + t) * TILE_ROWS, _mm512_setzero_ps());
+    tiled_rows<BITS>(w, x, job, tiled);
+  }
   if (job.count == tiled) return;
   for (int64_t t = 0; t < job.tiles; ++t)  // the rows past the last 16 (or all of them, under TILED_FROM)
     tile_avx512_vnni(w, x, {job.tile + t, job.first + tiled, job.count - tiled, job.out, job.stride});

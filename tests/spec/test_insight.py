@@ -37,4 +37,3 @@ def test_the_drafter_top_list_maps_its_vocabulary_onto_token_ids_and_leaves_out_
     rejection = rejection_at(0, 0, drafted=42, emitted=40, logits=target_logits, probs=None, q=0.5, drafter_best=best)
     assert [token for token, _ in rejection.drafter_top] == [42, 40]
     assert len(rejection.target_top) == 5  # greedy: the plain softmax, no token at probability 0
-
