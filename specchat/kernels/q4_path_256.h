@@ -125,16 +125,16 @@ inline void group_dots(LevelVector level_vector, __m256i scales, const int8_t* c
 // cache line of weights is read once from memory -----
 
 // Block b's dot sums (q4_tiles.h) of both halves for R activation rows from `first` (dot[h·R + r]),
-// unpacked in registers; it asks for the weights PREFETCH bytes ahead, into L2 (q4_path_avx512_vnni.cpp says why).
+// unpacked in registers; it asks for the weights ahead (ask_ahead).
 template <int R, int BITS, bool VNNI>
 inline void direct_block_dots(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m256i* dot) {
-  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
+  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
   const int64_t per_block = w.groups / w.blocks;
   for (int i = 0; i < 2 * R; ++i) dot[i] = _mm256_setzero_si256();
   for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
     const int64_t at = tile * w.groups + g;
     const uint8_t* qs = w.qs + at * BYTES;
-    for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T1);
+    ask_ahead(qs, BYTES);
     const int8_t* levels[R];
     for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + g * GROUP;
     for (int half = 0; half < 2; ++half)
@@ -157,16 +157,16 @@ void direct_rows(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
 
 // ----- many rows: each block unpacked once for all of them -----
 
-// Block b of tile `tile` into `into`, asking for the weights PREFETCH bytes ahead (a verification's
+// Block b of tile `tile` into `into`, asking for the weights ahead (ask_ahead; a verification's
 // few rows would wait on memory otherwise).
 template <int BITS>
 inline void unpack_block(const Tiles& w, int64_t tile, int64_t b, Unpacked& into) {
-  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
+  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
   const int64_t per_block = w.groups / w.blocks;
   for (int64_t g = 0; g < per_block; ++g) {
     const int64_t at = tile * w.groups + b * per_block + g;
     const uint8_t* qs = w.qs + at * BYTES;
-    for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T1);
+    ask_ahead(qs, BYTES);
     for (int half = 0; half < 2; ++half) {
       for (int q = 0; q < 8; ++q)
         _mm256_store_si256(reinterpret_cast<__m256i*>(into.levels[g][q] + half * 32), level_vector<BITS>(qs, q, half));

@@ -39,20 +39,16 @@ inline void group_dots(const __m512i* v, __m512i scales, const int8_t* const* le
   }
 }
 
-// Block b's dot sums (q4_tiles.h) for R activation rows from `first`, asking for the weights PREFETCH
-// bytes ahead: the hardware's prefetcher alone leaves a verification's rows waiting on memory (5 rows
-// of a target-sized stack of layers on a Xeon: 61 ms with it alone, 44 with this; one row: 41, 39).
-// They are asked into L2 (T1), not L1 (T0): a core has few L1 miss buffers, and with T0 they bounded
-// the stream (the bundled target's layers on the Xeon, one row 39.3 -> 36.3 ms, five 46.2 -> 44.7).
+// Block b's dot sums (q4_tiles.h) for R activation rows from `first`, asking for the weights ahead (ask_ahead).
 template <int R, int BITS>
 inline void block_dots(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* dot) {
-  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS), PREFETCH = 4096;
+  constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
   const int64_t per_block = w.groups / w.blocks;
   for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
   for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
     const int64_t at = tile * w.groups + g;
     const uint8_t* qs = w.qs + at * BYTES;
-    for (int64_t line = 0; line < BYTES; line += 64) _mm_prefetch(reinterpret_cast<const char*>(qs + PREFETCH + line), _MM_HINT_T1);
+    ask_ahead(qs, BYTES);
     __m512i v[8];
     unpack<BITS>(qs, v);
     const int8_t* levels[R];
