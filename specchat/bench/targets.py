@@ -124,6 +124,14 @@ def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
     return results
 
 
+def quantization_modes(text: str) -> list[str]:
+    """--modes' comma-separated quantizations, each checked."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes or any(m not in QUANTIZATIONS for m in modes):
+        raise ConfigError(f"--modes takes quantizations ({', '.join(QUANTIZATIONS)}), got '{text}'")
+    return modes
+
+
 def _line(r: dict) -> str:
     ms = r["ms"]
     ratios = " · ".join(f"T({rows})/T(1) {ms[rows] / ms[1]:.2f}" for rows in VERIFY_ROWS[1:])
@@ -133,11 +141,9 @@ def _line(r: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     try:
         cfg = load_config(args.config, args.overrides)
-        if not modes or any(m not in QUANTIZATIONS for m in modes):
-            raise ConfigError(f"--modes takes quantizations ({', '.join(QUANTIZATIONS)}), got '{args.modes}'")
+        modes = quantization_modes(args.modes)
         say = lambda line: print(line, flush=True)  # noqa: E731
         if args.kv_cache:
             compare_kv_caches(cfg, args.tokens, say)
