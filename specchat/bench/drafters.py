@@ -9,7 +9,9 @@ the configured drafter read prompt + reply, and at every reply position this cou
 - sampled acceptance: Σ_x min(p(x), q(x)), both laws at --temperature / --top-p: the chance that a draft
   sampled from q passes the rejection rule (Leviathan et al.);
 then times one drafter forward of 1 token after a 256-token context (T(1)). The drafter's whole head is
-scored here, not speculation.drafter_vocab's subset.
+scored here, not speculation.drafter_vocab's subset. The target's laws at every reply position are kept while the
+drafters load one after another (about 0.9 GB for the bundled pair's 12 prompts × 128 tokens). Progress goes to
+stderr, the results to stdout.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from specchat.bench.suite import load_prompts
 from specchat.bench.targets import fixed_text, forward_ms, quantization_modes
 from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.errors import ModelLoadError
+from specchat.progress import each_message_once
 from specchat.session.chat import render_prompt
 from specchat.spec.model_io import forward, new_cache
 from specchat.spec.sampling import probs_from_logits
@@ -55,10 +58,13 @@ def reply_logits(model, prompt: list[int], reply: list[int], width: int) -> torc
     return forward(model, new_cache(model), prompt + reply[:-1], keep=len(reply))[:, :width].float()
 
 
-def target_replies(target: Target, prompts: list[list[int]], max_new: int, sampling: SamplingConfig) -> list[Reply]:
+def target_replies(target: Target, prompts: list[list[int]], max_new: int, sampling: SamplingConfig,
+                   progress=None) -> list[Reply]:
     from specchat.api import autoregressive_generate
     replies = []
-    for ids in prompts:
+    for index, ids in enumerate(prompts):
+        if progress:
+            progress(f"the target's reply to prompt {index + 1} of {len(prompts)}")
         reply = autoregressive_generate(ids, target.model, target.tokenizer, max_new_tokens=max_new).ids
         logits = reply_logits(target.model, ids, reply, target.vocab_size)
         replies.append(Reply(ids, reply, logits.argmax(-1), probs_from_logits(logits, sampling)))
@@ -77,14 +83,14 @@ def agreement(replies: list[Reply], drafter, width: int, sampling: SamplingConfi
 
 
 def compare(cfg, target: Target, modes: list[str], replies: list[Reply], sampling: SamplingConfig,
-            say) -> list[dict]:
+            say, progress=None) -> list[dict]:
     from specchat.loading.models import load_model
     from specchat.loading.tokenizer_check import check_pair
     context = target.tokenizer.encode(fixed_text())
     results = []
     for mode in modes:
-        drafter, tokenizer, facts = load_model(dataclasses.replace(cfg.drafter, quantization=mode), role="drafter",
-                                               kv_cache=cfg.runtime.kv_cache)
+        drafter, tokenizer, facts = load_model(dataclasses.replace(cfg.drafter, quantization=mode), progress,
+                                               role="drafter", kv_cache=cfg.runtime.kv_cache)
         check_pair(target.tokenizer, tokenizer, drafter, target.facts.name, facts.name)
         greedy, sampled = agreement(replies, drafter, target.vocab_size, sampling)
         results.append({"mode": mode, "quantization": facts.quantization, "bytes": facts.memory_bytes,
@@ -122,19 +128,20 @@ def _checked(args) -> tuple[list[str], SamplingConfig]:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     say = lambda line: print(line, flush=True)  # noqa: E731
+    progress = each_message_once(lambda message: print(message, file=sys.stderr, flush=True))
     try:
         modes, sampling = _checked(args)
         cfg = load_config(args.config, args.overrides)
         if not cfg.drafter.source:
             raise ConfigError("this config has no drafter to compare")
         from specchat.loading.models import load_model
-        target = Target(*load_model(cfg.target, role="target", kv_cache=cfg.runtime.kv_cache))
+        target = Target(*load_model(cfg.target, progress, role="target", kv_cache=cfg.runtime.kv_cache))
         prompts = [render_prompt(target.tokenizer, cfg.ui.system_prompt, p["messages"])
                    for p in load_prompts(None, False, args.only)]
-        replies = target_replies(target, prompts, args.max_new_tokens, sampling)
+        replies = target_replies(target, prompts, args.max_new_tokens, sampling, progress)
         say(f"target {target.facts.name} ({target.facts.quantization}): greedy replies to {len(prompts)} "
-            f"bench prompts; sampled at T {args.temperature} / top-p {args.top_p}")
-        compare(cfg, target, modes, replies, sampling, say)
+            f"bench prompt{'s' * (len(prompts) != 1)}; sampled at T {args.temperature} / top-p {args.top_p}")
+        compare(cfg, target, modes, replies, sampling, say, progress)
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench drafters: error: {err}", file=sys.stderr)
         return 2

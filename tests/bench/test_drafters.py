@@ -19,7 +19,10 @@ def _target(model, tokenizer) -> drafters.Target:
 @pytest.fixture
 def replies(target, tokenizer):
     prompts = [tokenizer.encode("def reverse(lst):"), tokenizer.encode("Hello, how are you")]
-    return drafters.target_replies(_target(target, tokenizer), prompts, 12, SAMPLED)
+    said = []
+    replies = drafters.target_replies(_target(target, tokenizer), prompts, 12, SAMPLED, said.append)
+    assert said == ["the target's reply to prompt 1 of 2", "the target's reply to prompt 2 of 2"]
+    return replies
 
 
 def test_the_target_agrees_with_itself_everywhere(target, tokenizer, replies):
@@ -55,7 +58,7 @@ def test_compare_loads_each_mode_and_reports_a_line(target, similar_drafter_mode
     from specchat.loading import models
     loaded = []
 
-    def load_model(mc, role, kv_cache):
+    def load_model(mc, progress, role, kv_cache):
         loaded.append((mc.quantization, role, kv_cache))
         return similar_drafter_model, tokenizer, ModelFacts("tiny-drafter", "tiny", 0, "float32", mc.quantization,
                                                             "cpu", 2_000_000, 0.0)
