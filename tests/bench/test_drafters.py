@@ -42,7 +42,8 @@ def test_a_noisier_drafter_agrees_less_and_its_acceptance_is_the_overlap_of_the_
     for r in replies:
         logits = similar_drafter_model(torch.tensor([r.prompt + r.reply[:-1]])).logits[0, -len(r.reply):, :width]
         q = torch.softmax(logits.float() / 0.7, -1)
-        q = torch.where(q >= _nucleus_floor(q, 0.9), q, 0) / torch.where(q >= _nucleus_floor(q, 0.9), q, 0).sum(-1, True)
+        kept = torch.where(q >= _nucleus_floor(q, 0.9), q, 0)
+        q = kept / kept.sum(-1, True)
         overlap += float(torch.minimum(r.p, q).sum())
     assert similar[1] == pytest.approx(overlap / sum(len(r.reply) for r in replies), abs=1e-4)
 
