@@ -20,8 +20,9 @@
 //
 // Where a prompt chunk's time goes (128 rows of a 1,792 x 1,536 layer, weights in cache, 2 threads, Xeon; each
 // part removed in turn, one process): all 565 us; without the tile multiplies (and their stores) 320, without the
-// float steps 385, without the scaling 494, without the offsets 509. The multiplies' 8 tdpbsud per 32 rows measure
-// 4.6 ns each alone, about 50 us in all, so the tile half costs about 5x its instructions. Tried, no change:
+// float steps 385, without the scaling 494, without the offsets 509. The multiplies' 16 tdpbsud per 32 rows measure
+// 4.6 ns each alone (a loop of them), about 100 us a thread, 120 with their stores: the tile half costs about
+// twice its instructions, and the vector half (scaling, offsets, float steps) is the larger. Tried, no change:
 // issuing the next chunk's multiplies before a chunk's float steps (sums in two buffers; 585 against 574 us), and
 // activation rows padded to an odd number of cache lines (576 against 574).
 //
