@@ -1,6 +1,7 @@
 """How loading reports progress: progress(message, fraction), fraction None while the length is unknown."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 Progress = Callable[[str, "float | None"], None]
@@ -22,3 +23,8 @@ def each_message_once(show: Callable[[str], None]) -> Progress:
             show(message)
             last[0] = message
     return progress
+
+
+def to_stderr() -> Progress:
+    """Each new message on its own line of standard error (the bench tools' progress, apart from their results)."""
+    return each_message_once(lambda message: print(message, file=sys.stderr, flush=True))

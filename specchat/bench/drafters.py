@@ -25,7 +25,7 @@ from specchat.bench.suite import load_prompts
 from specchat.bench.targets import fixed_text, forward_ms, quantization_modes
 from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.errors import ModelLoadError
-from specchat.progress import each_message_once
+from specchat.progress import to_stderr
 from specchat.session.chat import render_prompt
 from specchat.spec.model_io import forward, new_cache
 from specchat.spec.sampling import probs_from_logits
@@ -128,7 +128,7 @@ def _checked(args) -> tuple[list[str], SamplingConfig]:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     say = lambda line: print(line, flush=True)  # noqa: E731
-    progress = each_message_once(lambda message: print(message, file=sys.stderr, flush=True))
+    progress = to_stderr()
     try:
         modes, sampling = _checked(args)
         cfg = load_config(args.config, args.overrides)

@@ -28,7 +28,7 @@ from specchat.bench.part_timing import seconds_of, split_forward
 from specchat.bench.prefill import prefill_rows, prefill_table, prompt_ids
 from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.kernels.build import running_path
-from specchat.progress import each_message_once
+from specchat.progress import to_stderr
 from specchat.spec import model_io
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.model_io import PREFILL_CHUNK
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         from specchat.loading.models import load_pair
-        pair = load_pair(cfg, each_message_once(lambda message: print(message, file=sys.stderr, flush=True)))
+        pair = load_pair(cfg, to_stderr())
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench profile: error: {err}", file=sys.stderr)
         return 2
