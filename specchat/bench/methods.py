@@ -173,7 +173,10 @@ class Runner:
             self.measure(method, prompt, SamplingConfig(temperature=0.0, max_new_tokens=max_new))
 
     def measure(self, method: Method, prompt: dict, sampling: SamplingConfig) -> Measurement:
-        ids = self.prompt_ids(prompt)
+        return self.measure_ids(method, self.prompt_ids(prompt), sampling)
+
+    def measure_ids(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
+        """One method's reply to a prompt given as token ids (its own prefill included)."""
         if method.kind == "specchat":
             return self._specchat(method, ids, sampling)
         if method.kind == "llama.cpp":
@@ -206,6 +209,8 @@ class Runner:
         with torch.inference_mode():
             out = self.pair.target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                                             generation_config=self._generation_config(sampling), **kwargs)
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)  # the clock stops when the GPU is done, not when it was asked
         seconds = time.perf_counter() - start
         new = tuple(out[0, len(ids):].tolist())
         return Measurement(new, len(new), seconds)
