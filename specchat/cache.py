@@ -6,18 +6,32 @@ waits for it. Two `python infer.py` started at once on a cold cache would otherw
 and quantize the same models (twice the memory and time) and race to rename their results into place.
 The lock is an advisory flock on a file in the cache's `locks/` folder, one per artefact; the kernel
 releases it when its holder exits, killed or not, so a crashed builder never blocks the next start.
+
+Privacy: the cache root is the user's alone. It is created 0700 (its folders too), and a root that is not
+owned by the user, or that its group or others can write, is refused in one line: anyone who can write there
+could plant a quantized file, a converted checkpoint or a kernel `.so` that the next start loads, or a symlink
+at a temporary's predictable name. Once the root is the user's and closed, no other user can reach below it.
+
+Disk faults: a read that fails for the disk (EIO, EACCES, a read-only cache) or for memory is an error of one
+line naming the path and the errno (disk_error), never a reason to delete a good file; only content found
+wrong (DamagedFile: a size, checksum, parse or shape that is not what was written) is rebuilt. Finished
+artefacts are fsynced, then renamed into place, then their folder is fsynced (replace_durably).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import platformdirs
 
+from specchat.errors import ModelLoadError
 from specchat.progress import Progress, report
 
 try:
@@ -26,26 +40,134 @@ except ImportError:  # not POSIX (Windows): builds are not serialised there
     fcntl = None
 
 CHUNK = 8 << 20  # bytes per read while hashing
+ROOM_ADVICE = "free some space, or set $SPECCHAT_CACHE to a folder on another disk, and start again"
+ADVICE = {  # what to do about an errno met in the cache
+    errno.ENOSPC: ROOM_ADVICE, errno.EDQUOT: ROOM_ADVICE, errno.EFBIG: ROOM_ADVICE,
+    errno.EROFS: "the cache is read-only and lacks this: set $SPECCHAT_CACHE to a writable folder",
+    errno.EACCES: "check the cache's permissions, or set $SPECCHAT_CACHE to a folder of your own",
+    errno.EPERM: "check the cache's permissions, or set $SPECCHAT_CACHE to a folder of your own",
+    errno.EIO: "the disk reports an I/O error: check it (dmesg) before starting again",
+    errno.ENOMEM: "close other programs and start again",
+}
+OS_ERROR_TEXT = re.compile(r"\(os error (\d+)\)")  # how Rust libraries (safetensors, tokenizers) spell an errno
+
+
+class DiskError(ModelLoadError):
+    """An I/O failure in the cache (a full disk, a read-only or unreadable cache, EIO), said in one line."""
+
+
+class DamagedFile(ValueError):
+    """A cache artefact's content is not what was written (size, checksum, format, shapes): rebuild it."""
 
 
 def cache_dir() -> Path:
-    """$SPECCHAT_CACHE, else the user's XDG cache directory / specchat."""
+    """$SPECCHAT_CACHE, else the user's XDG cache directory / specchat. Where it exists it must be the
+    user's own and closed to writers other than the user (ModelLoadError otherwise)."""
     env = os.environ.get("SPECCHAT_CACHE")
-    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("specchat"))
+    root = Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("specchat"))
+    _check_root(root)
+    return root
+
+
+def _check_root(root: Path) -> None:
+    """Refuse a cache root another user owns or that its group or others can write (see the module's note)."""
+    try:
+        info = root.stat()
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise ModelLoadError(disk_error(err, root, "read the cache folder")) from err
+    if not stat.S_ISDIR(info.st_mode):
+        raise ModelLoadError(f"the cache {root} is not a folder; set $SPECCHAT_CACHE to a folder of your own")
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        raise ModelLoadError(f"the cache {root} belongs to user id {info.st_uid}, not to you; "
+                             f"set $SPECCHAT_CACHE to a folder of your own")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ModelLoadError(f"the cache {root} can be written by others (mode {stat.S_IMODE(info.st_mode):o}); "
+                             f"chmod 700 it, or set $SPECCHAT_CACHE to a folder of your own")
+
+
+def private_dir(folder: Path) -> Path:
+    """Create `folder` mode 0700, and below the cache root each missing folder on the way (the root too);
+    the root is checked, and closed to group and others (0700) where it was not yet."""
+    root = cache_dir()
+    with disk_errors(folder, "create the cache folder"):
+        if not folder.is_relative_to(root):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return folder
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, exist_ok=True)
+        _check_root(root)  # again: a root someone else made between the first look and mkdir is refused
+        if stat.S_IMODE(root.stat().st_mode) & 0o077:
+            optional_write(lambda: root.chmod(0o700))  # a root from before this rule
+        current = root
+        for name in folder.relative_to(root).parts:
+            current = current / name
+            current.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def disk_error(err: BaseException, path: Path, doing: str) -> str:
+    """One line for an I/O failure: what could not be done, on which path, the errno, and what to do."""
+    found = os_error(err)
+    if found is None:  # MemoryError, or a failure of unknown kind: still one line, nothing deleted
+        code, text = (errno.ENOMEM, "out of memory") if isinstance(err, MemoryError) else (None, str(err))
+        where = path
+    else:
+        code, text, where = found.errno, found.strerror or str(found), found.filename or path
+    name = errno.errorcode.get(code, "") if code is not None else type(err).__name__
+    advice = ADVICE.get(code)
+    line = f"cannot {doing} {where}: {name} ({text})" + (f"; {advice}" if advice else "")
+    return " ".join(line.split())
+
+
+def os_error(err: BaseException) -> OSError | None:
+    """The OSError behind `err`: itself, or one a Rust library reported as text ('... (os error 28)')."""
+    if isinstance(err, OSError):
+        return err
+    found = OS_ERROR_TEXT.search(str(err))
+    return OSError(int(found[1]), os.strerror(int(found[1]))) if found else None
+
+
+@contextmanager
+def disk_errors(path: Path, doing: str) -> Iterator[None]:
+    """Turn an I/O failure inside into DiskError(disk_error(...)); anything else passes through."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        if os_error(err) is None:
+            raise
+        raise DiskError(disk_error(err, path, doing)) from err
+
+
+def optional_write(action) -> bool:
+    """Run an optional write (a stamp, a memo, a mode): False where the disk refuses it."""
+    try:
+        action()
+    except (OSError, DiskError):
+        return False
+    return True
 
 
 def is_verified(path: Path, size: int, sha256: str, progress: Progress | None = None) -> bool:
-    """True when `path` holds exactly the expected bytes; a stamp skips re-hashing an unchanged file."""
-    stat = path.stat()
-    if stat.st_size != size:
+    """True when `path` holds exactly the expected bytes; a stamp skips re-hashing an unchanged file.
+    Writing the stamp is optional: on a read-only or full cache the file is simply hashed again next time.
+    An I/O error reading `path` or its stamp is raised (OSError): it says nothing about the content."""
+    info = path.stat()
+    if info.st_size != size:
         return False
     stamp = stamp_path(path)
-    expected = f"{sha256} {size} {stat.st_mtime_ns}"
-    if stamp.exists() and stamp.read_text().strip() == expected:
-        return True
+    expected = f"{sha256} {size} {info.st_mtime_ns}"
+    try:
+        if stamp.read_text().strip() == expected:
+            return True
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
     if file_sha256(path, progress) != sha256:
         return False
-    stamp.write_text(expected + "\n")
+    optional_write(lambda: stamp.write_text(expected + "\n"))
     return True
 
 
@@ -71,9 +193,46 @@ def _process_alive(pid: int) -> bool:
 
 
 def mark_verified(path: Path, sha256: str) -> None:
-    """Record that `path`, as it stands now, holds bytes of this sha256 (is_verified will not re-hash)."""
-    stat = path.stat()
-    stamp_path(path).write_text(f"{sha256} {stat.st_size} {stat.st_mtime_ns}\n")
+    """Record that `path`, as it stands now, holds bytes of this sha256 (is_verified will not re-hash);
+    where the disk refuses the stamp, is_verified hashes the file instead."""
+    info = path.stat()
+    optional_write(lambda: stamp_path(path).write_text(f"{sha256} {info.st_size} {info.st_mtime_ns}\n"))
+
+
+def sync_tree(path: Path) -> None:
+    """fsync a file, or a folder: every file and folder in it, then the folder itself."""
+    if path.is_dir():
+        for child in path.iterdir():
+            if child.is_dir() or child.is_file():
+                sync_tree(child)
+    fsync_one(path)
+
+
+def fsync_one(path: Path) -> None:
+    """fsync one file or folder (not what a folder holds); folders only where POSIX allows it."""
+    if path.is_dir() and os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_durably(tmp: Path, dest: Path) -> None:
+    """Rename a finished temporary (file or folder) into place so that a power cut leaves the old state or
+    the whole new one: its bytes are fsynced first, then the rename is, by fsyncing the folder it is in."""
+    sync_tree(tmp)
+    os.replace(tmp, dest)
+    fsync_one(dest.parent)
+
+
+def write_synced(path: Path, text: str) -> None:
+    """Write a small file (a record beside an artefact) and fsync it."""
+    with path.open("w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def stamp_path(path: Path) -> Path:
@@ -94,13 +253,14 @@ def file_sha256(path: Path, progress: Progress | None = None) -> str:
 def building(target: Path, what: str, progress: Progress | None = None) -> Iterator[None]:
     """Hold `target`'s build lock. When another process holds it, say so once and wait; the caller
     then checks again whether the artefact is still missing before building it."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     if fcntl is None:
         yield
         return
-    lock = cache_dir() / "locks" / f"{target.parent.name}-{target.name}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a") as handle:
+    lock = private_dir(cache_dir() / "locks") / f"{target.parent.name}-{target.name}.lock"
+    with disk_errors(lock, "open the build lock"):
+        handle = lock.open("a")
+    with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -8,6 +8,17 @@ AVX2, AVX-VNNI, AVX-512 VNNI and AMX-INT8) and runs the fastest one the CPU has;
 
 Each version of the sources builds into a folder of its own, named by the sources, the flags, torch's
 version, the Python ABI and the compiler, so environments sharing a cache never load each other's build.
+
+A build never waits on a dead builder. torch's load() takes an O_EXCL `lock` file in the build folder on
+every call, and a start killed while holding it (SIGKILL, the OOM killer, a power cut) leaves the file, on
+which every later start would wait for ever. So specchat holds its own build lock (cache.building, an flock
+the kernel drops when its holder dies) around load(), and under it deletes a `lock` file it finds: no other
+specchat builds in this folder then. A finished build gets a stamp (BUILT) that later starts import
+directly, without load(), ninja or the lock: a read-only cache starts too.
+
+The folder's name is predictable, and torch loads whatever `.so` it finds there up to date: only the cache's
+owner may write below its root (cache.cache_dir refuses a root others own or can write), so no other user can
+plant a module for a start to load.
 """
 from __future__ import annotations
 
@@ -20,7 +31,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from specchat.cache import cache_dir
+from specchat.cache import building, cache_dir, fsync_one, optional_write, private_dir
 from specchat.errors import ModelLoadError, one_line
 from specchat.progress import Progress, report
 from specchat.spec import sampling
@@ -31,6 +42,8 @@ SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path
            "bindings.cpp"]
 HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "q4_path_512.h", "simd.h"]
 BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike
+LAYOUT = "flock+stamp"  # how a build folder is used, in its name: builds that took no flock share no folder
+BUILT = "built.txt"  # in a build folder: the module's name, size and mtime once load() built it
 
 
 def _source_dir() -> Path:
@@ -82,7 +95,7 @@ def compiler_version() -> str:
 def build_identity() -> bytes:
     import torch
     sources = b"".join(path.read_bytes() for path in [*kernel_sources(), *kernel_headers()])
-    context = [" ".join(kernel_flags()), torch.__version__, sys.implementation.cache_tag, compiler_version()]
+    context = [" ".join(kernel_flags()), torch.__version__, sys.implementation.cache_tag, compiler_version(), LAYOUT]
     return sources + "\n".join(context).encode()
 
 
@@ -95,18 +108,67 @@ def build_kernel(build_dir: str, name: str = "specchat_q4"):
     """The compiled kernel module, built once into build_dir with the machine's C++ compiler; later
     calls load it. Raises where nothing compiles (the compiler's log is in build_dir)."""
     import importlib.util
-
-    from torch.utils.cpp_extension import load
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C++ compiler: {compiler!r} is not on PATH (install one, or set $CXX)")
     if importlib.util.find_spec("ninja"):  # the ninja package's binary, for a venv that is not on PATH
         import ninja
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    Path(build_dir).mkdir(parents=True, exist_ok=True)
     flags = kernel_flags()
-    return load(name, [str(path) for path in kernel_sources()], extra_cflags=flags,
-                extra_ldflags=[flag for flag in flags if flag == "-fopenmp"], build_directory=build_dir)
+    openmp = [flag for flag in flags if flag == "-fopenmp"]
+    return load_extension(name, kernel_sources(), Path(build_dir), flags, openmp)
+
+
+def load_extension(name: str, sources: list[Path], build_dir: Path, cflags: list[str], ldflags: list[str]):
+    """torch's load() of a C++ extension, made safe against killed builders (see the module's note): a
+    module stamped as built is imported directly; else load() runs under specchat's build lock, with a
+    stale torch `lock` file cleared first."""
+    built = _built_module(build_dir, name)
+    if built is not None:
+        return _import(name, built)
+    from torch.utils.cpp_extension import load
+    with building(build_dir / name, f"the {name} kernel"):
+        built = _built_module(build_dir, name)  # built by another start while this one waited
+        if built is not None:
+            return _import(name, built)
+        (build_dir / "lock").unlink(missing_ok=True)  # a dead builder's: no live one runs here, we hold the flock
+        module = load(name, [str(path) for path in sources], extra_cflags=cflags, extra_ldflags=ldflags,
+                      build_directory=str(build_dir))
+        _stamp_built(build_dir, Path(module.__file__))
+    return module
+
+
+def _built_module(build_dir: Path, name: str) -> Path | None:
+    """The module file a stamp says was built here, when it is still that file (same size and mtime)."""
+    try:
+        recorded = (build_dir / BUILT).read_text().split()
+        library = build_dir / recorded[0]
+        info = library.stat()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+    matches = len(recorded) == 3 and recorded[1:] == [str(info.st_size), str(info.st_mtime_ns)]
+    return library if matches and library.stem == name else None
+
+
+def _stamp_built(build_dir: Path, library: Path) -> None:
+    """Stamp a finished build, its module fsynced first (a stamp never outlives its module's bytes);
+    where the folder is read-only or full, later starts go through load() again."""
+    def stamp():
+        fsync_one(library)
+        info = library.stat()
+        (build_dir / BUILT).write_text(f"{library.name} {info.st_size} {info.st_mtime_ns}\n")
+    optional_write(stamp)
+
+
+def _import(name: str, library: Path):
+    """Import a built extension module from its file, as torch's load() does once it is built."""
+    import importlib.util
+
+    import torch  # noqa: F401  the module links against torch's libraries, loaded by importing torch
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @lru_cache(maxsize=1)
@@ -115,10 +177,10 @@ def _kernel_or_error() -> tuple[object | None, str]:
     build_dir = q4_build_dir()
     try:
         module = build_kernel(str(build_dir))
-    except Exception as err:  # no compiler, no OpenMP, a compile error: the whole log in build.log
-        build_dir.mkdir(parents=True, exist_ok=True)
+    except Exception as err:  # no compiler, no OpenMP, a compile error, a full disk: the whole log in build.log
         log = build_dir / "build.log"
-        log.write_text(f"{type(err).__name__}: {err}\n")
+        if not optional_write(lambda: _write_log(log, err)):
+            return None, one_line(err)  # a full or read-only cache: no log to point at
         return None, f"{one_line(err)} (build log: {log})"
     sampling.use_native_probs(module.top_p_probs)  # sampled rows on the CPU take its one-pass probabilities
     forced = os.environ.get(KERNEL_ENV, "")
@@ -128,6 +190,11 @@ def _kernel_or_error() -> tuple[object | None, str]:
     except RuntimeError as err:
         return None, f"${KERNEL_ENV} = {forced}: {one_line(err)}"
     return module, ""
+
+
+def _write_log(log: Path, err: Exception) -> None:
+    private_dir(log.parent)
+    log.write_text(f"{type(err).__name__}: {err}\n")
 
 
 def kernel_problem(path: str = "auto", progress: Progress | None = None) -> str:

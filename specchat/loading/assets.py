@@ -2,7 +2,8 @@
 
 Each part package holds `<package>/data/partNN.bin`; their concatenation in order is the GGUF
 file. Assembly streams into a temporary file in the cache directory and renames it only after
-the size and sha256 match, so a killed or failed assembly never leaves a half-written GGUF.
+the size and sha256 match and it is fsynced, so a killed or failed assembly never leaves a half-written
+GGUF; a full disk ends in one line naming the path and the errno.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.cache import CHUNK, stamp_path, building, cache_dir, is_verified, remove_stale_temporaries
+from specchat.cache import (CHUNK, DiskError, building, cache_dir, disk_errors, is_verified, optional_write,
+                            private_dir, remove_stale_temporaries, replace_durably, stamp_path)
 from specchat.progress import Progress, report
 from specchat.errors import ModelLoadError
 
@@ -89,15 +91,21 @@ def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
     """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use."""
     model = bundled_model(name)
     dest = cache_dir() / "gguf" / model.filename
-    if dest.exists() and is_verified(dest, model.size, model.sha256, progress):
+    if _assembled(dest, model, progress):
         return dest
     with building(dest, dest.name, progress):
-        if dest.exists() and is_verified(dest, model.size, model.sha256, progress):
+        if _assembled(dest, model, progress):
             return dest  # assembled by another process while this one waited
         if dest.exists():  # damaged: say what is rebuilt and why, once
             report(progress, f"rebuilding {dest.name}: {_difference(dest, model)}", None)
         assemble(find_parts(model), dest, model.size, model.sha256, progress)
     return dest
+
+
+def _assembled(dest: Path, model: BundledModel, progress: Progress | None) -> bool:
+    """Whether the assembled file is there, whole; a failure to read it is a DiskError, not damage."""
+    with disk_errors(dest, "read"):
+        return dest.exists() and is_verified(dest, model.size, model.sha256, progress)
 
 
 def drop_assembled(name: str) -> bool:
@@ -108,9 +116,12 @@ def drop_assembled(name: str) -> bool:
     dest = cache_dir() / "gguf" / bundled_model(name).filename
     if not dest.exists():
         return False
-    with building(dest, dest.name):  # not while another process assembles it
-        dest.unlink(missing_ok=True)
-        stamp_path(dest).unlink(missing_ok=True)
+    try:
+        with building(dest, dest.name):  # not while another process assembles it
+            dest.unlink(missing_ok=True)
+            stamp_path(dest).unlink(missing_ok=True)
+    except (OSError, DiskError):  # a read-only cache: the file stays, which costs only space
+        return False
     return True
 
 
@@ -123,21 +134,23 @@ def _difference(path: Path, model: BundledModel) -> str:
 
 def assemble(parts: list[Path], dest: Path, size: int, sha256: str,
              progress: Progress | None = None) -> None:
-    """Concatenate `parts` into `dest`; rename into place only when size and sha256 match."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(dest)
-    stamp_path(dest).unlink(missing_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    try:
-        digest, written = _concatenate(parts, tmp, size, dest.name, progress)
-        if written != size or digest != sha256:
-            raise AssetError(f"assembled {dest.name} is corrupt ({written} bytes, sha256 "
-                             f"{digest[:12]}…; expected {size} bytes, {sha256[:12]}…); "
-                             f"reinstall the part packages: {INSTALL_HINT}")
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n")
+    """Concatenate `parts` into `dest`; rename into place only when size and sha256 match (fsynced).
+    A full or unwritable disk ends in a DiskError (one line); nothing half-written is left as `dest`."""
+    with disk_errors(dest, "assemble"):
+        private_dir(dest.parent)
+        remove_stale_temporaries(dest)
+        stamp_path(dest).unlink(missing_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        try:
+            digest, written = _concatenate(parts, tmp, size, dest.name, progress)
+            if written != size or digest != sha256:
+                raise AssetError(f"assembled {dest.name} is corrupt ({written} bytes, sha256 "
+                                 f"{digest[:12]}…; expected {size} bytes, {sha256[:12]}…); "
+                                 f"reinstall the part packages: {INSTALL_HINT}")
+            replace_durably(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+    optional_write(lambda: stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n"))
 
 
 def _concatenate(parts: list[Path], tmp: Path, size: int, label: str,
@@ -151,7 +164,5 @@ def _concatenate(parts: list[Path], tmp: Path, size: int, label: str,
                     digest.update(chunk)
                     written += len(chunk)
                     report(progress, f"assembling {label}", min(written / max(size, 1), 1.0))
-        out.flush()
-        os.fsync(out.fileno())
     return digest.hexdigest(), written
 

@@ -1,10 +1,12 @@
 """GGUF files are converted once into a plain safetensors checkpoint in the cache, keyed by the
 GGUF's sha256 and the stored dtype, so every later start loads it directly (fast, mmap-able).
 
-A conversion is written to a temporary directory and renamed into place only when complete;
-`specchat.json` inside marks a finished conversion and records the facts the banner shows, and the
-size and sha256 of every file written. A conversion found damaged at a later start (a file missing,
-cut short or changed) is rebuilt from its GGUF, with one notice line.
+A conversion is written to a temporary directory and renamed into place only when complete (every
+file fsynced first, the folder after); `specchat.json` inside marks a finished conversion and records the
+facts the banner shows, and the size and sha256 of every file written. A conversion found damaged at a
+later start (a file missing, cut short or changed) is rebuilt from its GGUF, with one notice line; one
+that cannot be read (EIO, EACCES) is kept, and the start ends in one line naming the path and the errno,
+as it does when the disk fills while converting.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from specchat.cache import building, cache_dir, file_sha256, is_verified, mark_verified, remove_stale_temporaries
+from specchat.cache import (building, cache_dir, disk_errors, file_sha256, is_verified, mark_verified, optional_write,
+                            private_dir, remove_stale_temporaries, replace_durably)
 from specchat.loading.devices import dtype_name
 from specchat.progress import Progress
 from specchat.errors import ModelLoadError, one_line
@@ -37,17 +40,22 @@ def read_meta(directory: Path) -> dict:
 
 def gguf_digest(path: Path, progress: Progress | None = None) -> str:
     """sha256 of a GGUF file, remembered per (path, size, mtime) so it is hashed once."""
-    stat = path.stat()
     memo = cache_dir() / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:24] + ".txt")
-    stamp = f"{stat.st_size} {stat.st_mtime_ns}"
-    if memo.exists():
-        saved_stamp, _, digest = memo.read_text().strip().rpartition(" ")
-        if saved_stamp == stamp:
-            return digest
-    digest = file_sha256(path, progress)
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(f"{stamp} {digest}\n")
+    with disk_errors(path, "read"):
+        stat = path.stat()
+        stamp = f"{stat.st_size} {stat.st_mtime_ns}"
+        if memo.exists():
+            saved_stamp, _, digest = memo.read_text().strip().rpartition(" ")
+            if saved_stamp == stamp and len(digest) == 64:  # a memo cut short by a crash is not used
+                return digest
+        digest = file_sha256(path, progress)
+    optional_write(lambda: _remember(memo, f"{stamp} {digest}\n"))  # where the cache is read-only: hashed again
     return digest
+
+
+def _remember(memo: Path, text: str) -> None:
+    private_dir(memo.parent)
+    memo.write_text(text)
 
 
 def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
@@ -64,20 +72,22 @@ def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
             if progress:
                 progress(f"rebuilding the converted checkpoint of {name}: {problem}", None)
             shutil.rmtree(out, ignore_errors=True)
-        _convert_into(out, gguf, dtype, name, progress, slim)
+        with disk_errors(out, f"convert {name} into the cache at"):
+            _convert_into(out, gguf, dtype, name, progress, slim)
     return out
 
 
 def _convert_into(out: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None,
                   slim: bool = False) -> None:
-    """Convert in a temporary directory and rename it into place only when complete."""
+    """Convert in a temporary directory and rename it into place only when complete and fsynced."""
+    private_dir(out.parent)
     remove_stale_temporaries(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         convert_gguf(gguf, dtype, tmp, name, progress, slim)
         shutil.rmtree(out, ignore_errors=True)  # an incomplete directory, if any
-        os.replace(tmp, out)
+        replace_durably(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -135,12 +145,18 @@ def _file_records(directory: Path) -> dict:
 
 
 def damage(directory: Path, progress: Progress | None = None) -> str:
-    """'' when a finished conversion is whole, else what is wrong with it: its record unreadable, a
-    recorded file missing or not at its size and sha256 (hashed once per change), or a safetensors
-    file cut short (also checked for conversions written before files were recorded)."""
+    """'' when a finished conversion is whole, else what is wrong with it: its record missing or not
+    JSON, a recorded file missing or not at its size and sha256 (hashed once per change), or a
+    safetensors file cut short (also checked for conversions written before files were recorded).
+    A failure to read (EIO, EACCES) is raised as ModelLoadError: it is no sign of damage."""
+    with disk_errors(directory, "read the converted checkpoint"):
+        return _damage(directory, progress)
+
+
+def _damage(directory: Path, progress: Progress | None) -> str:
     try:
         files = read_meta(directory).get("files", {})
-    except (OSError, ValueError):
+    except (FileNotFoundError, ValueError, AttributeError):  # a record that is not a JSON table too
         return f"its {META} is unreadable"
     for name, record in files.items():
         path = directory / name
@@ -155,14 +171,16 @@ def damage(directory: Path, progress: Progress | None = None) -> str:
 
 
 def safetensors_whole(path: Path) -> bool:
-    """True when the file's header reads and its tensors end exactly at the end of the file."""
+    """True when the file's header reads and its tensors end exactly at the end of the file; an I/O
+    error other than the file being gone is raised (OSError)."""
     try:
         with path.open("rb") as src:
             length = int.from_bytes(src.read(8), "little")
             header = json.loads(src.read(length))
+            size = os.fstat(src.fileno()).st_size
         ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
-        return path.stat().st_size == 8 + length + max(ends, default=0)
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return size == 8 + length + max(ends, default=0)
+    except (FileNotFoundError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return False
 
 

@@ -3,9 +3,12 @@ beside the converted checkpoint.
 
 Quantizing the 1.5B target takes tens of seconds; loading its int8 weights takes a few. The file
 is keyed by the source's identity (the GGUF's sha256, or a fingerprint of a model directory), the
-dtype it was loaded in and the mode. It is written to a temporary name and renamed into place
-once whole; a sidecar records its size and sha256, and a file that does not match them (a killed
-write, a full disk) is rebuilt from the model with one notice line instead of an error.
+dtype it was loaded in and the mode. It is written to a temporary name, fsynced, and renamed into
+place once whole; a sidecar records its size and sha256. A file found damaged (not the size or
+sha256 recorded, not a well-formed file, or blocks whose dtypes and shapes do not fit the model's
+layers) is rebuilt from the model with one notice line instead of an error. A file that cannot be
+read (an I/O error, EACCES, too little memory) is kept and the start ends in one line naming it and
+the errno: its content may well be good. A full disk while writing ends in one such line too.
 """
 from __future__ import annotations
 
@@ -25,7 +28,11 @@ from specchat.config import W4A8_MODES
 from specchat.quant.int8_weights import Int8Block, quantize_linears
 from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w4a8
 from specchat.quant.w8a8 import quantize_w8a8
-from specchat.cache import building, cache_dir, file_sha256, is_verified, remove_stale_temporaries
+from specchat.cache import (DamagedFile, building, cache_dir, disk_error, disk_errors, file_sha256, is_verified,
+                            private_dir, remove_stale_temporaries, replace_durably, write_synced)
+from specchat.errors import ModelLoadError
+from specchat.loading.block_shapes import block_problem
+from specchat.loading import tensor_file
 from specchat.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
@@ -101,18 +108,25 @@ def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w
 
 
 def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str):
-    """(blocks, notice): the cached blocks when whole and for this model's layers, else (None, why)."""
+    """(blocks, notice): the cached blocks when whole and fitting this model's layers, else (None, why)."""
     blocks, notice = _read(path, progress, BLOCK_TYPES.get(mode, Int8Block))
-    if blocks is not None and set(blocks) != _linear_names(model, mode):
+    if blocks is None:
+        return None, notice
+    linears = _linears(model, mode)
+    if set(blocks) != set(linears):
         return None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
-    return blocks, notice
+    for name, linear in linears.items():
+        problem = block_problem(blocks[name], linear)
+        if problem:  # damaged, or made to reach the kernels out of bounds: never handed over
+            return None, _discard(path, f"the blocks of {name} do not fit the layer ({problem})")
+    return blocks, None
 
 
-def _linear_names(model: nn.Module, mode: str) -> set[str]:
+def _linears(model: nn.Module, mode: str) -> dict[str, nn.Linear]:
     """The layers a mode quantizes: every nn.Linear, or for w4a8 those whose shape its kernel takes."""
     if mode in W4A8_MODES:
-        return set(fitting_linears(model))
-    return {name for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+        return fitting_linears(model)
+    return {name: module for name, module in model.named_modules() if isinstance(module, nn.Linear)}
 
 
 def unquantized_layers(model: nn.Module, mode: str) -> list[str]:
@@ -123,53 +137,86 @@ def unquantized_layers(model: nn.Module, mode: str) -> list[str]:
 
 
 def _read(path: Path, progress: Progress | None, kind: type = Int8Block) -> tuple[dict | None, str | None]:
-    if not path.exists():
-        return None, None
+    """(blocks, None) when the file is whole; (None, None) when there is none; (None, notice) when it is
+    damaged (deleted: it is rebuilt). A failure to read it raises ModelLoadError and keeps it."""
+    try:
+        if not path.exists():
+            return None, None
+        return _verified_blocks(path, progress, kind), None
+    except DamagedFile as err:
+        return None, _discard(path, str(err))
+    except Exception as err:  # I/O, memory: says nothing about the content, so the file stays
+        raise ModelLoadError(disk_error(err, path, "read the quantized-weights cache")) from err
+
+
+def _verified_blocks(path: Path, progress: Progress | None, kind: type) -> dict:
+    size, sha256 = _recorded(path)
+    if not is_verified(path, size, sha256, progress):
+        raise DamagedFile("its size or checksum does not match what was written")
+    return _blocks_from_file(path, kind)
+
+
+def _recorded(path: Path) -> tuple[int, str]:
+    """The size and sha256 the sidecar records; DamagedFile where it is missing or unreadable."""
     try:
         meta = json.loads(_meta_path(path).read_text())
-        if not is_verified(path, meta["size"], meta["sha256"], progress):
-            raise ValueError("its size or checksum does not match what was written")
-        return _blocks_from_file(path, kind), None
-    except Exception as err:  # a damaged file: say so once, rebuild it
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return int(meta["size"]), str(meta["sha256"])
+    except FileNotFoundError:
+        raise DamagedFile(f"its record {_meta_path(path).name} is missing") from None
+    except (ValueError, KeyError, TypeError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise DamagedFile(f"its record {_meta_path(path).name} is unreadable") from None
+
+
+def _discard(path: Path, reason: str) -> str:
+    """Delete a damaged cache file; the notice line saying it is rebuilt and why."""
+    with disk_errors(path, "remove the damaged cache file"):
         path.unlink(missing_ok=True)
-        return None, f"rebuilt the quantized-weights cache {path.name}: {reason}"
+    return f"rebuilt the quantized-weights cache {path.name}: {reason}"
 
 
 def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
-    """The blocks (of dataclass `kind`), in fresh memory. safetensors maps the file, and its tensors start
-    wherever the header ends: torch's CPU int8 kernel crashes on misaligned weights from 8 rows up. And the
-    mapped pages of a file stay resident: w4a8's grouped layers (q/k/v, gate/up) are fused into new tensors,
-    so the mapped copy of their tiles held 0.9 GB of the bundled pair twice."""
-    from safetensors.torch import load_file
-    tensors = {key: tensor.clone() for key, tensor in load_file(str(path)).items()}
+    """The blocks (of dataclass `kind`), read into fresh memory (loading/tensor_file.py): not mapped, as the
+    mapped pages of a file stay resident (w4a8's grouped layers, q/k/v and gate/up, are fused into new
+    tensors: a mapped copy of their tiles held 0.9 GB of the bundled pair twice), and aligned (torch's CPU
+    int8 kernel crashes on misaligned weights from 8 rows up)."""
+    tensors = tensor_file.read_tensors(path)
     names = {key.rsplit(".", 1)[0] for key in tensors}
     fields = dataclasses.fields(kind)
-    return {name: kind(*(_field_value(tensors[f"{name}.{field.name}"], field) for field in fields)) for name in names}
+    try:
+        return {name: kind(*(_field_value(tensors[f"{name}.{field.name}"], field) for field in fields))
+                for name in names}
+    except KeyError as err:
+        raise DamagedFile(f"it lacks {err.args[0]}") from None
 
 
-def _field_value(tensor, field: dataclasses.Field):
+def _field_value(tensor: torch.Tensor, field: dataclasses.Field):
     """A block's field as stored: a tensor, or a whole number (stored as a 0-dim tensor)."""
-    return int(tensor.item()) if field.type == "int" else tensor
+    if field.type != "int":
+        return tensor
+    if tensor.dim() != 0 or tensor.is_floating_point() or tensor.dtype == torch.bool:
+        raise DamagedFile(f"its {field.name} is not a whole number")
+    return int(tensor.item())
 
 
 def _write(path: Path, blocks: dict) -> None:
-    from safetensors.torch import save_file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write the blocks to a temporary file, record its size and sha256, and rename it into place, each
+    fsynced; an I/O failure (a full disk) ends in ModelLoadError, leaving no file taken as done."""
     tensors = {}
     for name, block in blocks.items():
         tensors.update({f"{name}.{field.name}": torch.as_tensor(getattr(block, field.name))
                         for field in dataclasses.fields(block)})
-    try:
-        save_file(tensors, str(tmp))
-        meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
-        _meta_path(path).write_text(json.dumps(meta) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    remove_older_formats(path)
+    with disk_errors(path, "write the quantized-weights cache"):
+        private_dir(path.parent)
+        remove_stale_temporaries(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tensor_file.write_tensors(tmp, tensors)
+            meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
+            write_synced(_meta_path(path), json.dumps(meta) + "\n")
+            replace_durably(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        remove_older_formats(path)
 
 
 def remove_older_formats(path: Path) -> list[Path]:

@@ -32,7 +32,7 @@ import torch
 
 from tiny_models import build_model, build_tokenizer
 from specchat.config import ModelConfig
-from specchat.loading import assets, gguf_convert, quantized_cache
+from specchat.loading import assets, gguf_convert, quantized_cache, tensor_file
 from specchat.loading.models import load_model
 from model_files import later, logits, save_dir, tiny_qwen2, write_gguf
 
@@ -325,7 +325,7 @@ POINTS = {
     },
     "quantized": {
         "quantized, nothing written": (lambda: quantized_cache, "_write", "before", None),
-        "weights in the temporary file": (_safetensors, "save_file", "after", None),
+        "weights in the temporary file": (lambda: tensor_file, "write_tensors", "after", None),
         "record written, before the rename": (lambda: os, "replace", "before", _replace_into("quantized")),
         "renamed into place": (lambda: os, "replace", "after", _replace_into("quantized")),
     },

@@ -1,0 +1,43 @@
+"""What a cached block must look like to replace a layer: each field's dtype and shape, from the layer's
+output rows and input width. The quantized cache checks every block it reads against the model's layers
+before it hands them over: the kernels index with these shapes, so a damaged or hostile file whose hash
+record matches would otherwise reach C++ as reads and writes out of bounds, not as an error."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specchat.quant.int8_weights import Int8Block
+from specchat.quant.w4a8 import GROUP, PAIR, TILE_ROWS, Q4Tiles, block_width
+
+ROW_BYTES = (16, 24, 32)  # bytes a tile's 32-group takes per row: 4-, 6- or 7-bit levels (Q4Tiles.bits)
+
+
+def expected_fields(kind: type, outs: int, width: int) -> dict:
+    """{field: (dtype, allowed shapes)}, and for a whole-number field {field: value}."""
+    if kind is Int8Block:
+        return {"weight": (torch.int8, [(outs, width)]), "scale": (torch.float32, [(outs,)]),
+                "row_sums": (torch.float32, [(outs,)])}
+    if kind is Q4Tiles:
+        tiles, groups, blocks = -(-outs // TILE_ROWS), width // GROUP, width // block_width(width)
+        per_block = (torch.float32, [(tiles, blocks, TILE_ROWS)])
+        return {"qs": (torch.uint8, [(tiles, groups, TILE_ROWS * size) for size in ROW_BYTES]),
+                "sc": (torch.uint8, [(tiles, groups, TILE_ROWS)]),
+                "m": (torch.uint8, [(tiles, width // PAIR, 2 * TILE_ROWS)]),
+                "d": per_block, "dmin": per_block, "outs": outs}
+    raise TypeError(f"no shapes known for {kind.__name__}")
+
+
+def block_problem(block, linear: nn.Linear) -> str:
+    """'' when `block` (an Int8Block or Q4Tiles) fits `linear`, else the first field that does not."""
+    for field, wanted in expected_fields(type(block), linear.out_features, linear.in_features).items():
+        value = getattr(block, field)
+        if isinstance(wanted, int):
+            if value != wanted:
+                return f"{field} is {value}, not {wanted}"
+            continue
+        dtype, shapes = wanted
+        if not isinstance(value, torch.Tensor) or value.dtype != dtype or tuple(value.shape) not in shapes:
+            found = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+            return f"{field} is {found}, not {dtype} {list(shapes[0])}"
+    return ""
