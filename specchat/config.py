@@ -325,16 +325,34 @@ def from_mapping(data: dict, base: Config | None = None) -> Config:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Read a TOML file (default: the bundled pair) and apply `section.key=value` overrides."""
     path = Path(path) if path else DEFAULT_CONFIG
-    if not path.exists() and not path.is_absolute() and (CONFIG_DIR / path.name).exists():
-        path = CONFIG_DIR / path.name
-    if not path.exists():
+    try:
+        if not path.exists() and not path.is_absolute() and (CONFIG_DIR / path.name).exists():
+            path = CONFIG_DIR / path.name
+        found = path.exists()
+    except OSError as err:  # a name too long, a folder on the way that cannot be searched
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
+    if not found:
         raise ConfigError(f"config file {path} not found; bundled configs: "
                           f"{', '.join(p.name for p in sorted(CONFIG_DIR.glob('*.toml')))}")
+    return apply_overrides(from_mapping(_read_toml(path)), overrides or [])
+
+
+def _read_toml(path: Path) -> dict:
+    """The TOML table of a config file; every reason it cannot be read is one ConfigError line naming the path."""
     try:
-        data = tomllib.loads(path.read_text())
+        if not path.is_file():  # a folder, or a FIFO or device that a read would wait on
+            raise ConfigError(f"config file {path} is {'a directory' if path.is_dir() else 'not a regular file'}; "
+                              f"give a .toml file")
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start} is "
+                          f"0x{err.object[err.start]:02x}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
-    return apply_overrides(from_mapping(data), overrides or [])
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML (arrays or tables nested too deep)") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
 
 
 def as_flat_dict(cfg: Config) -> dict[str, Any]:

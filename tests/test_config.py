@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +124,62 @@ def test_toml_values_widen_and_tables_load(tmp_path):
 def test_missing_config_file_lists_the_bundled_ones(tmp_path):
     with pytest.raises(ConfigError, match="not found; bundled configs: .*default.toml"):
         load_config(tmp_path / "nope.toml")
+
+
+def _config_folder(tmp_path):
+    return tmp_path
+
+
+def _config_not_utf8(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("[target]\nsource = 'caf\xe9'\n".encode("latin-1"))
+    return path
+
+
+def _config_nested_too_deep(tmp_path):
+    path = tmp_path / "deep.toml"
+    path.write_text("[sampling]\nx = " + "[" * 100_000 + "\n")
+    return path
+
+
+def _config_a_fifo(tmp_path):
+    path = tmp_path / "fifo.toml"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make, message", [
+    (_config_folder, "is a directory; give a .toml file"),
+    (_config_not_utf8, r"is not UTF-8 text \(byte 22 is 0xe9\)"),
+    (_config_nested_too_deep, "not valid TOML \\(arrays or tables nested too deep\\)"),
+    (_config_a_fifo, "is not a regular file"),
+], ids=["directory", "not-utf8", "nested-too-deep", "fifo"])
+def test_unreadable_config_files_are_one_line_naming_the_path(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_config(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_config_file_without_read_permission_is_one_line(tmp_path, monkeypatch):
+    """Tests run as root, where chmod 000 does not stop a read: the refusal is simulated at the read."""
+    path = tmp_path / "private.toml"
+    path.write_text("[target]\n")
+
+    opened = Path.open
+
+    def refused(self, *args, **kwargs):
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return opened(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "open", refused)  # read_text and read_bytes open through it
+    with pytest.raises(ConfigError, match=f"cannot read config file {path}: Permission denied$"):
+        load_config(path)
+
+
+def test_config_name_too_long_is_one_line():
+    with pytest.raises(ConfigError, match="cannot read config file .*: File name too long"):
+        load_config("/tmp/" + "a" * 300 + ".toml")
 
 
 def test_flat_dict_names_every_key():
