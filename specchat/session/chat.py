@@ -126,6 +126,11 @@ class ChatSession:
         self.last_prompt_ids = []
         self.engine.reset()
 
+    def drop_caches(self) -> None:
+        """Forget every cached token but keep the conversation: the next reply reads its whole prompt
+        again. After a failure part-way through a reply, the caches may not match the ids they claim."""
+        self.engine.reset()
+
     # ----- prompt ----------------------------------------------------------------------------
     def render(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of system prompt + messages + the assistant's generation prompt."""

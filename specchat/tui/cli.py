@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import signal
 import sys
 import threading
@@ -16,6 +15,7 @@ from typing import TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from specchat.tui import render
 from specchat.session.chat import ChatError, ChatSession, CompareFn
@@ -29,6 +29,7 @@ from specchat.progress import each_message_once
 from specchat.loading.models import load_pair, reply_stops
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
+from specchat.tui.safe_text import json_text, visible
 
 Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.loading.models.load_pair)
 CompareFactory = Callable  # compare(pair) -> CompareFn
@@ -75,17 +76,18 @@ USER_ERRORS = (UsageError, ConfigError, ChatError, ModelLoadError)  # one line, 
 def with_progress(console: Console, work: Callable):
     """Run work(report) while drawing its report(message, fraction|None) calls as a rich bar.
 
-    When the console is not a terminal, each distinct message is written once as a plain line.
+    When the console is not a terminal, each distinct message is written once as a plain line. A message
+    may name a file or a model: it is shown through safe_text.visible, never as markup.
     """
     if not console.is_terminal:
-        return work(each_message_once(lambda message: console.print(message, soft_wrap=True)))
-    columns = (TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+        return work(each_message_once(lambda message: console.print(Text(visible(message)), soft_wrap=True)))
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("loading models", total=None)
 
         def report(message: str, fraction: float | None = None) -> None:
-            progress.update(task, description=message, total=None if fraction is None else 1.0,
+            progress.update(task, description=visible(message), total=None if fraction is None else 1.0,
                             completed=fraction or 0.0)
         return work(report)
 
@@ -148,11 +150,10 @@ def run_once(session: ChatSession, text: str, renderer: render.Renderer, as_json
             done = event if isinstance(event, ReplyDone) else done
             if not as_json:
                 renderer.event(event)
-    if as_json:
-        json.dump({"prompt_ids": session.last_prompt_ids, "text": done.text,
-                   "tokens": [{"id": t.id, "text": t.text, "origin": t.origin.value} for t in tokens],
-                   "stop_reason": done.stop_reason, "stats": done.stats.to_dict()}, out, ensure_ascii=False)
-        out.write("\n")
+    if as_json:  # exact text, every control character escaped: safe on a terminal too
+        out.write(json_text({"prompt_ids": session.last_prompt_ids, "text": done.text,
+                             "tokens": [{"id": t.id, "text": t.text, "origin": t.origin.value} for t in tokens],
+                             "stop_reason": done.stop_reason, "stats": done.stats.to_dict()}) + "\n")
     return 0
 
 
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None, load: Loader = load_pair, compare: Compa
         with leave_on_signals():
             return run(args, load, compare, stdin, stdout, stderr)
     except USER_ERRORS as err:
-        stderr.write(f"specchat: error: {err}\n")
+        stderr.write(f"specchat: error: {visible(str(err))}\n")  # it may quote a file's or a model's text
         return 2 if isinstance(err, (UsageError, ConfigError)) else 1
     except KeyboardInterrupt:
         stderr.write("specchat: interrupted\n")

@@ -289,16 +289,15 @@ def cmd_history(session: ChatSession, arg: str) -> Outcome:
     return Outcome(render.as_table(rows, ("role", "message")))
 
 
-def cmd_save(session: ChatSession, arg: str) -> Outcome:
-    if not arg:
-        return fail("/save: usage /save PATH.md or /save PATH.json")
-    try:
-        path = save_transcript(session, arg)
-    except ChatError:
-        raise
-    except (ValueError, RuntimeError) as err:  # a NUL in the name; ~user when there is no such user
-        return fail(f"/save: cannot save to {arg!r}: {err}")
-    return Outcome(f"saved {len(session.records)} replies to {path}")
+def save_command(overwrite: bool) -> Handler:
+    """/save (refuses an existing file) or /save! (replaces it)."""
+    def cmd_save(session: ChatSession, arg: str) -> Outcome:
+        if not arg:
+            return fail(f"/save{'!' if overwrite else ''}: usage /save PATH.md or /save PATH.json "
+                        f"(/save! PATH replaces an existing file)")
+        path = save_transcript(session, arg, overwrite)
+        return Outcome(f"saved {len(session.records)} replies to {path}")
+    return cmd_save
 
 
 def cmd_why(session: ChatSession, arg: str) -> Outcome:
@@ -308,9 +307,12 @@ def cmd_why(session: ChatSession, arg: str) -> Outcome:
         return fail(str(err))
 
 
-def cmd_trace(session: ChatSession, arg: str) -> Outcome:
-    path, lines = write_trace(session, arg)
-    return Outcome(f"wrote {lines} token records to {path}")
+def trace_command(overwrite: bool) -> Handler:
+    """/trace (refuses an existing file) or /trace! (replaces it)."""
+    def cmd_trace(session: ChatSession, arg: str) -> Outcome:
+        path, lines = write_trace(session, arg, overwrite)
+        return Outcome(f"wrote {lines} token records to {path}")
+    return cmd_trace
 
 
 def cmd_config(session: ChatSession, arg: str) -> Outcome:
@@ -371,12 +373,16 @@ def build_registry() -> Registry:
         Command("stats", "", "the last reply in detail, and session totals", cmd_stats),
         Command("why", "[N]", "the last reply's rejected drafts: p, q, min(1, p/q), each model's top 5", cmd_why),
         Command("trace", "[all] PATH.jsonl",
-                "write each token's origin, draft source, p and q as JSON lines (last reply, or all)",
-                cmd_trace, PathCompleter(expanduser=True)),
+                "write each token's origin, draft source, p and q as JSON lines (last reply, or all); "
+                "never over an existing file", trace_command(False), PathCompleter(expanduser=True)),
+        Command("trace!", "[all] PATH.jsonl", "/trace, replacing PATH if it exists", trace_command(True),
+                PathCompleter(expanduser=True)),
         Command("system", "TEXT", "set the system prompt (no text: show it)", cmd_system),
         Command("reset", "", "forget the conversation", cmd_reset),
         Command("history", "", "show the conversation", cmd_history),
-        Command("save", "PATH", "save the transcript with each reply's stats (.md or .json)", cmd_save,
+        Command("save", "PATH", "save the transcript with each reply's stats (.md or .json); never over an "
+                "existing file", save_command(False), PathCompleter(expanduser=True)),
+        Command("save!", "PATH", "/save, replacing PATH if it exists", save_command(True),
                 PathCompleter(expanduser=True)),
         Command("config", "", "every current setting", cmd_config),
         Command("set", "KEY VALUE", "set any config key, e.g. /set sampling.top_k 40", cmd_set,

@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.session.compare import CompareReport, Run
+from specchat.tui.safe_text import visible
 
 SIDE_BY_SIDE_MIN_WIDTH = 100
 
@@ -32,7 +33,8 @@ def verdict_line(report: CompareReport) -> str:
 
 
 class CompareView:
-    """Styles are dropped by rich itself on a console without colour (plain mode)."""
+    """Styles are dropped by rich itself on a console without colour (plain mode). The replies' text and
+    the verdict (which quotes tokens) are shown through safe_text.visible."""
 
     def __init__(self, report: CompareReport):
         self.report = report
@@ -44,14 +46,14 @@ class CompareView:
         table = Table(expand=True, show_lines=False, header_style="bold")
         for run in self._runs():
             table.add_column(run.label, ratio=1, overflow="fold")
-        table.add_row(*[Text(run.text) for run in self._runs()])
+        table.add_row(*[Text(visible(run.text)) for run in self._runs()])
         table.add_row(*[Text(run_summary(run), style="dim") for run in self._runs()])
         return table
 
     def _stacked(self) -> Group:
         parts = []
         for run in self._runs():
-            parts += [Text(f"── {run.label} ──", style="bold"), Text(run.text),
+            parts += [Text(f"── {run.label} ──", style="bold"), Text(visible(run.text)),
                       Text(run_summary(run), style="dim")]
         return Group(*parts)
 
@@ -59,7 +61,7 @@ class CompareView:
         wide = options.max_width >= SIDE_BY_SIDE_MIN_WIDTH
         yield self._side_by_side() if wide else self._stacked()
         style = "bold green" if self.report.identical else "bold yellow"
-        yield Text(verdict_line(self.report), style=style)
+        yield Text(visible(verdict_line(self.report)), style=style)
 
 
 def view_compare_fn(comparer):

@@ -1,12 +1,13 @@
 """Everything the user sees, drawn with rich: coloured tokens, legend, banner, stats, tables.
 
 Plain mode (not a terminal, --no-color, NO_COLOR) uses a Console without a colour system, so no
-escape code is ever written; rejected drafts then appear as ~~text~~.
+escape code is ever written; rejected drafts then appear as ~~text~~. Text from a model, a file or the
+user always goes through safe_text.visible and into a rich Text (never markup), so the only escape
+codes written are specchat's own.
 """
 from __future__ import annotations
 
 import os
-import re
 import sys
 from typing import Any, TextIO
 
@@ -18,6 +19,7 @@ from rich.text import Text
 from specchat.config import GAMMA_AUTO, QUANTIZATIONS
 from specchat.spec.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
 from specchat.spec.metrics import ReplyStats
+from specchat.tui.safe_text import visible
 
 STYLES = {
     Origin.DRAFTED: "green",
@@ -106,7 +108,7 @@ class Renderer:
         if not isinstance(event, StepDone):
             self._stop_waiting()
         if isinstance(event, Token):
-            self._write(Text(event.text, style=STYLES[event.origin] if self.color else ""))
+            self._write(Text(visible(event.text), style=STYLES[event.origin] if self.color else ""))
         elif isinstance(event, Rejected):
             self._rejected(event)
         elif isinstance(event, ReplyDone):
@@ -116,7 +118,7 @@ class Renderer:
         elif hasattr(event, "text") and not hasattr(event, "__rich__"):
             self.note(event.text)
         else:
-            self.console.print(Text(event) if isinstance(event, str) else event)
+            self.console.print(Text(visible(event)) if isinstance(event, str) else event)
 
     def _write(self, text: Text) -> None:
         if text.plain:
@@ -127,9 +129,9 @@ class Renderer:
         if not self.show_rejected or not event.text:
             return
         if self.color:
-            self._write(Text(event.text, style=REJECTED_STYLE))
+            self._write(Text(visible(event.text), style=REJECTED_STYLE))
         else:
-            self._write(Text(f"~~{event.text}~~"))
+            self._write(Text(f"~~{visible(event.text)}~~"))
 
     def _end_reply(self, done: ReplyDone) -> None:
         if done.stop_reason == "cancelled":
@@ -147,21 +149,15 @@ class Renderer:
     # ----- messages ----------------------------------------------------------------------------
     def note(self, message: str) -> None:
         self.newline()
-        self.console.print(Text(printable(message), style=NOTE_STYLE if self.color else ""), soft_wrap=True)
+        self.console.print(Text(visible(message), style=NOTE_STYLE if self.color else ""), soft_wrap=True)
 
     def info(self, message: Any) -> None:
         self.newline()
-        self.console.print(message if not isinstance(message, str) else Text(printable(message)))
+        self.console.print(message if not isinstance(message, str) else Text(visible(message)))
 
     def error(self, message: str) -> None:
         self.newline()
-        self.console.print(Text(printable(message), style=ERROR_STYLE if self.color else ""), soft_wrap=True)
-
-
-def printable(message: str) -> str:
-    """`message` with each lone surrogate (an undecodable input byte echoed back, e.g. in 'got ...') shown as
-    U+FFFD: a UTF-8 terminal's stream raises UnicodeEncodeError on one, mid-chat."""
-    return re.sub("[\ud800-\udfff]", "\ufffd", message)
+        self.console.print(Text(visible(message), style=ERROR_STYLE if self.color else ""), soft_wrap=True)
 
 
 # ----- one-line texts ------------------------------------------------------------------------------
@@ -227,7 +223,7 @@ def weights_text(facts) -> str:
 def model_facts_text(role: str, facts) -> str:
     quant = weights_text(facts)
     kernel = f", kernel {facts.kernel}" if getattr(facts, "kernel", "") else ""
-    return (f"{role} {facts.name} ({_human(facts.params)} params, {quant}, {facts.device}, "
+    return (f"{role} {visible(facts.name)} ({_human(facts.params)} params, {quant}, {facts.device}, "
             f"{facts.backend} forward{kernel}, {facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
 
 
@@ -260,7 +256,7 @@ def as_table(rows: list[tuple[str, str]], headers: tuple[str, str], title: str |
     table.add_column(headers[0], style="cyan", no_wrap=True)
     table.add_column(headers[1], overflow="fold")
     for left, right in rows:
-        table.add_row(Text(left), Text(right))  # user text is never rich markup
+        table.add_row(Text(visible(left)), Text(visible(right)))  # user and model text: never markup, no controls
     return table
 
 

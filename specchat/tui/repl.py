@@ -1,11 +1,17 @@
-"""The interactive loop: prompt_toolkit input, slash-commands, streamed replies, Ctrl-C handling."""
+"""The interactive loop: prompt_toolkit input, slash-commands, streamed replies, Ctrl-C handling.
+
+Whatever a command or a reply raises, the chat goes on: one `error:` line (the traceback too under
+SPECCHAT_DEBUG=1), the conversation kept, the caches reset so the next reply reads its prompt afresh.
+"""
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import sys
 import termios
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +28,7 @@ from specchat.tui.commands import Registry
 from specchat.config import with_value
 
 QUIT_HINT = "(to leave, type /quit or press Ctrl-D)"
+DEBUG_ENV = "SPECCHAT_DEBUG"  # =1: an unexpected error shows its traceback too
 
 
 def history_path() -> Path:
@@ -29,16 +36,38 @@ def history_path() -> Path:
     return platformdirs.user_state_path("specchat") / "history"
 
 
+class PrivateFileHistory(FileHistory):
+    """prompt_toolkit's FileHistory, but each entry is stored as typed, in one write, to a file created
+    0600. A byte the terminal could not decode (a lone surrogate, via surrogateescape) is written back as
+    that byte; prompt_toolkit's own encoder raised on it mid-record (or, in later versions, wrote '?').
+    Reading back shows such a byte as U+FFFD."""
+
+    def store_string(self, string: str) -> None:
+        record = f"\n# {datetime.datetime.now()}\n" + "".join(f"+{line}\n" for line in string.split("\n"))
+        fd = os.open(self.filename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with open(fd, "ab") as out:
+            out.write(history_bytes(record))
+
+
+def history_bytes(text: str) -> bytes:
+    """`text` as UTF-8, undecodable input bytes as they came; any other lone surrogate as '?'."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace")
+
+
 def open_history(path: Path | None) -> tuple[History, str | None]:
-    """A FileHistory at `path`, or an in-memory one plus a note saying why not."""
+    """A private file history at `path` (its folder made 0700 and the file 0600 when created here), or
+    an in-memory one plus a note saying why not."""
     if path is None:
         return InMemoryHistory(), None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
     except OSError as err:
         return InMemoryHistory(), f"input history is not saved: cannot write {path} ({err.strerror})"
-    return FileHistory(str(path)), None
+    return PrivateFileHistory(str(path)), None
 
 
 @contextmanager
@@ -72,6 +101,14 @@ def quiet_terminal(stream) -> Iterator[None]:
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def failure_line(err: Exception) -> str:
+    """One line for an error nobody foresaw: `error: RuntimeError: what it said (…)`."""
+    lines = str(err).strip().splitlines()
+    said = f": {lines[0]}" if lines else ""
+    return (f"error: {type(err).__name__}{said} (the conversation is kept and the caches were reset; "
+            f"{DEBUG_ENV}=1 shows the traceback)")
 
 
 def toggle_compare(session: ChatSession) -> None:
@@ -143,24 +180,37 @@ class Repl:
         text = line.strip()
         if not text:
             return True
-        if text.startswith("/"):
-            return self.command(text)
-        self.reply(text)
+        try:
+            if text.startswith("/"):
+                return self.command(text)
+            self.reply(text)
+        except Exception as err:  # a bug or a failure nobody foresaw: it must not end the chat
+            self.recover(err)
         return True
 
+    def recover(self, err: Exception) -> None:
+        """After an unexpected error: one line (and the traceback under SPECCHAT_DEBUG=1), the
+        conversation as it was, and the caches reset, since a reply may have stopped half-way."""
+        self.session.drop_caches()
+        self.renderer.error(failure_line(err))
+        if os.environ.get(DEBUG_ENV) == "1":
+            self.renderer.note("".join(traceback.format_exception(type(err), err, err.__traceback__)))
+
     def command(self, text: str) -> bool:
-        outcome = self.registry.run(self.session, text)
-        if outcome.quit:
-            return False
-        if outcome.error:
-            self.renderer.error(outcome.message)
-        elif outcome.message is not None:
-            self.renderer.info(outcome.message)
-        if outcome.work is not None:
-            self.follow(outcome.work)
-        self.renderer.show_rejected = self.session.config.ui.show_rejected
-        self.renderer.set_color(self.session.config.ui.color)
-        return True
+        try:
+            outcome = self.registry.run(self.session, text)
+            if outcome.quit:
+                return False
+            if outcome.error:
+                self.renderer.error(outcome.message)
+            elif outcome.message is not None:
+                self.renderer.info(outcome.message)
+            if outcome.work is not None:
+                self.follow(outcome.work)
+            return True
+        finally:  # the renderer follows the settings, whatever the command did
+            self.renderer.show_rejected = self.session.config.ui.show_rejected
+            self.renderer.set_color(self.session.config.ui.color)
 
     def follow(self, work) -> None:
         """Run a command's long job, drawing what it yields; Ctrl-C asks it to stop."""

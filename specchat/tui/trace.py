@@ -5,17 +5,19 @@ One line per token, in order: {"reply", "step", "pos", "id", "text", "origin", "
 a step the target refused (it comes before the corrected token at the same pos; drafts after it were
 never judged and are not listed). source says what drafted a drafted or rejected token: model (the
 drafter model) or lookup (a copy from the conversation); null for the others. p, q and accept_p are null
-where a model did not score the token.
+where a model did not score the token. The text is exact, every control character JSON-escaped
+(safe_text.json_text). The file is written 0600 and never over an existing one unless the command was
+`/trace!`.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from specchat.spec.events import Origin
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatError, ChatSession, ReplyRecord
+from specchat.tui.safe_text import json_text
 
 USAGE = "usage /trace PATH.jsonl (the last reply) or /trace all PATH.jsonl (the whole session)"
 
@@ -40,19 +42,25 @@ def parse_trace_arg(arg: str) -> tuple[bool, Path]:
     text = words[1] if whole else arg.strip()
     if not text or not text.lower().endswith(".jsonl"):
         raise ChatError(USAGE)
-    return whole, Path(text).expanduser()
+    try:
+        return whole, Path(text).expanduser()
+    except RuntimeError as err:  # ~user when there is no such user
+        raise ChatError(f"cannot write '{text}': {err}") from None
 
 
-def write_trace(session: ChatSession, arg: str) -> tuple[Path, int]:
-    """Write the trace `arg` asks for, atomically; returns (path, lines written)."""
+def write_trace(session: ChatSession, arg: str, overwrite: bool = False) -> tuple[Path, int]:
+    """Write the trace `arg` asks for, atomically, over an existing file only when `overwrite` (the
+    command was /trace!); returns (path, lines written)."""
     whole, path = parse_trace_arg(arg)
     if not session.records:
         raise ChatError("no reply yet")
     first = 0 if whole else len(session.records) - 1
-    lines = [json.dumps(line, ensure_ascii=False) for reply in range(first, len(session.records))
+    lines = [json_text(line) for reply in range(first, len(session.records))
              for line in record_lines(reply + 1, session.records[reply], session.tokenizer)]
     try:
-        write_text_atomic(path, "".join(f"{line}\n" for line in lines))
+        write_text_atomic(path, "".join(f"{line}\n" for line in lines), overwrite)
+    except FileExistsError:
+        raise ChatError(f"{path} exists; use /trace! {arg.strip()} to overwrite") from None
     except (OSError, ValueError) as err:
         raise ChatError(f"cannot write '{path}': {getattr(err, 'strerror', None) or err}") from None
     return path, len(lines)

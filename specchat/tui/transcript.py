@@ -1,8 +1,12 @@
-"""`/save`: the conversation with each reply's stats, as Markdown or JSON."""
+"""`/save`: the conversation with each reply's stats, as Markdown or JSON.
+
+Markdown shows the text as the terminal does (safe_text.visible: control characters as visible
+escapes); JSON keeps it exact, every control character escaped. The file is written 0600 and never
+over an existing one unless the command was `/save!`.
+"""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +14,7 @@ from specchat.config import as_flat_dict
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatError, ChatSession
 from specchat.tui.render import stats_line
+from specchat.tui.safe_text import json_text, visible
 
 
 def transcript(session: ChatSession) -> dict[str, Any]:
@@ -23,22 +28,30 @@ def transcript(session: ChatSession) -> dict[str, Any]:
 
 
 def transcript_markdown(data: dict[str, Any]) -> str:
-    lines = ["# specchat transcript", "", f"**system:** {data['system']}", ""]
+    lines = ["# specchat transcript", "", f"**system:** {visible(data['system'])}", ""]
     for turn in data["turns"]:
-        reply = turn["reply"] + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
-        lines += ["## you", "", turn["user"], "", "## assistant", "",
+        reply = visible(turn["reply"]) + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
+        lines += ["## you", "", visible(turn["user"]), "", "## assistant", "",
                   reply + (" ✂ [cut]" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
     return "\n".join(lines).rstrip()
 
 
-def save_transcript(session: ChatSession, path_text: str) -> Path:
-    """Write the transcript as Markdown or JSON, chosen by the file extension."""
-    path = Path(path_text).expanduser()
-    writers = {".md": transcript_markdown, ".json": lambda t: json.dumps(t, indent=2, ensure_ascii=False)}
+def save_transcript(session: ChatSession, path_text: str, overwrite: bool = False) -> Path:
+    """Write the transcript as Markdown or JSON, chosen by the file extension; an existing file only
+    when `overwrite` (the command was /save!)."""
+    try:
+        path = Path(path_text).expanduser()
+    except RuntimeError as err:  # ~user when there is no such user
+        raise ChatError(f"cannot save to '{path_text}': {err}") from None
+    writers = {".md": transcript_markdown, ".json": lambda t: json_text(t, indent=2)}
     if path.suffix.lower() not in writers:
         raise ChatError(f"cannot save to '{path}': the name must end in .md or .json")
     try:
-        write_text_atomic(path, writers[path.suffix.lower()](transcript(session)) + "\n")
+        write_text_atomic(path, writers[path.suffix.lower()](transcript(session)) + "\n", overwrite)
+    except FileExistsError:
+        raise ChatError(f"{path} exists; use /save! {path_text} to overwrite") from None
     except OSError as err:
         raise ChatError(f"cannot save to '{path}': {err.strerror or err}") from None
+    except ValueError as err:  # a NUL in the name
+        raise ChatError(f"cannot save to '{path_text}': {err}") from None
     return path

@@ -6,19 +6,18 @@ the target preferred its own token); see spec/insight.py.
 """
 from __future__ import annotations
 
-import json
-
 from rich.table import Table
 from rich.text import Text
 
 from specchat.spec.insight import Ranked, Rejection
 from specchat.session.chat import ChatSession
 from specchat.tui.render import as_table
+from specchat.tui.safe_text import json_text
 
 
 def token_text(tokenizer, token_id: int) -> str:
-    """A token as a quoted string, escapes visible: "\\n    def"."""
-    return json.dumps(tokenizer.decode([token_id]), ensure_ascii=False)
+    """A token as a quoted string, escapes visible: "\\n    def", "\\u001b" (no control character is left raw)."""
+    return json_text(tokenizer.decode([token_id]))
 
 
 def ranked_text(tokenizer, ranked: Ranked, separator: str = "  ") -> str:

@@ -124,7 +124,8 @@ def test_why_and_trace_commands(target, similar_drafter_model, tokenizer, tmp_pa
     assert set(lines[0]) == {"reply", "step", "pos", "id", "text", "origin", "source", "p", "q", "accept_p"}
     assert {line["source"] for line in lines if line["origin"] in ("drafted", "rejected")} == {"model"}
     assert {line["source"] for line in lines if line["origin"] not in ("drafted", "rejected")} == {None}
-    registry.run(session, f"/trace {path}")
+    assert "exists; use /trace! " in registry.run(session, f"/trace {path}").message  # never clobbered by accident
+    registry.run(session, f"/trace! {path}")
     assert {json.loads(line)["reply"] for line in path.read_text().splitlines()} == {2}
     for bad in ("/trace", f"/trace {tmp_path / 'x.txt'}", f"/trace all {tmp_path / 'missing' / 'x.jsonl'}"):
         outcome = registry.run(session, bad)

@@ -14,6 +14,7 @@ from specchat.tui.commands import Command, Outcome, Registry, build_registry
 from specchat.config import GAMMA_AUTO, Config, SamplingConfig, UIConfig, all_keys
 from specchat.spec.events import Origin
 from specchat.spec.metrics import ReplyStats
+from specchat.tui.safe_text import visible
 
 
 @pytest.fixture
@@ -181,7 +182,7 @@ def test_stats_history_reset_and_save(session, registry, tmp_path):
     assert "hello" in plain(registry.run(session, "/history").message)
     assert "[cut]" not in plain(registry.run(session, "/history").message)
     session.records[-1].stop_reason = "cancelled"
-    assert f"{session.records[-1].text} ✂ [cut]" in plain(registry.run(session, "/history").message)
+    assert f"{visible(session.records[-1].text)} ✂ [cut]" in plain(registry.run(session, "/history").message)
     path = tmp_path / "t.md"
     assert registry.run(session, f"/save {path}").message == f"saved 1 replies to {path}"
     text = path.read_text()
