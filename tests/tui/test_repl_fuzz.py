@@ -103,7 +103,7 @@ def random_arguments(command, rng: random.Random) -> str:
         key = rng.choice(all_keys() + ["sampling", "nosuch.key", "a.b.c", ".", "sampling.", ".top_k"])
         value = value_for_key(key, rng) if key in all_keys() and kind < 0.6 else junk_word(rng)
         return rng.choice([f"{key} {value}", f"{key}={value}", f"{key} = {value}", key, f"{key} {value} extra"])
-    if command.name == "save":
+    if command.name in ("save", "save!"):
         return save_argument(rng)
     if kind < 0.3 and valid:
         return rng.choice(valid)
