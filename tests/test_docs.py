@@ -69,3 +69,44 @@ def test_every_config_key_is_documented():
 def test_the_key_check_knows_an_undocumented_key():
     assert key_is_documented("target.dtype", "| `*.dtype` | auto |")
     assert not key_is_documented("sampling.top_k", "| `sampling.top_p` | 1 |")
+
+
+# ----- names in the code's comments, and the changelog's versions --------------------------------------------
+NAMED_FILE = re.compile(r"(?<![\w.])((?:(?:specchat|tests|docs|scripts|bench)/)?(?:[\w-]+/)*[\w-]+\.(?:py|md))\b")
+NOT_IN_TREE = ("llama.cpp", "gpu_bench.md")  # a project's name; a report the GPU bench writes
+PLACEHOLDER = re.compile(r"^(?:[A-Z]+/)|^[A-Z]+\.")  # DIR/report.md, PATH.md: a name the user gives
+
+
+def tree_files() -> set[str]:
+    skip = {".venv", ".git", "__pycache__"}
+    return {str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.parts)}
+
+
+def missing_names(text: str, files: set[str]) -> list[str]:
+    """The .py and .md names in `text` that no file of the tree ends with."""
+    names = [m.group(1) for m in NAMED_FILE.finditer(text)
+             if m.group(1) not in NOT_IN_TREE and not PLACEHOLDER.match(m.group(1))]
+    return [name for name in names if not any(f == name or f.endswith("/" + name) for f in files)]
+
+
+def test_every_file_a_comment_names_exists():
+    files = tree_files()
+    stale = [f"{path.relative_to(ROOT)}: {name}" for path in sorted((ROOT / "specchat").rglob("*.py"))
+             for name in missing_names(path.read_text(), files)]
+    assert not stale, f"comments name files that do not exist: {stale}"
+
+
+def test_the_name_check_sees_a_gone_file():
+    files = {"specchat/session/compare.py", "docs/gpu.md"}
+    text = "# see specchat/compare.py and compare.py, docs/gpu.md, session/compare.py, llama.cpp, PATH.md, gone.md"
+    assert missing_names(text, files) == ["specchat/compare.py", "gone.md"]
+
+
+def test_the_newest_changelog_section_is_the_package_version():
+    import tomllib
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    sections = re.findall(r"^## (\d+)\.(\d+)\.(\d+) \((\d{4}-\d\d-\d\d)\)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert sections, "CHANGELOG.md's sections are not '## X.Y.Z (YYYY-MM-DD): ...'"
+    assert ".".join(sections[0][:3]) == version
+    versions = [tuple(map(int, s[:3])) for s in sections]
+    assert versions == sorted(versions, reverse=True) and len(set(versions)) == len(versions)

@@ -8,7 +8,7 @@ in float32. This is transformers' eager attention with two changes:
   copying the keys and values for every query head (`repeat_kv`);
 - the rows of each matmul are padded with zeros up to MIN_ROWS, so every call takes the path that
   computes each row the same way however many rows there are.
-Softmax is per row, so the whole layer is batch-invariant; tests/test_w8a8.py checks it bitwise.
+Softmax is per row, so the whole layer is batch-invariant; tests/quant/test_w8a8.py checks a whole layer bitwise.
 """
 from __future__ import annotations
 

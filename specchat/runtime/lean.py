@@ -9,7 +9,7 @@ and instead:
   layer loop stores it in 16 bits (KV_CACHE_TYPES);
 - rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
 - a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces;
-- the attention of invariant_attention.py, so the forward stays batch-invariant where its linears are;
+- the attention of runtime/attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once,
   and, packed as one matrix, take one kernel call;
 - w4a8 float32 decoders run all their layers in one compiled call (lean_native.py): plain C++ loops

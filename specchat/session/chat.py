@@ -18,7 +18,7 @@ from specchat.spec.metrics import ReplyStats
 from specchat.session.stop_strings import StopFilter, StopOrCancel
 
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
-# specchat/compare.py provides it; without it, compare mode only records the setting.
+# specchat/session/compare.py provides it; without it, compare mode only records the setting.
 CompareFn = Callable[["ChatSession", list[int], ReplyDone, threading.Event], Iterable[Any]]
 
 

@@ -33,7 +33,7 @@ class ModelDrafter:
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
         self.cache = model_io.new_cache(model)
         self.device = model_io.input_device(model)
-        self.vocab_limit = 0          # 0: score the whole vocabulary; see draft_vocab.py
+        self.vocab_limit = 0          # 0: score the whole vocabulary; see spec/drafters/vocab.py
         self.always_ids: frozenset[int] = frozenset()
         self.guesser: Guesser = NoGuess()  # prompt-lookup tokens checked in the same forward
         self.context_limit = 0        # 0: the whole conversation in the cache; else see context.py
