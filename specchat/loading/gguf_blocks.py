@@ -32,6 +32,8 @@ def module_name(tensor_name: str) -> str | None:
 
 def decode_q4_k(raw: torch.Tensor) -> Q4Block:
     """uint8 [rows, blocks·144] of Q4_K blocks → the Q4Block of the same weights."""
+    if raw.dim() != 2 or raw.dtype != torch.uint8 or raw.shape[1] % Q4_K_BYTES:
+        raise ValueError(f"Q4_K blocks are uint8 [rows, blocks·{Q4_K_BYTES}], got {raw.dtype} {list(raw.shape)}")
     rows = raw.shape[0]
     blocks = raw.reshape(rows, -1, Q4_K_BYTES)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().reshape(rows, -1)

@@ -93,19 +93,29 @@ def _convert_into(out: Path, gguf: Path, dtype: torch.dtype, name: str, progress
 
 
 def gguf_facts(gguf: Path) -> dict:
-    """Architecture, quantization type and chat-template presence, read from the GGUF header."""
-    from gguf import LlamaFileType
+    """Architecture, quantization type and chat-template presence, read from the GGUF header once
+    specchat's own bounded reader (gguf_header.py) has checked every count, offset and size in it."""
     from transformers.integrations.gguf.reader import read_gguf_metadata
+    from specchat.loading.gguf_header import read_tensors
+    read_tensors(gguf)  # a truncated or malformed file ends here, in one line naming what is wrong
     try:
         metadata, _ = read_gguf_metadata(str(gguf))
-    except Exception as err:  # a truncated or foreign file
+    except Exception as err:  # a foreign file
         raise ModelLoadError(f"{gguf} is not a readable GGUF file ({one_line(err)})") from err
     if not metadata.get("tokenizer.chat_template"):
         raise ModelLoadError(f"{gguf.name} carries no chat template (tokenizer.chat_template), "
                              f"which specchat needs to format the chat; use an instruct/chat GGUF")
-    file_type = metadata.get("general.file_type")
-    quant = LlamaFileType(file_type).name.removeprefix("MOSTLY_") if file_type is not None else "GGUF"
-    return {"architecture": metadata.get("general.architecture", "?"), "quantization": quant}
+    return {"architecture": str(metadata.get("general.architecture", "?")),
+            "quantization": _quantization_name(metadata.get("general.file_type"))}
+
+
+def _quantization_name(file_type) -> str:
+    """general.file_type as llama.cpp names it (Q4_K_M, ALL_F32, ...); "GGUF" when absent or unknown."""
+    from gguf import LlamaFileType
+    try:
+        return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except (ValueError, TypeError):
+        return "GGUF" if file_type is None else f"GGUF file type {file_type}"
 
 
 def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
@@ -116,16 +126,28 @@ def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
     if progress:
         what = "its float tensors (w4a8)" if slim else dtype_name(dtype)
         progress(f"converting {name} from GGUF {facts['quantization']}: {what} (first start only)", None)
-    from specchat.loading.gguf_metadata import quick_metadata
-    with quick_metadata():
-        tokenizer = _gguf_tokenizer(gguf)
-        if slim:
-            _save_slim(gguf, tokenizer, out)
-        else:
-            save_checkpoint(_gguf_model(gguf, dtype, progress), tokenizer, out)
+    _write_checkpoint(gguf, dtype, out, progress, slim)
     meta = {"name": name, "quantization": facts["quantization"], "dtype": dtype_name(dtype), "slim": slim,
             "architecture": facts["architecture"], "gguf": _cache_relative(gguf), "files": _file_records(out)}
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progress | None, slim: bool) -> None:
+    """Tokenizer, config and weights through transformers' GGUF reading: what it fails on in a file whose header
+    is whole (a missing vocabulary, a config its tensors contradict) is one line; an OSError or MemoryError
+    passes as it is, for the cache to tell from damage."""
+    from specchat.loading.gguf_metadata import quick_metadata
+    try:
+        with quick_metadata():
+            tokenizer = _gguf_tokenizer(gguf)
+            if slim:
+                _save_slim(gguf, tokenizer, out)
+            else:
+                save_checkpoint(_gguf_model(gguf, dtype, progress), tokenizer, out)
+    except (ModelLoadError, OSError, MemoryError):
+        raise
+    except Exception as err:  # transformers' and gguf-py's parsing of the file's content
+        raise ModelLoadError(f"cannot convert {gguf}: {one_line(err)}") from err
 
 
 def _cache_relative(path: Path) -> str:

@@ -1,8 +1,12 @@
-"""A GGUF file's tensor table, read in a tenth of a second.
+"""A GGUF file's tensor table, read in a tenth of a second, every byte of it checked before it is used.
 
 gguf-py's GGUFReader parses every metadata value through numpy memmap slices: 15 s for the bundled drafter,
 most of it its 151,936-token vocabulary. specchat needs only the architecture and where each tensor lies, so
 it walks the header with struct and skips every other value (format: ggml's docs/gguf.md, versions 2 and 3).
+
+The file is untrusted: each count, length, type, dimension, alignment and offset is checked against the
+format and the file's size before anything is read or allocated for it, and whatever is wrong is one
+ModelLoadError line naming the file, never a struct.error, KeyError, ZeroDivisionError or RecursionError.
 """
 from __future__ import annotations
 
@@ -12,9 +16,24 @@ from pathlib import Path
 
 import numpy as np
 
+from specchat.errors import ModelLoadError
+
 # metadata value types of fixed width (u8 i8 u16 i16 u32 i32 f32 bool, u64 i64 f64); 8 is a string, 9 an array
 WIDTHS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY = 8, 9
+INTEGERS = (0, 1, 2, 3, 4, 5, 10, 11)
+UNSIGNED = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}  # a value's bits by its width (floats too: only integers are used)
+HEADER_BYTES = 24      # magic, version, tensor count, value count
+MAX_KEY_BYTES = 65535  # docs/gguf.md: a key is at most 2^16-1 bytes
+MAX_NAME_BYTES = 64    # docs/gguf.md: a tensor name is at most 64 bytes (ggml's GGML_MAX_NAME); the architecture too
+MAX_DIMS = 4           # ggml's GGML_MAX_DIMS
+MAX_NESTING = 2        # an array of arrays is allowed, an array of arrays of arrays is not (no GGUF writes one)
+MAX_TENSORS = 1 << 20  # far above any model's (the bundled 1.5B has 339)
+MAX_VALUES = 1 << 16   # metadata keys (a model has about 30)
+MIN_VALUE_BYTES = 8 + 4 + 1       # the smallest key-value pair: an empty key, its type, a one-byte value
+MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # the smallest tensor entry: an empty name, one dimension, type, offset
+DEFAULT_ALIGNMENT = 32
+FACTS = ("general.architecture", "general.alignment")
 
 
 @dataclass(frozen=True)
@@ -29,33 +48,229 @@ class TensorEntry:
     row_bytes: int
 
     @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    @property
     def data(self) -> np.ndarray:
         """The stored values or blocks ([rows, bytes a row]), read from the file now: read, not mapped, so the
         pages are the system's page cache and not this process's resident set."""
-        data = np.fromfile(self.path, dtype=np.uint8, count=self.rows * self.row_bytes, offset=self.start)
+        try:
+            data = np.fromfile(self.path, dtype=np.uint8, count=self.nbytes, offset=self.start)
+        except OSError as err:
+            raise ModelLoadError(f"cannot read tensor {self.name} of {self.path}: {err.strerror or err}") from err
+        if data.size != self.nbytes:  # the file was cut short after its header was read
+            raise ModelLoadError(f"{self.path} is not a usable GGUF file: tensor {self.name} needs {self.nbytes} "
+                                 f"bytes at {self.start}, the file now holds {data.size} of them")
         return _shaped(data, self.tensor_type, self.shape, self.rows)
 
 
+class _Cursor:
+    """The file's bytes and a position in them: every read is checked to lie inside the file first."""
+
+    def __init__(self, blob: np.ndarray, path: Path):
+        self.blob, self.path, self.pos = blob, path, 0
+
+    def fail(self, problem: str) -> ModelLoadError:
+        return ModelLoadError(f"{self.path} is not a usable GGUF file: {problem}")
+
+    def left(self) -> int:
+        return len(self.blob) - self.pos
+
+    def skip(self, size: int, what: str) -> None:
+        if size > self.left():
+            raise self.fail(f"{what} ({size} bytes at byte {self.pos}) runs past the end of the file "
+                            f"({len(self.blob)} bytes)")
+        self.pos += size
+
+    def take(self, fmt: str, what: str) -> tuple:
+        start = self.pos
+        self.skip(struct.calcsize(fmt), what)
+        return struct.unpack_from(fmt, self.blob, start)
+
+    def string(self, what: str, limit: int | None = None) -> str:
+        """A GGUF string (u64 length, bytes), decoded; over `limit` bytes is refused before it is copied."""
+        (length,) = self.take("<Q", f"the length of {what}")
+        if limit is not None and length > limit:
+            raise self.fail(f"{what} is {length} bytes long; at most {limit} are allowed")
+        start = self.pos
+        self.skip(length, what)
+        return bytes(self.blob[start:self.pos]).decode("utf-8", errors="replace")
+
+    def count(self, fmt: str, what: str, limit: int, each_at_least: int) -> int:
+        """A count, refused when above `limit` or when its items could not fit in the rest of the file."""
+        (n,) = self.take(fmt, what)
+        if n > limit or n * each_at_least > self.left():
+            raise self.fail(f"{what} is {n}, more than {'the rest of the file holds' if n <= limit else limit}")
+        return n
+
+
 def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
-    """({"general.architecture": ..., "general.alignment": ...}, the tensors in file order)."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-    blob = np.memmap(path, mode="r").view(np.ndarray)
-    if bytes(blob[:4]) != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (no GGUF magic)")
-    version, tensor_count, value_count = struct.unpack_from("<IQQ", blob, 4)
-    if version not in (2, 3):
-        raise ValueError(f"{path} is GGUF version {version}; versions 2 and 3 are read")
-    facts, pos = _read_values(blob, value_count, 24)
-    table, pos = _read_table(blob, tensor_count, pos)
-    alignment = int(facts.get("general.alignment", 32))
-    start = (pos + alignment - 1) // alignment * alignment
-    tensors = []
-    for name, dims, kind, offset in table:
-        kind = GGMLQuantizationType(kind)
-        block, size = GGML_QUANT_SIZES[kind]
-        rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
-        tensors.append(TensorEntry(name, dims, kind, Path(path), start + offset, rows, dims[0] // block * size))
+    """({"general.architecture": ..., "general.alignment": ...} where the file has them, the tensors in file
+    order); a file that is not a whole, well-formed GGUF is one ModelLoadError naming it and what is wrong."""
+    from gguf import GGMLQuantizationType
+    path = Path(path)
+    cursor = _Cursor(_mapped(path), path)
+    tensor_count, value_count = _preamble(cursor)
+    facts = _read_values(cursor, value_count)
+    table = _read_table(cursor, tensor_count)
+    alignment = _alignment(cursor, facts)
+    start = (cursor.pos + alignment - 1) // alignment * alignment
+    tensors = [TensorEntry(name, dims, GGMLQuantizationType(kind), path, start + offset, rows, row_bytes)
+               for name, dims, kind, offset, rows, row_bytes in table]
+    _check_placement(cursor, tensors, start, alignment)
     return facts, tensors
+
+
+def _mapped(path: Path) -> np.ndarray:
+    """The file's bytes, mapped (nothing is read until used)."""
+    try:
+        size = path.stat().st_size
+        if size < HEADER_BYTES:
+            raise ModelLoadError(f"{path} is not a usable GGUF file: it is {size} bytes long, "
+                                 f"shorter than a GGUF header ({HEADER_BYTES} bytes)")
+        return np.memmap(path, mode="r").view(np.ndarray)
+    except OSError as err:
+        raise ModelLoadError(f"cannot read {path}: {err.strerror or err}") from err
+
+
+def _preamble(cursor: _Cursor) -> tuple[int, int]:
+    """(tensor count, metadata value count), after the magic and version are checked."""
+    if bytes(cursor.blob[:4]) != b"GGUF":
+        raise cursor.fail("no GGUF magic at its start")
+    cursor.pos = 4
+    (version,) = cursor.take("<I", "the version")
+    if version not in (2, 3):
+        raise cursor.fail(f"GGUF version {version}; versions 2 and 3 are read")
+    tensor_count = cursor.count("<Q", "the tensor count", MAX_TENSORS, MIN_TENSOR_BYTES)
+    value_count = cursor.count("<Q", "the metadata key count", MAX_VALUES, MIN_VALUE_BYTES)
+    return tensor_count, value_count
+
+
+def _read_values(cursor: _Cursor, count: int) -> dict:
+    """The FACTS the file has (the architecture as a string, the alignment as an integer); every value skipped."""
+    facts = {}
+    for index in range(count):
+        key = cursor.string(f"metadata key {index}", MAX_KEY_BYTES)
+        (kind,) = cursor.take("<I", f"the type of {key}")
+        if key == "general.architecture" and kind == STRING:
+            facts[key] = cursor.string(key, MAX_NAME_BYTES)
+        elif key == "general.alignment" and kind in INTEGERS:
+            facts[key] = _number(cursor, kind, key)
+        elif key in FACTS:
+            raise cursor.fail(f"{key} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
+        else:
+            _skip_value(cursor, kind, key, 0)
+    return facts
+
+
+def _number(cursor: _Cursor, kind: int, what: str) -> int:
+    """A fixed-width value as its unsigned bits."""
+    return cursor.take(UNSIGNED[WIDTHS[kind]], what)[0]
+
+
+def _skip_value(cursor: _Cursor, kind: int, what: str, depth: int) -> None:
+    """Step over one metadata value of type `kind`, arrays (nested at most MAX_NESTING deep) included."""
+    if kind in WIDTHS:
+        cursor.skip(WIDTHS[kind], what)
+    elif kind == STRING:
+        (length,) = cursor.take("<Q", f"the length of {what}")
+        cursor.skip(length, what)
+    elif kind == ARRAY:
+        if depth >= MAX_NESTING:
+            raise cursor.fail(f"{what} nests arrays more than {MAX_NESTING} deep")
+        (item,) = cursor.take("<I", f"the item type of {what}")
+        if item not in WIDTHS and item not in (STRING, ARRAY):
+            raise cursor.fail(f"{what} is an array of value type {item}, which GGUF does not define")
+        smallest = WIDTHS.get(item, 8 if item == STRING else 12)
+        n = cursor.count("<Q", f"the item count of {what}", cursor.left(), smallest)
+        if item in WIDTHS:
+            cursor.skip(WIDTHS[item] * n, what)
+        elif item == STRING:
+            _skip_strings(cursor, n, what)
+        else:
+            for _ in range(n):
+                _skip_value(cursor, item, what, depth + 1)
+    else:
+        raise cursor.fail(f"{what} has value type {kind}, which GGUF does not define")
+
+
+def _skip_strings(cursor: _Cursor, n: int, what: str) -> None:
+    """Step over n strings (a vocabulary: 151,936 of them in the bundled models), each length checked."""
+    blob, pos, size = cursor.blob, cursor.pos, len(cursor.blob)
+    for index in range(n):
+        if pos + 8 > size:
+            break
+        pos += 8 + struct.unpack_from("<Q", blob, pos)[0]
+        if pos > size:
+            break
+    else:
+        cursor.pos = pos
+        return
+    raise cursor.fail(f"string {index} of {what} runs past the end of the file ({size} bytes)")
+
+
+def _read_table(cursor: _Cursor, count: int) -> list[tuple]:
+    """[(name, dims, type, offset, rows, bytes a row)] of every tensor, each entry checked as it is read."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    known = {kind.value: GGML_QUANT_SIZES[kind] for kind in GGMLQuantizationType if kind in GGML_QUANT_SIZES}
+    table, names = [], set()
+    for index in range(count):
+        name = cursor.string(f"the name of tensor {index}", MAX_NAME_BYTES)
+        if name in names:
+            raise cursor.fail(f"tensor {name} appears twice")
+        names.add(name)
+        (n_dims,) = cursor.take("<I", f"the dimension count of tensor {name}")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise cursor.fail(f"tensor {name} has {n_dims} dimensions; 1 to {MAX_DIMS} are allowed")
+        dims = cursor.take(f"<{n_dims}Q", f"the dimensions of tensor {name}")
+        kind, offset = cursor.take("<IQ", f"the type and offset of tensor {name}")
+        if kind not in known:
+            raise cursor.fail(f"tensor {name} has type {kind}, which this gguf package does not know")
+        rows, row_bytes = _extent(cursor, name, dims, GGMLQuantizationType(kind), known[kind])
+        table.append((name, dims, kind, offset, rows, row_bytes))
+    return table
+
+
+def _extent(cursor: _Cursor, name: str, dims: tuple[int, ...], kind, block_size: tuple[int, int]) -> tuple[int, int]:
+    """(rows, bytes a row) of a tensor: every dimension at least 1, the row a whole number of blocks."""
+    block, size = block_size
+    if min(dims) < 1:
+        raise cursor.fail(f"tensor {name} has a dimension of 0 ({list(dims)})")
+    if dims[0] % block:
+        raise cursor.fail(f"tensor {name} is {kind.name} with rows of {dims[0]} values, "
+                          f"not a whole number of its {block}-value blocks")
+    rows = 1
+    for dim in dims[1:]:
+        rows *= dim
+    row_bytes = dims[0] // block * size
+    if rows * row_bytes > len(cursor.blob):
+        raise cursor.fail(f"tensor {name} ({kind.name} {list(dims)}) needs {rows * row_bytes} bytes, "
+                          f"more than the whole file ({len(cursor.blob)} bytes)")
+    return rows, row_bytes
+
+
+def _alignment(cursor: _Cursor, facts: dict) -> int:
+    alignment = int(facts.get("general.alignment", DEFAULT_ALIGNMENT))
+    if alignment < 1 or alignment & (alignment - 1):
+        raise cursor.fail(f"general.alignment is {alignment}, not a power of two")
+    return alignment
+
+
+def _check_placement(cursor: _Cursor, tensors: list[TensorEntry], start: int, alignment: int) -> None:
+    """Each tensor's data aligned, inside the file, and clear of every other tensor's."""
+    size = len(cursor.blob)
+    end_of, last = start, None  # the first tensor starts at or after `start`: no overlap is possible
+    for tensor in sorted(tensors, key=lambda t: t.start):
+        if (tensor.start - start) % alignment:
+            raise cursor.fail(f"tensor {tensor.name} starts at offset {tensor.start - start}, "
+                              f"not a multiple of the alignment ({alignment})")
+        if tensor.start + tensor.nbytes > size:
+            raise cursor.fail(f"tensor {tensor.name} ({tensor.nbytes} bytes at byte {tensor.start}) runs past "
+                              f"the end of the file ({size} bytes)")
+        if tensor.start < end_of:
+            raise cursor.fail(f"tensors {last.name} and {tensor.name} overlap (at byte {tensor.start})")
+        end_of, last = tensor.start + tensor.nbytes, tensor
 
 
 def _shaped(data: np.ndarray, kind, dims: tuple[int, ...], rows: int) -> np.ndarray:
@@ -65,50 +280,3 @@ def _shaped(data: np.ndarray, kind, dims: tuple[int, ...], rows: int) -> np.ndar
     if kind in floats:
         return data.view(floats[kind]).reshape(tuple(reversed(dims)))
     return data.reshape(rows, -1)
-
-
-def _read_values(blob: np.ndarray, count: int, pos: int) -> tuple[dict, int]:
-    """The general.* facts (strings, and numbers as their unsigned bits: general.alignment is the one read)."""
-    facts = {}
-    for _ in range(count):
-        key, pos = _string(blob, pos)
-        (kind,) = struct.unpack_from("<I", blob, pos)
-        value, pos = _value(blob, kind, pos + 4)
-        if key.startswith("general."):
-            facts[key] = value
-    return facts, pos
-
-
-def _value(blob: np.ndarray, kind: int, pos: int):
-    """(the value, or None for an array, which is skipped; the position after it)."""
-    if kind == STRING:
-        return _string(blob, pos)
-    if kind == ARRAY:
-        item, count = struct.unpack_from("<IQ", blob, pos)
-        pos += 12
-        if item in WIDTHS:
-            return None, pos + WIDTHS[item] * count
-        for _ in range(count):
-            _, pos = _value(blob, item, pos)
-        return None, pos
-    value = struct.unpack_from({1: "<B", 2: "<H", 4: "<I", 8: "<Q"}[WIDTHS[kind]], blob, pos)[0]  # the bits, unsigned
-    return value, pos + WIDTHS[kind]
-
-
-def _string(blob: np.ndarray, pos: int) -> tuple[str, int]:
-    (length,) = struct.unpack_from("<Q", blob, pos)
-    pos += 8
-    return bytes(blob[pos:pos + length]).decode("utf-8", errors="replace"), pos + length
-
-
-def _read_table(blob: np.ndarray, count: int, pos: int) -> tuple[list, int]:
-    table = []
-    for _ in range(count):
-        name, pos = _string(blob, pos)
-        (dims_count,) = struct.unpack_from("<I", blob, pos)
-        dims = struct.unpack_from(f"<{dims_count}Q", blob, pos + 4)
-        pos += 4 + 8 * dims_count
-        kind, offset = struct.unpack_from("<IQ", blob, pos)
-        table.append((name, tuple(int(d) for d in dims), kind, offset))
-        pos += 12
-    return table, pos

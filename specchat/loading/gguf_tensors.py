@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specchat.errors import ModelLoadError
 from specchat.loading.gguf_header import read_tensors
 from specchat.quant.shared import name_of
 
@@ -46,12 +47,14 @@ class GGUFTensors:
             self.names = get_gguf_hf_weights_map(model, self.processor)  # GGUF name → transformers name
         self.by_name = {self.names[t.name]: t for t in tensors if t.name in self.names}
         self.tied = _tied_names(model)
+        self.path = Path(gguf)
+        _check_shapes(self.path, self.by_name, model)
 
     def info(self, name: str):
         """The GGUF tensor behind a transformers name (a tied head: the input embeddings')."""
         tensor = self.by_name.get(name) or self.by_name.get(self.tied.get(name, ""))
         if tensor is None:
-            raise KeyError(f"the GGUF file has no tensor for {name}")
+            raise ModelLoadError(f"{self.path} has no tensor for {name}, which its model needs")
         return tensor
 
     def __contains__(self, name: str) -> bool:
@@ -72,7 +75,7 @@ class GGUFTensors:
         return torch.from_numpy(self.info(name).data.view(np.uint8).reshape(self.rows(name), -1))
 
     def rows(self, name: str) -> int:
-        return int(self.info(name).shape[-1]) if len(self.info(name).shape) > 1 else 1
+        return self.info(name).rows
 
     def float_chunks(self, name: str) -> Iterator[torch.Tensor]:
         """An unchanged 2-d tensor's float32 rows, CHUNK_ROWS at a time."""
@@ -89,6 +92,17 @@ class GGUFTensors:
         result = self.processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
                                         tensor_key_mapping=self.names, parsed_parameters=self.parsed)
         return torch.from_numpy(np.array(result.weights, dtype=np.float32))
+
+
+def _check_shapes(path: Path, by_name: dict, model: nn.Module) -> None:
+    """Each tensor the model takes has the shape of the parameter it fills (the model is built from the file's
+    own config, which a damaged or hostile file may contradict): else one line, before any value is read."""
+    wanted = {name: tuple(value.shape) for name, value in model.state_dict(keep_vars=True).items()}
+    for name, tensor in by_name.items():
+        shape = tuple(reversed(tensor.shape))  # ggml order → torch order
+        if name in wanted and shape != wanted[name]:
+            raise ModelLoadError(f"{path} is not a usable GGUF file: tensor {tensor.name} is {list(shape)}, but "
+                                 f"its own config makes {name} {list(wanted[name])}")
 
 
 @contextlib.contextmanager
