@@ -64,7 +64,11 @@ class SamplingConfig:
     top_p: float = 1.0        # 1 = off
     greedy: bool = False      # greedy regardless of temperature
     seed: int = 0             # -1 = a fresh random seed each reply
-    max_new_tokens: int = 256
+    max_new_tokens: int = 0   # 0 = no cap: a reply runs to its end of turn or the context window
+
+    @property
+    def capped(self) -> bool:
+        return self.max_new_tokens > 0
 
     @property
     def is_greedy(self) -> bool:
@@ -159,7 +163,8 @@ VALIDATORS = {
     ("sampling", "top_k"): _int_range(0, 1_000_000),
     ("sampling", "top_p"): lambda v: None if 0.0 < v <= 1.0 else "a number in (0, 1]",
     ("sampling", "seed"): _int_range(-1, 2**63 - 1),
-    ("sampling", "max_new_tokens"): _int_range(1, 1_000_000),
+    ("sampling", "max_new_tokens"): lambda v: None if 0 <= v <= 1_000_000
+    else "0 (no cap: to the end of the turn or the context window) or a number of tokens up to 1000000",
     ("speculation", "gamma"): lambda v: None if v == GAMMA_AUTO or 0 <= v <= GAMMA_MAX
     else f"an integer from 0 to {GAMMA_MAX}, or auto",
     ("speculation", "mode"): _one_of(MODES),
@@ -212,6 +217,8 @@ def parse_value(text: str, current: Any, key: str) -> Any:
         return GAMMA_AUTO
     if key == "sampling.seed" and text.lower() == "random":
         return -1
+    if key == "sampling.max_new_tokens" and text.lower() in ("off", "none"):
+        return 0
     try:
         if isinstance(current, bool):
             return _parse_bool(text)

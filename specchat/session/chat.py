@@ -6,12 +6,13 @@ already holds and the engine reuses its KV caches for that common prefix.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specchat.config import Config, drafter_needed, undecodable_at
+from specchat.config import Config, SamplingConfig, drafter_needed, undecodable_at
 from specchat.spec.events import Rejected, ReplyDone, Token
 from specchat.spec.insight import Rejection
 from specchat.spec.metrics import ReplyStats
@@ -20,6 +21,14 @@ from specchat.session.stop_strings import StopFilter, StopOrCancel
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
 # specchat/session/compare.py provides it; without it, compare mode only records the setting.
 CompareFn = Callable[["ChatSession", list[int], ReplyDone, threading.Event], Iterable[Any]]
+
+CONTEXT_FULL = "context_full"  # an uncapped reply that filled the context window (the session's stop reason)
+REPLY_RESERVE = 1024  # with no /max cap, the least room a prompt leaves for the reply (a quarter of a smaller window)
+CUT_MARKS = {  # how a reply that did not reach its end of turn is marked in the stream, /history and /save
+    "cancelled": "✂ [cut]",
+    "max_tokens": "✂ [cut: /max reached]",
+    CONTEXT_FULL: "✂ [cut: context window full]",
+}
 
 
 def render_prompt(tokenizer, system_prompt: str, messages: list[dict[str, str]]) -> list[int]:
@@ -72,7 +81,12 @@ class ReplyRecord:
 
     @property
     def cut(self) -> bool:
-        return self.stop_reason == "cancelled"
+        """The reply stopped before its end of turn: Ctrl-C, the /max cap or a full context window."""
+        return self.stop_reason in CUT_MARKS
+
+    @property
+    def cut_mark(self) -> str:
+        return CUT_MARKS.get(self.stop_reason, "")
 
 
 @dataclass
@@ -136,9 +150,23 @@ class ChatSession:
         """Token ids of system prompt + messages + the assistant's generation prompt."""
         return render_prompt(self.tokenizer, self.system_prompt, messages)
 
+    @property
+    def reply_room(self) -> int:
+        """Tokens reserved for a reply: the /max cap, or with no cap REPLY_RESERVE (a quarter of a smaller window)."""
+        cap = self.config.sampling.max_new_tokens
+        return cap if cap else min(REPLY_RESERVE, self.context_limit // 4)
+
+    def sampling_for(self, prompt_ids: list[int]) -> SamplingConfig:
+        """The sampling settings a reply to `prompt_ids` runs with: with no cap, as many new tokens as the
+        context window has left after the prompt (the engine always takes a number)."""
+        sampling = self.config.sampling
+        if sampling.capped:
+            return sampling
+        return dataclasses.replace(sampling, max_new_tokens=max(1, self.context_limit - len(prompt_ids)))
+
     def fit_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], int]:
         """Render, dropping the oldest user/assistant pairs until the reply fits; (ids, turns dropped)."""
-        budget = self.context_limit - self.config.sampling.max_new_tokens
+        budget = self.context_limit - self.reply_room
         dropped = 0
         ids = self.render(messages)
         while len(ids) > budget and len(messages) > 1:
@@ -146,9 +174,11 @@ class ChatSession:
             dropped += 1
             ids = self.render(messages)
         if len(ids) > budget:
+            cap = self.config.sampling.max_new_tokens
+            room = (f"max {cap} new tokens); shorten it or lower sampling.max_new_tokens (/max)" if cap else
+                    f"{self.reply_room} tokens kept for the reply); shorten it")
             raise ChatError(f"the message needs {len(ids)} prompt tokens but only {max(budget, 0)} fit "
-                            f"(context {self.context_limit} minus max {self.config.sampling.max_new_tokens} "
-                            f"new tokens); shorten it or lower sampling.max_new_tokens (/max)")
+                            f"(context {self.context_limit} minus {room}")
         return ids, dropped
 
     # ----- a turn ----------------------------------------------------------------------------
@@ -202,10 +232,17 @@ class ChatSession:
         after the step that wrote it, and the next prompt (rendered from the cut text) replaces the
         tokens after the cut, since the engine reuses only the ids the new prompt really shares."""
         stops, halt = StopFilter(self.stop_strings), StopOrCancel(cancel)
-        for event in self.engine.stream(prompt_ids, self.config.sampling, self.config.speculation, halt):
-            yield from stops.feed(event)
+        for event in self.engine.stream(prompt_ids, self.sampling_for(prompt_ids), self.config.speculation, halt):
+            for shown in stops.feed(event):
+                yield self._context_full(shown)
             if stops.cut:
                 halt.stopped.set()
+
+    def _context_full(self, event: Any) -> Any:
+        """With no /max cap, the engine's token limit is the context window: say so in the stop reason."""
+        if isinstance(event, ReplyDone) and event.stop_reason == "max_tokens" and not self.config.sampling.capped:
+            return dataclasses.replace(event, stop_reason=CONTEXT_FULL)
+        return event
 
     def _record(self, user: str, done: ReplyDone, tokens: list[Token], rejections: list[Rejection]) -> None:
         self.messages.append({"role": "user", "content": user})

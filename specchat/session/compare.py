@@ -86,7 +86,7 @@ class Comparer:
     def __call__(self, session, prompt_ids: list[int], done: ReplyDone,
                  cancel: threading.Event) -> Iterator[CompareReport]:
         cfg = session.config
-        sampling = dataclasses.replace(cfg.sampling, seed=done.seed)  # the seed the reply really used
+        sampling = dataclasses.replace(session.sampling_for(prompt_ids), seed=done.seed)  # the reply's seed and cap
         runs = [self._rerun(self.target_engine, "target", prompt_ids, cfg, sampling, cancel)]
         if cfg.speculation.compare == "drafter" and self.drafter_engine is not None:
             runs.append(self._rerun(self.drafter_engine, "drafter", prompt_ids, cfg, sampling, cancel))

@@ -53,7 +53,7 @@ def race(session, cancel: threading.Event) -> Iterator[RaceRun]:
         raise ValueError("no reply yet: /compare drafters reruns the last prompt with each drafter")
     cfg = session.config
     seed = cfg.sampling.seed if cfg.sampling.seed >= 0 else random.randrange(2**63)
-    sampling = dataclasses.replace(cfg.sampling, seed=seed)
+    sampling = dataclasses.replace(session.sampling_for(session.last_prompt_ids), seed=seed)
     base = None
     for name in contenders(session.engine, cfg.speculation.drafter):
         mode, drafter = ("target", "model") if name == NO_DRAFTER else ("spec", name)

@@ -138,6 +138,8 @@ def shown(key: str, value: Any) -> str:
         return render.gamma_text(value)
     if key == "sampling.seed" and value == -1:
         return "random"
+    if key == "sampling.max_new_tokens" and value == 0:
+        return "off (no cap: to the end of the turn or the context window)"
     if isinstance(value, bool):
         return "on" if value else "off"
     return repr(value) if isinstance(value, str) else str(value)
@@ -276,14 +278,14 @@ def cmd_reset(session: ChatSession, arg: str) -> Outcome:
 def cmd_history(session: ChatSession, arg: str) -> Outcome:
     if not session.messages:
         return Outcome("no messages yet")
-    cut = [r.cut for r in session.records]
+    cut = [r.cut_mark for r in session.records]
     rows = [("system", session.system_prompt)]
     # the records keep every reply; the messages lost the oldest turns dropped for context
     assistant_index = len(cut) - sum(1 for m in session.messages if m["role"] == "assistant")
     for message in session.messages:
         text = message["content"]
         if message["role"] == "assistant":
-            text += " ✂ [cut]" if cut[assistant_index] else ""
+            text += f" {cut[assistant_index]}" if cut[assistant_index] else ""
             assistant_index += 1
         rows.append((message["role"], text))
     return Outcome(render.as_table(rows, ("role", "message")))
@@ -356,7 +358,9 @@ def build_registry() -> Registry:
         setting_command("top_p", "sampling.top_p", "X", "nucleus sampling mass in (0, 1] (1 = off)"),
         Command("greedy", "", "always take the most likely token", cmd_greedy),
         Command("sample", "", "sample with the temperature/top-k/top-p settings", cmd_sample),
-        setting_command("max", "sampling.max_new_tokens", "N", "most new tokens per reply"),
+        setting_command("max", "sampling.max_new_tokens", "N|off",
+                        "most new tokens per reply (off or 0 = no cap: to the end of the turn or the context window)",
+                        {"off": None, "256": None, "1024": None}),
         setting_command("seed", "sampling.seed", "N|random", "sampling seed (random = fresh each reply)",
                         {"random": None, "0": None}),
         Command("mode", "spec|target|drafter", "who writes: speculative, the target alone, the drafter alone",

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.config import GAMMA_AUTO, QUANTIZATIONS
+from specchat.session.chat import CONTEXT_FULL, CUT_MARKS
 from specchat.spec.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
 from specchat.spec.metrics import ReplyStats
 from specchat.tui.safe_text import visible
@@ -134,8 +135,8 @@ class Renderer:
             self._write(Text(f"~~{visible(event.text)}~~"))
 
     def _end_reply(self, done: ReplyDone) -> None:
-        if done.stop_reason == "cancelled":
-            self._write(Text(" ✂ [cut]", style="bold yellow" if self.color else ""))
+        if done.stop_reason in CUT_MARKS:
+            self._write(Text(" " + CUT_MARKS[done.stop_reason], style="bold yellow" if self.color else ""))
         self.newline()
         self.console.print(stats_line(done.stats, done.stop_reason), style=NOTE_STYLE if self.color else "",
                            soft_wrap=True)
@@ -195,6 +196,8 @@ def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | Non
         parts.append("cancelled")
     elif stop_reason == "max_tokens":
         parts.append("hit max tokens (/max)")
+    elif stop_reason == CONTEXT_FULL:
+        parts.append("context window full")
     return " · ".join(parts)
 
 

@@ -52,7 +52,8 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
                     f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α per draft "
                     f"{stats.alpha_per_draft:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
         ("memory", memory_text(stats)),
-        ("stopped", {"eos": "end of turn", "max_tokens": "max tokens", "cancelled": "cancelled (cut)",
+        ("stopped", {"eos": "end of turn", "max_tokens": "the /max cap (cut)", "cancelled": "cancelled (cut)",
+                     "context_full": "the context window was full (cut)",
                      STOP_STRING: "the model began the next User: turn (cut there)"}
          .get(stop_reason, stop_reason)),
     ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from specchat.config import as_flat_dict
 from specchat.fileio import write_text_atomic
-from specchat.session.chat import ChatError, ChatSession
+from specchat.session.chat import CUT_MARKS, ChatError, ChatSession
 from specchat.tui.render import stats_line
 from specchat.tui.safe_text import json_text, visible
 
@@ -32,7 +32,7 @@ def transcript_markdown(data: dict[str, Any]) -> str:
     for turn in data["turns"]:
         reply = visible(turn["reply"]) + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
         lines += ["## you", "", visible(turn["user"]), "", "## assistant", "",
-                  reply + (" ✂ [cut]" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
+                  reply + (f" {CUT_MARKS[turn['stop_reason']]}" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
     return "\n".join(lines).rstrip()
 
 

@@ -216,3 +216,25 @@ def test_dropping_two_turns_says_how_many(session):
     assert len(notices) == 1 and notices[0].startswith("context full: dropped the oldest 2 turns to fit ")
     assert [m["content"] for m in session.messages if m["role"] == "user"] == [
         "third question about cats", "fourth"]
+
+
+def test_with_no_cap_a_reply_runs_to_the_context_window_and_is_marked_cut(target, unrelated_drafter_model, tokenizer,
+                                                                         tmp_path):
+    """max_new_tokens 0 (the default): the tiny random model never ends its turn, so the reply fills the window,
+    stops there as context_full, and the stream's mark, /history's record and the saved .md say it was cut."""
+    from specchat.session.chat import CUT_MARKS
+    assert Config().sampling.max_new_tokens == 0
+    session = ChatSession(make_engine(target, unrelated_drafter_model, tokenizer), tokenizer, Config(), 1024)
+    prompt = session.render([{"role": "user", "content": "hello"}])
+    session.model_context_limit = 4 * len(prompt)
+    _, done = reply(session, "hello")
+    assert done.stop_reason == "context_full" and len(done.ids) == session.context_limit - len(prompt)
+    assert session.records[-1].cut and session.records[-1].cut_mark == CUT_MARKS["context_full"]
+    save_transcript(session, str(tmp_path / "t.md"))
+    assert "✂ [cut: context window full]" in (tmp_path / "t.md").read_text()
+
+
+def test_a_capped_reply_is_cut_at_the_cap(session):
+    _, done = reply(session, "hello")
+    assert done.stop_reason == "max_tokens" and len(done.ids) == CONFIG.sampling.max_new_tokens
+    assert session.records[-1].cut_mark == "✂ [cut: /max reached]"

@@ -38,7 +38,7 @@ def chat_on(template: str, replies, tokenizer, target, drafter, log: list) -> Ch
     """The CLI's session for a pair whose target uses `template`, answering with scripted replies."""
     pair = tiny_pair(tokenizer, target, drafter)
     pair.target_facts.template = template
-    session = start_session(Config(), pair, None)
+    session = start_session(Config(sampling=SamplingConfig(max_new_tokens=64)), pair, None)  # capped: max_tokens
     session.engine = LoggingEngine(replies, log)
     return session
 

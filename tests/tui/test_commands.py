@@ -42,6 +42,7 @@ def plain(renderable) -> str:
     ("/top_k 40", "sampling.top_k", 40),
     ("/top_p 0.9", "sampling.top_p", 0.9),
     ("/max 64", "sampling.max_new_tokens", 64),
+    ("/max off", "sampling.max_new_tokens", 0),
     ("/seed 7", "sampling.seed", 7),
     ("/seed random", "sampling.seed", -1),
     ("/mode target", "speculation.mode", "target"),
@@ -71,7 +72,8 @@ def test_good_values_are_applied(session, registry, line, key, value):
     ("/temp hot", "/temp: sampling.temperature must be a number, got 'hot'"),
     ("/top_k -3", "/top_k: sampling.top_k must be an integer from 0 to 1000000, got -3"),
     ("/top_p 1.5", "/top_p: sampling.top_p must be a number in (0, 1], got 1.5"),
-    ("/max 0", "/max: sampling.max_new_tokens must be an integer from 1 to 1000000, got 0"),
+    ("/max -1", "/max: sampling.max_new_tokens must be 0 (no cap: to the end of the turn or the context window) "
+                "or a number of tokens up to 1000000, got -1"),
     ("/seed soon", "/seed: sampling.seed must be an integer, got 'soon'"),
     ("/mode fast", "/mode: speculation.mode must be one of spec, target, drafter, got 'fast'"),
     ("/compare maybe", "/compare: speculation.compare must be one of off, on, drafter, got 'maybe'"),
@@ -183,10 +185,13 @@ def test_stats_history_reset_and_save(session, registry, tmp_path):
     assert "[cut]" not in plain(registry.run(session, "/history").message)
     session.records[-1].stop_reason = "cancelled"
     assert f"{visible(session.records[-1].text)} ✂ [cut]" in plain(registry.run(session, "/history").message)
+    session.records[-1].stop_reason = "max_tokens"  # the /max cap cut it: marked too, here and in the saved file
+    assert f"{visible(session.records[-1].text)} ✂ [cut: /max reached]" in plain(
+        registry.run(session, "/history").message)
     path = tmp_path / "t.md"
     assert registry.run(session, f"/save {path}").message == f"saved 1 replies to {path}"
     text = path.read_text()
-    assert "## you\n\nhello" in text and " tok/s · ttft " in text
+    assert "## you\n\nhello" in text and " tok/s · ttft " in text and "✂ [cut: /max reached]" in text
     assert registry.run(session, "/reset").message.startswith("conversation cleared")
     assert session.messages == [] and session.engine.ids == []
     assert session.totals.replies == 1
