@@ -5,6 +5,9 @@ acceptance rate = accepted drafts / drafted tokens ("acceptance" in the UI and t
                   draft the target judges is accepted (the only quantity the UI calls α)
 tokens/step     = new tokens / target forward passes (includes the corrected or bonus token)
 tok/s           = generated tokens / wall time (never prompt tokens or characters)
+generation tok/s = generated tokens / (wall time - prompt reading): the rate the UI shows, so a reply
+                  that read a long prompt (or a rerun that read the whole conversation) is compared on
+                  its generation alone; the prompt's reading is reported apart
 c               = mean drafter forward time / mean target forward time
 """
 from __future__ import annotations
@@ -70,6 +73,20 @@ class ReplyStats:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def generation_s(self) -> float:
+        """Wall time less the prompt's reading: the time spent generating."""
+        return max(0.0, self.wall_s - self.prefill_s)
+
+    @property
+    def generation_tokens_per_s(self) -> float:
+        return self.new_tokens / self.generation_s if self.generation_s > 0 else 0.0
+
+    @property
+    def first_token_after_prompt_s(self) -> float:
+        """ttft less the prompt's reading: how long the first token took once the prompt was read."""
+        return max(0.0, self.ttft_s - self.prefill_s)
+
+    @property
     def prefill_tokens_per_s(self) -> float:
         return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
 
@@ -113,7 +130,7 @@ class ReplyStats:
     def to_dict(self) -> dict:
         plain = {k: v for k, v in self.__dict__.items()}
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
-        for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "cost_ratio",
+        for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "generation_tokens_per_s", "cost_ratio",
                      "measured_speedup", "per_position_rate", "prefill_tokens_per_s", "mean_gamma", "alpha_per_draft", "predicted_speedup"):
             plain[name] = getattr(self, name)
         return plain

@@ -138,3 +138,29 @@ def test_a_compare_cancelled_mid_rerun_shows_nothing_and_keeps_the_reply(target,
     monkeypatch.undo()
     [report] = reports(list(session.reply("and the fox?")))
     assert report.identical
+
+
+def test_the_speedup_compares_generation_not_the_reruns_reading_of_the_conversation(target, similar_drafter_model,
+                                                                                   tokenizer, monkeypatch):
+    """Compare turned on late: the target-only rerun reads the whole conversation (19 s here) while the reply
+    reused its cache. The speedup is generation against generation (1.11×, not the 22× the wall times give),
+    each side's reading is shown apart, and the rerun's first token is timed from the end of its reading."""
+    from specchat.spec.events import ReplyEnd
+    from specchat.spec.metrics import ReplyStats
+    from specchat.tui.compare_view import run_summary, verdict_line
+    session, comparer = session_with_compare(target, similar_drafter_model, tokenizer)
+    rerun = ReplyStats(mode="target", new_tokens=21, wall_s=20.0, ttft_s=19.1, prefill_tokens=1440, prefill_s=19.0)
+
+    def long_read(prompt_ids, sampling, speculation, cancel=None):
+        real = list(comparer_steps(prompt_ids, sampling, speculation, cancel))[-1]
+        yield ReplyEnd(rerun, real.ids, real.stop_reason, real.seed)
+    comparer_steps = comparer.target_engine.steps
+    monkeypatch.setattr(comparer.target_engine, "steps", long_read)
+    events = list(session.reply("Hello, how are you"))
+    done = [e for e in events if type(e).__name__ == "ReplyDone"][0]
+    done.stats.new_tokens, done.stats.wall_s, done.stats.prefill_s, done.stats.ttft_s = 21, 0.9, 0.0, 0.05
+    [report] = reports(events)
+    assert abs(report.speedup - (21 / 0.9) / 21.0) < 1e-9  # 1.11×; the wall times' ratio is 22×
+    assert "speedup 1.11× vs target-only (generation rates, prompt reading apart)" in verdict_line(report)
+    assert run_summary(report.target) == ("21 tok · 21.0 tok/s generating · first token 0.10 s after the prompt · "
+                                          "prompt 1,440 tok read in 19.00 s")
