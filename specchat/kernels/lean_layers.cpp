@@ -58,18 +58,26 @@ struct Layer {
 Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
                            const std::optional<torch::Tensor>& bias) {
   TORCH_CHECK(!parts.empty(), "a projection needs at least one weight");
-  Projection projection;
-  int64_t outputs = 0;
-  for (const auto& part : parts) {
-    TORCH_CHECK(part.size() == 5, "a w4a8 weight is 5 tensors (qs, sc, m, d, dmin), not ", part.size());
-    projection.parts.push_back(part);
-    outputs += part[0].size(0) * 16;  // 16-row tiles (q4_tiles.h)
-  }
-  if (bias) {
-    TORCH_CHECK(bias->size(0) == outputs && outputs % LANES == 0, "a bias per output, 8 at a time");
-    projection.bias = bias->contiguous();
-  }
+  Projection projection{parts, {}};
+  if (bias) projection.bias = bias->contiguous();  // checked with the layer (LeanLayers::check_layer)
   return projection;
+}
+
+// A projection's weights and bias against the layer around it: `inputs` wide in, `outputs` wide out (its
+// parts side by side). Integer compares only, so every forward runs it for every layer.
+void check_projection(const Projection& projection, const char* name, int64_t inputs, int64_t outputs) {
+  int64_t total = 0;
+  for (const auto& part : projection.parts) {
+    const Q4Shape shape = q4_weight_shape(part);
+    TORCH_CHECK(shape.inputs == inputs, name, " takes ", shape.inputs, " inputs; the layer feeds it ", inputs);
+    total += shape.outputs;
+  }
+  TORCH_CHECK(total == outputs, name, " gives ", total, " outputs; the layer takes ", outputs);
+  const torch::Tensor& bias = projection.bias;
+  if (bias.defined())
+    TORCH_CHECK(bias.device().is_cpu() && bias.dim() == 1 && bias.scalar_type() == torch::kFloat32 &&
+                bias.is_contiguous() && bias.size(0) == outputs, name, "'s bias must be float32 [", outputs,
+                "] on the CPU, not ", bias.scalar_type(), " ", bias.sizes(), " on ", bias.device());
 }
 
 // x [rows, width] → RMSNorm(x) · weight, per row (sum of squares in 8 lanes, then lane_sum).
@@ -210,10 +218,22 @@ void attend_count(int count, const float* queries, const T* keys, const T* value
   attend_heads<G>(queries, keys, values, length, dim, scaling, scores, out);
 }
 
-// A norm's weight as rms_norm_rows reads it.
-void check_norm(const torch::Tensor& weight) {
-  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous() && weight.size(0) % LANES == 0,
-              "norm weights must be contiguous float32, a multiple of 8 wide");
+constexpr int64_t MAX_SIZE = int64_t{1} << 24;  // the most heads, head_dim, hidden or MLP width taken (no overflow)
+
+// A norm's weight as rms_norm_rows reads it: `width` contiguous float32 on the CPU.
+void check_norm(const torch::Tensor& weight, int64_t width, const char* name) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 1 && weight.scalar_type() == torch::kFloat32 &&
+              weight.is_contiguous(), name, " must be a contiguous float32 vector on the CPU, not ", weight.scalar_type(),
+              " ", weight.sizes(), " on ", weight.device());
+  TORCH_CHECK(weight.size(0) == width, name, " is ", weight.size(0), " wide; the layers are ", width);
+}
+
+// The hidden width a first norm gives the layers: a positive multiple of 8 (the loops take 8 floats at a time).
+int64_t width_from(const torch::Tensor& norm, const char* name) {
+  TORCH_CHECK(norm.dim() == 1, name, " must be a vector, not ", norm.sizes());
+  const int64_t width = norm.size(0);
+  TORCH_CHECK(width > 0 && width % LANES == 0 && width <= MAX_SIZE, "norm weights must be a multiple of 8 wide, not ", width);
+  return width;
 }
 
 }  // namespace
@@ -222,26 +242,32 @@ class LeanLayers {
  public:
   LeanLayers(int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scaling_(static_cast<float>(scaling)) {
-    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv_heads");
-    TORCH_CHECK(head_dim % (2 * LANES) == 0, "head_dim must be a multiple of 16");
+    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && heads <= MAX_SIZE,
+                "heads must be a multiple of kv_heads (both positive, at most 2^24): heads ", heads, ", kv_heads ", kv_heads);
+    TORCH_CHECK(head_dim > 0 && head_dim % (2 * LANES) == 0 && head_dim <= MAX_SIZE / heads,
+                "head_dim must be a multiple of 16, positive, and heads·head_dim at most 2^24, not ", head_dim);
   }
 
+  // One decoder layer's weights, checked against the model (heads, head_dim, the hidden width of the layers
+  // before it and of the final norm) before it is kept.
   void add_layer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
                  std::vector<std::vector<torch::Tensor>> qkv, std::optional<torch::Tensor> qkv_bias,
                  std::vector<torch::Tensor> out, std::optional<torch::Tensor> out_bias,
                  std::vector<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> gate_up_bias,
                  int64_t gate_width, std::vector<torch::Tensor> down, std::optional<torch::Tensor> down_bias) {
-    for (const auto& t : {input_norm, post_norm}) check_norm(t);
-    TORCH_CHECK(gate_width % LANES == 0, "the MLP's width must be a multiple of 8");
-    layers_.push_back({input_norm, post_norm, eps, projection_from(qkv, qkv_bias), projection_from({out}, out_bias),
-                       projection_from(gate_up, gate_up_bias), projection_from({down}, down_bias), gate_width});
+    Layer layer{input_norm, post_norm, eps, projection_from(qkv, qkv_bias), projection_from({out}, out_bias),
+                projection_from(gate_up, gate_up_bias), projection_from({down}, down_bias), gate_width};
+    const int64_t width = width_ ? width_ : width_from(input_norm, "input_norm");
+    check_layer(layer, width);
+    width_ = width;
+    layers_.push_back(std::move(layer));
   }
 
   // The decoder's norm after its last layer (what forward_tail applies).
   void set_final_norm(torch::Tensor weight, double eps) {
-    check_norm(weight);
-    TORCH_CHECK(layers_.empty() || weight.size(0) == layers_[0].input_norm.size(0),
-                "the final norm must be as wide as the layers");
+    const int64_t width = width_ ? width_ : width_from(weight, "the final norm");
+    check_norm(weight, width, "the final norm");
+    width_ = width;
     final_norm_ = weight;
     final_eps_ = eps;
   }
@@ -254,24 +280,11 @@ class LeanLayers {
   torch::Tensor forward(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
                         const std::vector<torch::Tensor>& values, const torch::Tensor& cos,
                         const torch::Tensor& sin, int64_t start) {
-    TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == torch::kFloat32,
-                "hidden must be float32 [1, fed, hidden]");
-    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one key and value tensor a layer");
+    check_hidden(hidden, start);
     const int64_t fed = hidden.size(1), width = hidden.size(2);
-    TORCH_CHECK(hidden.device().is_cpu(), "the compiled layers run on the CPU only");
-    TORCH_CHECK(start >= 0, "start must be >= 0, not ", start);
-    TORCH_CHECK(layers_.empty() || width == layers_[0].input_norm.size(0), "hidden is ", width,
-                " wide; the layers take ", layers_.empty() ? 0 : layers_[0].input_norm.size(0));
-    for (const auto& table : {cos, sin})
-      TORCH_CHECK(table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.size(0) == fed &&
-                  table.size(1) == head_dim_, "cos and sin must be contiguous float32 [fed, head_dim]");
-    for (size_t i = 0; i < keys.size(); ++i)
-      for (const auto& cache : {keys[i], values[i]})
-        TORCH_CHECK((cache.scalar_type() == torch::kFloat32 || cache.scalar_type() == torch::kHalf ||
-                     cache.scalar_type() == torch::kBFloat16) &&
-                    cache.scalar_type() == keys[0].scalar_type() && cache.is_contiguous() && cache.size(0) == kv_heads_ &&
-                    cache.size(1) >= start + fed && cache.size(2) == head_dim_,
-                    "keys and values must be contiguous float32, float16 or bfloat16 (all alike) [kv_heads, capacity >= start + fed, head_dim]");
+    check_tables(cos, sin, fed);
+    check_caches(keys, values, fed, start);
+    for (const auto& layer : layers_) check_layer(layer, width_);  // the tensors may have changed since add_layer
     Stopwatch whole(times_, times_.total);
     c10::InferenceMode inference;
     auto state = hidden.reshape({fed, width}).clone(at::MemoryFormat::Contiguous);
@@ -290,6 +303,9 @@ class LeanLayers {
                              const torch::Tensor& sin, int64_t start, int64_t keep) {
     TORCH_CHECK(final_norm_.defined(), "set_final_norm first");
     TORCH_CHECK(keep >= 1, "keep must be >= 1, not ", keep);
+    check_norm(final_norm_, width_, "the final norm");
+    TORCH_CHECK(hidden.dim() == 3 && hidden.size(2) == width_, "hidden must be [1, fed, ", width_, "] for the final norm, not ",
+                hidden.sizes());
     const auto state = forward(hidden, keys, values, cos, sin, start);
     const int64_t fed = state.size(1), width = state.size(2), rows = std::min(keep, fed);
     auto out = torch::empty({1, rows, width}, state.options());
@@ -305,6 +321,51 @@ class LeanLayers {
   }
 
  private:
+  // What every layer's loops assume of its tensors: norms `width` wide, q/k/v from `width` to the heads, o_proj
+  // from the heads back to `width` (added into the rows with their stride), gate/up to twice gate_width, down back
+  // to `width`, each bias as wide as its outputs.
+  void check_layer(const Layer& layer, int64_t width) const {
+    check_norm(layer.input_norm, width, "input_norm");
+    check_norm(layer.post_norm, width, "post_norm");
+    TORCH_CHECK(layer.gate_width > 0 && layer.gate_width % LANES == 0 && layer.gate_width <= MAX_SIZE,
+                "the MLP's width must be a positive multiple of 8, not ", layer.gate_width);
+    const int64_t q_width = heads_ * head_dim_;
+    check_projection(layer.qkv, "q/k/v", width, q_width + 2 * kv_heads_ * head_dim_);
+    check_projection(layer.out, "o_proj", q_width, width);
+    check_projection(layer.gate_up, "gate/up", width, 2 * layer.gate_width);
+    check_projection(layer.down, "down", layer.gate_width, width);
+  }
+
+  void check_hidden(const torch::Tensor& hidden, int64_t start) const {
+    TORCH_CHECK(hidden.device().is_cpu(), "the compiled layers run on the CPU only, not on ", hidden.device());
+    TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == torch::kFloat32,
+                "hidden must be float32 [1, fed, hidden]");
+    TORCH_CHECK(start >= 0, "start must be >= 0, not ", start);
+    TORCH_CHECK(layers_.empty() || hidden.size(2) == width_, "hidden is ", hidden.size(2), " wide; the layers take ", width_);
+  }
+
+  void check_tables(const torch::Tensor& cos, const torch::Tensor& sin, int64_t fed) const {
+    for (const auto& table : {cos, sin})
+      TORCH_CHECK(table.device().is_cpu() && table.dim() == 2 && table.scalar_type() == torch::kFloat32 &&
+                  table.is_contiguous() && table.size(0) == fed && table.size(1) == head_dim_,
+                  "cos and sin must be contiguous float32 [fed, head_dim] on the CPU");
+  }
+
+  // Each layer's keys and values [kv_heads, capacity, head_dim], with room for rows start..start+fed.
+  void check_caches(const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values, int64_t fed,
+                    int64_t start) const {
+    TORCH_CHECK(keys.size() == layers_.size() && values.size() == layers_.size(), "one key and value tensor a layer");
+    for (size_t i = 0; i < keys.size(); ++i)
+      for (const auto& cache : {keys[i], values[i]}) {
+        TORCH_CHECK(cache.device().is_cpu() && cache.dim() == 3, "keys and values must be 3-dimensional, on the CPU");
+        TORCH_CHECK((cache.scalar_type() == torch::kFloat32 || cache.scalar_type() == torch::kHalf ||
+                     cache.scalar_type() == torch::kBFloat16) &&
+                    cache.scalar_type() == keys[0].scalar_type() && cache.is_contiguous() && cache.size(0) == kv_heads_ &&
+                    cache.size(1) - fed >= start && cache.size(2) == head_dim_,
+                    "keys and values must be contiguous float32, float16 or bfloat16 (all alike) [kv_heads, capacity >= start + fed, head_dim]");
+      }
+  }
+
   // One decoder layer on state [fed, width], in place; normed and attended are scratch rows.
   void layer(const Layer& layer, torch::Tensor& state, torch::Tensor& normed, torch::Tensor& attended,
              const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& cos,
@@ -317,8 +378,7 @@ class LeanLayers {
     const auto out = project(layer.out, attended);
     add_rows(rows, width, out.data_ptr<float>(), width, fed, width);
     rms_norm_rows(rows, layer.post_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
-    const auto gate_up = project(layer.gate_up, normed);
-    TORCH_CHECK(gate_up.size(1) == 2 * layer.gate_width, "gate and up must be equally wide");
+    const auto gate_up = project(layer.gate_up, normed);  // [fed, 2·gate_width] (check_layer)
     auto mixed = torch::empty({fed, layer.gate_width}, state.options());
     silu_mul_rows(gate_up.data_ptr<float>(), fed, layer.gate_width, mixed.data_ptr<float>());
     const auto down = project(layer.down, mixed);
@@ -392,6 +452,7 @@ class LeanLayers {
   }
 
   int64_t heads_, kv_heads_, head_dim_;
+  int64_t width_ = 0;  // the layers' hidden width: their first norm's (0 before one is added)
   float scaling_;
   std::vector<Layer> layers_;
   torch::Tensor final_norm_;

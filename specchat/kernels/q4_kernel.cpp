@@ -131,22 +131,37 @@ int bits_of(int64_t group_row_bytes) {
   }
 }
 
-void check_weights(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& sc, const torch::Tensor& m,
-                   const torch::Tensor& d, const torch::Tensor& dmin) {
-  for (const auto& t : {x, qs, sc, m, d, dmin}) TORCH_CHECK(t.device().is_cpu(), "the w4a8 kernel runs on the CPU only");
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
+// The five tensors of one weight (qs, sc, m, d, dmin) as every path reads them (q4_tiles.h): 16-row tiles of
+// 4-, 6- or 7-bit levels, blocks of 2 to MAX_BLOCK_GROUPS 32-groups (the 256-bit and AMX paths unpack a block
+// into stack room of that many groups). Returns the 32-groups a row.
+int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torch::Tensor& m, const torch::Tensor& d,
+                    const torch::Tensor& dmin) {
+  for (const auto& t : {qs, sc, m, d, dmin}) TORCH_CHECK(t.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", t.device());
   TORCH_CHECK(qs.dim() == 3 && sc.dim() == 3 && m.dim() == 3 && d.dim() == 3 && dmin.dim() == 3,
               "the weights must be in 16-row tiles (3-dimensional)");
-  const int64_t tiles = qs.size(0), groups = qs.size(1), blocks = d.size(1);
-  TORCH_CHECK(bits_of(qs.size(2)) != 0, "qs must hold 4-, 6- or 7-bit levels (16, 24 or 32 bytes a row and group)");
-  TORCH_CHECK(x.size(1) == groups * GROUP, "x is ", x.size(1), " wide; the weights take ", groups * GROUP);
-  TORCH_CHECK(blocks > 0 && groups % blocks == 0 && (groups / blocks) % 2 == 0, "the blocks must be whole pairs of 32-groups");
   for (const auto& t : {qs, sc, m}) TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous(), "qs, sc and m must be contiguous uint8");
+  for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous(), "d and dmin must be contiguous float32");
+  const int64_t tiles = qs.size(0), groups = qs.size(1), blocks = d.size(1);
+  TORCH_CHECK(bits_of(qs.size(2)) != 0, "qs must hold 4-, 6- or 7-bit levels (16, 24 or 32 bytes a row and group), not ",
+              qs.size(2), " bytes a tile's group");
+  TORCH_CHECK(groups > 0, "the weights must take at least 64 inputs, not ", groups * GROUP);
+  TORCH_CHECK(blocks > 0 && groups % blocks == 0, "the ", groups, " 32-groups of a row do not split into ", blocks, " blocks");
+  const int64_t per_block = groups / blocks;
+  TORCH_CHECK(per_block % 2 == 0 && per_block <= q4::MAX_BLOCK_GROUPS, "a block must hold 2, 4, 6 or 8 32-groups (64 to 256 inputs), not ",
+              per_block);
   TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == TILE_ROWS, "sc must be [tiles, K/32, 16]");
   TORCH_CHECK(m.size(0) == tiles && m.size(1) * 2 == groups && m.size(2) == 2 * TILE_ROWS, "m must be [tiles, K/64, 32]");
-  for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.size(0) == tiles &&
-                                              t.size(1) == blocks && t.size(2) == TILE_ROWS,
-                                              "d and dmin must be contiguous float32 [tiles, blocks, 16]");
+  for (const auto& t : {d, dmin}) TORCH_CHECK(t.size(0) == tiles && t.size(1) == blocks && t.size(2) == TILE_ROWS,
+                                              "d and dmin must be float32 [tiles, blocks, 16]");
+  return groups;
+}
+
+void check_weights(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& sc, const torch::Tensor& m,
+                   const torch::Tensor& d, const torch::Tensor& dmin) {
+  TORCH_CHECK(x.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", x.device());
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
+  const int64_t groups = check_tiles(qs, sc, m, d, dmin);
+  TORCH_CHECK(x.size(1) == groups * GROUP, "x is ", x.size(1), " wide; the weights take ", groups * GROUP);
 }
 
 // One weight matrix of a fused product, as the path functions read it, and where its outputs go.
@@ -155,8 +170,12 @@ struct Part {
   int64_t tiles, column, block;  // its 16-row tiles, its first output column, the inputs per block of x's scales
 };
 
-Part part_from(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t column) {
+void check_count(const std::vector<torch::Tensor>& t) {
   TORCH_CHECK(t.size() == 5, "a w4a8 weight is 5 tensors (qs, sc, m, d, dmin), not ", t.size());
+}
+
+Part part_from(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t column) {
+  check_count(t);
   check_weights(x, t[0], t[1], t[2], t[3], t[4]);
   const q4::Tiles w{t[0].data_ptr<uint8_t>(), t[1].data_ptr<uint8_t>(), t[2].data_ptr<uint8_t>(), t[3].data_ptr<float>(),
                     t[4].data_ptr<float>(), t[0].size(1), t[3].size(1), bits_of(t[0].size(2))};
@@ -164,6 +183,12 @@ Part part_from(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int6
 }
 
 }  // namespace
+
+Q4Shape q4_weight_shape(const std::vector<torch::Tensor>& weight) {
+  check_count(weight);
+  const int64_t groups = check_tiles(weight[0], weight[1], weight[2], weight[3], weight[4]);
+  return {groups * GROUP, weight[0].size(0) * TILE_ROWS};
+}
 
 // x [M, K] float32 → every part's W x side by side [M, Σ tiles·16]: x mapped onto int8 once per block
 // size the parts use, and all the parts' tiles shared out in one parallel loop (one wait, not one a part).

@@ -10,6 +10,12 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
 // [M, Σ tiles·16]: x quantized once, one parallel loop over all their tiles; the same bits as q4_linear's.
 torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& weights);
 
+// A w4a8 weight (qs, sc, m, d, dmin) checked as the product checks it: its inputs (K) and outputs (tiles·16).
+struct Q4Shape {
+  int64_t inputs, outputs;
+};
+Q4Shape q4_weight_shape(const std::vector<torch::Tensor>& weight);
+
 std::string kernel_path();                    // the code path the product runs
 std::vector<std::string> kernel_paths();      // the paths this CPU can run, fastest first
 void set_kernel_path(const std::string& name);  // run the product on this path

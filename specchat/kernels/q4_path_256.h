@@ -22,7 +22,7 @@ namespace {
 
 constexpr int DIRECT_ROWS = 2;       // jobs of at most this many rows unpack each group in registers (measured faster)
 constexpr int MAX_ROWS = 4;          // activation rows per pass over an unpacked block (their sums stay in registers)
-constexpr int MAX_GROUPS = 8;        // 32-groups a block holds at most (256 inputs)
+constexpr int64_t MAX_GROUPS = MAX_BLOCK_GROUPS;  // 32-groups a block holds at most (256 inputs)
 
 // One block of a tile, unpacked: vector q of group g holds L[j][4q..4q+3] at bytes 4j..4j+3 (rows
 // 0-7 in the first 32 bytes, 8-15 in the next); each group's scales per half as int32 lanes.

@@ -48,7 +48,7 @@ namespace {
 constexpr int64_t CHUNK = 16;      // activation rows a tile holds
 constexpr int64_t STEP = 64;       // inputs one tile multiply takes (16 vectors of the layout)
 constexpr int64_t TILED_FROM = 32;  // rows a job needs to take the tiles
-constexpr int64_t MAX_GROUPS = 8;  // 32-groups a block holds at most (256 inputs)
+constexpr int64_t MAX_GROUPS = MAX_BLOCK_GROUPS;  // 32-groups a block holds at most (256 inputs)
 
 // Tiles 0-3: the int32 sums (low, high) of the first and the second 16 rows; 4-5: their activations;
 // 6-7: the block's scaled levels, low and high bytes. Each is 16 rows of 64 bytes.

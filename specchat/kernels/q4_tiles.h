@@ -34,6 +34,7 @@ namespace q4 {
 
 constexpr int64_t GROUP = 32;
 constexpr int64_t TILE_ROWS = 16;
+constexpr int64_t MAX_BLOCK_GROUPS = 8;  // 32-groups a block holds at most (256 inputs; q4_kernel.cpp checks it)
 
 // Bytes of one row's 32-group of levels: 4-bit 16, 6-bit 24, 7-bit 32.
 constexpr int64_t group_bytes(int bits) { return bits == 7 ? GROUP : GROUP * bits / 8; }

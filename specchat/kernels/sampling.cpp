@@ -9,6 +9,10 @@
 // the rest 0. The nucleus is looked for among the tokens of probability ≥ 1e-4 first (far fewer than 152k),
 // among more only when it reaches past them. Sums run in float lanes within runs of 512 entries, in double
 // across them.
+//
+// A row with no finite largest logit (one holding +inf, or all -inf) or holding a NaN gives NaN probabilities,
+// as the torch code does (its best − best is inf − inf there, and its softmax NaN): no token is picked from it as
+// if it were a law (every e would be 0, and the nucleus of nothing has no last token).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -39,10 +43,8 @@ double sum_in_runs(int64_t width, Lanes lanes, One one) {
   return total;
 }
 
-// e^((x − max) / T) of every entry into e; returns their sum.
-double exp_row(const float* x, int64_t width, float temperature, float* e) {
-  float best = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < width; ++i) best = std::max(best, x[i]);
+// e^((x − best) / T) of every entry into e (best: the row's largest x, finite); returns their sum, at least 1.
+double exp_row(const float* x, int64_t width, float best, float temperature, float* e) {
   const simd::F8 shift = simd::splat(best), divisor = simd::splat(temperature);
   return sum_in_runs(
       width,
@@ -93,11 +95,17 @@ float nucleus_least(const float* e, int64_t width, double total, double top_p) {
 }
 
 void row_probs(const float* x, int64_t width, float temperature, int64_t top_k, double top_p, float* out) {
-  if (std::any_of(x, x + width, [](float v) { return std::isnan(v); })) {  // as torch's softmax: all NaN
+  float best = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  for (int64_t i = 0; i < width; ++i) {
+    best = std::max(best, x[i]);
+    nan = nan || std::isnan(x[i]);
+  }
+  if (nan || !std::isfinite(best)) {  // as the torch code: all NaN (see the top of this file)
     std::fill(out, out + width, std::numeric_limits<float>::quiet_NaN());
     return;
   }
-  double total = exp_row(x, width, temperature, out);
+  double total = exp_row(x, width, best, temperature, out);
   if (top_k > 0 && top_k < width) total = keep_from(kth_largest(out, width, top_k), width, out);
   if (top_p < 1.0) total = keep_from(nucleus_least(out, width, total, top_p), width, out);
   const float inverse = static_cast<float>(1.0 / total);
@@ -111,7 +119,9 @@ void row_probs(const float* x, int64_t width, float temperature, int64_t top_k, 
 torch::Tensor top_p_probs(torch::Tensor logits, double temperature, int64_t top_k, double top_p) {
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == torch::kFloat32,
               "logits must be float32 [rows, vocab] on the CPU");
-  TORCH_CHECK(temperature > 0 && top_p > 0 && top_p <= 1 && top_k >= 0, "temperature > 0, top_p in (0, 1], top_k >= 0");
+  TORCH_CHECK(temperature > 0 && std::isfinite(temperature) && top_p > 0 && top_p <= 1 && top_k >= 0,
+              "temperature > 0, top_p in (0, 1], top_k >= 0 (temperature finite): not ", temperature, ", ", top_p, ", ", top_k);
+  TORCH_CHECK(logits.size(1) > 0, "logits must be at least one token wide");
   auto input = logits.contiguous();
   auto out = torch::empty_like(input);
   const int64_t rows = input.size(0), width = input.size(1);

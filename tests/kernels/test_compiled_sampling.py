@@ -56,3 +56,39 @@ def test_bad_settings_are_refused(kernel, temperature, top_p, top_k):
 
 def test_the_modules_loader_hands_its_probabilities_to_sampling(kernel):
     assert sampling._native_probs is kernel.top_p_probs
+
+
+def non_finite_rows(width: int = 1000) -> torch.Tensor:
+    """A clean row, rows with no finite largest logit (one +inf, two, +inf beside -inf, all -inf), a row with a
+    NaN, and a clean row with -inf entries (a masked vocabulary: an ordinary row)."""
+    logits = torch.randn(8, width, generator=torch.Generator().manual_seed(9))
+    logits[1, 17] = float("inf")
+    logits[2, [3, width - 2]] = float("inf")  # one in the 8-wide lanes, one in the tail past them
+    logits[3, :5], logits[3, 5] = float("-inf"), float("inf")
+    logits[4] = float("-inf")
+    logits[5, 40] = float("nan")
+    logits[6, ::3] = float("-inf")
+    return logits
+
+
+@pytest.mark.parametrize("top_k, top_p", [(0, 1.0), (0, 0.9), (5, 1.0), (5, 0.5), (2000, 0.999)])
+def test_rows_with_no_finite_largest_logit_give_what_the_torch_code_gives_nans(kernel, monkeypatch, top_k, top_p):
+    """+inf, all -inf and NaN rows: NaN probabilities on both codes (the torch code's inf - inf), never an exp of 0
+    everywhere divided by its sum of 0 nor the last token of an empty nucleus; the other rows keep their own."""
+    for width in (1000, 1003):  # the tail past the last 8 lanes too
+        logits = non_finite_rows(width)
+        params = SamplingConfig(temperature=0.7, top_k=top_k, top_p=top_p)
+        expected = torch_probs(logits, params, monkeypatch)
+        got = kernel.top_p_probs(logits, 0.7, top_k, top_p)
+        assert expected[1:6].isnan().all() and not expected[[0, 6, 7]].isnan().any()  # the rule, on the torch code
+        assert got[1:6].isnan().all() and not got[[0, 6, 7]].isnan().any()
+        assert torch.equal(got[[0, 6, 7]] > 0, expected[[0, 6, 7]] > 0)
+        assert torch.allclose(got[[0, 6, 7]], expected[[0, 6, 7]], rtol=1e-4, atol=1e-9)
+        assert torch.equal(got[[0, 7]], kernel.top_p_probs(logits[[0, 7]], 0.7, top_k, top_p))
+
+
+def test_no_vocabulary_and_an_infinite_temperature_are_refused(kernel):
+    with pytest.raises(RuntimeError, match="at least one token wide"):
+        kernel.top_p_probs(torch.randn(2, 0), 0.7, 0, 0.9)
+    with pytest.raises(RuntimeError, match="temperature finite"):
+        kernel.top_p_probs(torch.randn(2, 10), float("inf"), 0, 0.9)
