@@ -4,6 +4,10 @@ Two checks carry them. Greedy exactness (speculative == transformers' greedy) ca
 the output. Bugs in the drafter's state never change the output (verification hides them; they only
 cost speed), so `drafts_follow_the_drafter` checks the drafter directly: every step's draft must be
 the drafter model's own greedy continuation of the committed prefix, computed without any cache.
+
+A mutant counts as caught only when a check's comparison fails (it returns False): a wrong token, a wrong
+draft. A mutant that makes the engine raise while everything so far is right is not caught by the checks:
+the exception goes on and its test fails, so a bug that merely crashes can never pass for one the checks see.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import specchat.spec.step
 from conftest import hf_greedy, make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec import model_io
+from specchat.spec.events import Token
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.step import StepResult
 from specchat.spec.verify import Verdict, verify_greedy
@@ -28,15 +33,19 @@ PROMPTS = ("def reverse(lst):", "The quick brown")
 
 
 def greedy_is_exact(target, drafter_model, tokenizer, speculation=SpeculationConfig(gamma=4)) -> bool:
-    """Every reply equals transformers' greedy one; a crash counts as a failed check."""
+    """Every reply equals transformers' greedy one, compared token by token as it streams: a reply that goes
+    wrong is caught at its first wrong token, even if the engine would raise later; an exception while every
+    token so far is right goes on (a crash is not a caught mutant)."""
     engine = make_engine(target, drafter_model, tokenizer)
     for text in PROMPTS:
         ids = prompt_ids(tokenizer, text)
-        try:
-            done = list(engine.stream(ids, GREEDY, speculation))[-1]
-        except RuntimeError:
-            return False
-        if list(done.ids) != hf_greedy(target, ids, N):
+        expected, streamed, last = hf_greedy(target, ids, N), [], None
+        for last in engine.stream(ids, GREEDY, speculation):
+            if isinstance(last, Token):
+                streamed.append(last.id)
+                if streamed != expected[:len(streamed)]:
+                    return False
+        if list(last.ids) != expected:
             return False
     return True
 
@@ -57,26 +66,43 @@ def drafters_own_greedy(drafter_model, prefix: list[int], n: int, limit: int = 0
 
 
 def drafts_follow_the_drafter(target, drafter_model, tokenizer, speculation=SpeculationConfig(gamma=4)) -> bool:
+    """Every step's draft is the drafter's own greedy continuation (an exception goes on: not a failed check)."""
     for text in PROMPTS:
         engine = make_engine(target, drafter_model, tokenizer)  # a fresh draft vocabulary per prompt
         prefix = prompt_ids(tokenizer, text)
-        try:
-            for step in engine.steps(prefix, GREEDY, speculation):
-                if not isinstance(step, StepResult):  # the prompt's reading, the reply's end
-                    continue
-                drafts = step.draft.tokens.tolist() if step.draft else []
-                if drafts and drafts != drafters_own_greedy(drafter_model, prefix, len(drafts),
-                                                            speculation.drafter_vocab):
-                    return False
-                prefix = prefix + step.tokens
-        except RuntimeError:  # a crash counts as a failed check
-            return False
+        for step in engine.steps(prefix, GREEDY, speculation):
+            if not isinstance(step, StepResult):  # the prompt's reading, the reply's end
+                continue
+            drafts = step.draft.tokens.tolist() if step.draft else []
+            if drafts and drafts != drafters_own_greedy(drafter_model, prefix, len(drafts), speculation.drafter_vocab):
+                return False
+            prefix = prefix + step.tokens
     return True
 
 
 def test_the_checks_pass_on_the_real_engine(target, similar_drafter_model, tokenizer):
     assert greedy_is_exact(target, similar_drafter_model, tokenizer)
     assert drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
+
+
+def _crashing_verify(drafts, target_logits) -> Verdict:
+    raise RuntimeError("a mutant that crashes")
+
+
+def _crashing_rollback(self, committed_len) -> None:
+    raise RuntimeError("a mutant that crashes")
+
+
+def test_a_mutant_that_only_crashes_is_not_counted_as_caught(target, similar_drafter_model, tokenizer, monkeypatch):
+    """Neither check returns False for an engine that raises: the exception reaches the mutant's test, which fails."""
+    with monkeypatch.context() as patch:
+        patch.setattr(specchat.spec.step, "verify_greedy", _crashing_verify)
+        with pytest.raises(RuntimeError, match="a mutant that crashes"):
+            greedy_is_exact(target, similar_drafter_model, tokenizer)
+    with monkeypatch.context() as patch:
+        patch.setattr(specchat.spec.drafters.model.ModelDrafter, "rollback", _crashing_rollback)
+        with pytest.raises(RuntimeError, match="a mutant that crashes"):
+            drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 
 def _shifted_crop(shift: int):
@@ -92,15 +118,38 @@ def test_a_target_crop_that_keeps_a_rejected_draft_breaks_exactness(target, simi
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
 
-def test_a_skipped_drafter_rollback_is_caught_by_the_drafter_check(target, similar_drafter_model, tokenizer,
-                                                                   monkeypatch):
-    monkeypatch.setattr(specchat.spec.drafters.model.ModelDrafter, "rollback", lambda self, committed_len: None)
-    assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
+def reads_the_refused_draft(propose):
+    """Wrong on purpose: after a rejection the drafter reads the draft the target refused where the target's own
+    token stands, and drafts on from there: the stale state a skipped rollback (or one that keeps a token too many)
+    leaves in its cache. (Those two as they are end in a forward of no tokens, a crash, not a wrong draft.)"""
+    last: dict[str, tuple[int, list[int]]] = {}
+
+    def wrapped(self, ids, plan, sampling, generator):
+        if "draft" in last:
+            start, drafts = last["draft"]
+            accepted = len(ids) - 1 - start
+            if 0 <= accepted < len(drafts) and list(ids[start:start + accepted]) == drafts[:accepted]:
+                ids = [*ids[:-1], drafts[accepted]]
+        draft = propose(self, ids, plan, sampling, generator)
+        last["draft"] = (len(ids), draft.tokens.tolist())
+        return draft
+    return wrapped
 
 
-def test_a_drafter_crop_off_by_one_is_caught_by_the_drafter_check(target, similar_drafter_model, tokenizer,
-                                                                  monkeypatch):
-    monkeypatch.setattr(specchat.spec.drafters.model, "model_io", _shifted_crop(1))
+def test_a_drafter_that_keeps_a_refused_draft_is_caught_by_the_drafter_check(target, similar_drafter_model,
+                                                                             tokenizer, monkeypatch):
+    monkeypatch.setattr(specchat.spec.drafters.model.ModelDrafter, "propose",
+                        reads_the_refused_draft(specchat.spec.drafters.model.ModelDrafter.propose))
+    assert greedy_is_exact(target, similar_drafter_model, tokenizer)  # verification hides it...
+    assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)  # ...this does not
+
+
+def test_a_drafter_that_counts_a_token_fewer_than_it_holds_is_caught_by_the_drafter_check(
+        target, similar_drafter_model, tokenizer, monkeypatch):
+    """Wrong on purpose: the drafter's count of the ids its cache stands for is one short, so it reads a
+    committed token a second time, one place later than it stands."""
+    monkeypatch.setattr(specchat.spec.drafters.model.ModelDrafter, "seen",
+                        property(lambda self: max(0, self.gap.seen(self.cached) - 1)))
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 
