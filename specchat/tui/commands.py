@@ -18,7 +18,7 @@ from prompt_toolkit.document import Document
 from rich.table import Table
 
 from specchat.tui import render, stats_view
-from specchat.session.drafter_race import contenders, race
+from specchat.session.drafter_race import RACE_RUNS, RaceRun, contenders, race
 from specchat.tui.compare_view import race_view
 from specchat.tui.transcript import save_transcript
 from specchat.tui.trace import write_trace
@@ -221,17 +221,21 @@ def cmd_compare_drafters(session: ChatSession) -> Outcome:
     if not session.records:
         return fail("/compare: no reply yet: /compare drafters reruns the last prompt with each drafter")
     names = contenders(session.engine, session.config.speculation.drafter)
-    return Outcome(f"racing {len(names)} ways to answer the last prompt ({', '.join(names)}); Ctrl-C stops",
-                   work=lambda cancel: race_lines(session, cancel, len(names)))
+    return Outcome(f"racing {len(names)} ways to answer the last prompt ({', '.join(names)}), {RACE_RUNS} short "
+                   f"runs each; Ctrl-C stops", work=lambda cancel: race_lines(session, cancel, len(names)))
 
 
-def race_lines(session: ChatSession, cancel: threading.Event, total: int) -> Iterator[Any]:
+def race_lines(session: ChatSession, cancel: threading.Event, contenders_count: int) -> Iterator[Any]:
     """/compare drafters as it runs: one line per finished run, then the table (or why not)."""
-    runs = []
-    for run in race(session, cancel):
-        runs.append(run)
-        yield f"  {len(runs)}/{total} {run.drafter}: {run.stats.tokens_per_s:.1f} tok/s"
-    yield race_view(runs) if len(runs) == total else "/compare drafters: cancelled; nothing changed"
+    total, finished, results = contenders_count * RACE_RUNS, 0, []
+    for item in race(session, cancel):
+        if isinstance(item, RaceRun):
+            results.append(item)
+            continue
+        finished += 1
+        yield f"  {finished}/{total} {item[0]}: {item[1].generation_tokens_per_s:.1f} tok/s"
+    yield (race_view(results, session.config.speculation.drafter) if finished == total
+           else "/compare drafters: cancelled; nothing changed")
 
 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:

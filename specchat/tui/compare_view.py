@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.session.compare import CompareReport, Run
+from specchat.session.drafter_race import NO_DRAFTER, RaceRun, speedup, winner
 from specchat.tui.safe_text import visible
 
 SIDE_BY_SIDE_MIN_WIDTH = 100
@@ -77,19 +78,32 @@ def view_compare_fn(comparer):
     return compare_fn
 
 
-def race_view(runs) -> Group:
-    """/compare drafters: one row per drafter (and none), the fastest marked, and how to switch to it."""
-    drafted = [run for run in runs if run.drafter == "none" or run.stats.drafted]  # one that drafted nothing
-    best = max(drafted, key=lambda run: run.stats.tokens_per_s)  # ran as the target alone: its lead is noise
+def race_view(runs: list[RaceRun], current: str) -> Group:
+    """/compare drafters: one row per drafter (and none): median generation tok/s over its runs and their
+    min–max; "fastest" and the advice to switch only for a winner beyond every spread (`current`: the
+    drafter in use)."""
+    best = winner(runs)
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for name in ("drafter", "tok/s", "acceptance", "tok/step", "c", "speedup", ""):
+    for name in ("drafter", "tok/s", "min–max", "acceptance", "tok/step", "c", "speedup", ""):
         table.add_column(name, justify="left" if name in ("drafter", "") else "right")
     for run in runs:
         s = run.stats
         acceptance = f"{s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})" if s.drafted else "–"
         cost = f"{s.cost_ratio:.2f}" if s.drafted and s.drafter_timed else "–"
-        table.add_row(run.drafter, f"{s.tokens_per_s:.1f}", acceptance, f"{s.tokens_per_step:.2f}", cost,
-                      f"{run.speedup:.2f}×", "◀ fastest" if run is best else "")
-    advice = ("the target alone was fastest on this prompt: /mode target" if best.drafter == "none"
-              else f"fastest: {best.drafter} — switch with /drafter {best.drafter}")
-    return Group(table, Text(advice, style="bold"))
+        low, high = run.spread
+        table.add_row(run.drafter, f"{run.rate:.1f}", f"{low:.1f}–{high:.1f}", acceptance,
+                      f"{s.tokens_per_step:.2f}", cost, f"{speedup(run, runs):.2f}×",
+                      "◀ fastest" if run is best else "")
+    note = (f"median and min–max of {len(runs[0].runs)} runs each, generation tok/s (prompt reading apart); "
+            f"a winner only beyond every spread")
+    return Group(table, Text(note, style="dim"), Text(race_advice(best, current), style="bold"))
+
+
+def race_advice(best: RaceRun | None, current: str) -> str:
+    if best is None:
+        return "no clear winner: the fastest rates lie within each other's spread (a tie)"
+    if best.drafter == NO_DRAFTER:
+        return "the target alone was fastest beyond the spread: /mode target"
+    if best.drafter == current:
+        return f"fastest: {best.drafter}, the drafter in use"
+    return f"fastest: {best.drafter} — switch with /drafter {best.drafter}"

@@ -1,7 +1,7 @@
-"""The lookup drafter (prompt lookup, no model), switching drafters live, and /compare drafters."""
-from __future__ import annotations
+"""The lookup drafter (prompt lookup, no model) and switching drafters live.
 
-import threading
+/compare drafters: tests/session/test_drafter_race.py."""
+from __future__ import annotations
 
 import pytest
 
@@ -71,65 +71,3 @@ def test_the_drafter_command_and_the_toolbar(target, tokenizer):
     assert session.records[-1].stats.drafter == "lookup"
     outcome = registry.run(session, "/drafter sideways")
     assert outcome.error and "model, lookup, auto or self:N" in outcome.message
-
-
-def test_compare_drafters_races_each_drafter_and_leaves_the_chat_untouched(target, similar_drafter_model,
-                                                                          tokenizer):
-    registry = build_registry()
-    session = session_on(target, similar_drafter_model, tokenizer)
-    assert registry.run(session, "/compare drafters").error  # no reply yet
-    list(session.reply(REPEATING))
-    engine = session.engine
-    before = (list(session.messages), list(engine.ids), cache_length(engine.cache), engine.drafter.seen,
-              len(session.records), session.config)
-    from specchat.session.drafter_race import race
-    runs = list(race(session, threading.Event()))
-    assert [run.drafter for run in runs] == ["none", "model", "lookup", "auto", "self:1"]  # self: a quarter of 3 layers
-    for run in runs:
-        assert run.stats.new_tokens == session.records[-1].stats.new_tokens  # greedy: the same reply each time
-    assert runs[0].stats.drafted == 0 and runs[1].stats.drafted > 0 and runs[0].speedup == 1.0
-    outcome = registry.run(session, "/compare drafters")
-    assert not outcome.error and outcome.message.startswith("racing 5 ways to answer the last prompt")
-    lines = list(outcome.work(threading.Event()))
-    assert [line.split(":")[0] for line in lines[:5]] == ["  1/5 none", "  2/5 model", "  3/5 lookup", "  4/5 auto",
-                                                          "  5/5 self"]
-    cancelled = threading.Event()
-    cancelled.set()
-    assert list(outcome.work(cancelled)) == ["/compare drafters: cancelled; nothing changed"]
-    after = (list(session.messages), list(engine.ids), cache_length(engine.cache), engine.drafter.seen,
-             len(session.records), session.config)
-    assert after == before
-
-
-def test_compare_drafters_runs_in_the_repl_with_progress(target, similar_drafter_model, tokenizer):
-    import io
-    from prompt_toolkit.history import InMemoryHistory
-    from prompt_toolkit.input import create_pipe_input
-    from prompt_toolkit.output import DummyOutput
-    from specchat.tui.render import Renderer, make_console
-    from specchat.tui.repl import Repl
-    session = session_on(target, similar_drafter_model, tokenizer)
-    out = io.StringIO()
-    with create_pipe_input() as pipe:
-        pipe.send_text("def add(a, b): return a + b; def add(a, b):\r/compare drafters\r/quit\r")
-        Repl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(), pt_input=pipe,
-             pt_output=DummyOutput()).run()
-    screen = out.getvalue()
-    assert "racing 5 ways" in screen and "5/5 self:1" in screen and "◀ fastest" in screen
-    assert len(session.records) == 1
-
-
-def test_a_drafter_that_drafted_nothing_is_never_called_the_fastest():
-    from specchat.spec.metrics import ReplyStats
-    from specchat.session.drafter_race import RaceRun
-    from specchat.tui.compare_view import race_view
-    from specchat.tui.render import make_console
-    import io
-    runs = [RaceRun("none", ReplyStats(new_tokens=40, wall_s=40.0, target_forwards=40), 1.0),
-            RaceRun("lookup", ReplyStats(new_tokens=40, wall_s=20.0, target_forwards=40), 2.0),
-            RaceRun("model", ReplyStats(new_tokens=40, wall_s=30.0, drafted=30, accepted=20, target_forwards=15), 1.3)]
-    out = io.StringIO()
-    make_console(False, out).print(race_view(runs))
-    screen = out.getvalue()
-    assert "fastest: model — switch with /drafter model" in screen
-    assert [line.split()[0] for line in screen.splitlines() if "◀ fastest" in line] == ["model"]
