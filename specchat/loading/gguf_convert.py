@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from specchat.cache import (building, cache_dir, disk_errors, file_sha256, is_verified, mark_verified, optional_write,
-                            private_dir, remove_stale_temporaries, replace_durably)
+                            os_error, private_dir, remove_stale_temporaries, replace_durably)
 from specchat.loading.devices import dtype_name
 from specchat.progress import Progress
 from specchat.errors import ModelLoadError, one_line
@@ -86,6 +86,7 @@ def _convert_into(out: Path, gguf: Path, dtype: torch.dtype, name: str, progress
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         convert_gguf(gguf, dtype, tmp, name, progress, slim)
+        tmp.chmod(0o700)  # made by transformers with the umask's mode
         shutil.rmtree(out, ignore_errors=True)  # an incomplete directory, if any
         replace_durably(tmp, out)
     finally:
@@ -147,6 +148,8 @@ def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progr
     except (ModelLoadError, OSError, MemoryError):
         raise
     except Exception as err:  # transformers' and gguf-py's parsing of the file's content
+        if os_error(err) is not None:  # an I/O failure safetensors reports as text ("(os error 28)"): the cache's
+            raise
         raise ModelLoadError(f"cannot convert {gguf}: {one_line(err)}") from err
 
 

@@ -1,0 +1,52 @@
+"""What a cached block must look like to replace a layer (loading/block_shapes.py): the rules agree with the
+quantizers' own output for every kind and shape they make, and any other dtype, shape or row count is named."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from specchat.loading.block_shapes import block_problem
+from specchat.quant.int8_weights import Int8Block
+from specchat.quant.w4a8 import Q4Block, Q4Tiles
+
+SHAPES = [(1, 64), (16, 64), (17, 128), (40, 320), (33, 256), (100, 384), (8, 1536)]
+
+
+def _blocks(outs: int, width: int) -> list:
+    weight = torch.randn(outs, width, generator=torch.Generator().manual_seed(outs * width))
+    q4 = [Q4Tiles.from_block(Q4Block.quantize(weight, bits)) for bits in (4, 6, 7)]
+    return [Int8Block.quantize(weight), Int8Block.quantize(weight.to(torch.bfloat16)), *q4]
+
+
+@pytest.mark.parametrize("outs, width", SHAPES)
+def test_what_the_quantizers_make_fits_the_layer(outs, width):
+    layer = nn.Linear(width, outs, bias=False)
+    assert [block_problem(block, layer) for block in _blocks(outs, width)] == [""] * 5
+
+
+@pytest.mark.parametrize("outs, width", [(17, 128), (40, 320)])
+def test_a_block_for_another_layer_shape_is_named(outs, width):
+    for block in _blocks(outs, width):
+        for other in (nn.Linear(width, outs + 1), nn.Linear(width + 64, outs), nn.Linear(width, outs - 1)):
+            assert block_problem(block, other), (type(block).__name__, other)
+
+
+def _altered(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensor one row short, one step longer in its last dimension, and in another dtype."""
+    longer = torch.cat([tensor, tensor[..., :1]], dim=-1)
+    other = torch.float64 if tensor.dtype != torch.float64 else torch.float32
+    return [tensor[:-1], longer, tensor.to(other)]
+
+
+def test_every_field_changed_in_dtype_or_shape_is_named():
+    layer = nn.Linear(320, 40)
+    for block in _blocks(40, 320):
+        for field in dataclasses.fields(block):
+            value = getattr(block, field.name)
+            changes = [value + 16, value - 1] if isinstance(value, int) else _altered(value)
+            for changed in changes:
+                problem = block_problem(dataclasses.replace(block, **{field.name: changed}), layer)
+                assert problem.startswith(f"{field.name} is"), (type(block).__name__, field.name, problem)
