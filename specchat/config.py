@@ -92,6 +92,7 @@ class SpeculationConfig:
 class UIConfig:
     color: bool = True
     show_rejected: bool = False
+    origin_marks: bool = True  # with colour off, each token's origin is bracketed in the stream (tui/render.py MARKS)
     system_prompt: str = "You are a helpful assistant."
     context_limit: int = 0    # 0 = the target's own maximum
 

@@ -175,13 +175,13 @@ def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdou
     cfg = read_config(args)
     prompt = one_shot_text(args, stdin)
     color = render.color_wanted(cfg.ui.color, stdout)
-    renderer = render.Renderer(render.make_console(color, stdout), cfg.ui.show_rejected)
+    renderer = render.Renderer(render.make_console(color, stdout), cfg.ui.show_rejected, cfg.ui.origin_marks)
     status = render.make_console(render.color_wanted(cfg.ui.color, stderr), stderr)
     pair, session = prepare(cfg, load, compare, status)
     if prompt is not None:
         return run_once(session, prompt, renderer, args.json, stdout)
     renderer.info(render.banner(pair, cfg.speculation.drafter))
-    renderer.info(render.legend(cfg.speculation.mode, renderer.color, cfg.ui.show_rejected))
+    renderer.info(render.Legend(cfg.speculation.mode, cfg.ui.show_rejected, cfg.ui.origin_marks))
     history, problem = open_history(history_path())
     if problem:
         renderer.note(problem)

@@ -204,7 +204,8 @@ def cmd_mode(session: ChatSession, arg: str) -> Outcome:
     outcome = show_or_set(session, "mode", "speculation.mode", "spec|target|drafter", arg)
     if not arg:
         return outcome
-    legend = render.legend(session.config.speculation.mode, True, session.config.ui.show_rejected)
+    ui = session.config.ui
+    legend = render.Legend(session.config.speculation.mode, ui.show_rejected, ui.origin_marks)
     return Outcome(render.group(render.Text(outcome.message), legend))
 
 

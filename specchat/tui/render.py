@@ -37,10 +37,17 @@ LABELS = {
     Origin.TARGET: "target-only",
     Origin.DRAFTER: "drafter-only",
 }
-MODE_ORIGINS = {
-    "spec": (Origin.DRAFTED, Origin.CORRECTED, Origin.BONUS),
+MODE_ORIGINS = {  # spec mode: a step that drafts nothing (auto γ, γ 0, no lookup match, the last token) is target-only
+    "spec": (Origin.DRAFTED, Origin.CORRECTED, Origin.BONUS, Origin.TARGET),
     "target": (Origin.TARGET,),
     "drafter": (Origin.DRAFTER,),
+}
+# With colour off, runs of these origins are bracketed in the stream (docs/commands.md, "Without colour");
+# target-only and drafter-only text is left unmarked. Rare characters, so code's own brackets stay apart.
+MARKS = {
+    Origin.DRAFTED: ("⟦", "⟧"),
+    Origin.CORRECTED: ("⟨", "⟩"),
+    Origin.BONUS: ("⦃", "⦄"),
 }
 NOTE_STYLE = "dim"
 ERROR_STYLE = "bold red"
@@ -64,9 +71,11 @@ def make_console(color: bool, file: TextIO | None = None) -> Console:
 class Renderer:
     """Draws events and messages on one rich Console."""
 
-    def __init__(self, console: Console, show_rejected: bool = False):
+    def __init__(self, console: Console, show_rejected: bool = False, origin_marks: bool = True):
         self.console = console
         self.show_rejected = show_rejected
+        self.origin_marks = origin_marks  # with colour off: bracket each run of drafted, corrected, bonus tokens
+        self.open_mark: Origin | None = None  # the origin whose run is open (its closing mark not yet written)
         self.at_line_start = True
         self.waiting = False
         self._color_console = console if console.color_system is not None else None
@@ -78,6 +87,7 @@ class Renderer:
 
     def set_color(self, wanted: bool) -> None:
         """Switch colour off or back on (on only if the output could show it to begin with)."""
+        self.close_mark()
         self.console = self._color_console if wanted and self._color_console else self._plain_console
 
     # ----- streaming ---------------------------------------------------------------------------
@@ -109,7 +119,7 @@ class Renderer:
         if not isinstance(event, StepDone):
             self._stop_waiting()
         if isinstance(event, Token):
-            self._write(Text(visible(event.text), style=STYLES[event.origin] if self.color else ""))
+            self._token(event)
         elif isinstance(event, Rejected):
             self._rejected(event)
         elif isinstance(event, ReplyDone):
@@ -121,6 +131,23 @@ class Renderer:
         else:
             self.console.print(Text(visible(event)) if isinstance(event, str) else event)
 
+    def _token(self, token: Token) -> None:
+        if self.color:
+            return self._write(Text(visible(token.text), style=STYLES[token.origin]))
+        if not self.origin_marks or not token.text or token.origin == self.open_mark:
+            return self._write(Text(visible(token.text)))
+        self.close_mark()
+        opening = MARKS.get(token.origin, ("", ""))[0]
+        self.open_mark = token.origin if opening else None
+        self._write(Text(opening + visible(token.text)))
+
+    def close_mark(self) -> None:
+        """End the open run's bracket (before a rejected draft, a note, or the reply's end)."""
+        if self.open_mark is not None:
+            closing = MARKS[self.open_mark][1]
+            self.open_mark = None
+            self._write(Text(closing))
+
     def _write(self, text: Text) -> None:
         if text.plain:
             self.console.print(text, end="", soft_wrap=True)
@@ -129,12 +156,14 @@ class Renderer:
     def _rejected(self, event: Rejected) -> None:
         if not self.show_rejected or not event.text:
             return
+        self.close_mark()
         if self.color:
             self._write(Text(visible(event.text), style=REJECTED_STYLE))
         else:
             self._write(Text(f"~~{visible(event.text)}~~"))
 
     def _end_reply(self, done: ReplyDone) -> None:
+        self.close_mark()
         if done.stop_reason in CUT_MARKS:
             self._write(Text(" " + CUT_MARKS[done.stop_reason], style="bold yellow" if self.color else ""))
         self.newline()
@@ -142,6 +171,7 @@ class Renderer:
                            soft_wrap=True)
 
     def newline(self) -> None:
+        self.close_mark()
         self._stop_waiting()
         if not self.at_line_start:
             self.console.print()
@@ -201,16 +231,30 @@ def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | Non
     return " · ".join(parts)
 
 
-def legend(mode: str, color: bool, show_rejected: bool = False) -> Text:
+def legend(mode: str, color: bool, show_rejected: bool = False, marks: bool = True) -> Text:
+    """Every origin the mode can show, in its colour, or (colour off) in its brackets; unmarked: the rest."""
     text = Text("legend: ")
     for origin in MODE_ORIGINS[mode]:
-        text.append(LABELS[origin], style=STYLES[origin] if color else "")
+        opening, closing = MARKS.get(origin, ("", "")) if marks and not color else ("", "")
+        label = LABELS[origin] + (" step" if origin == Origin.TARGET and mode == "spec" else "")
+        unmarked = " (unmarked)" if marks and not color and not opening else ""
+        text.append(opening + label + closing + unmarked, style=STYLES[origin] if color else "")
         text.append("  ")
     if show_rejected and mode == "spec":
         text.append("rejected" if color else "~~rejected~~", style=REJECTED_STYLE if color else "")
         text.append("  ")
     text.append(" /help for commands", style=NOTE_STYLE if color else "")
     return text
+
+
+class Legend:
+    """The legend as the console it is drawn on can show it: in colour, or with the brackets of plain mode."""
+
+    def __init__(self, mode: str, show_rejected: bool = False, marks: bool = True):
+        self.mode, self.show_rejected, self.marks = mode, show_rejected, marks
+
+    def __rich_console__(self, console: Console, options):
+        yield legend(self.mode, console.color_system is not None, self.show_rejected, self.marks)
 
 
 def weights_text(facts) -> str:

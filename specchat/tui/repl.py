@@ -210,6 +210,7 @@ class Repl:
             return True
         finally:  # the renderer follows the settings, whatever the command did
             self.renderer.show_rejected = self.session.config.ui.show_rejected
+            self.renderer.origin_marks = self.session.config.ui.origin_marks
             self.renderer.set_color(self.session.config.ui.color)
 
     def follow(self, work) -> None:

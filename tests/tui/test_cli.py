@@ -159,7 +159,7 @@ def test_interactive_session_in_a_real_terminal(tmp_path):
                           cwd=str(ROOT), env=env, encoding="utf-8", timeout=120, dimensions=(40, 120))
     try:
         child.expect("specchat · target tiny-target")
-        child.expect("legend: drafted\\+accepted")
+        child.expect("legend: ⟦drafted\\+accepted⟧")  # NO_COLOR: the origins in brackets
         child.expect("you>")
         child.send("/gamma 2\r")
         child.expect("speculation.gamma = 2")
@@ -262,3 +262,38 @@ def test_show_rejected_from_a_config_file_marks_the_refused_drafts(pair, tmp_pat
     status, hidden, err = run_cli(["--config", str(config), "--prompt", "hello there"], pair)
     assert status == 0, err
     assert shown.count("~~") >= 2 and "~~" not in hidden
+
+
+def origins_from_marks(text: str) -> list[tuple[str, str]]:
+    """Each character of a reply printed without colour, with the origin its brackets give (docs/commands.md)."""
+    opening = {"⟦": "drafted", "⟨": "corrected", "⦃": "bonus"}
+    closing = {"⟧": "drafted", "⟩": "corrected", "⦄": "bonus"}
+    current, out = None, []
+    for char in text:
+        if char in opening:
+            assert current is None, text
+            current = opening[char]
+        elif char in closing:
+            assert current == closing[char], text
+            current = None
+        else:
+            out.append((char, current or "target"))
+    assert current is None, text
+    return out
+
+
+def test_every_tokens_origin_can_be_read_back_from_the_text_without_colour(tokenizer, target, similar_drafter_model):
+    """The same greedy reply as --json (its tokens' origins) and as --no-color text through a pipe: the brackets
+    give every character's origin, and stripping them gives the reply's text."""
+    pair = tiny_pair(tokenizer, target, similar_drafter_model)
+    args = ["--prompt", "hello there", "sampling.max_new_tokens=24", "speculation.gamma=3"]
+    status, out, err = run_cli([*args, "--json"], pair)
+    assert status == 0, err
+    tokens = json.loads(out)["tokens"]
+    status, out, err = run_cli([*args, "--no-color"], pair)
+    assert status == 0, err
+    reply = out[:out.rindex("\n", 0, len(out) - 1)].removesuffix(" ✂ [cut: /max reached]")  # less the stats line
+    assert len({t["origin"] for t in tokens}) >= 3, tokens  # drafted and two of corrected, bonus, target
+    expected = [(char, t["origin"]) for t in tokens for char in t["text"]]
+    assert origins_from_marks(reply) == expected
+    assert re.sub("[⟦⟧⟨⟩⦃⦄]", "", reply) == "".join(t["text"] for t in tokens)

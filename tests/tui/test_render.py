@@ -67,8 +67,36 @@ def test_plain_mode_writes_no_escape_codes():
     renderer.info(render.legend("spec", False, True))
     text = out.getvalue()
     assert not ESCAPE.search(text)
-    assert text.startswith("drafted corrected bonus target drafter ~~bad~~ ✂ [cut]\n 96 tok")
-    assert "an error" in text and "legend: drafted+accepted" in text
+    assert text.startswith("⟦drafted ⟧⟨corrected ⟩⦃bonus ⦄target drafter ~~bad~~ ✂ [cut]\n 96 tok")
+    assert "an error" in text and "legend: ⟦drafted+accepted⟧  ⟨target-corrected⟩  ⦃target-bonus⦄  " \
+                                  "target-only step (unmarked)" in text
+
+
+def test_plain_mode_brackets_runs_of_each_origin_and_closes_them_before_anything_else():
+    out = io.StringIO()
+    renderer = render.Renderer(render.make_console(False, out), show_rejected=True)
+    pieces = [("de", Origin.DRAFTED), ("f x", Origin.DRAFTED), ("", Origin.CORRECTED), ("(", Origin.CORRECTED),
+              ("y", Origin.TARGET), (")", Origin.DRAFTED)]
+    for text, origin in pieces:
+        renderer.event(Token(1, text, origin))
+    renderer.event(Rejected((2,), "bad"))
+    renderer.event(Token(1, ":", Origin.CORRECTED))
+    renderer.event(Token(1, "\n", Origin.BONUS))
+    renderer.event(ReplyDone(sample_stats(), "", (1,), "eos"))
+    assert out.getvalue().startswith("⟦def x⟧⟨(⟩y⟦)⟧~~bad~~⟨:⟩⦃\n⦄\n 96 tok")
+    unmarked = io.StringIO()
+    renderer = render.Renderer(render.make_console(False, unmarked), origin_marks=False)
+    renderer.event(Token(1, "de", Origin.DRAFTED))
+    renderer.event(Token(1, "f", Origin.BONUS))
+    assert unmarked.getvalue() == "def"
+
+
+def test_the_legend_names_every_colour_the_mode_can_show():
+    console, out = color_console()
+    console.print(render.Legend("spec"))
+    for label in ("drafted+accepted", "target-corrected", "target-bonus", "target-only step"):
+        assert label in out.getvalue()
+    assert "\x1b[35mtarget-only step" in out.getvalue()  # magenta: the steps auto γ takes without drafts
 
 
 def test_color_wanted_respects_flag_tty_and_no_color():
@@ -88,7 +116,7 @@ def test_set_color_switches_to_plain_and_back():
     renderer.event(Token(1, "plain", Origin.BONUS))
     renderer.set_color(True)
     renderer.event(Token(1, "bright", Origin.BONUS))
-    assert out.getvalue().startswith("plain\x1b[")
+    assert out.getvalue().startswith("⦃plain⦄\x1b[")  # the bracket closes before colour comes back
 
 
 def test_stats_line_says_the_metrics_as_defined():
@@ -102,8 +130,10 @@ def test_stats_line_says_the_metrics_as_defined():
 
 
 def test_legend_lists_the_origins_of_the_mode():
+    assert render.legend("spec", True).plain.startswith(
+        "legend: drafted+accepted  target-corrected  target-bonus  target-only step")
     assert render.legend("spec", False).plain.startswith(
-        "legend: drafted+accepted  target-corrected  target-bonus")
+        "legend: ⟦drafted+accepted⟧  ⟨target-corrected⟩  ⦃target-bonus⦄  target-only step (unmarked)")
     assert "target-only" in render.legend("target", False).plain
     assert "drafter-only" in render.legend("drafter", False).plain
 
@@ -183,7 +213,7 @@ def test_no_thinking_marker_when_not_a_terminal():
     out = io.StringIO()
     renderer = render.Renderer(render.make_console(False, out))
     renderer.begin_reply()
-    renderer.event(Token(1, "Hi", Origin.DRAFTED))
+    renderer.event(Token(1, "Hi", Origin.TARGET))
     assert out.getvalue() == "Hi"
 
 

@@ -123,14 +123,14 @@ def screen_of(session, keys: str) -> str:
 
 TRANSCRIPT = """\
 you> hi
-Hello there!
+⟦Hello there⟧⟨!⟩
  3 tok · 6.0 tok/s · ttft 0.25 s · accepted 2/4 drafts (50%) · 3.0 tok/step · γ 4
 you> /gamma 2
 speculation.gamma = 2
 you> /show rejected on
 ui.show_rejected = on
 you> list them
-Sure~~,~~: ✂ [cut]
+⟦Sure⟧~~,~~⟨:⟩ ✂ [cut]
  2 tok · 5.0 tok/s · ttft 0.20 s · accepted 1/2 drafts (50%) · 2.0 tok/step · γ 2 · cancelled
 you> /history
 role       message
