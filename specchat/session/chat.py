@@ -113,6 +113,7 @@ class ChatSession:
         self.records: list[ReplyRecord] = []
         self.totals = SessionTotals()
         self.last_prompt_ids: list[int] = []
+        self._context_used = 0
 
     # ----- settings and state ----------------------------------------------------------------
     @property
@@ -127,7 +128,9 @@ class ChatSession:
 
     @property
     def context_used(self) -> int:
-        return len(self.engine.ids)
+        """Tokens of the conversation so far (prompt and reply of the last recorded turn). A message cancelled
+        while its prompt was read is not part of it, though the engine holds its ids until the next reply."""
+        return self._context_used
 
     @property
     def last_stats(self) -> ReplyStats | None:
@@ -138,6 +141,7 @@ class ChatSession:
         self.messages.clear()
         self.records.clear()
         self.last_prompt_ids = []
+        self._context_used = 0
         self.engine.reset()
 
     def drop_caches(self) -> None:
@@ -248,6 +252,7 @@ class ChatSession:
         self.messages.append({"role": "user", "content": user})
         self.messages.append({"role": "assistant", "content": done.text})
         self.records.append(ReplyRecord(user, done.text, done.stats, done.stop_reason, tokens, rejections))
+        self._context_used = len(self.last_prompt_ids) + len(done.ids)
         self.totals.add(done.stats)
 
 

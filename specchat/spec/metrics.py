@@ -4,6 +4,8 @@ acceptance rate = accepted drafts / drafted tokens ("acceptance" in the UI and t
 α per draft     = accepted / (accepted + rejections): Leviathan et al.'s alpha, the chance that a
                   draft the target judges is accepted (the only quantity the UI calls α)
 tokens/step     = new tokens / target forward passes (includes the corrected or bonus token)
+new tokens      = the tokens a reply committed, its end-of-turn token included (generated, never shown);
+                  accepted drafts <= new tokens (drafts past an accepted end of turn are not counted)
 tok/s           = generated tokens / wall time (never prompt tokens or characters)
 generation tok/s = generated tokens / (wall time - prompt reading): the rate the UI shows, so a reply
                   that read a long prompt (or a rerun that read the whole conversation) is compared on
@@ -146,8 +148,13 @@ class StatsRecorder:
         self._first_token_at: float | None = None
 
     def record(self, step: "StepResult", kept: int) -> None:
-        """One step: its drafts and acceptances, its forwards, and the `kept` tokens it committed."""
-        self.record_drafts(step.drafted, step.accepted)
+        """One step: its drafts and acceptances, its forwards, and the `kept` tokens it committed. A step cut
+        inside its accepted drafts (an accepted end-of-turn token) counts only the drafts it kept, so accepted
+        drafts never outnumber the tokens produced; the end-of-turn token itself counts as a produced token."""
+        if kept <= step.accepted:
+            self.record_drafts(kept, kept)
+        else:
+            self.record_drafts(step.drafted, step.accepted)
         self.record_tokens(kept)
         s = self.stats
         s.copied_steps += 1 if step.draft is not None and step.drafted and not step.draft.by_plan else 0

@@ -51,7 +51,8 @@ MARKS = {
 }
 NOTE_STYLE = "dim"
 ERROR_STYLE = "bold red"
-PREFILL_NOTE_FROM = 512  # prompts of this many tokens show their reading progress and prefill stats
+PREFILL_NOTE_FROM = 128  # prompts of more than one chunk show their reading progress in place of 'thinking…'
+
 
 
 def color_wanted(flag: bool, stream: TextIO, environ=os.environ) -> bool:
@@ -204,12 +205,11 @@ def prefill_text(event: PrefillProgress) -> str:
 
 
 def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | None = None) -> str:
-    """` 96 tok · 9.8 tok/s · ttft 0.31 s · accepted 71/88 drafts (81%) · 3.4 tok/step · γ 4`, with
-    `· prompt 4,102 tok in 19.3 s (212 tok/s)` after the ttft when a long prompt was read."""
-    parts = [f" {stats.new_tokens} tok", f"{stats.tokens_per_s:.1f} tok/s", f"ttft {stats.ttft_s:.2f} s"]
-    if stats.prefill_tokens >= PREFILL_NOTE_FROM:
-        parts.append(f"prompt {stats.prefill_tokens:,} tok in {stats.prefill_s:.1f} s "
-                     f"({stats.prefill_tokens_per_s:.0f} tok/s)")
+    """` 96 tok · 9.8 tok/s · ttft 0.31 s · prompt 30 tok in 0.05 s (600 tok/s) · accepted 71/88 drafts (81%) ·
+    3.4 tok/step · γ 4`: tok/s is the generation rate, the prompt's reading (when it read one) is apart."""
+    parts = [f" {stats.new_tokens} tok", f"{stats.generation_tokens_per_s:.1f} tok/s", f"ttft {stats.ttft_s:.2f} s"]
+    if stats.prefill_tokens:
+        parts.append(prompt_text(stats))
     if stats.mode == "spec":
         parts.append(f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%})")
         parts.append(f"{stats.tokens_per_step:.1f} tok/step")
@@ -229,6 +229,15 @@ def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | Non
     elif stop_reason == CONTEXT_FULL:
         parts.append("context window full")
     return " · ".join(parts)
+
+
+def prompt_text(stats: ReplyStats) -> str:
+    """`prompt 4,102 tok in 19.3 s (213 tok/s)`, and `, 1,960 more cached` when part of it came from the last turn."""
+    rate = f"{stats.prefill_tokens_per_s:,.0f} tok/s" if stats.prefill_s > 0 else ""
+    cached = f"{stats.reused_tokens:,} more cached" if stats.reused_tokens else ""
+    detail = ", ".join(part for part in (rate, cached) if part)
+    seconds = f"{stats.prefill_s:.1f}" if stats.prefill_s >= 1 else f"{stats.prefill_s:.2f}"
+    return f"prompt {stats.prefill_tokens:,} tok in {seconds} s" + (f" ({detail})" if detail else "")
 
 
 def legend(mode: str, color: bool, show_rejected: bool = False, marks: bool = True) -> Text:

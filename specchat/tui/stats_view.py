@@ -40,9 +40,11 @@ def per_position_table(stats: ReplyStats) -> Table:
 
 def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
     rows = [
-        ("tokens", f"{stats.new_tokens} new · {stats.prompt_tokens} prompt "
-                   f"({stats.reused_tokens} reused from the previous turn's cache)"),
-        ("time", f"{stats.wall_s:.2f} s · ttft {stats.ttft_s:.2f} s · {stats.tokens_per_s:.1f} tok/s"),
+        ("tokens", f"{stats.new_tokens} new{' (the end-of-turn token included)' if stop_reason == 'eos' else ''} · "
+                   f"{stats.prompt_tokens} prompt ({stats.reused_tokens} reused from the previous turn's cache, "
+                   f"{stats.prefill_tokens} read)"),
+        ("time", f"{stats.wall_s:.2f} s · ttft {stats.ttft_s:.2f} s · prompt read in {stats.prefill_s:.2f} s · "
+                 f"{stats.generation_tokens_per_s:.1f} tok/s generating"),
         ("acceptance", f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%}) "
                        f"· γ {gamma_text(stats.gamma, stats.mean_gamma)}"),
         ("steps", f"{stats.target_forwards} target forwards · {stats.drafter_forwards} drafter forwards "

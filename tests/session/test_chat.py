@@ -129,13 +129,14 @@ def test_a_cancel_before_the_first_token_leaves_the_conversation_as_it_was(sessi
     """Ctrl-C while a long paste is read: nothing was answered, so the paste is not kept either
     (it would be read again, whole, before every later reply)."""
     reply(session, "hello")
-    before = list(session.messages)
+    before, used = list(session.messages), session.context_used
     cancel = threading.Event()
     cancel.set()
     events = list(session.reply("a long paste " * 50, cancel))
     assert any(isinstance(e, ReplyDone) and e.stop_reason == "cancelled" and e.ids == () for e in events)
     assert events[-1].text == "cancelled before the reply began: the message was not added to the conversation"
     assert session.messages == before
+    assert session.context_used == used < len(session.engine.ids)  # the toolbar's context does not jump
     _, after = reply(session, "go on")
     assert after.stop_reason == "max_tokens" and session.messages[-2]["content"] == "go on"
 

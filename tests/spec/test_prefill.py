@@ -72,9 +72,11 @@ def test_the_progress_line_reads_as_the_issue_says():
     assert render.prefill_text(progress) == "reading prompt 1,536 / 4,102 tokens · 212 tok/s"
 
 
-def test_the_stats_line_shows_the_prompt_reading_apart_for_long_prompts():
+def test_the_stats_line_shows_the_prompt_reading_apart_and_the_generation_rate_without_it():
     from specchat.spec.metrics import ReplyStats
     stats = ReplyStats(mode="target", new_tokens=10, wall_s=20.0, ttft_s=19.5, prefill_tokens=4102, prefill_s=19.3)
-    assert " · ttft 19.50 s · prompt 4,102 tok in 19.3 s (213 tok/s) · target only" in render.stats_line(stats)
-    short = ReplyStats(mode="target", new_tokens=10, wall_s=2.0, ttft_s=0.5, prefill_tokens=40, prefill_s=0.2)
-    assert "prompt" not in render.stats_line(short)
+    assert render.stats_line(stats) == (" 10 tok · 14.3 tok/s · ttft 19.50 s · prompt 4,102 tok in 19.3 s (213 tok/s) · "
+                                        "target only")  # 10 tokens in the 0.7 s after the reading, not in 20 s
+    short = ReplyStats(mode="target", new_tokens=10, wall_s=2.0, ttft_s=0.5, prefill_tokens=40, prefill_s=0.2,
+                       reused_tokens=1960)
+    assert " · prompt 40 tok in 0.20 s (200 tok/s, 1,960 more cached) · " in render.stats_line(short)

@@ -40,7 +40,8 @@ def test_one_shot_prints_reply_and_stats_line(pair):
     status, out, err = run_cli(["--prompt", "hello there", "sampling.max_new_tokens=6", "speculation.gamma=4"], pair)
     assert status == 0, err
     reply, stats, rest = out.split("\n", 2) if out.count("\n") >= 2 else (*out.split("\n", 1), "")
-    assert re.fullmatch(r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · accepted \d+/\d+ drafts \(\d+%\) · "
+    assert re.fullmatch(r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s \(\d+ tok/s\) · "
+                        r"accepted \d+/\d+ drafts \(\d+%\) · "
                         r"[\d.]+ tok/step · γ 4 · hit max tokens \(/max\)", stats), out
     assert not ESCAPE.search(out)  # stdout is not a terminal: plain text
     assert pair.progress_calls[-1].sampling.max_new_tokens == 6
@@ -173,7 +174,7 @@ def test_interactive_session_in_a_real_terminal(tmp_path):
         assert held.exists()
         child.sendintr()  # Ctrl-C mid-reply (the held forward goes on once it has arrived)
         child.expect("cut")
-        child.expect(r"tok/s · ttft [\d.]+ s · accepted \d+/\d+ drafts")
+        child.expect(r"tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s [^·]*· accepted \d+/\d+ drafts")
         child.expect("cancelled")
         child.expect("you>")
         child.send("/max 3\r")
@@ -297,3 +298,4 @@ def test_every_tokens_origin_can_be_read_back_from_the_text_without_colour(token
     expected = [(char, t["origin"]) for t in tokens for char in t["text"]]
     assert origins_from_marks(reply) == expected
     assert re.sub("[⟦⟧⟨⟩⦃⦄]", "", reply) == "".join(t["text"] for t in tokens)
+

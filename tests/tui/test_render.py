@@ -140,8 +140,8 @@ def test_legend_lists_the_origins_of_the_mode():
 
 STATS_SCREEN = """\
 last reply  mode spec
-tokens      96 new · 30 prompt (0 reused from the previous turn's cache)
-time        9.80 s · ttft 0.31 s · 9.8 tok/s
+tokens      96 new (the end-of-turn token included) · 30 prompt (0 reused from the previous turn's cache, 0 read)
+time        9.80 s · ttft 0.31 s · prompt read in 0.00 s · 9.8 tok/s generating
 acceptance  accepted 71/88 drafts (81%) · γ 4
 steps       28 target forwards · 88 drafter forwards · 3.43 tok/step
 cost c      0.100 (drafter forward ÷ target forward)
