@@ -27,6 +27,12 @@ from specchat.session.chat import ChatError, ChatSession
 from specchat.config import ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
 START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel", "runtime.kv_cache")  # used when the models load, not per reply
+SUGGEST_CUTOFF = 0.6  # difflib ratio: /gama → /gamma, /comapre → /compare; not /clear → /compare or /load → /mode
+OTHER_CHATS = {  # what other chats call a command specchat has under another name: described, never guessed
+    "clear": "to forget the conversation: /reset, which cannot be undone",
+    "new": "to forget the conversation: /reset, which cannot be undone",
+    "bye": "to leave: /quit or Ctrl-D",
+}
 KEYS_HELP = "keys: Esc-Enter new line · Ctrl-C cancels a reply · F2 / Ctrl-T toggles compare · Ctrl-D quits"
 
 
@@ -50,6 +56,7 @@ class Command:
     handler: Handler
     complete: Any = None          # NestedCompleter value: dict, set, Completer or None
     aliases: tuple[str, ...] = ()
+    destructive: bool = False     # discards state (the conversation, a reply, a file, the session): never a guess
 
 
 def fail(message: str) -> Outcome:
@@ -73,7 +80,9 @@ class Registry:
         return self._by_name.get(name.lstrip("/").lower())
 
     def suggest(self, name: str) -> str | None:
-        close = difflib.get_close_matches(name.lstrip("/").lower(), self.names(), n=1, cutoff=0.5)
+        """The closest harmless command to a mistyped one: a guess that discards state is never offered."""
+        harmless = [n for n in self.names() if not self._by_name[n].destructive]
+        close = difflib.get_close_matches(name.lstrip("/").lower(), harmless, n=1, cutoff=SUGGEST_CUTOFF)
         return close[0] if close else None
 
     def run(self, session: ChatSession, line: str) -> Outcome:
@@ -83,6 +92,8 @@ class Registry:
         if command is None:
             guess = self.suggest(name)
             hint = f" — did you mean /{guess}?" if guess else ""
+            elsewhere = OTHER_CHATS.get(name.lstrip("/").lower())
+            hint = f" ({elsewhere})" if elsewhere and not guess else hint
             return fail(f"unknown command {name}{hint} (/help lists every command)")
         try:
             return command.handler(session, arg.strip())
@@ -354,7 +365,7 @@ def cmd_set(session: ChatSession, arg: str) -> Outcome:
 def build_registry() -> Registry:
     on_off = {"on": None, "off": None}
     return Registry([
-        Command("quit", "", "leave specchat (also Ctrl-D)", cmd_quit, aliases=("exit",)),
+        Command("quit", "", "leave specchat (also Ctrl-D)", cmd_quit, aliases=("exit",), destructive=True),
         setting_command("gamma", "speculation.gamma", "N|auto",
                         "drafted tokens per step, 0-16 (0 = target-only steps; auto adapts to α and c)",
                         {"auto": None, **{str(n): None for n in (1, 2, 3, 4, 6, 8)}}),
@@ -385,14 +396,14 @@ def build_registry() -> Registry:
                 "write each token's origin, draft source, p and q as JSON lines (last reply, or all); "
                 "never over an existing file", trace_command(False), PathCompleter(expanduser=True)),
         Command("trace!", "[all] PATH.jsonl", "/trace, replacing PATH if it exists", trace_command(True),
-                PathCompleter(expanduser=True)),
+                PathCompleter(expanduser=True), destructive=True),
         Command("system", "TEXT", "set the system prompt (no text: show it)", cmd_system),
-        Command("reset", "", "forget the conversation", cmd_reset),
+        Command("reset", "", "forget the conversation", cmd_reset, destructive=True),
         Command("history", "", "show the conversation", cmd_history),
         Command("save", "PATH", "save the transcript with each reply's stats (.md or .json); never over an "
                 "existing file", save_command(False), PathCompleter(expanduser=True)),
         Command("save!", "PATH", "/save, replacing PATH if it exists", save_command(True),
-                PathCompleter(expanduser=True)),
+                PathCompleter(expanduser=True), destructive=True),
         Command("config", "", "every current setting", cmd_config),
         Command("set", "KEY VALUE", "set any config key, e.g. /set sampling.top_k 40", cmd_set,
                 {key: None for key in all_keys()}),

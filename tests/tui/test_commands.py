@@ -243,3 +243,31 @@ def test_switching_off_undoes_switching_on(session, registry, on, off, key, valu
         outcome = registry.run(session, line)
         assert not outcome.error, outcome.message
         assert getattr(getattr(session.config, section), name) == value
+
+
+def typos(word: str) -> set[str]:
+    """Every one-letter deletion, transposition and substitution of `word`."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    out = {word[:i] + word[i + 1:] for i in range(len(word))}
+    out |= {word[:i] + word[i + 1] + word[i] + word[i + 2:] for i in range(len(word) - 1)}
+    out |= {word[:i] + c + word[i + 1:] for i in range(len(word)) for c in letters}
+    return out - {word}
+
+
+def test_did_you_mean_never_guesses_a_command_that_discards_state(registry):
+    destructive = {name for name in registry.names() if registry.find(name).destructive}
+    assert {"reset", "quit", "exit", "save!", "trace!"} <= destructive
+    for word in {t for name in registry.names() for t in typos(name)} | {"clear", "retry", "load", "rest", "new"}:
+        if registry.find(word) is None:
+            assert registry.suggest(word) not in destructive, word
+
+
+@pytest.mark.parametrize("line, message", [
+    ("/clear", "unknown command /clear (to forget the conversation: /reset, which cannot be undone) "
+               "(/help lists every command)"),
+    ("/rest", "unknown command /rest (/help lists every command)"),
+    ("/comapre on", "unknown command /comapre — did you mean /compare? (/help lists every command)"),
+])
+def test_unknown_commands_get_a_harmless_guess_or_none(session, registry, line, message):
+    outcome = registry.run(session, line)
+    assert outcome.error and outcome.message == message
