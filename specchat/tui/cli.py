@@ -10,6 +10,7 @@ import dataclasses
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TextIO
 
@@ -73,8 +74,38 @@ def default_compare(pair) -> CompareFn:
 USER_ERRORS = (UsageError, ConfigError, ChatError, ModelLoadError)  # one line, no traceback
 
 
-def with_progress(console: Console, work: Callable):
-    """Run work(report) while drawing its report(message, fraction|None) calls as a rich bar.
+STEP_LINE_FROM_S = 2.0  # a loading step that took this long stays on screen, with its time, once it is done
+
+
+class StepBar:
+    """The loading bar, one step at a time: each new message is a step with its own bar and elapsed time;
+    a finished step that took STEP_LINE_FROM_S or more stays above the bar as `✓ message · 12.3 s`."""
+
+    def __init__(self, progress: Progress, clock: Callable[[], float] = time.perf_counter):
+        self.progress, self.clock = progress, clock
+        self.task, self.message, self.started = None, "", 0.0
+
+    def report(self, message: str, fraction: float | None = None) -> None:
+        if message != self.message:
+            self.finish()
+            self.message, self.started = message, self.clock()
+            self.task = self.progress.add_task(visible(message), total=None)
+        self.progress.update(self.task, total=None if fraction is None else 1.0, completed=fraction or 0.0)
+
+    def finish(self) -> None:
+        """End the current step (its line stays when it was slow)."""
+        if self.task is None:
+            return
+        took = self.clock() - self.started
+        self.progress.remove_task(self.task)
+        if took >= STEP_LINE_FROM_S:
+            self.progress.console.print(Text(f"✓ {visible(self.message)} · {took:.1f} s", style="dim"))
+        self.task = None
+
+
+def with_progress(console: Console, work: Callable, clock: Callable[[], float] = time.perf_counter):
+    """Run work(report) while drawing its report(message, fraction|None) calls as a bar per step, named by the
+    step's message (assembling, compiling the kernel, quantizing, warming up).
 
     When the console is not a terminal, each distinct message is written once as a plain line. A message
     may name a file or a model: it is shown through safe_text.visible, never as markup.
@@ -84,12 +115,11 @@ def with_progress(console: Console, work: Callable):
     columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(),
                TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("loading models", total=None)
-
-        def report(message: str, fraction: float | None = None) -> None:
-            progress.update(task, description=visible(message), total=None if fraction is None else 1.0,
-                            completed=fraction or 0.0)
-        return work(report)
+        steps = StepBar(progress, clock)
+        steps.report("starting", None)
+        result = work(steps.report)
+        steps.finish()
+        return result
 
 
 def warm_up(session: ChatSession) -> None:

@@ -17,6 +17,7 @@ from tinypair import loader, tiny_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 ESCAPE = re.compile(r"\x1b\[")
+ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 class Tty(io.StringIO):
@@ -40,7 +41,7 @@ def test_one_shot_prints_reply_and_stats_line(pair):
     status, out, err = run_cli(["--prompt", "hello there", "sampling.max_new_tokens=6", "speculation.gamma=4"], pair)
     assert status == 0, err
     reply, stats, rest = out.split("\n", 2) if out.count("\n") >= 2 else (*out.split("\n", 1), "")
-    assert re.fullmatch(r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s \(\d+ tok/s\) · "
+    assert re.fullmatch(r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s \([\d,]+ tok/s\) · "
                         r"accepted \d+/\d+ drafts \(\d+%\) · "
                         r"[\d.]+ tok/step · γ 4 · hit max tokens \(/max\)", stats), out
     assert not ESCAPE.search(out)  # stdout is not a terminal: plain text
@@ -299,3 +300,28 @@ def test_every_tokens_origin_can_be_read_back_from_the_text_without_colour(token
     assert origins_from_marks(reply) == expected
     assert re.sub("[⟦⟧⟨⟩⦃⦄]", "", reply) == "".join(t["text"] for t in tokens)
 
+
+def test_the_loading_bar_names_each_step_and_keeps_the_slow_ones():
+    """A bar per step, named by the step's message; a step of 2 s or more stays on screen with its time."""
+    from rich.console import Console
+    from specchat.tui import cli
+    # each step's start and end: starting 0.1 s, assembling 3.0, compiling 56.5, quantizing 1.0, warming up 0.5
+    clock = iter([0.0, 0.1, 0.1, 3.1, 3.1, 59.6, 59.6, 60.6, 60.6, 61.1])
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=120)
+    seen = []
+
+    def work(report):
+        for message, fraction in (("assembling qwen.gguf", 0.5), ("compiling the w4a8 kernel", None),
+                                  ("quantizing target layer 1 of 28", 1 / 28), ("warming up the models", None)):
+            report(message, fraction)
+            seen.append([task.description for task in progress_of(report).tasks])
+        return "pair"
+
+    def progress_of(report):
+        return report.__self__.progress
+    assert cli.with_progress(console, work, clock=lambda: next(clock)) == "pair"
+    assert seen == [["assembling qwen.gguf"], ["compiling the w4a8 kernel"], ["quantizing target layer 1 of 28"],
+                    ["warming up the models"]]  # one step at a time, each its own task (own bar and time)
+    lines = [ESCAPE_SEQUENCE.sub("", line).strip() for line in out.getvalue().splitlines() if "✓" in line]
+    assert lines == ["✓ assembling qwen.gguf · 3.0 s", "✓ compiling the w4a8 kernel · 56.5 s"]
