@@ -76,7 +76,7 @@ def _check_root(root: Path) -> None:
     except FileNotFoundError:
         return
     except OSError as err:
-        raise ModelLoadError(disk_error(err, root, "read the cache folder")) from err
+        raise DiskError(disk_error(err, root, "read the cache folder")) from err
     if not stat.S_ISDIR(info.st_mode):
         raise ModelLoadError(f"the cache {root} is not a folder; set $SPECCHAT_CACHE to a folder of your own")
     if hasattr(os, "geteuid") and info.st_uid != os.geteuid():

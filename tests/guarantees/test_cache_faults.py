@@ -9,6 +9,12 @@ imports torch and transformers once and never computes, so forking it is safe an
 loads the model with a hook that, at the chosen point, reports "paused" and sleeps; the test then
 kills it. Before the fresh load, a copy of the cache is probed with the cache's own acceptance rules:
 whatever they take as complete must equal the undamaged artefact.
+
+The disk under the cache: a full disk (a tmpfs too small, a file size limit) ends the first start in one line
+and the next start heals; a read-only cache that holds everything starts (a read-only mount, no write
+permission); an unreadable file (EACCES as a user meets it) or a read that fails (EIO, no memory) ends in one
+line naming it and is kept; blocks that do not fit their layer are rebuilt; every rename into the cache is
+fsynced. The kernel build: a dead builder's torch lock, a start killed while compiling, a read-only build.
 """
 from __future__ import annotations
 
