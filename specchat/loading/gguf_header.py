@@ -58,9 +58,9 @@ class TensorEntry:
         try:
             data = np.fromfile(self.path, dtype=np.uint8, count=self.nbytes, offset=self.start)
         except OSError as err:
-            raise ModelLoadError(f"cannot read tensor {self.name} of {self.path}: {err.strerror or err}") from err
+            raise ModelLoadError(f"cannot read tensor {shown(self.name)} of {self.path}: {err.strerror or err}") from err
         if data.size != self.nbytes:  # the file was cut short after its header was read
-            raise ModelLoadError(f"{self.path} is not a usable GGUF file: tensor {self.name} needs {self.nbytes} "
+            raise ModelLoadError(f"{self.path} is not a readable GGUF file: tensor {shown(self.name)} needs {self.nbytes} "
                                  f"bytes at {self.start}, the file now holds {data.size} of them")
         return _shaped(data, self.tensor_type, self.shape, self.rows)
 
@@ -72,7 +72,7 @@ class _Cursor:
         self.blob, self.path, self.pos = blob, path, 0
 
     def fail(self, problem: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.path} is not a usable GGUF file: {problem}")
+        return ModelLoadError(f"{self.path} is not a readable GGUF file: {problem}")
 
     def left(self) -> int:
         return len(self.blob) - self.pos
@@ -122,12 +122,19 @@ def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
     return facts, tensors
 
 
+def shown(text: str, limit: int = 64) -> str:
+    """Text from the file as a message may quote it: control and other unprintable characters escaped, cut
+    at `limit` characters."""
+    cut = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text[:limit])
+    return cut + ("…" if len(text) > limit else "")
+
+
 def _mapped(path: Path) -> np.ndarray:
     """The file's bytes, mapped (nothing is read until used)."""
     try:
         size = path.stat().st_size
         if size < HEADER_BYTES:
-            raise ModelLoadError(f"{path} is not a usable GGUF file: it is {size} bytes long, "
+            raise ModelLoadError(f"{path} is not a readable GGUF file: it is {size} bytes long, "
                                  f"shorter than a GGUF header ({HEADER_BYTES} bytes)")
         return np.memmap(path, mode="r").view(np.ndarray)
     except OSError as err:
@@ -152,15 +159,16 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
     facts = {}
     for index in range(count):
         key = cursor.string(f"metadata key {index}", MAX_KEY_BYTES)
-        (kind,) = cursor.take("<I", f"the type of {key}")
+        label = shown(key)
+        (kind,) = cursor.take("<I", f"the type of {label}")
         if key == "general.architecture" and kind == STRING:
             facts[key] = cursor.string(key, MAX_NAME_BYTES)
         elif key == "general.alignment" and kind in INTEGERS:
             facts[key] = _number(cursor, kind, key)
         elif key in FACTS:
-            raise cursor.fail(f"{key} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
+            raise cursor.fail(f"{label} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
         else:
-            _skip_value(cursor, kind, key, 0)
+            _skip_value(cursor, kind, label, 0)
     return facts
 
 
@@ -217,35 +225,36 @@ def _read_table(cursor: _Cursor, count: int) -> list[tuple]:
     table, names = [], set()
     for index in range(count):
         name = cursor.string(f"the name of tensor {index}", MAX_NAME_BYTES)
+        label = shown(name)
         if name in names:
-            raise cursor.fail(f"tensor {name} appears twice")
+            raise cursor.fail(f"tensor {label} appears twice")
         names.add(name)
-        (n_dims,) = cursor.take("<I", f"the dimension count of tensor {name}")
+        (n_dims,) = cursor.take("<I", f"the dimension count of tensor {label}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise cursor.fail(f"tensor {name} has {n_dims} dimensions; 1 to {MAX_DIMS} are allowed")
-        dims = cursor.take(f"<{n_dims}Q", f"the dimensions of tensor {name}")
-        kind, offset = cursor.take("<IQ", f"the type and offset of tensor {name}")
+            raise cursor.fail(f"tensor {label} has {n_dims} dimensions; 1 to {MAX_DIMS} are allowed")
+        dims = cursor.take(f"<{n_dims}Q", f"the dimensions of tensor {label}")
+        kind, offset = cursor.take("<IQ", f"the type and offset of tensor {label}")
         if kind not in known:
-            raise cursor.fail(f"tensor {name} has type {kind}, which this gguf package does not know")
-        rows, row_bytes = _extent(cursor, name, dims, GGMLQuantizationType(kind), known[kind])
+            raise cursor.fail(f"tensor {label} has type {kind}, which this gguf package does not know")
+        rows, row_bytes = _extent(cursor, label, dims, GGMLQuantizationType(kind), known[kind])
         table.append((name, dims, kind, offset, rows, row_bytes))
     return table
 
 
-def _extent(cursor: _Cursor, name: str, dims: tuple[int, ...], kind, block_size: tuple[int, int]) -> tuple[int, int]:
+def _extent(cursor: _Cursor, label: str, dims: tuple[int, ...], kind, block_size: tuple[int, int]) -> tuple[int, int]:
     """(rows, bytes a row) of a tensor: every dimension at least 1, the row a whole number of blocks."""
     block, size = block_size
     if min(dims) < 1:
-        raise cursor.fail(f"tensor {name} has a dimension of 0 ({list(dims)})")
+        raise cursor.fail(f"tensor {label} has a dimension of 0 ({list(dims)})")
     if dims[0] % block:
-        raise cursor.fail(f"tensor {name} is {kind.name} with rows of {dims[0]} values, "
+        raise cursor.fail(f"tensor {label} is {kind.name} with rows of {dims[0]} values, "
                           f"not a whole number of its {block}-value blocks")
     rows = 1
     for dim in dims[1:]:
         rows *= dim
     row_bytes = dims[0] // block * size
     if rows * row_bytes > len(cursor.blob):
-        raise cursor.fail(f"tensor {name} ({kind.name} {list(dims)}) needs {rows * row_bytes} bytes, "
+        raise cursor.fail(f"tensor {label} ({kind.name} {list(dims)}) needs {rows * row_bytes} bytes, "
                           f"more than the whole file ({len(cursor.blob)} bytes)")
     return rows, row_bytes
 
@@ -263,13 +272,13 @@ def _check_placement(cursor: _Cursor, tensors: list[TensorEntry], start: int, al
     end_of, last = start, None  # the first tensor starts at or after `start`: no overlap is possible
     for tensor in sorted(tensors, key=lambda t: t.start):
         if (tensor.start - start) % alignment:
-            raise cursor.fail(f"tensor {tensor.name} starts at offset {tensor.start - start}, "
+            raise cursor.fail(f"tensor {shown(tensor.name)} starts at offset {tensor.start - start}, "
                               f"not a multiple of the alignment ({alignment})")
         if tensor.start + tensor.nbytes > size:
-            raise cursor.fail(f"tensor {tensor.name} ({tensor.nbytes} bytes at byte {tensor.start}) runs past "
+            raise cursor.fail(f"tensor {shown(tensor.name)} ({tensor.nbytes} bytes at byte {tensor.start}) runs past "
                               f"the end of the file ({size} bytes)")
         if tensor.start < end_of:
-            raise cursor.fail(f"tensors {last.name} and {tensor.name} overlap (at byte {tensor.start})")
+            raise cursor.fail(f"tensors {shown(last.name)} and {shown(tensor.name)} overlap (at byte {tensor.start})")
         end_of, last = tensor.start + tensor.nbytes, tensor
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from specchat.errors import ModelLoadError
-from specchat.loading.gguf_header import read_tensors
+from specchat.loading.gguf_header import read_tensors, shown
 from specchat.quant.shared import name_of
 
 CHUNK_ROWS = 8192  # rows dequantized at a time: 8192 × 1536 floats is 50 MB
@@ -101,7 +101,7 @@ def _check_shapes(path: Path, by_name: dict, model: nn.Module) -> None:
     for name, tensor in by_name.items():
         shape = tuple(reversed(tensor.shape))  # ggml order → torch order
         if name in wanted and shape != wanted[name]:
-            raise ModelLoadError(f"{path} is not a usable GGUF file: tensor {tensor.name} is {list(shape)}, but "
+            raise ModelLoadError(f"{path} contradicts itself: tensor {shown(tensor.name)} is {list(shape)}, but "
                                  f"its own config makes {name} {list(wanted[name])}")
 
 
