@@ -164,17 +164,12 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
         if key == "general.architecture" and kind == STRING:
             facts[key] = cursor.string(key, MAX_NAME_BYTES)
         elif key == "general.alignment" and kind in INTEGERS:
-            facts[key] = _number(cursor, kind, key)
+            facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], key)[0]  # the bits, unsigned
         elif key in FACTS:
             raise cursor.fail(f"{label} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
         else:
             _skip_value(cursor, kind, label, 0)
     return facts
-
-
-def _number(cursor: _Cursor, kind: int, what: str) -> int:
-    """A fixed-width value as its unsigned bits."""
-    return cursor.take(UNSIGNED[WIDTHS[kind]], what)[0]
 
 
 def _skip_value(cursor: _Cursor, kind: int, what: str, depth: int) -> None:

@@ -107,8 +107,8 @@ CASES = {  # name: (the damaged file from (bytes, spots), what the line says)
     "version 1": (lambda d, s: patched(d, 4, "<I", 1), "GGUF version 1; versions 2 and 3"),
     "huge tensor count": (lambda d, s: patched(d, 8, "<Q", 2**62), "the tensor count is 4611686018427387904, more"),
     "huge key count": (lambda d, s: patched(d, 16, "<Q", 2**40), "the metadata key count is 1099511627776, more"),
-    "huge key length": (lambda d, s: patched(d, s["length"][2], "<Q", 2**63), "metadata key 0 is 9223372036854775808 "
-                                                                                "bytes long; at most 65535"),
+    "huge key length": (lambda d, s: patched(d, s["length"][2], "<Q", 2**63),
+                        "metadata key 0 is 9223372036854775808 bytes long; at most 65535"),
     "huge string length": (lambda d, s: patched(d, s["key:general.name"][0] + 8 + 12 + 4, "<Q", 2**64 - 1),
                            "general.name .* runs past the end of the file"),
     "huge array count": (lambda d, s: patched(d, s["key:tokenizer.ggml.tokens"][0] + 8 + 21 + 8, "<Q", 2**62),
@@ -176,7 +176,7 @@ def test_a_file_cut_short_after_its_header_was_read_is_one_line(real, tmp_path):
     _, tensors = read_tensors(path)
     path.write_bytes(real[0][:tensors[-1].start + 10])
     with pytest.raises(ModelLoadError, match=f"{tensors[-1].name} needs {tensors[-1].nbytes} bytes .* holds 10 of"):
-        tensors[-1].data
+        _ = tensors[-1].data
 
 
 # ----- the fuzz ---------------------------------------------------------------------------------------------------
