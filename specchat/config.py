@@ -234,11 +234,13 @@ def parse_value(text: str, current: Any, key: str) -> Any:
     except ValueError as err:
         if isinstance(err, ConfigError):
             raise
-        kind = type(current).__name__
-        raise ConfigError(f"{key} must be {_KIND_WORDS.get(kind, kind)}, got '{text}'") from None
+        kind = _WORDS_FOR_KEY.get(key) or _KIND_WORDS.get(type(current).__name__, type(current).__name__)
+        raise ConfigError(f"{key} must be {kind}, got '{text}'") from None
     return text
 
 
+_WORDS_FOR_KEY = {"sampling.seed": "an integer or random", "speculation.gamma": f"an integer from 0 to {GAMMA_MAX} or auto",
+                  "sampling.max_new_tokens": "an integer or off"}  # keys that take a word besides their type
 _KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "on/off (true/false)",
                "str": "a string", "tuple": "a list of strings", "dict": "a table"}
 

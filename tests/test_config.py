@@ -75,7 +75,7 @@ def test_overrides_leave_the_original_untouched():
     ("target.device=gpu", "target.device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"),
     ("target.device_map=balanced", "target.device_map must be one of , auto"),
     ("speculation.gamma=99", "speculation.gamma must be an integer from 0 to 16, or auto, got 99"),
-    ("speculation.gamma=four", "speculation.gamma must be an integer, got 'four'"),
+    ("speculation.gamma=four", "speculation.gamma must be an integer from 0 to 16 or auto, got 'four'"),
     ("speculation.mode=fast", "speculation.mode must be one of spec, target, drafter, got 'fast'"),
     ("sampling.top_p=0", r"sampling.top_p must be a number in \(0, 1\], got 0.0"),
     ("sampling.temperature=hot", "sampling.temperature must be a number, got 'hot'"),

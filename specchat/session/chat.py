@@ -114,6 +114,7 @@ class ChatSession:
         self.totals = SessionTotals()
         self.last_prompt_ids: list[int] = []
         self._context_used = 0
+        self.saved_replies = 0  # records written by the last /save (the Ctrl-D offer asks only about newer ones)
 
     # ----- settings and state ----------------------------------------------------------------
     @property
@@ -142,6 +143,7 @@ class ChatSession:
         self.records.clear()
         self.last_prompt_ids = []
         self._context_used = 0
+        self.saved_replies = 0
         self.engine.reset()
 
     def drop_caches(self) -> None:

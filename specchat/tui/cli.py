@@ -1,4 +1,5 @@
-"""`python infer.py [--config FILE] [--prompt TEXT] [--json] [--no-color] [section.key=value ...]`
+"""`python infer.py [--config FILE] [--prompt TEXT] [--json] [--no-color] [--system TEXT] [--max N|off]
+[section.key=value ...]`
 
 Parses arguments, loads the model pair with a progress bar, then runs the chat (or one reply).
 Every error a user can cause ends in one line on stderr and a non-zero exit status.
@@ -21,7 +22,7 @@ from rich.text import Text
 from specchat.tui import render
 from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.tui.commands import build_registry
-from specchat.config import Config, ConfigError, drafter_needed, load_config, with_value
+from specchat.config import Config, ConfigError, drafter_needed, load_config, set_from_text, with_value
 from specchat.spec.gamma import AutoGamma
 from specchat.spec.engine import build_engine
 from specchat.spec.events import ReplyDone, Token
@@ -60,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit (stdin works too)")
     parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    parser.add_argument("--system", metavar="TEXT", help="the system prompt (ui.system_prompt)")
+    parser.add_argument("--max", metavar="N", help="most new tokens per reply, or off (sampling.max_new_tokens; "
+                                                   "default off: to the end of the turn)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     return parser
 
@@ -148,6 +152,10 @@ def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: 
 
 def read_config(args) -> Config:
     cfg = load_config(args.config, args.overrides)
+    if args.system is not None:
+        cfg = set_from_text(cfg, "ui.system_prompt", args.system)
+    if args.max is not None:
+        cfg = set_from_text(cfg, "sampling.max_new_tokens", args.max)
     if args.no_color:
         cfg = with_value(cfg, "ui.color", False)
     return cfg

@@ -27,6 +27,12 @@ from specchat.session.chat import ChatError, ChatSession
 from specchat.config import ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
 START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel", "runtime.kv_cache")  # used when the models load, not per reply
+GAMMA_DETAILS = (
+    "α: the chance the target accepts one draft it judges (accepted ÷ (accepted + rejections); /stats "
+    "'α per draft'). c: one drafter forward's time ÷ one target forward's (/stats 'cost c'). A step of γ drafts "
+    "yields (1 − α^(γ+1)) ÷ (1 − α) tokens on average and costs γ·c + 1 target forwards' time (Leviathan et al.); "
+    "auto measures α and c as the chat runs and picks the γ with the most tokens per unit time each step, 0 (a "
+    "target-only step, magenta) when drafting does not pay.")
 SUGGEST_CUTOFF = 0.6  # difflib ratio: /gama → /gamma, /comapre → /compare; not /clear → /compare or /load → /mode
 OTHER_CHATS = {  # what other chats call a command specchat has under another name: described, never guessed
     "clear": "to forget the conversation: /reset, which cannot be undone",
@@ -57,6 +63,7 @@ class Command:
     complete: Any = None          # NestedCompleter value: dict, set, Completer or None
     aliases: tuple[str, ...] = ()
     destructive: bool = False     # discards state (the conversation, a reply, a file, the session): never a guess
+    details: str = ""             # more, shown by /help NAME only
 
 
 def fail(message: str) -> Outcome:
@@ -106,7 +113,8 @@ class Registry:
         command = self.find(arg)
         if command is None:
             return fail(f"/help: no command {arg} (/help lists every command)")
-        return Outcome(f"/{command.name} {command.args} — {command.help}".replace("  —", " —"))
+        line = f"/{command.name} {command.args} — {command.help}".replace("  —", " —")
+        return Outcome(line + (f"\n{command.details}" if command.details else ""))
 
     def help_table(self) -> Table:
         rows = []
@@ -169,10 +177,10 @@ def show_or_set(session: ChatSession, name: str, key: str, args: str, arg: str) 
     return apply_setting(session, key, arg)
 
 
-def setting_command(name: str, key: str, args: str, help_text: str, complete: Any = None) -> Command:
+def setting_command(name: str, key: str, args: str, help_text: str, complete: Any = None, details: str = "") -> Command:
     def handler(session: ChatSession, arg: str) -> Outcome:
         return show_or_set(session, name, key, args, arg)
-    return Command(name, args, help_text, handler, complete)
+    return Command(name, args, help_text, handler, complete, details=details)
 
 
 # ----- handlers ------------------------------------------------------------------------------------
@@ -311,7 +319,7 @@ def save_command(overwrite: bool) -> Handler:
     """/save (refuses an existing file) or /save! (replaces it)."""
     def cmd_save(session: ChatSession, arg: str) -> Outcome:
         if not arg:
-            return fail(f"/save{'!' if overwrite else ''}: usage /save PATH.md or /save PATH.json "
+            return fail(f"/save{'!' if overwrite else ''}: usage /save PATH.md, PATH.txt or PATH.json "
                         f"(/save! PATH replaces an existing file)")
         path = save_transcript(session, arg, overwrite)
         return Outcome(f"saved {len(session.records)} replies to {path}")
@@ -368,7 +376,7 @@ def build_registry() -> Registry:
         Command("quit", "", "leave specchat (also Ctrl-D)", cmd_quit, aliases=("exit",), destructive=True),
         setting_command("gamma", "speculation.gamma", "N|auto",
                         "drafted tokens per step, 0-16 (0 = target-only steps; auto adapts to α and c)",
-                        {"auto": None, **{str(n): None for n in (1, 2, 3, 4, 6, 8)}}),
+                        {"auto": None, **{str(n): None for n in (1, 2, 3, 4, 6, 8)}}, details=GAMMA_DETAILS),
         Command("temp", "X", "sampling temperature, 0-5 (0 = greedy)", cmd_temp),
         setting_command("top_k", "sampling.top_k", "N", "keep the N most likely tokens (0 = off)"),
         setting_command("top_p", "sampling.top_p", "X", "nucleus sampling mass in (0, 1] (1 = off)"),

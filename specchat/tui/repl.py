@@ -28,6 +28,7 @@ from specchat.tui.commands import Registry
 from specchat.config import with_value
 
 QUIT_HINT = "(to leave, type /quit or press Ctrl-D)"
+SAVE_OFFER_FROM = 4  # replies in a chat after which Ctrl-D offers to save it
 DEBUG_ENV = "SPECCHAT_DEBUG"  # =1: an unexpected error shows its traceback too
 
 
@@ -117,22 +118,29 @@ def toggle_compare(session: ChatSession) -> None:
 
 
 def toolbar_text(session: ChatSession) -> str:
+    """Mode, drafter and γ (spec mode only), sampling (top-k and top-p only when sampling), compare, last
+    acceptance, context."""
     s, sp = session.config.sampling, session.config.speculation
-    temperature = "greedy" if s.is_greedy else f"temp {s.temperature:g}"
+    parts = [sp.mode]
+    if sp.mode == "spec":
+        parts += [f"drafter {sp.drafter}", f"γ {render.gamma_text(sp.gamma)}"]
+    parts += ["greedy"] if s.is_greedy else [f"temp {s.temperature:g}", f"top-k {s.top_k or 'off'}", f"top-p {s.top_p:g}"]
     last = session.last_stats
     acceptance = f"{last.acceptance_rate:.0%}" if last is not None and last.drafted else "–"
-    drafter = f" · drafter {sp.drafter}" if sp.mode == "spec" else ""
-    return (f" {sp.mode}{drafter} · γ {render.gamma_text(sp.gamma)} · {temperature} · top-k {s.top_k or 'off'} · "
-            f"top-p {s.top_p:g} · compare {sp.compare} · last acceptance {acceptance} · "
-            f"ctx {session.context_used}/{session.context_limit} · F2 compare · /help ")
+    parts += [f"compare {sp.compare}", f"last acceptance {acceptance}",
+              f"ctx {session.context_used}/{session.context_limit}", "F2 compare", "/help "]
+    return " " + " · ".join(parts)
 
 
 class Repl:
     def __init__(self, session: ChatSession, registry: Registry, renderer: render.Renderer,
-                 history: History | None = None, pt_input=None, pt_output=None):
+                 history: History | None = None, pt_input=None, pt_output=None, offer_save: bool | None = None):
         self.session = session
         self.registry = registry
         self.renderer = renderer
+        self.pt_input, self.pt_output = pt_input, pt_output
+        # Ctrl-D after a longer chat asks whether to save it: only at a terminal, never blocking a pipe
+        self.offer_save = sys.stdin.isatty() and sys.stdout.isatty() if offer_save is None else offer_save
         self.prompt = PromptSession(
             history=history or InMemoryHistory(), completer=registry.completer(),
             auto_suggest=AutoSuggestFromHistory(), key_bindings=self._key_bindings(),
@@ -171,9 +179,24 @@ class Repl:
                 self.renderer.note(QUIT_HINT)
                 continue
             except EOFError:
+                self.offer_to_save()
                 return 0
             if not self.handle(line):
                 return 0
+
+    def offer_to_save(self) -> None:
+        """On Ctrl-D after SAVE_OFFER_FROM replies not yet saved: one y/N line; y saves to a new .md here."""
+        unsaved = len(self.session.records) - self.session.saved_replies
+        if not self.offer_save or len(self.session.records) < SAVE_OFFER_FROM or unsaved <= 0:
+            return
+        path = f"specchat-{datetime.datetime.now():%Y%m%d-%H%M%S}.md"
+        question = f"save this chat ({len(self.session.records)} replies) to {path} before leaving? [y/N] "
+        try:
+            answer = PromptSession(input=self.pt_input, output=self.pt_output).prompt(question)
+        except (EOFError, KeyboardInterrupt):
+            return
+        if answer.strip().lower() in ("y", "yes"):
+            self.command(f"/save {path}")
 
     def handle(self, line: str) -> bool:
         """Act on one input; False means quit."""

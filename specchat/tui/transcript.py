@@ -1,4 +1,4 @@
-"""`/save`: the conversation with each reply's stats, as Markdown or JSON.
+"""`/save`: the conversation with each reply's stats, as Markdown, plain text or JSON.
 
 Markdown shows the text as the terminal does (safe_text.visible: control characters as visible
 escapes); JSON keeps it exact, every control character escaped. The file is written 0600 and never
@@ -7,6 +7,7 @@ over an existing one unless the command was `/save!`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,8 @@ from specchat.fileio import write_text_atomic
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession
 from specchat.tui.render import stats_line
 from specchat.tui.safe_text import json_text, visible
+
+PASTE_LINES = 3  # a user message of this many line breaks or more is shown in the .md inside a code fence
 
 
 def transcript(session: ChatSession) -> dict[str, Any]:
@@ -31,8 +34,30 @@ def transcript_markdown(data: dict[str, Any]) -> str:
     lines = ["# specchat transcript", "", f"**system:** {visible(data['system'])}", ""]
     for turn in data["turns"]:
         reply = visible(turn["reply"]) + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
-        lines += ["## you", "", visible(turn["user"]), "", "## assistant", "",
-                  reply + (f" {CUT_MARKS[turn['stop_reason']]}" if turn["cut"] else ""), "", f"`{turn['stats_line']}`", ""]
+        lines += ["## you", "", user_markdown(turn["user"]), "", "## assistant", "",
+                  reply + cut_suffix(turn), "", f"`{turn['stats_line']}`", ""]
+    return "\n".join(lines).rstrip()
+
+
+def user_markdown(text: str) -> str:
+    """A message of one or two lines as it is; a longer one (a pasted file) inside a code fence longer than
+    any run of backticks in it, so Markdown shows it as it was typed."""
+    shown = visible(text)
+    if shown.count("\n") < PASTE_LINES:
+        return shown
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", shown)), default=0))
+    return f"{fence}\n{shown}\n{fence}"
+
+
+def cut_suffix(turn: dict[str, Any]) -> str:
+    return f" {CUT_MARKS.get(turn['stop_reason'], '✂ [cut]')}" if turn.get("cut") else ""
+
+
+def transcript_plain(data: dict[str, Any]) -> str:
+    """The conversation as the terminal showed it, without Markdown: `you>` turns, replies, stats lines."""
+    lines = [f"system: {visible(data['system'])}", ""]
+    for turn in data["turns"]:
+        lines += [f"you> {visible(turn['user'])}", visible(turn["reply"]) + cut_suffix(turn), turn["stats_line"], ""]
     return "\n".join(lines).rstrip()
 
 
@@ -43,9 +68,10 @@ def save_transcript(session: ChatSession, path_text: str, overwrite: bool = Fals
         path = Path(path_text).expanduser()
     except RuntimeError as err:  # ~user when there is no such user
         raise ChatError(f"cannot save to '{path_text}': {err}") from None
-    writers = {".md": transcript_markdown, ".json": lambda t: json_text(t, indent=2)}
+    writers = {".md": transcript_markdown, ".txt": transcript_plain, ".json": lambda t: json_text(t, indent=2)}
     if path.suffix.lower() not in writers:
-        raise ChatError(f"cannot save to '{path}': the name must end in .md or .json")
+        raise ChatError(f"cannot save to '{path}': the name must end in .md (Markdown), .txt (plain text) or .json "
+                        f"(exact, and /load reopens it)")
     try:
         write_text_atomic(path, writers[path.suffix.lower()](transcript(session)) + "\n", overwrite)
     except FileExistsError:
@@ -54,4 +80,5 @@ def save_transcript(session: ChatSession, path_text: str, overwrite: bool = Fals
         raise ChatError(f"cannot save to '{path}': {err.strerror or err}") from None
     except ValueError as err:  # a NUL in the name
         raise ChatError(f"cannot save to '{path_text}': {err}") from None
+    session.saved_replies = len(session.records)
     return path

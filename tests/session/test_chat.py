@@ -184,8 +184,11 @@ def test_save_markdown_and_json_with_each_replys_stats(session, tmp_path):
     save_transcript(session, str(tmp_path / "t.md"))
     text = (tmp_path / "t.md").read_text()
     assert text.startswith("# specchat transcript") and "`8 tok · " in text
-    with pytest.raises(ChatError, match="must end in .md or .json"):
-        save_transcript(session, str(tmp_path / "t.txt"))
+    save_transcript(session, str(tmp_path / "t.txt"))
+    plain = (tmp_path / "t.txt").read_text()
+    assert plain.startswith("system: You are a helpful assistant.\n\nyou> hello\n") and "#" not in plain.split("\n")[0]
+    with pytest.raises(ChatError, match=r"must end in .md \(Markdown\), .txt \(plain text\) or .json"):
+        save_transcript(session, str(tmp_path / "t.doc"))
     assert dataclasses.asdict(session.totals)["replies"] == 1
 
 
@@ -239,3 +242,14 @@ def test_a_capped_reply_is_cut_at_the_cap(session):
     _, done = reply(session, "hello")
     assert done.stop_reason == "max_tokens" and len(done.ids) == CONFIG.sampling.max_new_tokens
     assert session.records[-1].cut_mark == "✂ [cut: /max reached]"
+
+
+def test_a_pasted_file_sits_in_a_code_fence_in_the_saved_markdown(session, tmp_path):
+    from specchat.tui.transcript import transcript_markdown
+    paste = "fix this:\ndef f():\n    return 1\n```inner```"
+    reply(session, paste)
+    text = transcript_markdown({"system": "", "turns": [{"user": paste, "reply": "ok", "cut": False,
+                                                          "stop_reason": "eos", "stats_line": "1 tok"}]})
+    assert "## you\n\n````\nfix this:\ndef f():\n    return 1\n```inner```\n````\n" in text
+    save_transcript(session, str(tmp_path / "t.md"))
+    assert "````\nfix this:" in (tmp_path / "t.md").read_text()

@@ -325,3 +325,13 @@ def test_the_loading_bar_names_each_step_and_keeps_the_slow_ones():
                     ["warming up the models"]]  # one step at a time, each its own task (own bar and time)
     lines = [ESCAPE_SEQUENCE.sub("", line).strip() for line in out.getvalue().splitlines() if "✓" in line]
     assert lines == ["✓ assembling qwen.gguf · 3.0 s", "✓ compiling the w4a8 kernel · 56.5 s"]
+
+
+def test_system_and_max_flags(pair, tokenizer):
+    status, out, err = run_cli(["--prompt", "hi", "--json", "--system", "Be terse.", "--max", "3"], pair)
+    assert status == 0, err
+    data = json.loads(out)
+    assert tokenizer.decode(data["prompt_ids"]).startswith("<|im_start|>system\nBe terse.<|im_end|>")
+    assert data["stats"]["new_tokens"] == 3 and data["stop_reason"] == "max_tokens"
+    status, _, err = run_cli(["--prompt", "hi", "--max", "lots"], pair)
+    assert status == 2 and err == "specchat: error: sampling.max_new_tokens must be an integer or off, got 'lots'\n"

@@ -66,7 +66,7 @@ def test_good_values_are_applied(session, registry, line, key, value):
 
 @pytest.mark.parametrize("line, message", [
     ("/gamma 17", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got 17"),
-    ("/gamma many", "/gamma: speculation.gamma must be an integer, got 'many'"),
+    ("/gamma many", "/gamma: speculation.gamma must be an integer from 0 to 16 or auto, got 'many'"),
     ("/gamma -2", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got -2"),
     ("/temp -1", "/temp: sampling.temperature must be a number from 0 to 5 (0 = greedy), got -1.0"),
     ("/temp hot", "/temp: sampling.temperature must be a number, got 'hot'"),
@@ -74,7 +74,7 @@ def test_good_values_are_applied(session, registry, line, key, value):
     ("/top_p 1.5", "/top_p: sampling.top_p must be a number in (0, 1], got 1.5"),
     ("/max -1", "/max: sampling.max_new_tokens must be 0 (no cap: to the end of the turn or the context window) "
                 "or a number of tokens up to 1000000, got -1"),
-    ("/seed soon", "/seed: sampling.seed must be an integer, got 'soon'"),
+    ("/seed soon", "/seed: sampling.seed must be an integer or random, got 'soon'"),
     ("/mode fast", "/mode: speculation.mode must be one of spec, target, drafter, got 'fast'"),
     ("/compare maybe", "/compare: speculation.compare must be one of off, on, drafter, got 'maybe'"),
     ("/show rejected maybe", "/show rejected: must be on or off, got 'maybe'"),
@@ -84,8 +84,10 @@ def test_good_values_are_applied(session, registry, line, key, value):
     ("/set target.dtype float32", "/set: target.dtype is read once, when the models load; restart with"),
     ("/set speculation.extra_eos </s>", "/set: speculation.extra_eos is read once, when the models load"),
     ("/set speculation.mode fast", "/set: speculation.mode must be one of spec, target, drafter, got 'fast'"),
-    ("/save notes.txt", "/save: cannot save to 'notes.txt': the name must end in .md or .json"),
-    ("/save", "/save: usage /save PATH.md or /save PATH.json"),
+    ("/save notes.doc", "/save: cannot save to 'notes.doc': the name must end in .md (Markdown), .txt (plain text) "
+                        "or .json (exact, and /load reopens it)"),
+    ("/save", "/save: usage /save PATH.md, PATH.txt or PATH.json (/save! PATH replaces an existing file)"),
+    ("/seed banana", "/seed: sampling.seed must be an integer or random, got 'banana'"),
     ("/gama 3", "unknown command /gama — did you mean /gamma? (/help lists every command)"),
     ("/xyzzy", "unknown command /xyzzy (/help lists every command)"),
 ])
@@ -271,3 +273,9 @@ def test_did_you_mean_never_guesses_a_command_that_discards_state(registry):
 def test_unknown_commands_get_a_harmless_guess_or_none(session, registry, line, message):
     outcome = registry.run(session, line)
     assert outcome.error and outcome.message == message
+
+
+def test_help_gamma_explains_alpha_and_c(session, registry):
+    text = registry.run(session, "/help gamma").message
+    assert text.startswith("/gamma N|auto — drafted tokens per step")
+    assert "α: the chance the target accepts one draft" in text and "c: one drafter forward's time" in text

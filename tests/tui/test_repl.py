@@ -14,7 +14,7 @@ from prompt_toolkit.output import DummyOutput
 from conftest import ScriptedEngine, make_engine, scripted_reply
 from specchat.session.chat import ChatSession
 from specchat.tui.commands import build_registry
-from specchat.config import Config, SamplingConfig
+from specchat.config import Config, SamplingConfig, with_value
 from specchat.spec.events import Origin, Rejected, Token
 from specchat.spec.metrics import ReplyStats
 from specchat.tui.render import Renderer, make_console
@@ -189,8 +189,12 @@ def test_compare_toggle_key_and_toolbar(session):
     assert session.config.speculation.compare == "on"
     toggle_compare(session)
     bar = toolbar_text(session)
-    for part in ("spec", "γ 4", "greedy", "top-k off", "top-p 1", "compare off", "last acceptance –", "ctx 0/1024"):
+    for part in ("spec", "γ 4", "greedy", "compare off", "last acceptance –", "ctx 0/1024"):
         assert part in bar
+    assert "top-k" not in bar and "top-p" not in bar  # greedy: they do nothing
+    session.config = with_value(with_value(session.config, "sampling.temperature", 0.7), "speculation.mode", "target")
+    bar = toolbar_text(session)
+    assert " target · temp 0.7 · top-k off · top-p 1 · " in bar and "γ" not in bar and "drafter" not in bar
 
 
 def test_toolbar_shows_last_acceptance_and_context(session):
@@ -222,3 +226,36 @@ def test_f2_and_ctrl_t_toggle_compare_at_the_prompt(session):
     assert status == 0 and session.config.speculation.compare == "on"
     run_script(session, "\x14/quit\r")  # Ctrl-T
     assert session.config.speculation.compare == "off"
+
+
+def short_replies(n: int) -> list:
+    return [scripted_reply([(f"answer {i}", Origin.TARGET)], ReplyStats(mode="target", new_tokens=1, wall_s=0.1))
+            for i in range(n)]
+
+
+def piped_repl(session, keys: str, offer_save: bool) -> str:
+    out = io.StringIO()
+    with create_pipe_input() as pipe:
+        pipe.send_text(keys)
+        repl = Repl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(),
+                    pt_input=pipe, pt_output=DummyOutput(), offer_save=offer_save)
+        assert repl.run() == 0
+    return out.getvalue()
+
+
+def test_ctrl_d_after_a_longer_chat_offers_to_save_it(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    session = ChatSession(ScriptedEngine(short_replies(4)), tokenizer, CONFIG, model_context_limit=1024)
+    text = piped_repl(session, "one\rtwo\rthree\rfour\r\x04y\r", offer_save=True)
+    [saved] = list(tmp_path.glob("specchat-*.md"))
+    assert f"saved 4 replies to {saved.name}" in text and "## you\n\nfour" in saved.read_text()
+
+
+@pytest.mark.parametrize("keys, offer", [("one\rtwo\rthree\r\x04", True),            # three replies: no question
+                                         ("one\rtwo\rthree\rfour\r\x04", False),     # not a terminal: never asks
+                                         ("one\rtwo\rthree\rfour\r\x04n\r", True)])  # asked, and no
+def test_ctrl_d_leaves_without_saving_when_short_piped_or_declined(tokenizer, tmp_path, monkeypatch, keys, offer):
+    monkeypatch.chdir(tmp_path)
+    session = ChatSession(ScriptedEngine(short_replies(4)), tokenizer, CONFIG, model_context_limit=1024)
+    piped_repl(session, keys, offer_save=offer)
+    assert list(tmp_path.glob("specchat-*")) == []
