@@ -9,7 +9,7 @@ from specchat.config import SamplingConfig
 from specchat.spec import model_io
 from specchat.spec.drafters.base import Draft, DraftPlan
 from specchat.spec.drafters.context import MIN_GAP, ContextGap
-from specchat.spec.drafters.vocab import DraftVocab
+from specchat.spec.drafters.vocab import DraftVocab, head_width
 from specchat.spec.drafters.lookup import Guesser, NoGuess, PromptLookup
 from specchat.spec.readback import read_back
 from specchat.spec.sampling import pick
@@ -31,6 +31,8 @@ class ModelDrafter:
     def __init__(self, model, vocab_size: int):
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
+        # ids it scores: fewer than vocab_size where the target's vocabulary is padded wider (ids past it never drafted)
+        self.width = min(vocab_size, head_width(model.get_output_embeddings()))
         self.cache = model_io.new_cache(model)
         self.device = model_io.input_device(model)
         self.vocab_limit = 0          # 0: score the whole vocabulary; see spec/drafters/vocab.py
@@ -50,6 +52,10 @@ class ModelDrafter:
             self.reset()
         self.vocab_limit, self.always_ids, self.context_limit = vocab_limit, frozenset(always_ids), context
         self.guesser = PromptLookup() if lookup else NoGuess()
+
+    def fresh(self) -> "ModelDrafter":
+        """A drafter on the same model with a cache of its own."""
+        return ModelDrafter(self.model, self.vocab_size)
 
     def reset(self) -> None:
         self.cache = model_io.new_cache(self.model)
@@ -91,8 +97,13 @@ class ModelDrafter:
 
     def _read(self, ids: list[int]) -> None:
         if ids:
-            step_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-            model_io.hidden_tensor(self.model, self.cache, step_ids, 1)
+            model_io.hidden_tensor(self.model, self.cache, self._tensor(ids).view(1, -1), 1)
+
+    def _tensor(self, ids: list[int]) -> torch.Tensor:
+        """Committed ids as the drafter reads them, on its device: an id past those it scores (a padded target
+        vocabulary's, never drafted) reads as its last one."""
+        tensor = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return tensor.clamp_(max=self.width - 1) if self.width < self.vocab_size else tensor
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
                 generator: torch.Generator) -> Draft:
@@ -106,7 +117,7 @@ class ModelDrafter:
         drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids),
                              host=guessing or plan.tracks_confidence)
         # [>=1] tokens: the newest committed one, plus any catch-up
-        feed = torch.tensor(ids[self.seen:], dtype=torch.long, device=self.device)
+        feed = self._tensor(ids[self.seen:])
         while not drafting.finished:
             room = plan.gamma - drafting.count - 1
             guess = self.guesser.guess(ids, drafting.tokens, room) if guessing else []
@@ -122,7 +133,7 @@ class ModelDrafter:
         """
         start, before = clock(self.model), self.cached
         if guess:
-            feed_and_guess = torch.cat([feed, torch.tensor(guess, dtype=torch.long, device=self.device)])
+            feed_and_guess = torch.cat([feed, self._tensor(guess)])
         else:
             feed_and_guess = feed
         rows = self._next_logits(feed_and_guess.view(1, -1), drafting.vocab, keep=len(guess) + 1)
@@ -136,7 +147,7 @@ class ModelDrafter:
         drafting.forwards.append((feed.shape[0] + len(guess), clock(self.model) - start))
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
-        if not self.vocab_limit or self.vocab_limit >= self.vocab_size:
+        if not self.vocab_limit or self.vocab_limit >= self.width:
             return None
         if self._vocab is None:
             self._vocab = DraftVocab(self.model.get_output_embeddings(), self.vocab_limit, self.always_ids)
@@ -147,8 +158,9 @@ class ModelDrafter:
     def _next_logits(self, step_ids: torch.Tensor, vocab: DraftVocab | None, keep: int) -> torch.Tensor:
         """[keep, width] logits of the last `keep` positions, over the whole vocabulary or a DraftVocab."""
         if vocab is None:
-            logits = model_io.forward_tensor(self.model, self.cache, step_ids, keep=keep)
-            return logits[:, :self.vocab_size]
+            logits = model_io.forward_tensor(self.model, self.cache, step_ids, keep=keep)[:, :self.vocab_size]
+            short = self.vocab_size - logits.shape[-1]  # a padded target vocabulary's ids: never drafted
+            return torch.nn.functional.pad(logits, (0, short), value=-torch.inf) if short else logits
         return vocab.logits(model_io.hidden_tensor(self.model, self.cache, step_ids, keep))  # [keep, width]
 
 

@@ -15,8 +15,9 @@ class DraftVocab:
     def __init__(self, head: torch.nn.Module, limit: int, always_ids=()):
         self.head = head
         self.limit = limit
+        self.head_size = head_width(head)  # ids at or past it (a padded target vocabulary's) are never scored
         self._low = head_rows(head, slice(0, limit))
-        self._always = sorted({int(i) for i in always_ids if i >= limit})
+        self._always = sorted({int(i) for i in always_ids if limit <= i < self.head_size})
         self._extra: list[int] = list(self._always)
         self._extra_index = torch.tensor(self._extra, dtype=torch.long)
         self._placed: torch.Tensor | None = None  # _extra_index on the device that last asked for it
@@ -31,7 +32,7 @@ class DraftVocab:
         """Add ids at or above the limit seen since the last call (the set only grows)."""
         if len(ids) < self._scanned:
             self._scanned = 0  # a different, shorter conversation: look at all of it
-        fresh = {i for i in ids[self._scanned:] if i >= self.limit} - set(self._extra)
+        fresh = {i for i in ids[self._scanned:] if self.limit <= i < self.head_size} - set(self._extra)
         self._scanned = len(ids)
         if fresh:
             self._extra = sorted(set(self._extra) | fresh)
@@ -92,6 +93,11 @@ class RowsOfLinear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(hidden, self.weight, self.bias)
+
+
+def head_width(head: nn.Module) -> int:
+    """How many ids an output head scores (nn.Linear or a quantized layer)."""
+    return getattr(head, "out_features", None) or head.weight.shape[0]
 
 
 def head_rows(head: nn.Module, index: torch.Tensor | slice) -> nn.Module:
