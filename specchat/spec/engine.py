@@ -22,7 +22,7 @@ from specchat.spec import model_io
 from specchat.spec.gamma import AutoGamma, GammaPolicy
 from specchat.spec.detok import Detokenizer
 from specchat.spec.drafters.base import Drafter, DraftPlan
-from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.drafters.text import drafter_for
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
 from specchat.spec.drafters.mixed import MixedDrafter
 from specchat.spec.drafters.self_layers import check_self_layers, self_drafter, self_layers
@@ -207,7 +207,7 @@ class Engine:
         plan = self.policy.plan() if speculation.gamma == GAMMA_AUTO else DraftPlan(speculation.gamma)
         gamma = max(0, min(plan.gamma, remaining - 1))
         return dataclasses.replace(plan, gamma=gamma, min_confidence=speculation.draft_confidence,
-                                   room=max(0, remaining - 1))
+                                   room=max(0, remaining - 1), verified=True)
 
     def _step(self, speculation, sampling, remaining, generator) -> StepResult:
         if speculation.mode == "drafter":
@@ -257,5 +257,6 @@ def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator
 def build_engine(pair, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
     """An Engine (with its own caches and a fresh gamma policy) on a loaded pair's models."""
     use_drafter = with_drafter and pair.drafter is not None
-    drafter = ModelDrafter(pair.drafter, pair.vocab_size) if use_drafter else None
+    drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
+    drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer) if use_drafter else None
     return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy)

@@ -26,6 +26,8 @@ class DraftPlan:
     confidence_scale: float = 1.0
     min_confidence: float = 0.0    # 0: no early end by one doubtful token
     room: int = 1 << 30            # tokens the reply has left after the target's own: no draft goes past it
+    verified: bool = False         # the target verifies the draft (drafter-only mode: no): a drafter whose q is
+    #                                one-hot then proposes its most likely tokens, which p accepts most often
 
     @property
     def tracks_confidence(self) -> bool:
@@ -43,7 +45,8 @@ class Draft:
     sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
     #                                   its verdict (step.py), `confidences` may be empty
     by_plan: bool = True  # False: a copy the mixed drafter made past the plan; auto gamma learns no alpha from it
-    source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation)
+    source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation) |
+    #                        text (a drafter model of another tokenizer, its text re-tokenized: text.py)
 
     def top_at(self, position: int, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
