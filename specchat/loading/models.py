@@ -25,7 +25,8 @@ from specchat.loading.resident import model_tensors, populate, read_whole, tenso
 from specchat.loading.shared_tokenizer import tokenizer_digest
 from specchat.loading.slim import check_materialized, load as load_slim, parameter_count
 from specchat.loading.sources import Source, resolve_source
-from specchat.loading.tokenizer_check import check_pair, output_width, stop_ids
+from specchat.loading.pair_check import PairCheck, judge_pair
+from specchat.loading.tokenizer_check import output_width, stop_ids
 
 OFFLINE_HINT = ("if there is no network, set HF_HUB_OFFLINE=1 to use the local hub cache, "
                 "or point the source at a local directory or .gguf file")
@@ -67,6 +68,8 @@ class LoadedPair:
     context_limit: int
     target_facts: ModelFacts
     drafter_facts: ModelFacts | None
+    drafter_tokenizer: Any = None       # the drafter's own tokenizer where it drafts text (pair_check.py), else None
+    pair_check: PairCheck | None = None  # how the drafter's tokens relate to the target's (None: no drafter)
 
 
 @dataclass(frozen=True)
@@ -94,13 +97,12 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     target, tokenizer, target_facts = load_model(cfg.target, progress, "target", tokenizers, kv)
     if cfg.drafter.source and drafter is None:
         drafter, drafter_tok, drafter_facts = load_model(cfg.drafter, progress, "drafter", tokenizers, kv)
-    if drafter is not None:
-        check_pair(tokenizer, drafter_tok, drafter, target_facts.name, drafter_facts.name)
+    verdict = judge_pair(tokenizer, drafter_tok, drafter, drafter_facts.name) if drafter is not None else None
     _check_target_width(target, tokenizer, target_facts.name)
     eos = stop_ids(tokenizer, target.generation_config.eos_token_id, cfg.speculation.extra_eos)
     release_freed_memory()
-    return LoadedPair(target, drafter, tokenizer, eos, len(tokenizer),
-                      context_limit(cfg, target, tokenizer), target_facts, drafter_facts)
+    return LoadedPair(target, drafter, tokenizer, eos, len(tokenizer), context_limit(cfg, target, tokenizer),
+                      target_facts, drafter_facts, drafter_tok if verdict and verdict.text_drafting else None, verdict)
 
 
 def drafter_loads_first(cfg: Config) -> bool:

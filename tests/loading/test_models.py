@@ -7,11 +7,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from model_files import PROMPT, greedy_reply, logits, save_dir, tiny_qwen2, write_gguf
-from tiny_models import CHATML, SPECIALS, build_model, build_tokenizer
+from tiny_models import CHATML, build_model, build_tokenizer
 from specchat.loading import assets, devices, gguf_convert
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
 from specchat.spec.drafters.model import ModelDrafter
@@ -433,44 +431,6 @@ def test_missing_gpu_is_a_one_line_error(monkeypatch):
     assert devices.resolve_device("auto") == "cpu"
     with pytest.raises(ModelLoadError, match="device cuda:1 was asked for, but torch sees no CUDA GPU"):
         devices.resolve_device("cuda:1")
-
-
-# ----- the pair check -------------------------------------------------------------------------------
-def other_tokenizer(corpus: list[str], vocab_size: int = 384) -> PreTrainedTokenizerFast:
-    raw = Tokenizer(models.BPE())
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    raw.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = CHATML
-    return fast
-
-
-def test_drafter_with_another_vocabulary_is_refused(target_dir, tok, tmp_path):
-    theirs = other_tokenizer(["Completely different words train this other tokenizer."] * 50)
-    path = save_dir(tmp_path / "foreign", build_model(len(tok), seed=4, layers=1, hidden=32), theirs)
-    with pytest.raises(ModelLoadError) as err:
-        load_pair(local_cfg(str(target_dir[0]), str(path)))
-    message = str(err.value)
-    assert f"target {target_dir[0].name} and drafter foreign use different tokenizers" in message
-    assert "\n" not in message
-
-
-def test_drafter_with_other_special_tokens_is_refused(target_dir, tok, tmp_path):
-    theirs = build_tokenizer()
-    theirs.add_special_tokens({"additional_special_tokens": ["<|tool|>"]})
-    model = build_model(len(theirs), seed=4, layers=1, hidden=32)
-    path = save_dir(tmp_path / "extra-special", model, theirs)
-    with pytest.raises(ModelLoadError, match="disagree on the special token '<|tool|>'"):
-        load_pair(local_cfg(str(target_dir[0]), str(path)))
-
-
-def test_drafter_that_cannot_score_every_target_token_is_refused(target_dir, tok, tmp_path):
-    path = save_dir(tmp_path / "narrow", build_model(len(tok) - 10, seed=4, layers=1, hidden=32), tok)
-    with pytest.raises(ModelLoadError, match="the drafter scores 374 token ids"):
-        load_pair(local_cfg(str(target_dir[0]), str(path)))
 
 
 # ----- sources and their errors ---------------------------------------------------------------------
