@@ -34,6 +34,7 @@ KV_CACHES = ("bfloat16", "float16", "float32")  # how the compiled layer loop st
 INVARIANT_MODES = (*W8A8_MODES, *W4A8_MODES)
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 MODES = ("spec", "target", "drafter")
+VIEWS = ("origin", "markdown")  # how a finished reply is shown: as it streamed, or also as Markdown
 COMPARE = ("off", "on", "drafter")
 DRAFTERS = ("model", "lookup", "auto", "self:N")  # who drafts in spec mode: the drafter model, prompt lookup (no
 # model), each step the one of the two that fits (a copy where the chat offers a match), or the target's
@@ -93,6 +94,7 @@ class UIConfig:
     color: bool = True
     show_rejected: bool = False
     origin_marks: bool = True  # with colour off, each token's origin is bracketed in the stream (tui/render.py MARKS)
+    view: str = "origin"       # origin: each reply as it streamed; markdown: also drawn as Markdown once done (/view)
     system_prompt: str = "You are a helpful assistant."
     context_limit: int = 0    # 0 = the target's own maximum
 
@@ -178,6 +180,7 @@ VALIDATORS = {
     ("speculation", "drafter_context"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
     else "0 (the whole conversation) or a number of tokens of at least 256",
     ("ui", "context_limit"): _int_range(0, 10_000_000),
+    ("ui", "view"): _one_of(VIEWS),
     ("ui", "system_prompt"): _check_text,
     ("runtime", "kernel"): _one_of(KERNELS),
     ("runtime", "kv_cache"): _one_of(KV_CACHES),

@@ -202,8 +202,39 @@ class ChatSession:
         if unusable:
             raise ChatError(f"{unusable}; choose another with /drafter")
 
-    def reply(self, text: str, cancel: threading.Event | None = None) -> Iterator[Any]:
-        """Stream one reply to `text`: Notice, then the engine's events, then any compare output."""
+    def undo(self) -> tuple[ReplyRecord, list[dict[str, str]]]:
+        """Drop the last exchange (the message and its reply); returns them. The session totals stay."""
+        if not self.records or len(self.messages) < 2 or self.messages[-1]["role"] != "assistant":
+            raise ChatError("no exchange to drop yet")
+        record, pair = self.records.pop(), self.messages[-2:]
+        del self.messages[-2:]
+        self._context_used = len(self.render(self.messages)) if self.messages else 0
+        self.saved_replies = min(self.saved_replies, len(self.records))
+        return record, pair
+
+    def retry(self, cancel: threading.Event | None = None) -> Iterator[Any]:
+        """Answer the last message again with the current settings (a fresh seed when sampling with a fixed one).
+        The old exchange comes back if the new reply ends before it began (Ctrl-C, an error)."""
+        record, pair = self.undo()
+        recorded = len(self.records)
+        try:
+            yield from self.reply(record.user, cancel, fresh_seed=not self.config.sampling.is_greedy)
+        finally:
+            if len(self.records) == recorded:
+                self.records.append(record)
+                self.messages.extend(pair)
+                self._context_used = len(self.render(self.messages))
+
+    def restore(self, messages: list[dict[str, str]], records: list[ReplyRecord]) -> None:
+        """Replace the conversation (/load): the caches start empty, so the next reply reads it all."""
+        self.reset()
+        self.messages, self.records = list(messages), list(records)
+        self._context_used = len(self.render(self.messages)) if self.messages else 0
+        self.saved_replies = len(records)
+
+    def reply(self, text: str, cancel: threading.Event | None = None, fresh_seed: bool = False) -> Iterator[Any]:
+        """Stream one reply to `text`: Notice, then the engine's events, then any compare output. `fresh_seed`:
+        draw a new seed even where the setting fixes one (/retry)."""
         self.check_mode()
         bad = undecodable_at(text)
         if bad is not None:
@@ -218,7 +249,7 @@ class ChatSession:
                          f"to fit {self.context_limit} tokens")
         self.last_prompt_ids = prompt_ids
         done, tokens, rejections = None, [], []
-        for event in self._generate(prompt_ids, cancel):
+        for event in self._generate(prompt_ids, cancel, fresh_seed):
             if isinstance(event, Token):
                 tokens.append(event)
             elif isinstance(event, Rejected) and event.detail is not None:
@@ -233,12 +264,14 @@ class ChatSession:
         if self.compare_fn and self.config.speculation.compare != "off" and done.stop_reason != "cancelled":
             yield from self.compare_fn(self, prompt_ids, done, cancel)
 
-    def _generate(self, prompt_ids: list[int], cancel: threading.Event) -> Iterator[Any]:
+    def _generate(self, prompt_ids: list[int], cancel: threading.Event, fresh_seed: bool = False) -> Iterator[Any]:
         """The engine's events for one reply, cut before the first stop string: the engine is halted
         after the step that wrote it, and the next prompt (rendered from the cut text) replaces the
         tokens after the cut, since the engine reuses only the ids the new prompt really shares."""
         stops, halt = StopFilter(self.stop_strings), StopOrCancel(cancel)
-        for event in self.engine.stream(prompt_ids, self.sampling_for(prompt_ids), self.config.speculation, halt):
+        sampling = self.sampling_for(prompt_ids)
+        sampling = dataclasses.replace(sampling, seed=-1) if fresh_seed else sampling
+        for event in self.engine.stream(prompt_ids, sampling, self.config.speculation, halt):
             for shown in stops.feed(event):
                 yield self._context_full(shown)
             if stops.cut:

@@ -20,11 +20,13 @@ from rich.table import Table
 from specchat.tui import render, stats_view
 from specchat.session.drafter_race import RACE_RUNS, RaceRun, contenders, race
 from specchat.tui.compare_view import race_view
-from specchat.tui.transcript import save_transcript
+from specchat.tui.reply_view import OriginView, code_blocks, markdown_view
+from specchat.tui.safe_text import visible
+from specchat.tui.transcript import load_transcript, save_transcript
 from specchat.tui.trace import write_trace
 from specchat.tui.why_view import why
 from specchat.session.chat import ChatError, ChatSession
-from specchat.config import ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
+from specchat.config import VIEWS, ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
 
 START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel", "runtime.kv_cache")  # used when the models load, not per reply
 GAMMA_DETAILS = (
@@ -49,6 +51,15 @@ class Outcome:
     quit: bool = False
     work: Callable[[threading.Event], Iterator[Any]] | None = None  # a long job the REPL runs after the
     # message, drawing what it yields (progress lines, then its result); Ctrl-C sets the event
+    stream: Callable[[threading.Event], Iterator[Any]] | None = None  # a reply's events (/retry), drawn as a reply
+    clipboard: "Clip | None" = None  # a block the user asked to copy (/copy): to the terminal (OSC 52), else a file
+
+
+@dataclass(frozen=True)
+class Clip:
+    block: Any   # reply_view.CodeBlock
+    label: str   # "code block 2 of 3 (14 lines)"
+    stem: str    # the file name, less its extension, where the output is not a terminal
 
 
 Handler = Callable[[ChatSession, str], Outcome]
@@ -100,7 +111,7 @@ class Registry:
             guess = self.suggest(name)
             hint = f" — did you mean /{guess}?" if guess else ""
             elsewhere = OTHER_CHATS.get(name.lstrip("/").lower())
-            hint = f" ({elsewhere})" if elsewhere and not guess else hint
+            hint = f"; {elsewhere}" if elsewhere and not guess else hint
             return fail(f"unknown command {name}{hint} (/help lists every command)")
         try:
             return command.handler(session, arg.strip())
@@ -326,6 +337,84 @@ def save_command(overwrite: bool) -> Handler:
     return cmd_save
 
 
+def cmd_undo(session: ChatSession, arg: str) -> Outcome:
+    record, _pair = session.undo()
+    return Outcome(f"dropped the last exchange ({visible(record.user)[:40]!r} and its reply); "
+                   f"{len(session.records)} left")
+
+
+def cmd_retry(session: ChatSession, arg: str) -> Outcome:
+    if not session.records or not session.messages or session.messages[-1]["role"] != "assistant":
+        return fail("/retry: no reply to retry yet")
+    sampling = session.config.sampling
+    seed = "greedy: the same tokens unless a setting changed" if sampling.is_greedy else "a fresh seed"
+    return Outcome(f"answering the last message again ({seed})", stream=session.retry)
+
+
+def cmd_load(session: ChatSession, arg: str) -> Outcome:
+    if not arg:
+        return fail("/load: usage /load PATH.json (a transcript /save PATH.json wrote)")
+    turns = load_transcript(session, arg)
+    return Outcome(f"loaded {turns} exchanges, the system prompt and the settings from {arg}; "
+                   f"the next reply reads the whole conversation")
+
+
+def cmd_view(session: ChatSession, arg: str) -> Outcome:
+    if arg not in VIEWS:
+        return fail(f"/view: usage /view {'|'.join(VIEWS)} (now {session.config.ui.view})")
+    session.config = with_value(session.config, "ui.view", arg)
+    if not session.records:
+        return Outcome(f"ui.view = {arg}: replies show as {arg} once done")
+    record = session.records[-1]
+    if arg == "markdown":
+        return Outcome(render.group(render.Text(f"ui.view = markdown; the last reply:", style="dim"),
+                                    markdown_view(record.text)))
+    if not record.tokens:
+        return Outcome(render.group(render.Text("ui.view = origin; the last reply (loaded: its origins were not "
+                                                "saved):", style="dim"), render.Text(visible(record.text))))
+    return Outcome(render.group(render.Text("ui.view = origin; the last reply:", style="dim"),
+                                OriginView(record.tokens)))
+
+
+def cmd_copy(session: ChatSession, arg: str) -> Outcome:
+    blocks = code_blocks(session.records[-1].text) if session.records else []
+    if not blocks:
+        return fail("/copy: the last reply has no code block" if session.records else "/copy: no reply yet")
+    first, _, rest = arg.partition(" ")
+    number, path = (int(first), rest.strip()) if first.isdigit() else (1, arg.strip())
+    if not 1 <= number <= len(blocks):
+        return fail(f"/copy: N must be from 1 to {len(blocks)} (the last reply's code blocks)")
+    block = blocks[number - 1]
+    label = f"code block {number} of {len(blocks)} ({block.code.count(chr(10)) + 1} lines)"
+    if path:
+        return Outcome(f"wrote {label} to {write_block(block, path)}")
+    return Outcome(f"copied {label} to the clipboard (OSC 52; where the terminal does not take it, "
+                   f"/copy {number} PATH writes a file)", clipboard=Clip(block, label, f"specchat-block-{number}"))
+
+
+def write_free_name(block, stem: str) -> str:
+    """`block` to ./STEM.EXT, or ./STEM-2.EXT and so on where that name is taken."""
+    from pathlib import Path
+    for n in range(1, 1000):
+        name = f"{stem}{'' if n == 1 else f'-{n}'}.{block.extension}"
+        if not Path(name).exists():
+            return write_block(block, name)
+    raise ChatError(f"cannot find a free name like {stem}.{block.extension} here; use /copy N PATH")
+
+
+def write_block(block, path_text: str) -> str:
+    from pathlib import Path
+    from specchat.fileio import write_text_atomic
+    path = Path(path_text).expanduser()
+    try:
+        write_text_atomic(path, block.code + "\n", overwrite=False)
+    except FileExistsError:
+        raise ChatError(f"{path} exists; choose another name") from None
+    except (OSError, ValueError) as err:
+        raise ChatError(f"cannot write '{path_text}': {getattr(err, 'strerror', None) or err}") from None
+    return str(path)
+
+
 def cmd_why(session: ChatSession, arg: str) -> Outcome:
     try:
         return Outcome(why(session, arg.strip()))
@@ -408,6 +497,15 @@ def build_registry() -> Registry:
         Command("system", "TEXT", "set the system prompt (no text: show it)", cmd_system),
         Command("reset", "", "forget the conversation", cmd_reset, destructive=True),
         Command("history", "", "show the conversation", cmd_history),
+        Command("retry", "", "answer the last message again with the current settings (a fresh seed when sampling)",
+                cmd_retry, destructive=True),
+        Command("undo", "", "drop the last exchange (your message and its reply)", cmd_undo, destructive=True),
+        Command("load", "PATH.json", "reopen a saved .json transcript: the conversation, system prompt and settings",
+                cmd_load, PathCompleter(expanduser=True), destructive=True),
+        Command("view", "markdown|origin", "show the last reply (and later ones) as Markdown with highlighted code, "
+                "or coloured by origin", cmd_view, {"markdown": None, "origin": None}),
+        Command("copy", "[N] [PATH]", "the last reply's Nth code block (default 1) to the clipboard (OSC 52), or "
+                "to PATH", cmd_copy, PathCompleter(expanduser=True)),
         Command("save", "PATH", "save the transcript with each reply's stats (.md or .json); never over an "
                 "existing file", save_command(False), PathCompleter(expanduser=True)),
         Command("save!", "PATH", "/save, replacing PATH if it exists", save_command(True),

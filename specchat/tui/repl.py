@@ -24,7 +24,8 @@ from prompt_toolkit.key_binding import KeyBindings
 
 from specchat.tui import render
 from specchat.session.chat import ChatError, ChatSession
-from specchat.tui.commands import Registry
+from specchat.tui.commands import Clip, Registry, write_free_name
+from specchat.tui.reply_view import markdown_view, osc52
 from specchat.config import with_value
 
 QUIT_HINT = "(to leave, type /quit or press Ctrl-D)"
@@ -226,10 +227,14 @@ class Repl:
                 return False
             if outcome.error:
                 self.renderer.error(outcome.message)
-            elif outcome.message is not None:
+            elif outcome.message is not None and outcome.clipboard is None:
                 self.renderer.info(outcome.message)
             if outcome.work is not None:
                 self.follow(outcome.work)
+            if outcome.stream is not None:
+                self.reply_events(outcome.stream)
+            if outcome.clipboard is not None:
+                self.copy(outcome.clipboard)
             return True
         finally:  # the renderer follows the settings, whatever the command did
             self.renderer.show_rejected = self.session.config.ui.show_rejected
@@ -242,14 +247,35 @@ class Repl:
             for item in work(cancel):
                 self.renderer.info(item)
 
+    def copy(self, clip: Clip) -> None:
+        """A block the user chose: to the terminal's clipboard (OSC 52); where the output is not a terminal, a file."""
+        console = self.renderer.console
+        if console.is_terminal:
+            console.file.write(osc52(clip.block.code))
+            console.file.flush()
+            self.renderer.info(f"copied {clip.label} to the clipboard (OSC 52; where the terminal does not take "
+                               f"it, /copy N PATH writes a file)")
+        else:
+            self.renderer.info(f"the output is not a terminal: wrote {clip.label} to "
+                               f"{write_free_name(clip.block, clip.stem)}")
+
     def reply(self, text: str) -> None:
         """Stream one reply; Ctrl-C cuts it after the current step and the chat goes on."""
+        self.reply_events(lambda cancel: self.session.reply(text, cancel))
+
+    def reply_events(self, events) -> None:
+        """Draw a reply's events (events(cancel) yields them); then, with /view markdown, the reply as Markdown."""
+        before = self.session.records[-1] if self.session.records else None
         with sigint_sets(threading.Event()) as cancel, quiet_terminal(sys.stdin):
             try:
                 self.renderer.begin_reply()
-                for event in self.session.reply(text, cancel):
+                for event in events(cancel):
                     self.renderer.event(event)
             except ChatError as err:
                 self.renderer.error(str(err))
             except KeyboardInterrupt:
                 self.renderer.error("interrupted; the reply was discarded and the caches reset")
+        answered = bool(self.session.records) and self.session.records[-1] is not before
+        if answered and self.session.config.ui.view == "markdown":
+            self.renderer.info(render.group(render.Text("── as Markdown ──", style="dim"),
+                                            markdown_view(self.session.records[-1].text)))

@@ -7,16 +7,19 @@ over an existing one unless the command was `/save!`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from typing import Any
 
-from specchat.config import as_flat_dict
+from specchat.config import Config, ConfigError, as_flat_dict, with_value
+from specchat.spec.metrics import ReplyStats
 from specchat.fileio import write_text_atomic
-from specchat.session.chat import CUT_MARKS, ChatError, ChatSession
+from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
 from specchat.tui.render import stats_line
 from specchat.tui.safe_text import json_text, visible
 
+LOAD_SKIPS = ("target", "drafter", "runtime", "speculation.extra_eos")  # read when the models load: /load keeps them
 PASTE_LINES = 3  # a user message of this many line breaks or more is shown in the .md inside a code fence
 
 
@@ -82,3 +85,47 @@ def save_transcript(session: ChatSession, path_text: str, overwrite: bool = Fals
         raise ChatError(f"cannot save to '{path_text}': {err}") from None
     session.saved_replies = len(session.records)
     return path
+
+
+def load_transcript(session: ChatSession, path_text: str) -> int:
+    """Reopen a `.json` transcript (/save PATH.json): its turns, system prompt and settings (those read when the
+    models load stay as they are). Returns the number of turns; a file that cannot be used changes nothing."""
+    path = Path(path_text).expanduser()
+    if path.suffix.lower() != ".json":
+        raise ChatError(f"cannot load '{path_text}': /load reads a .json transcript (/save PATH.json writes one)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ChatError(f"cannot load '{path_text}': {err.strerror or err}") from None
+    except ValueError as err:
+        raise ChatError(f"cannot load '{path_text}': not JSON ({err})") from None
+    config, turns = loaded_parts(data, path_text, session.config)
+    session.config = config
+    session.restore([m for turn in turns for m in ({"role": "user", "content": turn["user"]},
+                                                    {"role": "assistant", "content": turn["reply"]})],
+                    [loaded_record(turn) for turn in turns])
+    return len(turns)
+
+
+def loaded_parts(data: Any, path_text: str, config: Config) -> tuple[Config, list[dict[str, Any]]]:
+    """The settings and turns of a transcript's data, checked; one ChatError line where they do not fit."""
+    bad = f"cannot load '{path_text}': not a specchat transcript"
+    if not isinstance(data, dict) or not isinstance(data.get("turns"), list) or not isinstance(data.get("system"), str):
+        raise ChatError(f"{bad} (it needs system and turns)")
+    if not all(isinstance(t, dict) and isinstance(t.get("user"), str) and isinstance(t.get("reply"), str)
+               for t in data["turns"]):
+        raise ChatError(f"{bad} (each turn needs user and reply text)")
+    try:
+        for key, value in dict(data.get("config") or {}).items():
+            if key.split(".")[0] not in LOAD_SKIPS and key not in LOAD_SKIPS:
+                config = with_value(config, key, tuple(value) if isinstance(value, list) else value)
+        return with_value(config, "ui.system_prompt", data["system"]), data["turns"]
+    except (ConfigError, TypeError, ValueError) as err:
+        raise ChatError(f"cannot load '{path_text}': {err}") from None
+
+
+def loaded_record(turn: dict[str, Any]) -> ReplyRecord:
+    names = {f.name for f in dataclasses.fields(ReplyStats)}
+    stats = {k: v for k, v in dict(turn.get("stats") or {}).items() if k in names}
+    stats["accepted_histogram"] = {int(k): v for k, v in dict(stats.get("accepted_histogram") or {}).items()}
+    return ReplyRecord(turn["user"], turn["reply"], ReplyStats(**stats), str(turn.get("stop_reason", "eos")))

@@ -265,7 +265,7 @@ def test_did_you_mean_never_guesses_a_command_that_discards_state(registry):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("/clear", "unknown command /clear (to forget the conversation: /reset, which cannot be undone) "
+    ("/clear", "unknown command /clear; to forget the conversation: /reset, which cannot be undone "
                "(/help lists every command)"),
     ("/rest", "unknown command /rest (/help lists every command)"),
     ("/comapre on", "unknown command /comapre — did you mean /compare? (/help lists every command)"),

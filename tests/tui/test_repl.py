@@ -259,3 +259,89 @@ def test_ctrl_d_leaves_without_saving_when_short_piped_or_declined(tokenizer, tm
     session = ChatSession(ScriptedEngine(short_replies(4)), tokenizer, CONFIG, model_context_limit=1024)
     piped_repl(session, keys, offer_save=offer)
     assert list(tmp_path.glob("specchat-*")) == []
+
+
+class SeedRecordingEngine(ScriptedEngine):
+    """A ScriptedEngine that notes the seed each reply was asked to use."""
+
+    def __init__(self, replies):
+        super().__init__(replies)
+        self.seeds = []
+
+    def stream(self, prompt_ids, sampling, speculation, cancel=None):
+        self.seeds.append(sampling.seed)
+        return super().stream(prompt_ids, sampling, speculation, cancel)
+
+
+def text_reply(text: str) -> list:
+    return scripted_reply([(text, Origin.TARGET)], ReplyStats(mode="target", new_tokens=1, wall_s=0.1))
+
+
+def test_undo_drops_the_last_exchange_and_retry_answers_again_with_a_fresh_seed(tokenizer):
+    engine = SeedRecordingEngine([text_reply("Hello!"), text_reply("Bye."), text_reply("Hi again.")])
+    session = ChatSession(engine, tokenizer, with_value(CONFIG, "sampling.temperature", 0.7), model_context_limit=1024)
+    screen = screen_of(session, "hi\rbye\r/undo\r/retry\r/history\r/quit\r")
+    assert "dropped the last exchange ('bye' and its reply); 1 left" in screen
+    assert "answering the last message again (a fresh seed)" in screen
+    assert screen.endswith("user       hi\nassistant  Hi again.\nyou> /quit")
+    assert engine.prompts[2] == engine.prompts[0]  # the retry read the conversation without the old reply
+    assert engine.seeds == [0, 0, -1]  # the setting's seed, then a fresh one for /retry
+    assert [m["content"] for m in session.messages] == ["hi", "Hi again."]
+
+
+def test_load_reopens_a_saved_transcript_with_its_settings(tokenizer, tmp_path):
+    saved = tmp_path / "chat.json"
+    first = ChatSession(ScriptedEngine([text_reply("Hello!")]), tokenizer,
+                        with_value(CONFIG, "sampling.temperature", 0.7), model_context_limit=1024)
+    screen_of(first, f"/system Be brief.\rhi\r/save {saved}\r/quit\r")
+    session = ChatSession(ScriptedEngine([text_reply("Again.")]), tokenizer, CONFIG, model_context_limit=1024)
+    screen = screen_of(session, f"/load {saved}\r/history\rmore\r/quit\r")
+    assert f"loaded 1 exchanges, the system prompt and the settings from {saved}" in " ".join(screen.split())
+    assert "system     Be brief.\nuser       hi\nassistant  Hello!" in screen
+    assert session.config.sampling.temperature == 0.7 and session.system_prompt == "Be brief."
+    assert tokenizer.decode(session.engine.prompts[0]).startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"turns": 3}')
+    assert (f"/load: cannot load '{broken}': not a specchat transcript (it needs system and turns)"
+            in " ".join(screen_of(session, f"/load {broken}\r/quit\r").split()))
+    assert len(session.records) == 2  # a bad file changed nothing
+
+
+CODE_REPLY = "Here:\n```python\ndef add(a, b):\n    return a + b\n```\nand\n```sh\nls\n```\n"
+
+
+def test_view_markdown_draws_the_reply_without_fences_and_view_origin_with_brackets(tokenizer):
+    pieces = [("Here:\n```python\ndef add(a, b):\n", Origin.DRAFTED), ("    return a + b\n```\nand\n```sh\nls\n```\n",
+                                                                          Origin.CORRECTED)]
+    engine = ScriptedEngine([scripted_reply(pieces, ReplyStats(new_tokens=2, wall_s=0.1)),
+                             text_reply("**bold** answer")])
+    session = ChatSession(engine, tokenizer, CONFIG, model_context_limit=1024)
+    screen = screen_of(session, "hi\r/view markdown\r/view origin\r/view markdown\rmore\r/quit\r")
+    as_markdown = screen.split("ui.view = markdown; the last reply:")[1].split("you> /view origin")[0]
+    assert "def add(a, b):" in as_markdown and "```" not in as_markdown
+    as_origin = screen.split("ui.view = origin; the last reply:")[1].split("you>")[0]
+    assert as_origin.strip().startswith("⟦Here:\n```python") and "⟨    return a + b" in as_origin
+    after = screen.split("you> more")[1]
+    assert "── as Markdown ──\nbold answer" in after  # later replies, once done, as Markdown too
+    assert session.config.ui.view == "markdown"
+
+
+def test_copy_sends_the_chosen_block_by_osc52_at_a_terminal_else_writes_a_file(tokenizer, tmp_path, monkeypatch):
+    import base64
+    from rich.console import Console
+    monkeypatch.chdir(tmp_path)
+    session = ChatSession(ScriptedEngine([text_reply(CODE_REPLY)]), tokenizer, CONFIG, model_context_limit=1024)
+    screen = screen_of(session, "hi\r/copy 2\r/copy\r/copy 3\r/copy 1 add.py\r/quit\r")
+    assert "the output is not a terminal: wrote code block 2 of 2 (1 lines) to specchat-block-2.sh" in screen
+    assert "wrote code block 1 of 2 (2 lines) to specchat-block-1.py" in screen
+    assert "/copy: N must be from 1 to 2 (the last reply's code blocks)" in screen
+    assert (tmp_path / "specchat-block-2.sh").read_text() == "ls\n"
+    assert (tmp_path / "add.py").read_text() == "def add(a, b):\n    return a + b\n"
+    out = io.StringIO()
+    with create_pipe_input() as pipe:
+        pipe.send_text("/copy 1\r/quit\r")
+        Repl(session, build_registry(), Renderer(Console(file=out, force_terminal=True, color_system=None)),
+             InMemoryHistory(), pt_input=pipe, pt_output=DummyOutput()).run()
+    encoded = base64.b64encode(b"def add(a, b):\n    return a + b").decode()
+    assert f"\x1b]52;c;{encoded}\x07" in out.getvalue() and "copied code block 1 of 2 (2 lines)" in out.getvalue()

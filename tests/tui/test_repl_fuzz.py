@@ -174,6 +174,9 @@ class RecordingRenderer(Renderer):
         super().error(message)
 
 
+CONVERSATION_VERBS = ("reset", "undo", "retry", "load")  # the commands that may change the conversation
+
+
 class CheckedRepl(Repl):
     """A Repl that checks the invariants around every line it handles."""
 
@@ -185,8 +188,8 @@ class CheckedRepl(Repl):
     def handle(self, line: str) -> bool:
         session, text = self.session, line.strip()
         is_command = text.startswith("/")
-        if text and not is_command:  # keep replies short whatever /max the fuzz set
-            max_tokens = min(session.config.sampling.max_new_tokens, REPLY_TOKENS)
+        if text:  # keep replies (and /retry's) short whatever /max the fuzz set, off (0) included
+            max_tokens = min(session.config.sampling.max_new_tokens or REPLY_TOKENS, REPLY_TOKENS)
             session.config = with_value(session.config, "sampling.max_new_tokens", max_tokens)
         messages, config, records = copy.deepcopy(session.messages), session.config, len(session.records)
         errors = len(self.renderer.errors)
@@ -202,7 +205,7 @@ class CheckedRepl(Repl):
             assert session.messages == messages, f"refused {line[:80]!r} changed the conversation"
             assert session.config == config, f"refused {line[:80]!r} changed the config"
             assert len(session.records) == records, f"refused {line[:80]!r} added a record"
-        if is_command and (command is None or command.name != "reset"):
+        if is_command and (command is None or command.name not in CONVERSATION_VERBS):
             assert session.messages == messages, f"{line[:80]!r} changed the conversation"
         if text and not is_command and len(text) >= 10_000:
             assert new_errors and "prompt tokens" in new_errors[0], f"a {len(text)}-character paste was not refused"
