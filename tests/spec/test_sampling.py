@@ -229,3 +229,22 @@ def test_sample_at_the_top_of_the_unit_interval_still_avoids_zero_probability_id
     assert sample(probs, make_generator(0)).tolist() == [1, 3]
     monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.zeros(shape, dtype=torch.float64))
     assert sample(probs, make_generator(0)).tolist() == [0, 3]
+
+
+@pytest.mark.parametrize("row", ["+inf", "all -inf", "nan"])
+def test_a_row_of_no_finite_law_is_refused_not_sampled(row):
+    """+inf or all -inf logits give NaN probabilities (the torch code and the compiled one alike); drawing from
+    them must stop with one clear error, never return some id."""
+    from specchat.spec.sampling import NoLawError
+    logits = torch.zeros(1, 8)
+    if row == "+inf":
+        logits[0, 3] = float("inf")
+    elif row == "all -inf":
+        logits[:] = float("-inf")
+    else:
+        logits[0, 5] = float("nan")
+    probs = probs_from_logits(logits, SamplingConfig(temperature=0.7, top_p=1.0))
+    with pytest.raises(NoLawError, match="not a distribution"):
+        sample(probs, make_generator(0))
+    with pytest.raises(NoLawError):
+        sample(torch.zeros(1, 8), make_generator(0))
