@@ -2,7 +2,7 @@
 
 gguf-py's GGUFReader parses every metadata value through numpy memmap slices: 15 s for the bundled drafter,
 most of it its 151,936-token vocabulary. specchat needs only the architecture and where each tensor lies, so
-it walks the header with struct and skips every other value (format: ggml's docs/gguf.md, versions 2 and 3).
+it walks the header with struct and skips every other value (format: ggml's GGUF specification, versions 2 and 3).
 
 The file is untrusted: each count, length, type, dimension, alignment and offset is checked against the
 format and the file's size before anything is read or allocated for it, and whatever is wrong is one
@@ -24,8 +24,8 @@ STRING, ARRAY = 8, 9
 INTEGERS = (0, 1, 2, 3, 4, 5, 10, 11)
 UNSIGNED = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}  # a value's bits by its width (floats too: only integers are used)
 HEADER_BYTES = 24      # magic, version, tensor count, value count
-MAX_KEY_BYTES = 65535  # docs/gguf.md: a key is at most 2^16-1 bytes
-MAX_NAME_BYTES = 64    # docs/gguf.md: a tensor name is at most 64 bytes (ggml's GGML_MAX_NAME); the architecture too
+MAX_KEY_BYTES = 65535  # the GGUF specification: a key is at most 2^16-1 bytes
+MAX_NAME_BYTES = 64    # the GGUF specification: a tensor name is at most 64 bytes (ggml's GGML_MAX_NAME); the architecture too
 MAX_DIMS = 4           # ggml's GGML_MAX_DIMS
 MAX_NESTING = 2        # an array of arrays is allowed, an array of arrays of arrays is not (no GGUF writes one)
 MAX_TENSORS = 1 << 20  # far above any model's (the bundled 1.5B has 339)
