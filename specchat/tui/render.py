@@ -50,6 +50,7 @@ MARKS = {
     Origin.BONUS: ("⦃", "⦄"),
 }
 NOTE_STYLE = "dim"
+STOP_HINT = "(Ctrl-C stops)"  # on the line that waits for a reply's first token
 ERROR_STYLE = "bold red"
 PREFILL_NOTE_FROM = 128  # prompts of more than one chunk show their reading progress in place of 'thinking…'
 
@@ -96,7 +97,7 @@ class Renderer:
         """On a colour terminal, a dim 'thinking…' holds the line until the first token replaces it."""
         self.newline()
         if self.console.is_terminal and self.color:
-            self.console.print(Text("thinking…", style=NOTE_STYLE), end="")
+            self.console.print(Text(f"thinking… {STOP_HINT}", style=NOTE_STYLE), end="")
             self.waiting = True
 
     def _stop_waiting(self) -> None:
@@ -111,7 +112,7 @@ class Renderer:
         """A long prompt's reading progress, in place of 'thinking…' (colour terminals only)."""
         if self.waiting and event.total >= PREFILL_NOTE_FROM:
             self._erase_line()
-            self.console.print(Text(prefill_text(event), style=NOTE_STYLE), end="")
+            self.console.print(Text(f"{prefill_text(event)} {STOP_HINT}", style=NOTE_STYLE), end="")
 
     def event(self, event: Any) -> None:
         """Draw one item of a reply stream (engine events, notices, compare output)."""

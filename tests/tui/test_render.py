@@ -202,7 +202,7 @@ def test_thinking_marker_is_erased_by_the_first_token():
     console, out = color_console()
     renderer = render.Renderer(console)
     renderer.begin_reply()
-    assert "thinking…" in out.getvalue()
+    assert "thinking… (Ctrl-C stops)" in out.getvalue()
     renderer.event(StepDone(4, 0))  # no visible text yet: the marker stays
     assert not out.getvalue().endswith("\x1b[2K")
     renderer.event(Token(1, "Hi", Origin.DRAFTED))
