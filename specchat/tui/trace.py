@@ -4,7 +4,8 @@ One line per token, in order: {"reply", "step", "pos", "id", "text", "origin", "
 "accept_p"}. origin is drafted | corrected | bonus | target | drafter, or rejected for the first draft of
 a step the target refused (it comes before the corrected token at the same pos; drafts after it were
 never judged and are not listed). source says what drafted a drafted or rejected token: model (the
-drafter model) or lookup (a copy from the conversation); null for the others. p, q and accept_p are null
+drafter model), lookup (a copy from the conversation) or text (a drafter model of another tokenizer, its text
+re-tokenized); null for the others. p, q and accept_p are null
 where a model did not score the token. The text is exact, every control character JSON-escaped
 (safe_text.json_text). The file is written 0600 and never over an existing one unless the command was
 `/trace!`.

@@ -25,8 +25,9 @@ def ranked_text(tokenizer, ranked: Ranked, separator: str = "  ") -> str:
 
 
 def source_words(rejection: Rejection) -> str:
-    """What drafted it, in words: "by the model", "copied by lookup"; "" when unknown."""
-    return {"model": "by the model", "lookup": "copied by lookup"}.get(rejection.source, "")
+    """What drafted it, in words: "by the model", "copied by lookup", "by the model as text"; "" when unknown."""
+    return {"model": "by the model", "lookup": "copied by lookup",
+            "text": "by the model as text"}.get(rejection.source, "")
 
 
 def rule_text(rejection: Rejection) -> str:

@@ -13,7 +13,8 @@ from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.text import TextDrafter, drafter_for
 from specchat.spec.engine import Engine
-from specchat.spec.events import Origin
+from specchat.spec.events import Origin, Rejected
+from specchat.tui.why_view import source_words
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 CODE = "def reverse(lst):\n"
@@ -72,6 +73,8 @@ def test_greedy_text_drafting_equals_the_target_alone_and_its_drafts_are_judged(
     assert 0 < done.stats.accepted < done.stats.drafted
     drafted = [e for e in events if getattr(e, "origin", None) == Origin.DRAFTED]
     assert drafted and all(token.q == 1.0 and token.source == "text" for token in drafted)  # one-hot, named
+    refused = [e.detail for e in events if isinstance(e, Rejected)]
+    assert refused and {source_words(r) for r in refused} == {"by the model as text"}  # what /why says
 
 
 def test_a_drafter_that_is_the_target_renumbered_has_every_draft_accepted(tok, text_target, renumbered):
