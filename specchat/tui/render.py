@@ -294,6 +294,8 @@ def banner(pair, drafter: str = "model") -> Text:
         text.append("\n         · drafter: prompt lookup, no model (/drafter switches)")
     elif pair.drafter_facts is not None:
         text.append("\n         · " + model_facts_text("drafter", pair.drafter_facts))
+        if getattr(pair, "pair_check", None) is not None:  # loading/pair_check.py's verdict
+            text.append("\n         · " + visible(pair.pair_check.line()))
         if drafter == "auto":
             text.append("\n         · drafts: a copy from the chat where it offers a match, else the drafter")
     else:

@@ -15,6 +15,7 @@ from specchat.loading.tokenizer_check import check_pair
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.text import TextDrafter
 from specchat.spec.engine import build_engine
+from specchat.tui.render import banner
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +104,7 @@ def test_a_loaded_pair_of_two_tokenizers_drafts_text_and_stays_exact(tmp_path, m
     spec, engine = greedy(pair, "spec", ids)
     assert isinstance(engine.drafter, TextDrafter) and spec.stats.drafted > 0
     assert list(spec.ids) == list(greedy(pair, "target", ids)[0].ids)
+    assert "\n         · pair: different tokenizers (id 3 is " in banner(pair).plain  # the verdict, in the banner
 
 
 def test_a_loaded_pair_of_one_tokenizer_drafts_ids(tmp_path, monkeypatch, tok):
