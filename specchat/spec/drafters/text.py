@@ -82,7 +82,9 @@ class TextDrafter:
         if not stream:
             return self.copies.copy_draft([], sampling)
         law = dataclasses.replace(sampling, greedy=True) if plan.verified else sampling
-        draft = self.inner.propose(stream, dataclasses.replace(plan, gamma=plan.gamma + 1), law, generator)
+        # the plan's calibration is learnt from the one-hot drafts' confidences (1.0 each), not from the model's own
+        own = dataclasses.replace(plan, gamma=plan.gamma + 1, confidence_scale=1.0)
+        draft = self.inner.propose(stream, own, law, generator)
         drafted = draft.tokens.tolist()
         self.stream = stream + drafted  # the cache holds all but the newest drafted id
         proposal = self._target_ids(ids, stream, drafted, final=not plan.verified)

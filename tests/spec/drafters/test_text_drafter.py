@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import hf_greedy, make_engine, noisy_head_copy, prompt_ids, run_reply
+from conftest import CheapDrafterGamma, hf_greedy, make_engine, noisy_head_copy, prompt_ids, run_reply
 from text_pairs import (OTHER_CORPUS, exact_first_two, renumbered_model, renumbered_tokenizer, renumbering,
                         sampled_first_two, text_tokenizer, worst_deviation)
 from tiny_models import build_model
-from specchat.config import SamplingConfig, SpeculationConfig
+from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.text import TextDrafter, drafter_for
 from specchat.spec.engine import Engine
@@ -75,6 +75,15 @@ def test_greedy_text_drafting_equals_the_target_alone_and_its_drafts_are_judged(
     assert drafted and all(token.q == 1.0 and token.source == "text" for token in drafted)  # one-hot, named
     refused = [e.detail for e in events if isinstance(e, Rejected)]
     assert refused and {source_words(r) for r in refused} == {"by the model as text"}  # what /why says
+
+
+def test_auto_gamma_drafts_as_text_and_stays_exact(tok, text_target, renumbered):
+    theirs, new_ids = renumbered
+    drafter = TextDrafter(renumbered_model(noisy_head_copy(text_target), new_ids), tok, theirs, len(tok))
+    engine = Engine(text_target, tok, drafter, eos_ids=(), policy=CheapDrafterGamma())
+    ids = prompt_ids(tok, CODE)
+    _, done = run_reply(engine, ids, gamma=GAMMA_AUTO)
+    assert list(done.ids) == target_alone(text_target, tok, ids) and done.stats.accepted > 0
 
 
 def test_a_drafter_that_is_the_target_renumbered_has_every_draft_accepted(tok, text_target, renumbered):
