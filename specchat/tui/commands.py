@@ -367,7 +367,7 @@ def cmd_view(session: ChatSession, arg: str) -> Outcome:
         return Outcome(f"ui.view = {arg}: replies show as {arg} once done")
     record = session.records[-1]
     if arg == "markdown":
-        return Outcome(render.group(render.Text(f"ui.view = markdown; the last reply:", style="dim"),
+        return Outcome(render.group(render.Text("ui.view = markdown; the last reply:", style="dim"),
                                     markdown_view(record.text)))
     if not record.tokens:
         return Outcome(render.group(render.Text("ui.view = origin; the last reply (loaded: its origins were not "

@@ -14,7 +14,7 @@ from specchat.spec.events import Token
 from specchat.tui.render import MARKS, STYLES
 from specchat.tui.safe_text import visible
 
-FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\n`]*)\n(.*?)^[ \t]*\1[ \t]*$", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\n`]*)\n(.*?)(?:^[ \t]*\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 EXTENSIONS = {"python": "py", "py": "py", "javascript": "js", "js": "js", "typescript": "ts", "bash": "sh", "sh": "sh",
               "shell": "sh", "c": "c", "cpp": "cpp", "c++": "cpp", "rust": "rs", "go": "go", "java": "java",
               "json": "json", "html": "html", "css": "css", "sql": "sql", "yaml": "yaml", "toml": "toml"}
@@ -31,7 +31,7 @@ class CodeBlock:
 
 
 def code_blocks(text: str) -> list[CodeBlock]:
-    """The fenced code blocks of a reply, in order (a fence left open by a cut reply is not a block)."""
+    """The fenced code blocks of a reply, in order; a fence a cut reply left open runs to the reply's end."""
     return [CodeBlock(match.group(2).strip().split(" ")[0], match.group(3).rstrip("\n"))
             for match in FENCE.finditer(text)]
 

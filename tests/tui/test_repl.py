@@ -345,3 +345,10 @@ def test_copy_sends_the_chosen_block_by_osc52_at_a_terminal_else_writes_a_file(t
              InMemoryHistory(), pt_input=pipe, pt_output=DummyOutput()).run()
     encoded = base64.b64encode(b"def add(a, b):\n    return a + b").decode()
     assert f"\x1b]52;c;{encoded}\x07" in out.getvalue() and "copied code block 1 of 2 (2 lines)" in out.getvalue()
+
+
+def test_a_code_block_a_cut_reply_left_open_can_be_copied_too():
+    from specchat.tui.reply_view import code_blocks
+    assert [b.code for b in code_blocks("Fixed:\n```python\ndef get(self, key):\n    raise KeyError(key")] == [
+        "def get(self, key):\n    raise KeyError(key"]
+    assert [(b.language, b.extension) for b in code_blocks(CODE_REPLY)] == [("python", "py"), ("sh", "sh")]
