@@ -75,7 +75,7 @@ USER_TEXTS = ["hi", "reverse a list", "The quick brown fox", "for i in range", "
               "日本 é", "Hello, how are you", "and the dog?", "again", "print it\n twice"]
 SYSTEM_TEXTS = ["You are terse.", "Answer in code.", "Be kind.", "日本語で", "You are a helpful assistant."]
 BAD_COMMANDS = ["/gamma 17", "/gamma -2", "/gamma many", "/mode fast", "/top_p 0", "/temp 9", "/top_k -1",
-                "/compare maybe", "/max 0"]
+                "/compare maybe", "/max -1"]
 ACTIONS = {  # kind -> how often it comes in each round of ROUND steps, the round in a random order
     "turn": 5, "gamma": 2, "mode": 2, "greedy_or_sample": 2, "top_k_or_p": 1, "reset": 1, "system": 1,
     "compare": 1, "max": 1, "drafter_option": 1, "bad_command": 1,
