@@ -460,8 +460,13 @@ def cmd_set(session: ChatSession, arg: str) -> Outcome:
 
 
 def build_registry() -> Registry:
+    """Every command: the settings and views first, then the conversation's verbs and files."""
+    return Registry(setting_commands() + conversation_commands())
+
+
+def setting_commands() -> list[Command]:
     on_off = {"on": None, "off": None}
-    return Registry([
+    return [
         Command("quit", "", "leave specchat (also Ctrl-D)", cmd_quit, aliases=("exit",), destructive=True),
         setting_command("gamma", "speculation.gamma", "N|auto",
                         "drafted tokens per step, 0-16 (0 = target-only steps; auto adapts to α and c)",
@@ -496,6 +501,11 @@ def build_registry() -> Registry:
                 PathCompleter(expanduser=True), destructive=True),
         Command("system", "TEXT", "set the system prompt (no text: show it)", cmd_system),
         Command("reset", "", "forget the conversation", cmd_reset, destructive=True),
+    ]
+
+
+def conversation_commands() -> list[Command]:
+    return [
         Command("history", "", "show the conversation", cmd_history),
         Command("retry", "", "answer the last message again with the current settings (a fresh seed when sampling)",
                 cmd_retry, destructive=True),
@@ -513,4 +523,4 @@ def build_registry() -> Registry:
         Command("config", "", "every current setting", cmd_config),
         Command("set", "KEY VALUE", "set any config key, e.g. /set sampling.top_k 40", cmd_set,
                 {key: None for key in all_keys()}),
-    ])
+    ]
