@@ -80,20 +80,21 @@ def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 class NoLawError(ValueError):
-    """Probabilities that no token can be drawn from: the model's logits were not finite."""
+    """The target's probabilities were not a distribution (its logits were NaN, +inf or all -inf)."""
+
+    def __init__(self):
+        super().__init__("the target's probabilities for the next token are not a distribution (its logits were "
+                         "NaN, +inf or all -inf): no token can be drawn")
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Draw one id per row of [n, vocab] probs -> [n] int64: the first id whose cumulative probability
     (in float64) passes u · total, u uniform in [0, 1). An id of probability 0 is never drawn.
     torch.multinomial takes about 5 ms for one draw from a 152k vocabulary on a CPU; this about 0.5.
-    A row of NaN (what +inf or all -inf logits give, in the torch code and the compiled one alike) or of zeros
-    raises NoLawError: one line in the chat, never a token drawn from nothing."""
+    A row of NaN (what +inf, all -inf or NaN logits give, in the torch code and the compiled one alike) draws the
+    last id here, with no read to the host; the step that reads its p back refuses it (NoLawError, step.py)."""
     cumulative = torch.cumsum(probs.double(), dim=-1)                   # [n, vocab]
     total = cumulative[:, -1:]
-    if not bool((total > 0).all()):  # NaN compares false: a row of NaN (the law of +inf or all -inf logits) or 0
-        raise NoLawError("the model's probabilities for the next token are not a distribution (its logits were "
-                         "NaN, +inf or all -inf): no token can be drawn")
     u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
     # below the total, so some id's cumulative passes it, and the first that does has probability > 0
     threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))

@@ -10,6 +10,7 @@ cache then holds every fed token; the Engine crops it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +22,7 @@ from specchat.spec.drafters.base import Draft, DraftPlan, Drafter
 from specchat.spec.origin import Origin
 from specchat.spec.insight import Rejection, rejection_at, token_probs
 from specchat.spec.readback import ints, read_back
-from specchat.spec.sampling import probs_from_logits
+from specchat.spec.sampling import NoLawError, probs_from_logits
 from specchat.spec.verify import Verdict, verify_greedy, verify_sampled
 
 TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts towards c (not a prefill)
@@ -79,6 +80,8 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     accepted, emitted, drafted_ids, p_drafts, p_emitted, sure = read_back(
         verdict.accepted, verdict.next_token, drafts, p_drafts, p_emitted, unread)
     seconds = clock(target) - start
+    if p is not None and any(math.isnan(value) for value in p_emitted):
+        raise NoLawError()  # the emitted token's p is NaN where the target's law is: read with the rest, no extra read
     if len(sure):
         draft.confidences = sure
     verdict = Verdict(int(accepted[0]), int(emitted[0]))

@@ -231,20 +231,24 @@ def test_sample_at_the_top_of_the_unit_interval_still_avoids_zero_probability_id
     assert sample(probs, make_generator(0)).tolist() == [0, 3]
 
 
-@pytest.mark.parametrize("row", ["+inf", "all -inf", "nan"])
-def test_a_row_of_no_finite_law_is_refused_not_sampled(row):
-    """+inf or all -inf logits give NaN probabilities (the torch code and the compiled one alike); drawing from
-    them must stop with one clear error, never return some id."""
+@pytest.mark.parametrize("row", ["+inf", "nan"])
+@pytest.mark.parametrize("mode,gamma", [("spec", 4), ("target", 0)])
+def test_a_target_whose_logits_are_not_finite_stops_the_reply_with_one_error(tokenizer, row, mode, gamma):
+    """+inf or NaN logits give NaN probabilities (the torch code and the compiled one alike): the step refuses
+    them once it reads its p back, instead of drawing some token; nothing is emitted from them."""
+    import copy
+    from conftest import make_engine
+    from specchat.config import SpeculationConfig
+    from specchat.spec.events import Token
     from specchat.spec.sampling import NoLawError
-    logits = torch.zeros(1, 8)
-    if row == "+inf":
-        logits[0, 3] = float("inf")
-    elif row == "all -inf":
-        logits[:] = float("-inf")
-    else:
-        logits[0, 5] = float("nan")
-    probs = probs_from_logits(logits, SamplingConfig(temperature=0.7, top_p=1.0))
+    from tiny_models import build_model
+    target = build_model(len(tokenizer), seed=1, layers=2)
+    with torch.no_grad():
+        target.lm_head.weight[7] = float("inf") if row == "+inf" else float("nan")
+    engine = make_engine(target, copy.deepcopy(target), tokenizer)
+    events = []
     with pytest.raises(NoLawError, match="not a distribution"):
-        sample(probs, make_generator(0))
-    with pytest.raises(NoLawError):
-        sample(torch.zeros(1, 8), make_generator(0))
+        for event in engine.stream([5, 6, 7], SamplingConfig(temperature=0.7, max_new_tokens=8),
+                                   SpeculationConfig(gamma=gamma, mode=mode)):
+            events.append(event)
+    assert not [e for e in events if isinstance(e, Token)]
