@@ -39,20 +39,6 @@ def greedy_reply(pair: LoadedPair, mode: str, ids: list[int], n: int = 24, gamma
     return list(events[-1].ids)
 
 
-GGUF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-GGUF_TOP_NAMES = {"model.embed_tokens.weight": "token_embd.weight",
-                  "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-
-
 def tiny_qwen2(vocab_size: int, seed: int = 5) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
@@ -62,20 +48,40 @@ def tiny_qwen2(vocab_size: int, seed: int = 5) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).eval()
 
 
-def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML, stored: dict | None = None):
-    """A float32 GGUF (qwen2 architecture, gpt2-style BPE vocabulary) written with the gguf package;
-    `stored`: {GGUF tensor name: GGMLQuantizationType} for tensors kept in blocks (Q8_0, Q5_0, ...)."""
+TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0)
+CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "phi3": "Phi3Config",
+           "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}  # GGUF architecture → transformers config
+
+
+def tiny_model(architecture: str, vocab_size: int, seed: int = 5, tied: bool = False, **shape):
+    """A tiny random model of a GGUF architecture (CONFIGS), float32, its norms drawn away from 1 so that a
+    wrong offset or a skipped norm shows; `shape` overrides TINY_SHAPE (head_dim=32: a head size other
+    than hidden ÷ heads)."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(seed)
+    config = getattr(transformers, CONFIGS[architecture])(vocab_size=vocab_size, tie_word_embeddings=tied,
+                                                          **(TINY_SHAPE | shape))
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, value in model.named_parameters():
+            if name.endswith("norm.weight"):
+                value.uniform_(0.5, 1.5)
+    return model
+
+
+def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML, stored: dict | None = None,
+               architecture: str = "qwen2"):
+    """A float32 GGUF of `architecture` (gpt2-style BPE vocabulary) written with the gguf package as llama.cpp's
+    converter writes it: tensor names from gguf's own name map, llama's q/k rows permuted, Gemma's norms
+    stored as 1 + w, no output.weight where the model ties it; `stored`: {GGUF tensor name:
+    GGMLQuantizationType} for tensors kept in blocks (Q8_0, Q5_0, ...)."""
     import gguf
-    writer = gguf.GGUFWriter(str(path), "qwen2")
-    _write_gguf_header(writer, model.config)
+    writer = gguf.GGUFWriter(str(path), architecture)
+    _write_gguf_header(writer, model.config, architecture)
     _write_gguf_tokenizer(writer, tokenizer, chat_template)
-    for key, value in model.state_dict().items():
-        if key.startswith("model.layers."):
-            _, _, layer, rest = key.split(".", 3)
-            name = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
-        else:
-            name = GGUF_TOP_NAMES[key]
-        values = value.detach().numpy().astype(np.float32)
+    for name, values in _gguf_tensors(model, architecture):
         kind = (stored or {}).get(name)
         if kind is None:
             writer.add_tensor(name, values)
@@ -88,9 +94,35 @@ def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML, store
     return path
 
 
-def _write_gguf_header(writer, config):
+def _gguf_tensors(model, architecture: str):
+    """(GGUF name, float32 values) of every tensor the file holds, in state-dict order."""
     import gguf
-    writer.add_name("Tiny Qwen")
+    arch = {value: key for key, value in gguf.MODEL_ARCH_NAMES.items()}[architecture]
+    names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    config = model.config
+    for key, value in model.state_dict().items():
+        if key == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        module, _, suffix = key.rpartition(".")
+        name = f"{names.get_name(module)}.{suffix}"
+        values = value.detach().numpy().astype(np.float32)
+        if architecture == "llama" and name.split(".")[-2] in ("attn_q", "attn_k"):
+            heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
+            values = _permuted(values, heads)
+        if architecture.startswith("gemma") and name.endswith("norm.weight"):
+            values = values + 1  # Gemma's norms scale by 1 + w; llama.cpp stores the sum
+        yield name, values
+
+
+def _permuted(weights: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's reordering of a llama q/k projection's rows (LlamaTensorProcessor undoes it)."""
+    shape = weights.shape
+    return weights.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def _write_gguf_header(writer, config, architecture: str = "qwen2"):
+    import gguf
+    writer.add_name("Tiny Qwen" if architecture == "qwen2" else f"Tiny {architecture}")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -100,6 +132,13 @@ def _write_gguf_header(writer, config):
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if architecture != "qwen2":  # the head size as llama.cpp's converter writes it
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_rope_dimension_count(head_dim)
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
 
 
 def _write_gguf_tokenizer(writer, tokenizer, chat_template):
