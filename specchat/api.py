@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specchat.config import GAMMA_AUTO, GAMMA_MAX, Config, SamplingConfig, SpeculationConfig
+from specchat.config import AUTO, GAMMA_MAX, RANDOM, Config, Gamma, SamplingConfig, SpeculationConfig, problem
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.engine import Engine
 from specchat.spec.events import Event, ReplyDone, Token
@@ -124,17 +124,17 @@ def _sampling(temperature, top_k, top_p, max_new_tokens, seed) -> SamplingConfig
     if seed is not None and not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, or None for a fresh one, got {seed!r}")
     return SamplingConfig(temperature=float(temperature), top_k=_non_negative("top_k", top_k), top_p=float(top_p),
-                          seed=-1 if seed is None or seed < 0 else seed, max_new_tokens=max_new_tokens)
+                          seed=RANDOM if seed is None or seed < 0 else seed, max_new_tokens=max_new_tokens)
 
 
-def _gamma(gamma, drafter) -> int:
+def _gamma(gamma, drafter) -> Gamma:
+    """The config's gamma for the API's argument: 0-16, "auto" or AUTO; checked by the config's own validator."""
     if drafter is None:
         return 0
-    if gamma == "auto":
-        return GAMMA_AUTO
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= GAMMA_MAX:
+    value = AUTO if gamma == "auto" else gamma
+    if problem("speculation.gamma", value):  # the API's own words: auto is the Python string there
         raise ValueError(f"gamma must be an integer from 0 to {GAMMA_MAX} or 'auto', got {gamma!r}")
-    return gamma
+    return value
 
 
 def _non_negative(name: str, value) -> int:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 try:  # Python 3.11+
     import tomllib
@@ -46,6 +47,28 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Auto:
+    """gamma "auto": the gamma policy plans each step's draft from the measured alpha and c (spec/gamma.py)."""
+
+    def __str__(self) -> str:
+        return "auto"
+
+
+@dataclass(frozen=True)
+class Random:
+    """seed "random": each reply draws a fresh seed (and reports it in ReplyEnd.seed)."""
+
+    def __str__(self) -> str:
+        return "random"
+
+
+AUTO = Auto()
+RANDOM = Random()
+Gamma = Union[int, Auto]
+Seed = Union[int, Random]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     source: str = ""                # hub id, local dir, .gguf file, or bundled:<name>
     dtype: str = "auto"
@@ -64,7 +87,7 @@ class SamplingConfig:
     top_k: int = 0            # 0 = off
     top_p: float = 1.0        # 1 = off
     greedy: bool = False      # greedy regardless of temperature
-    seed: int = 0             # -1 = a fresh random seed each reply
+    seed: Seed = 0            # RANDOM = a fresh random seed each reply
     max_new_tokens: int = 0   # 0 = no cap: a reply runs to its end of turn or the context window
 
     @property
@@ -78,7 +101,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    gamma: int = 4            # drafted tokens per step; 0 = target-only; -1 = auto
+    gamma: Gamma = 4          # drafted tokens per step; 0 = target-only; AUTO = the policy plans each step
     mode: str = "spec"        # spec | target | drafter
     compare: str = "off"      # off | on | drafter
     extra_eos: tuple = ()     # extra stop strings (each must be a single token)
@@ -115,7 +138,6 @@ class Config:
     runtime: RuntimeConfig = RuntimeConfig()
 
 
-GAMMA_AUTO = -1
 GAMMA_MAX = 16
 
 
@@ -165,10 +187,11 @@ VALIDATORS = {
     ("sampling", "temperature"): lambda v: None if 0.0 <= v <= 5.0 else "a number from 0 to 5 (0 = greedy)",
     ("sampling", "top_k"): _int_range(0, 1_000_000),
     ("sampling", "top_p"): lambda v: None if 0.0 < v <= 1.0 else "a number in (0, 1]",
-    ("sampling", "seed"): _int_range(-1, 2**63 - 1),
+    ("sampling", "seed"): lambda v: None if isinstance(v, Random) or _plain_int(v) and 0 <= v <= 2**63 - 1
+    else f"an integer from 0 to {2**63 - 1}, or random",
     ("sampling", "max_new_tokens"): lambda v: None if 0 <= v <= 1_000_000
     else "0 (no cap: to the end of the turn or the context window) or a number of tokens up to 1000000",
-    ("speculation", "gamma"): lambda v: None if v == GAMMA_AUTO or 0 <= v <= GAMMA_MAX
+    ("speculation", "gamma"): lambda v: None if isinstance(v, Auto) or _plain_int(v) and 0 <= v <= GAMMA_MAX
     else f"an integer from 0 to {GAMMA_MAX}, or auto",
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
@@ -185,6 +208,75 @@ VALIDATORS = {
     ("runtime", "kernel"): _one_of(KERNELS),
     ("runtime", "kv_cache"): _one_of(KV_CACHES),
 }
+
+
+@dataclass(frozen=True)
+class WordSetting:
+    """A number setting that also takes one word: its one parse and one show, for every place that reads or
+    writes it (TOML, `key=value`, slash commands, the API, /config, the toolbar, stats lines, the bench).
+
+    `wire` is the serialised form: what transcripts (/save PATH.json) and `--json` stats write for the word,
+    as they did before the word had a type of its own; parse reads it back, so old files still /load."""
+    word: str
+    value: Any   # AUTO or RANDOM
+    wire: int
+    numbers: str  # what the number may be, for messages
+
+    def parse(self, raw: Any) -> Any:
+        """The setting from user text, a TOML or JSON value, or an API argument; anything else is returned
+        as it came, for the validator to judge."""
+        if isinstance(raw, str) and raw.strip().lower() == self.word:
+            return self.value
+        if _plain_int(raw) and raw == self.wire:
+            return self.value
+        return raw
+
+    def show(self, value: Any) -> str:
+        return self.word if value == self.value else str(value)
+
+    def dump(self, value: Any) -> Any:
+        """The serialised form: `wire` for the word, the number as it is."""
+        return self.wire if value == self.value else value
+
+
+WORD_SETTINGS = {  # beside VALIDATORS: the settings whose value is a number or a word
+    "speculation.gamma": WordSetting("auto", AUTO, -1, f"an integer from 0 to {GAMMA_MAX}"),
+    "sampling.seed": WordSetting("random", RANDOM, -1, "an integer"),
+}
+
+
+def _plain_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def from_wire(key: str, value: Any) -> Any:
+    """A value as a transcript or TOML file holds it, as the setting's type (a word setting's word or wire)."""
+    word = WORD_SETTINGS.get(key)
+    return word.parse(value) if word else value
+
+
+def to_wire(key: str, value: Any) -> Any:
+    """A setting as transcripts and `--json` write it (a word setting's word as its wire number)."""
+    word = WORD_SETTINGS.get(key)
+    return word.dump(value) if word else value
+
+
+def show_value(key: str, value: Any) -> str:
+    """A setting as the UI says it: a word setting's word, else the value's text."""
+    word = WORD_SETTINGS.get(key)
+    return word.show(value) if word else str(value)
+
+
+def problem(key: str, value: Any) -> str | None:
+    """What `section.key` must be, where `value` does not fit (its validator's words); None where it does."""
+    section, name = _split_key(key)
+    check = _validator(section, name)
+    return check(value) if check else None
+
+
+def seed_for_reply(seed: Seed) -> int:
+    """The seed one reply samples with: the setting's number, or a fresh one where it is RANDOM."""
+    return random.randrange(2**63) if isinstance(seed, Random) else seed
 
 
 def _validator(section: str, key: str):
@@ -217,15 +309,16 @@ def _suggest(word: str, options) -> str:
 def parse_value(text: str, current: Any, key: str) -> Any:
     """Turn the text a user typed into the type of the current value."""
     text = text.strip()
-    if key == "speculation.gamma" and text.lower() == "auto":
-        return GAMMA_AUTO
-    if key == "sampling.seed" and text.lower() == "random":
-        return -1
+    word = WORD_SETTINGS.get(key)
+    if word is not None and text.lower() == word.word:
+        return word.value
     if key == "sampling.max_new_tokens" and text.lower() in ("off", "none"):
         return 0
     try:
         if isinstance(current, bool):
             return _parse_bool(text)
+        if word is not None:
+            return word.parse(int(text))
         if isinstance(current, int):
             return int(text)
         if isinstance(current, float):
@@ -242,7 +335,7 @@ def parse_value(text: str, current: Any, key: str) -> Any:
     return text
 
 
-_WORDS_FOR_KEY = {"sampling.seed": "an integer or random", "speculation.gamma": f"an integer from 0 to {GAMMA_MAX} or auto",
+_WORDS_FOR_KEY = {**{key: f"{w.numbers} or {w.word}" for key, w in WORD_SETTINGS.items()},
                   "sampling.max_new_tokens": "an integer or off"}  # keys that take a word besides their type
 _KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "on/off (true/false)",
                "str": "a string", "tuple": "a list of strings", "dict": "a table"}
@@ -259,6 +352,11 @@ def _parse_bool(text: str) -> bool:
 
 def _coerce_toml(value: Any, current: Any, key: str) -> Any:
     """TOML values already carry types; check they fit and widen int to float."""
+    if key in WORD_SETTINGS:
+        value = from_wire(key, value)
+        if isinstance(value, (Auto, Random)) or _plain_int(value):
+            return value
+        raise ConfigError(f"{key} must be {_WORDS_FOR_KEY[key]}, got {value!r}")
     if isinstance(current, bool) != isinstance(value, bool):
         want = _KIND_WORDS.get(type(current).__name__, type(current).__name__)
         raise ConfigError(f"{key} must be {want}, got {value!r}")
@@ -268,8 +366,6 @@ def _coerce_toml(value: Any, current: Any, key: str) -> Any:
         if not all(isinstance(item, str) for item in value):
             raise ConfigError(f"{key} must be {_KIND_WORDS['tuple']}, got {value!r}")
         return tuple(value)
-    if key == "speculation.gamma" and value == "auto":
-        return GAMMA_AUTO
     if type(value) is not type(current):
         want = _KIND_WORDS.get(type(current).__name__, type(current).__name__)
         raise ConfigError(f"{key} must be {want}, got {value!r}")
@@ -286,8 +382,7 @@ def with_value(cfg: Config, key: str, value: Any) -> Config:
     check = _validator(section, name)
     problem = check(value) if check else None
     if problem:
-        shown = "auto" if key == "speculation.gamma" and value == GAMMA_AUTO else value
-        raise ConfigError(f"{key} must be {problem}, got {shown!r}")
+        raise ConfigError(f"{key} must be {problem}, got {value!r}")
     new_section = dataclasses.replace(getattr(cfg, section), **{name: value})
     return dataclasses.replace(cfg, **{section: new_section})
 

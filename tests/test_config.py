@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from specchat.config import (CONFIG_DIR, GAMMA_AUTO, Config, ConfigError, ModelConfig,
-                             apply_overrides, as_flat_dict, load_config, tomllib)
+from specchat.config import (CONFIG_DIR, AUTO, RANDOM, Config, ConfigError, ModelConfig,
+                             apply_overrides, as_flat_dict, from_wire, get_value, load_config, problem, show_value,
+                             to_wire, tomllib)
 
 REQUIRED_SECTIONS = {"target", "drafter", "sampling", "speculation"}
 BUNDLED_CONFIGS = sorted(CONFIG_DIR.glob("*.toml"))
@@ -21,7 +22,7 @@ def test_default_config_is_the_bundled_pair():
     assert (cfg.target.dtype, cfg.target.quantization, cfg.target.device) == ("auto", "auto", "auto")  # w4a8 here
     assert (cfg.drafter.quantization, cfg.target.backend, cfg.drafter.backend) == ("auto-fast", "lean", "lean")
     assert cfg.runtime.kernel == "auto"
-    assert cfg.speculation.mode == "spec" and cfg.speculation.gamma == GAMMA_AUTO and cfg.speculation.drafter_vocab == 32768
+    assert cfg.speculation.mode == "spec" and cfg.speculation.gamma == AUTO and cfg.speculation.drafter_vocab == 32768
     assert cfg.sampling.is_greedy
 
 
@@ -55,7 +56,7 @@ def test_overrides_are_typed_from_the_current_value():
         "speculation.gamma=auto", "speculation.extra_eos=<|im_end|>, ###", "target.dtype=float32",
         "drafter.quantization=4bit", "target.device=cuda:1", "ui.color=false", "target.source=./m.gguf"])
     assert cfg.sampling.temperature == 0.7 and cfg.sampling.top_k == 40 and cfg.sampling.greedy
-    assert cfg.sampling.seed == -1 and cfg.speculation.gamma == GAMMA_AUTO
+    assert cfg.sampling.seed == RANDOM and cfg.speculation.gamma == AUTO
     assert cfg.speculation.extra_eos == ("<|im_end|>", "###")
     assert (cfg.target.dtype, cfg.drafter.quantization, cfg.target.device) == ("float32", "4bit", "cuda:1")
     assert cfg.ui.color is False and cfg.target.source == "./m.gguf"
@@ -64,7 +65,7 @@ def test_overrides_are_typed_from_the_current_value():
 def test_overrides_leave_the_original_untouched():
     base = load_config()
     changed = apply_overrides(base, ["speculation.gamma=7"])
-    assert base.speculation.gamma == GAMMA_AUTO and changed.speculation.gamma == 7
+    assert base.speculation.gamma == AUTO and changed.speculation.gamma == 7
 
 
 @pytest.mark.parametrize("override, message", [
@@ -117,7 +118,7 @@ def test_toml_values_widen_and_tables_load(tmp_path):
     cfg = load_config(path, ["sampling.top_p=0.9"])
     assert cfg.target.max_memory == {"0": "20GiB", "1": "22GiB"}
     assert cfg.sampling.temperature == 1.0 and isinstance(cfg.sampling.temperature, float)
-    assert cfg.speculation.gamma == GAMMA_AUTO and cfg.speculation.extra_eos == ("###",)
+    assert cfg.speculation.gamma == AUTO and cfg.speculation.extra_eos == ("###",)
     assert cfg.sampling.top_p == 0.9
 
 
@@ -188,3 +189,18 @@ def test_flat_dict_names_every_key():
               for k in dataclasses.fields(s.type if not isinstance(s.type, str) else ModelConfig)}
     assert "target.source" in flat and "speculation.gamma" in flat and "ui.context_limit" in flat
     assert {k for k in flat if k.startswith("target.")} == {k for k in fields if k.startswith("target.")}
+
+
+@pytest.mark.parametrize("key, word, value", [("speculation.gamma", "auto", AUTO), ("sampling.seed", "random", RANDOM)])
+def test_a_word_setting_has_one_parse_and_one_show_for_every_form(tmp_path, key, word, value):
+    """gamma's auto and the seed's random: the word (any case) and the serialised -1, from `key=value` and
+    TOML, are the typed value; it shows as the word and serialises as -1; numbers stay numbers."""
+    section, name = key.split(".")
+    for text in (word, word.upper(), "-1"):
+        assert get_value(apply_overrides(Config(), [f"{key}={text}"]), key) == value
+    for toml in (f'"{word}"', "-1"):
+        (tmp_path / "c.toml").write_text(f"[{section}]\n{name} = {toml}\n")
+        assert get_value(load_config(tmp_path / "c.toml"), key) == value
+    assert show_value(key, value) == word and to_wire(key, value) == -1 and from_wire(key, -1) == value
+    assert get_value(apply_overrides(Config(), [f"{key}=3"]), key) == 3 and show_value(key, 3) == "3"
+    assert problem(key, -1) is not None and problem(key, value) is None  # the typed value, never the number

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from specchat.bench.suite import SETTINGS, load_prompts
 from specchat.bench.methods import Method, Runner
-from specchat.config import GAMMA_AUTO, SpeculationConfig, load_config
+from specchat.config import AUTO, SpeculationConfig, load_config
 from specchat.loading.models import load_model, load_pair
 
 TARGET = Method("target-only", "specchat", "target")
@@ -34,7 +34,7 @@ def lookup_switched(spec: SpeculationConfig) -> tuple[str, SpeculationConfig]:
 
 def variants(cfg, pair, unquantized, wanted: list[str]) -> dict[str, Runner]:
     spec, system = cfg.speculation, cfg.ui.system_prompt
-    auto, fixed = Method("auto", "specchat", "spec", GAMMA_AUTO), Method("γ4", "specchat", "spec", 4)
+    auto, fixed = Method("auto", "specchat", "spec", AUTO), Method("γ4", "specchat", "spec", 4)
     runners = {BASELINE: Runner(pair, [TARGET, auto], system, spec)}
     if "lookup" in wanted:
         label, switched = lookup_switched(spec)

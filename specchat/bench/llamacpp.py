@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specchat.config import Config, SamplingConfig
+from specchat.config import Config, Random, SamplingConfig
 
 GAMMAS = (4, 8)
 NGRAM = "ngram"      # the gamma of the n-gram row
@@ -102,7 +102,7 @@ class LlamaCppRunner:
         else:
             llama, self.drafter.gamma = self.speculative, gamma
         llama.reset()
-        llama.set_seed(sampling.seed if sampling.seed >= 0 else 0)
+        llama.set_seed(0 if isinstance(sampling.seed, Random) else sampling.seed)
         options = _options(sampling)
         start, new = time.perf_counter(), []
         for token in llama.generate(ids, reset=True, **options):

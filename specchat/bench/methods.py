@@ -9,14 +9,14 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from specchat.config import GAMMA_AUTO, Config, SamplingConfig, SpeculationConfig
+from specchat.config import AUTO, Auto, Config, SamplingConfig, SpeculationConfig, seed_for_reply, show_value
 from specchat.spec.engine import build_engine
 from specchat.spec.model_io import input_device
 from specchat.spec.gamma import AutoGamma
 from specchat.spec.events import ReplyEnd
 from specchat.session.chat import render_prompt
 
-SPEC_GAMMAS = (4, 6, 8, GAMMA_AUTO)
+SPEC_GAMMAS = (4, 6, 8, AUTO)
 LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
 UNQUANTIZED = " · unquantized drafter"  # name suffix: transformers with the drafter as shipped
 HF_GAMMAS = (4, 8)
@@ -28,7 +28,7 @@ class Method:
     name: str
     kind: str                  # "specchat" | "hf" | "llama.cpp"
     mode: str                  # "target" | "spec" | "assisted"
-    gamma: int | str | None = None  # None: not speculative; GAMMA_AUTO: specchat's auto gamma; llama.cpp's "ngram"
+    gamma: int | Auto | str | None = None  # None: not speculative; AUTO: specchat's auto gamma; llama.cpp's "ngram"
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
     drafter: str = "loaded"    # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
     target: str = ""           # specchat: "" the configured target, else another quantization of it
@@ -43,7 +43,7 @@ class Method:
     def gamma_label(self) -> str:
         if self.gamma is None:
             return "—" if self.schedule == "constant" else "heuristic"
-        return "auto" if self.gamma == GAMMA_AUTO else str(self.gamma)
+        return show_value("speculation.gamma", self.gamma)
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,8 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
 
 def _drafter_row(name: str) -> Method:
     """A row for one drafter: at γ DRAFTER_ROW_GAMMA, or auto γ for `auto` (its copies plan themselves)."""
-    gamma = GAMMA_AUTO if name == "auto" else DRAFTER_ROW_GAMMA
-    return Method(f"specchat {name} γ{'auto' if gamma == GAMMA_AUTO else gamma}", "specchat", "spec", gamma,
+    gamma = AUTO if name == "auto" else DRAFTER_ROW_GAMMA
+    return Method(f"specchat {name} γ{show_value('speculation.gamma', gamma)}", "specchat", "spec", gamma,
                   speculator=name)
 
 
@@ -107,7 +107,7 @@ def target_only_name(target: str) -> str:
 
 def _specchat_spec(target: str) -> list[Method]:
     suffix = _target_suffix(target)
-    return [Method(f"specchat γ{'auto' if g == GAMMA_AUTO else g}{suffix}", "specchat", "spec", g, target=target)
+    return [Method(f"specchat γ{show_value('speculation.gamma', g)}{suffix}", "specchat", "spec", g, target=target)
             for g in SPEC_GAMMAS]
 
 
@@ -204,7 +204,7 @@ class Runner:
             self._configure_assistant(method, kwargs["assistant_model"])
         device = input_device(self.pair.target)
         input_ids = torch.tensor([ids], device=device)
-        torch.manual_seed(sampling.seed)
+        torch.manual_seed(seed_for_reply(sampling.seed))
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.pair.target.generate(input_ids, attention_mask=torch.ones_like(input_ids),

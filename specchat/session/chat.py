@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specchat.config import Config, SamplingConfig, drafter_needed, undecodable_at
+from specchat.config import RANDOM, Config, SamplingConfig, drafter_needed, undecodable_at
 from specchat.spec.events import Rejected, ReplyDone, Token
 from specchat.spec.insight import Rejection
 from specchat.spec.metrics import ReplyStats
@@ -270,7 +270,7 @@ class ChatSession:
         tokens after the cut, since the engine reuses only the ids the new prompt really shares."""
         stops, halt = StopFilter(self.stop_strings), StopOrCancel(cancel)
         sampling = self.sampling_for(prompt_ids)
-        sampling = dataclasses.replace(sampling, seed=-1) if fresh_seed else sampling
+        sampling = dataclasses.replace(sampling, seed=RANDOM) if fresh_seed else sampling
         for event in self.engine.stream(prompt_ids, sampling, self.config.speculation, halt):
             for shown in stops.feed(event):
                 yield self._context_full(shown)

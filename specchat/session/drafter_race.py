@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import random
 import statistics
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from specchat.config import seed_for_reply
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.engine import Engine
 from specchat.spec.events import ReplyEnd
@@ -93,7 +93,7 @@ def contenders(engine: Engine, current: str) -> list[str]:
 def race_sampling(session):
     """The chat's sampling with one seed for every run and at most RACE_TOKENS new tokens a run."""
     cfg = session.config
-    seed = cfg.sampling.seed if cfg.sampling.seed >= 0 else random.randrange(2**63)
+    seed = seed_for_reply(cfg.sampling.seed)
     sampling = session.sampling_for(session.last_prompt_ids)
     return dataclasses.replace(sampling, seed=seed, max_new_tokens=min(sampling.max_new_tokens, RACE_TOKENS))
 

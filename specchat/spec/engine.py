@@ -11,12 +11,11 @@ text; `stream()` wraps it with detokenized text for the UI (mlx-lm's split).
 from __future__ import annotations
 
 import dataclasses
-import random
 import threading
 import time
 from collections.abc import Iterator
 
-from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig, drafter_needed
+from specchat.config import Auto, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.spec import model_io
 from specchat.spec.gamma import AutoGamma, GammaPolicy
@@ -151,7 +150,7 @@ class Engine:
         recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids),
                                  self._prompt_read(speculation.mode))
         recorder.stats.drafter = speculation.drafter if speculation.mode == "spec" else ""
-        seed = sampling.seed if sampling.seed >= 0 else random.randrange(2**63)
+        seed = seed_for_reply(sampling.seed)
         generator = make_generator(seed, self.device)
         yield from self._prefill(speculation.mode, cancel, recorder)
         produced, stop_reason, index = 0, "max_tokens", 0
@@ -204,7 +203,7 @@ class Engine:
         """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Never past max_new_tokens."""
         if speculation.mode == "target":
             return DraftPlan(0)
-        plan = self.policy.plan() if speculation.gamma == GAMMA_AUTO else DraftPlan(speculation.gamma)
+        plan = self.policy.plan() if isinstance(speculation.gamma, Auto) else DraftPlan(speculation.gamma)
         gamma = max(0, min(plan.gamma, remaining - 1))
         return dataclasses.replace(plan, gamma=gamma, min_confidence=speculation.draft_confidence,
                                    room=max(0, remaining - 1), verified=True)

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from specchat.config import Gamma, to_wire
+
 if TYPE_CHECKING:
     from specchat.spec.step import StepResult
 
@@ -36,7 +38,7 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
 @dataclass
 class ReplyStats:
     mode: str = "spec"
-    gamma: int = 0
+    gamma: Gamma = 0      # the setting the reply ran with (AUTO: planned per step; see mean_gamma)
     drafter: str = ""     # who drafted in spec mode: model | lookup | auto | self:N
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -131,6 +133,7 @@ class ReplyStats:
 
     def to_dict(self) -> dict:
         plain = {k: v for k, v in self.__dict__.items()}
+        plain["gamma"] = to_wire("speculation.gamma", self.gamma)  # auto as -1, as --json and transcripts wrote it
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
         for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "generation_tokens_per_s", "cost_ratio",
                      "measured_speedup", "per_position_rate", "prefill_tokens_per_s", "mean_gamma", "alpha_per_draft", "predicted_speedup"):
@@ -141,7 +144,7 @@ class ReplyStats:
 class StatsRecorder:
     """Collects one reply's counters and timings while the engine runs."""
 
-    def __init__(self, mode: str, gamma: int, prompt_tokens: int, reused_tokens: int):
+    def __init__(self, mode: str, gamma: Gamma, prompt_tokens: int, reused_tokens: int):
         self.stats = ReplyStats(mode=mode, gamma=gamma, prompt_tokens=prompt_tokens,
                                 reused_tokens=reused_tokens)
         self._start = time.perf_counter()

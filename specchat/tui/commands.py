@@ -26,7 +26,8 @@ from specchat.tui.transcript import load_transcript, save_transcript
 from specchat.tui.trace import write_trace
 from specchat.tui.why_view import why
 from specchat.session.chat import ChatError, ChatSession
-from specchat.config import VIEWS, ConfigError, drafter_needed, all_keys, as_flat_dict, get_value, set_from_text, with_value
+from specchat.config import (VIEWS, WORD_SETTINGS, ConfigError, drafter_needed, all_keys, as_flat_dict, get_value,
+                             set_from_text, show_value, with_value)
 
 START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel", "runtime.kv_cache")  # used when the models load, not per reply
 GAMMA_DETAILS = (
@@ -164,10 +165,8 @@ class SlashCompleter(Completer):
 
 # ----- settings helpers -----------------------------------------------------------------------------
 def shown(key: str, value: Any) -> str:
-    if key == "speculation.gamma":
-        return render.gamma_text(value)
-    if key == "sampling.seed" and value == -1:
-        return "random"
+    if key in WORD_SETTINGS:
+        return show_value(key, value)
     if key == "sampling.max_new_tokens" and value == 0:
         return "off (no cap: to the end of the turn or the context window)"
     if isinstance(value, bool):

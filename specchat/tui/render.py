@@ -16,7 +16,7 @@ from rich.control import Control, ControlType
 from rich.table import Table
 from rich.text import Text
 
-from specchat.config import GAMMA_AUTO, QUANTIZATIONS
+from specchat.config import QUANTIZATIONS, Gamma, show_value
 from specchat.session.chat import CONTEXT_FULL, CUT_MARKS
 from specchat.spec.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
 from specchat.spec.metrics import ReplyStats
@@ -194,10 +194,10 @@ class Renderer:
 
 
 # ----- one-line texts ------------------------------------------------------------------------------
-def gamma_text(gamma: int, mean_gamma: float | None = None) -> str:
-    if gamma == GAMMA_AUTO:
-        return f"auto (≈{mean_gamma:.1f})" if mean_gamma else "auto"
-    return str(gamma)
+def gamma_text(gamma: Gamma, mean_gamma: float | None = None) -> str:
+    """`4`, `auto`, or `auto (≈3.2)` where a reply measured its mean draft."""
+    shown = show_value("speculation.gamma", gamma)
+    return f"{shown} (≈{mean_gamma:.1f})" if mean_gamma and not isinstance(gamma, int) else shown
 
 
 def prefill_text(event: PrefillProgress) -> str:

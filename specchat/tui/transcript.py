@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from specchat.config import Config, ConfigError, as_flat_dict, with_value
+from specchat.config import Config, ConfigError, as_flat_dict, from_wire, to_wire, with_value
 from specchat.spec.metrics import ReplyStats
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
@@ -25,7 +25,7 @@ PASTE_LINES = 3  # a user message of this many line breaks or more is shown in t
 
 def transcript(session: ChatSession) -> dict[str, Any]:
     """The session as plain data: system prompt, settings, turns with stats, totals."""
-    config = {k: list(v) if isinstance(v, tuple) else v for k, v in as_flat_dict(session.config).items()}
+    config = {k: list(v) if isinstance(v, tuple) else to_wire(k, v) for k, v in as_flat_dict(session.config).items()}
     turns = [{"user": r.user, "reply": r.text, "cut": r.cut, "stop_reason": r.stop_reason,
               "stats_line": stats_line(r.stats, r.stop_reason).strip(), "stats": r.stats.to_dict()}
              for r in session.records]
@@ -118,7 +118,7 @@ def loaded_parts(data: Any, path_text: str, config: Config) -> tuple[Config, lis
     try:
         for key, value in dict(data.get("config") or {}).items():
             if key.split(".")[0] not in LOAD_SKIPS and key not in LOAD_SKIPS:
-                config = with_value(config, key, tuple(value) if isinstance(value, list) else value)
+                config = with_value(config, key, tuple(value) if isinstance(value, list) else from_wire(key, value))
         return with_value(config, "ui.system_prompt", data["system"]), data["turns"]
     except (ConfigError, TypeError, ValueError) as err:
         raise ChatError(f"cannot load '{path_text}': {err}") from None
@@ -127,5 +127,6 @@ def loaded_parts(data: Any, path_text: str, config: Config) -> tuple[Config, lis
 def loaded_record(turn: dict[str, Any]) -> ReplyRecord:
     names = {f.name for f in dataclasses.fields(ReplyStats)}
     stats = {k: v for k, v in dict(turn.get("stats") or {}).items() if k in names}
+    stats["gamma"] = from_wire("speculation.gamma", stats.get("gamma", 0))  # auto is written as -1
     stats["accepted_histogram"] = {int(k): v for k, v in dict(stats.get("accepted_histogram") or {}).items()}
     return ReplyRecord(turn["user"], turn["reply"], ReplyStats(**stats), str(turn.get("stop_reason", "eos")))

@@ -13,7 +13,7 @@ from tiny_models import build_model
 from specchat.bench import suite as bench
 from specchat.bench.methods import Measurement, Method, Runner, default_methods
 from specchat.bench.report import markdown_table
-from specchat.config import Config, ConfigError, with_value
+from specchat.config import AUTO, Config, ConfigError, with_value
 from specchat.loading.models import LoadedPair, ModelFacts
 
 PROMPTS = [{"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},
@@ -148,7 +148,7 @@ def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(targe
             plans[-1].append(chosen.gamma)
             return chosen
     monkeypatch.setattr(specchat.bench.methods, "AutoGamma", Recording)
-    auto, fixed = Method("auto", "specchat", "spec", -1), Method("γ4", "specchat", "spec", 4)
+    auto, fixed = Method("auto", "specchat", "spec", AUTO), Method("γ4", "specchat", "spec", 4)
     runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), [fixed, auto], "")
     greedy = bench.SamplingConfig(temperature=0.0, max_new_tokens=40)
     runner.measure(auto, PROMPTS[0], greedy)

@@ -58,7 +58,7 @@ import pytest
 import torch
 
 from conftest import CheapDrafterGamma, make_engine
-from specchat.config import GAMMA_AUTO, Config, SamplingConfig
+from specchat.config import AUTO, Config, SamplingConfig
 from specchat.runtime import lean
 from specchat.spec import model_io
 from specchat.spec.events import ReplyDone, StepDone, Token
@@ -259,7 +259,7 @@ class Churn:
         if mode == "spec" and greedy:
             self.counts["greedy spec replies that drafted"] += stats.drafted > 0
             self.counts["greedy spec replies with a rejection"] += stats.rejections > 0
-            auto = gamma == GAMMA_AUTO
+            auto = gamma == AUTO
             self.counts["greedy spec replies under auto gamma"] += auto
             self.counts["greedy spec replies that drafted under auto gamma"] += auto and stats.drafted > 0
         if mode == "spec" and not greedy:

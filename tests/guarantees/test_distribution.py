@@ -26,7 +26,7 @@ import torch
 import specchat.spec.engine
 import specchat.spec.step
 from conftest import CheapDrafterGamma, make_engine, prompt_ids, reference_probs
-from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.events import ReplyEnd
 from specchat.spec.sampling import sample
 from specchat.spec.step import StepResult
@@ -295,7 +295,7 @@ def test_auto_gamma_with_a_cheap_drafter_matches_target_distribution(setting, ta
         seen["drafted"] += stats.drafted
         seen["rejections"] += stats.rejections
         seen["long drafts"] += sum(s.drafted >= 2 for s in steps)
-    counts = sampled(engine_replies(engine, ids, GAMMA_AUTO), runs, 6, observe=observe)
+    counts = sampled(engine_replies(engine, ids, AUTO), runs, 6, observe=observe)
     assert seen["drafted"] > 0 and seen["rejections"] > 0 and seen["long drafts"] >= runs // 4
     assert check(joint, counts, "auto gamma, cheap drafter") <= 1.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import GREEDY, CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
-from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.events import Origin, Rejected, StepDone, Token
 from specchat.spec.step import StepResult
 
@@ -65,7 +65,7 @@ def test_greedy_exact_for_other_seeds_and_auto_gamma(tokenizer, seed):
     ids = prompt_ids(tokenizer, PROMPTS[seed])
     reference = hf_greedy(target, ids, GREEDY.max_new_tokens)
     engine = make_engine(target, drafter, tokenizer, policy=CheapDrafterGamma())
-    _, auto = run_reply(engine, ids, gamma=GAMMA_AUTO)
+    _, auto = run_reply(engine, ids, gamma=AUTO)
     assert list(auto.ids) == reference
     assert auto.stats.drafted > 0 and auto.stats.rejections > 0  # drafts ran, and some were refused
 
@@ -132,7 +132,7 @@ def test_auto_gamma_ends_drafts_by_the_path_floor_and_stays_exact(target, tokeni
     policy = CheapDrafterGamma()
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer, policy=policy)
     events = list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=120),
-                                SpeculationConfig(gamma=GAMMA_AUTO)))
+                                SpeculationConfig(gamma=AUTO)))
     drafted = [s.drafted for s in events if isinstance(s, StepDone)]
     assert list(events[-1].ids) == hf_greedy(target, ids, 120)
     assert any(1 < d < policy.max_draft for d in drafted[:-2])  # ended by the floor, not the cap

@@ -9,7 +9,7 @@ import torch
 
 from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
 from tiny_models import build_model
-from specchat.config import GAMMA_AUTO
+from specchat.config import AUTO
 from specchat.runtime.attention import use_batch_invariant_attention
 from specchat.quant.w4a8 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
 from specchat.loading import quantized_cache
@@ -134,7 +134,7 @@ def w4a8_pair(tokenizer, kernel):
     return w4a8_model(target, kernel, torch.bfloat16), w4a8_model(noisy_head_copy(target), kernel, torch.bfloat16)
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 8, GAMMA_AUTO])
+@pytest.mark.parametrize("gamma", [1, 4, 8, AUTO])
 @pytest.mark.parametrize("text", ["def reverse(lst):", "The quick brown"])
 def test_greedy_speculative_equals_target_only_with_a_w4a8_target_in_bf16(w4a8_pair, tokenizer, gamma, text):
     assert_greedy_spec_is_target_only(*w4a8_pair, tokenizer, text, gamma)
@@ -195,7 +195,7 @@ def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(ke
     assert mlp.gate_proj.group[0] is mlp.up_proj.group[0] and mlp.down_proj.group is None
 
 
-@pytest.mark.parametrize("gamma", [4, GAMMA_AUTO])
+@pytest.mark.parametrize("gamma", [4, AUTO])
 def test_greedy_speculative_equals_target_only_on_the_lean_forward_with_w4a8(tokenizer, kernel, gamma):
     from specchat.runtime.lean import attach_lean
     target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)

@@ -10,7 +10,7 @@ from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
 from tiny_models import build_model
-from specchat.config import GAMMA_AUTO
+from specchat.config import AUTO
 from specchat.runtime.attention import use_batch_invariant_attention
 from specchat.spec.model_io import crop_to
 from specchat.quant import shared, w8a8
@@ -177,7 +177,7 @@ def bf16_cases() -> list:
     turns; the rest are slow."""
     texts = ["def reverse(lst):", "The quick brown"]
     return [pytest.param(text, gamma, marks=() if g % len(texts) == t else pytest.mark.slow)
-            for t, text in enumerate(texts) for g, gamma in enumerate([1, 4, 8, GAMMA_AUTO])]
+            for t, text in enumerate(texts) for g, gamma in enumerate([1, 4, 8, AUTO])]
 
 
 @pytest.mark.parametrize("text, gamma", bf16_cases())

@@ -10,7 +10,7 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config,
 
 from conftest import CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
 from tiny_models import build_model
-from specchat.config import GAMMA_AUTO, SamplingConfig
+from specchat.config import AUTO, SamplingConfig
 from specchat.runtime import lean
 from specchat.spec import model_io
 from specchat.runtime.attention import use_batch_invariant_attention
@@ -90,7 +90,7 @@ def test_the_lean_cache_grows_past_its_first_capacity(target, tokenizer, monkeyp
     assert torch.allclose(ours, logits_in_pieces(target, ids, 5, [3, 1, 6, 9, 1]), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 8, GAMMA_AUTO])
+@pytest.mark.parametrize("gamma", [1, 4, 8, AUTO])
 def test_greedy_speculative_on_lean_models_equals_transformers_generate(target, similar_drafter_model,
                                                                          tokenizer, gamma):
     ids = prompt_ids(tokenizer, "The quick brown")

@@ -11,7 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from tiny_models import build_model
-from specchat.config import GAMMA_AUTO
+from specchat.config import AUTO
 from specchat.runtime import lean
 from specchat.spec import model_io
 from specchat.runtime.lean import LeanCache, LeanForward
@@ -166,7 +166,7 @@ def test_a_copied_model_builds_compiled_layers_over_its_own_weights(kernel, toke
     assert torch.equal(before, model_io.forward(model, model_io.new_cache(model), ids, keep=1))
 
 
-@pytest.mark.parametrize("gamma", [1, 4, GAMMA_AUTO])
+@pytest.mark.parametrize("gamma", [1, 4, AUTO])
 def test_greedy_speculative_equals_target_only_on_the_compiled_layers(tokenizer, kernel, gamma):
     target = w4a8(qwen2_model(len(tokenizer), seed=1), kernel, ("v_proj",))
     drafter = w4a8(noisy_head_copy(qwen2_model(len(tokenizer), seed=1)), kernel)

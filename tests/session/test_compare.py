@@ -11,7 +11,7 @@ from conftest import make_engine
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer, CompareReport
 from specchat.tui.compare_view import CompareView, view_compare_fn
-from specchat.config import Config, with_value
+from specchat.config import RANDOM, Config, with_value
 from specchat.loading.models import LoadedPair, ModelFacts
 
 
@@ -63,7 +63,7 @@ def test_with_a_random_seed_the_rerun_uses_the_replys_own_seed(target, similar_d
                                                                monkeypatch):
     import specchat.spec.engine
     session, _ = session_with_compare(target, similar_drafter_model, tokenizer, temperature=0.9)
-    session.config = with_value(session.config, "sampling.seed", -1)
+    session.config = with_value(session.config, "sampling.seed", RANDOM)
     seeds = []
     real = specchat.spec.engine.make_generator
     monkeypatch.setattr(specchat.spec.engine, "make_generator", lambda seed, device: seeds.append(seed) or

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids, run_reply
-from specchat.config import SamplingConfig, SpeculationConfig
+from specchat.config import RANDOM, SamplingConfig, SpeculationConfig
 from specchat.spec.events import Origin, ReplyDone, StepDone, Token
 
 
@@ -158,11 +158,11 @@ def test_an_exception_mid_reply_resets_the_engine_and_the_next_reply_is_exact(ta
 
 
 def test_seed_random_draws_a_fresh_seed_each_reply_and_reports_it(target, unrelated_drafter_model, tokenizer):
-    """sampling.seed = -1 (/seed random): each reply draws its own seed and reports it, and that seed
+    """sampling.seed = RANDOM (/seed random): each reply draws its own seed and reports it, and that seed
     given back reproduces the reply."""
     ids = prompt_ids(tokenizer, "The quick brown")
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
-    free = SamplingConfig(temperature=1.0, seed=-1, max_new_tokens=12)
+    free = SamplingConfig(temperature=1.0, seed=RANDOM, max_new_tokens=12)
     replies = [run_reply(engine, ids, free, gamma=3)[1] for _ in range(3)]
     seeds = [r.seed for r in replies]
     assert len(set(seeds)) == 3 and min(seeds) >= 0

@@ -11,7 +11,7 @@ from rich.console import Console
 from conftest import ScriptedEngine, make_engine, scripted_reply
 from specchat.session.chat import ChatSession, Notice
 from specchat.tui.commands import Command, Outcome, Registry, build_registry
-from specchat.config import GAMMA_AUTO, Config, SamplingConfig, UIConfig, all_keys
+from specchat.config import AUTO, RANDOM, Config, SamplingConfig, UIConfig, all_keys
 from specchat.spec.events import Origin
 from specchat.spec.metrics import ReplyStats
 from specchat.tui.safe_text import visible
@@ -36,7 +36,7 @@ def plain(renderable) -> str:
 
 @pytest.mark.parametrize("line, key, value", [
     ("/gamma 6", "speculation.gamma", 6),
-    ("/gamma auto", "speculation.gamma", GAMMA_AUTO),
+    ("/gamma auto", "speculation.gamma", AUTO),
     ("/gamma 0", "speculation.gamma", 0),
     ("/temp 0.7", "sampling.temperature", 0.7),
     ("/top_k 40", "sampling.top_k", 40),
@@ -44,7 +44,7 @@ def plain(renderable) -> str:
     ("/max 64", "sampling.max_new_tokens", 64),
     ("/max off", "sampling.max_new_tokens", 0),
     ("/seed 7", "sampling.seed", 7),
-    ("/seed random", "sampling.seed", -1),
+    ("/seed random", "sampling.seed", RANDOM),
     ("/mode target", "speculation.mode", "target"),
     ("/mode drafter", "speculation.mode", "drafter"),
     ("/compare on", "speculation.compare", "on"),
@@ -237,7 +237,7 @@ def test_mode_change_shows_the_new_legend(session, registry):
     ("/compare on", "/compare off", "speculation.compare", ("on", "off")),
     ("/compare drafter", "/compare off", "speculation.compare", ("drafter", "off")),
     ("/show rejected on", "/show rejected off", "ui.show_rejected", (True, False)),
-    ("/seed 7", "/seed random", "sampling.seed", (7, -1)),
+    ("/seed 7", "/seed random", "sampling.seed", (7, RANDOM)),
 ])
 def test_switching_off_undoes_switching_on(session, registry, on, off, key, values):
     section, name = key.split(".")

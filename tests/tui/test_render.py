@@ -9,7 +9,7 @@ from rich.console import Console
 
 from specchat.tui import render, stats_view
 from specchat.session.chat import ReplyRecord, SessionTotals
-from specchat.config import GAMMA_AUTO
+from specchat.config import AUTO
 from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token
 from specchat.spec.metrics import ReplyStats
 
@@ -123,7 +123,7 @@ def test_stats_line_says_the_metrics_as_defined():
     line = render.stats_line(sample_stats(), "eos")
     assert line == " 96 tok · 9.8 tok/s · ttft 0.31 s · accepted 71/88 drafts (81%) · 3.4 tok/step · γ 4"
     assert render.stats_line(sample_stats(), "eos", speedup=1.9).endswith(" · 1.9× vs target")
-    auto = render.stats_line(sample_stats(gamma=GAMMA_AUTO), "max_tokens")
+    auto = render.stats_line(sample_stats(gamma=AUTO), "max_tokens")
     assert "γ auto (≈4.0)" in auto and auto.endswith("hit max tokens (/max)")
     target = render.stats_line(sample_stats(mode="target", drafted=0, accepted=0), "eos")
     assert "target only" in target and "accepted" not in target

@@ -14,7 +14,7 @@ from prompt_toolkit.output import DummyOutput
 from conftest import ScriptedEngine, make_engine, scripted_reply
 from specchat.session.chat import ChatSession
 from specchat.tui.commands import build_registry
-from specchat.config import Config, SamplingConfig, with_value
+from specchat.config import RANDOM, Config, SamplingConfig, with_value
 from specchat.spec.events import Origin, Rejected, Token
 from specchat.spec.metrics import ReplyStats
 from specchat.tui.render import Renderer, make_console
@@ -285,7 +285,7 @@ def test_undo_drops_the_last_exchange_and_retry_answers_again_with_a_fresh_seed(
     assert "answering the last message again (a fresh seed)" in screen
     assert screen.endswith("user       hi\nassistant  Hi again.\nyou> /quit")
     assert engine.prompts[2] == engine.prompts[0]  # the retry read the conversation without the old reply
-    assert engine.seeds == [0, 0, -1]  # the setting's seed, then a fresh one for /retry
+    assert engine.seeds == [0, 0, RANDOM]  # the setting's seed, then a fresh one for /retry
     assert [m["content"] for m in session.messages] == ["hi", "Hi again."]
 
 
@@ -352,3 +352,21 @@ def test_a_code_block_a_cut_reply_left_open_can_be_copied_too():
     assert [b.code for b in code_blocks("Fixed:\n```python\ndef get(self, key):\n    raise KeyError(key")] == [
         "def get(self, key):\n    raise KeyError(key"]
     assert [(b.language, b.extension) for b in code_blocks(CODE_REPLY)] == [("python", "py"), ("sh", "sh")]
+
+
+def test_auto_gamma_and_a_random_seed_save_as_minus_one_and_load_back(tokenizer, tmp_path):
+    """The serialised form of the word settings stays -1 (as transcripts and --json wrote it before gamma and the
+    seed had types: a transcript saved before reads the same), and /load reads it back as AUTO and RANDOM."""
+    from specchat.config import AUTO
+    saved = tmp_path / "chat.json"
+    config = with_value(with_value(CONFIG, "speculation.gamma", AUTO), "sampling.seed", RANDOM)
+    reply = scripted_reply([("Hello!", Origin.TARGET)], ReplyStats(mode="spec", gamma=AUTO, new_tokens=1, wall_s=0.1))
+    screen_of(ChatSession(ScriptedEngine([reply]), tokenizer, config, model_context_limit=1024),
+              f"hi\r/save {saved}\r/quit\r")
+    data = json.loads(saved.read_text())
+    assert data["config"]["speculation.gamma"] == -1 and data["config"]["sampling.seed"] == -1
+    assert data["turns"][0]["stats"]["gamma"] == -1 and "γ auto" in data["turns"][0]["stats_line"]
+    session = ChatSession(ScriptedEngine([]), tokenizer, CONFIG, model_context_limit=1024)
+    screen_of(session, f"/load {saved}\r/quit\r")
+    assert session.config.speculation.gamma == AUTO and session.config.sampling.seed == RANDOM
+    assert session.records[0].stats.gamma == AUTO

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conftest import hf_greedy, make_engine, prompt_ids
-from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.base import Draft, DraftPlan
 from specchat.spec.drafters.mixed import COPY_TOKENS, MAX_COPY, MixedDrafter
 from specchat.spec.gamma import AutoGamma
@@ -74,7 +74,7 @@ def test_auto_gamma_learns_no_alpha_from_a_copy():
 def test_greedy_auto_drafting_on_a_pasted_edit_equals_the_target_alone(target, similar_drafter_model, tokenizer):
     ids = prompt_ids(tokenizer, PASTED)
     engine = make_engine(target, similar_drafter_model, tokenizer)
-    done = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=GAMMA_AUTO, drafter="auto")))[-1]
+    done = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=AUTO, drafter="auto")))[-1]
     assert list(done.ids) == hf_greedy(target, ids, 40)
     assert engine.drafter is engine.drafters["auto"]
     assert 1 <= done.stats.copied_steps < done.stats.draft_steps  # both sources drafted in this reply

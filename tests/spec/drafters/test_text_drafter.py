@@ -9,7 +9,7 @@ from conftest import CheapDrafterGamma, hf_greedy, make_engine, noisy_head_copy,
 from text_pairs import (OTHER_CORPUS, exact_first_two, renumbered_model, renumbered_tokenizer, renumbering,
                         sampled_first_two, text_tokenizer, worst_deviation)
 from tiny_models import build_model
-from specchat.config import GAMMA_AUTO, SamplingConfig, SpeculationConfig
+from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.text import TextDrafter, drafter_for
 from specchat.spec.engine import Engine
@@ -82,7 +82,7 @@ def test_auto_gamma_drafts_as_text_and_stays_exact(tok, text_target, renumbered)
     drafter = TextDrafter(renumbered_model(noisy_head_copy(text_target), new_ids), tok, theirs, len(tok))
     engine = Engine(text_target, tok, drafter, eos_ids=(), policy=CheapDrafterGamma())
     ids = prompt_ids(tok, CODE)
-    _, done = run_reply(engine, ids, gamma=GAMMA_AUTO)
+    _, done = run_reply(engine, ids, gamma=AUTO)
     assert list(done.ids) == target_alone(text_target, tok, ids) and done.stats.accepted > 0
 
 
