@@ -34,7 +34,6 @@ from pathlib import Path
 from specchat.cache import building, cache_dir, fsync_one, optional_write, private_dir
 from specchat.errors import ModelLoadError, one_line
 from specchat.progress import Progress, report
-from specchat.spec import sampling
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
 SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path_avx_vnni.cpp",
@@ -182,7 +181,6 @@ def _kernel_or_error() -> tuple[object | None, str]:
         if not optional_write(lambda: _write_log(log, err)):
             return None, one_line(err)  # a full or read-only cache: no log to point at
         return None, f"{one_line(err)} (build log: {log})"
-    sampling.use_native_probs(module.top_p_probs)  # sampled rows on the CPU take its one-pass probabilities
     forced = os.environ.get(KERNEL_ENV, "")
     try:
         if forced:

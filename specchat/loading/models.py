@@ -27,6 +27,7 @@ from specchat.loading.slim import check_materialized, load as load_slim, paramet
 from specchat.loading.sources import Source, resolve_source
 from specchat.loading.pair_check import PairCheck, judge_pair
 from specchat.loading.tokenizer_check import output_width, stop_ids
+from specchat.spec.sampling import ProbsFn, compiled_probs, probs_from_logits
 
 OFFLINE_HINT = ("if there is no network, set HF_HUB_OFFLINE=1 to use the local hub cache, "
                 "or point the source at a local directory or .gguf file")
@@ -70,6 +71,7 @@ class LoadedPair:
     drafter_facts: ModelFacts | None
     drafter_tokenizer: Any = None       # the drafter's own tokenizer where it drafts text (pair_check.py), else None
     pair_check: PairCheck | None = None  # how the drafter's tokens relate to the target's (None: no drafter)
+    probs: ProbsFn = probs_from_logits  # what computes sampling probabilities: the compiled module's with w4a8
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,16 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     eos = stop_ids(tokenizer, target.generation_config.eos_token_id, cfg.speculation.extra_eos)
     release_freed_memory()
     return LoadedPair(target, drafter, tokenizer, eos, len(tokenizer), context_limit(cfg, target, tokenizer),
-                      target_facts, drafter_facts, drafter_tok if verdict and verdict.text_drafting else None, verdict)
+                      target_facts, drafter_facts, drafter_tok if verdict and verdict.text_drafting else None, verdict,
+                      _probs(target_facts, drafter_facts))
+
+
+def _probs(target_facts: ModelFacts, drafter_facts: ModelFacts | None) -> ProbsFn:
+    """Where the pair runs on the compiled w4a8 module, its sampling probabilities too (one pass over a row)."""
+    if not (target_facts.kernel or (drafter_facts is not None and drafter_facts.kernel)):
+        return probs_from_logits
+    from specchat.kernels.build import q4_kernel  # as the rest of this file: built where w4a8 asks for it
+    return compiled_probs(q4_kernel().top_p_probs)
 
 
 def drafter_loads_first(cfg: Config) -> bool:

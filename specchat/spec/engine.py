@@ -28,7 +28,7 @@ from specchat.spec.drafters.self_layers import check_self_layers, self_drafter, 
 from specchat.spec.insight import accept_probability
 from specchat.spec.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.spec.metrics import StatsRecorder
-from specchat.spec.sampling import make_generator
+from specchat.spec.sampling import ProbsFn, make_generator, probs_from_logits
 from specchat.spec.step import StepResult, drafter_step, speculative_step
 from specchat.spec.timing import clock
 
@@ -46,8 +46,10 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 class Engine:
     def __init__(self, target, tokenizer, drafter: Drafter | None, eos_ids,
-                 vocab_size: int | None = None, policy: GammaPolicy | None = None):
+                 vocab_size: int | None = None, policy: GammaPolicy | None = None,
+                 probs: ProbsFn = probs_from_logits):
         self.target = target
+        self.probs = probs  # what computes p and q (sampling.py): chosen where the pair is loaded
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.eos_ids = frozenset(int(i) for i in eos_ids)
@@ -206,14 +208,14 @@ class Engine:
         plan = self.policy.plan() if isinstance(speculation.gamma, Auto) else DraftPlan(speculation.gamma)
         gamma = max(0, min(plan.gamma, remaining - 1))
         return dataclasses.replace(plan, gamma=gamma, min_confidence=speculation.draft_confidence,
-                                   room=max(0, remaining - 1), verified=True)
+                                   room=max(0, remaining - 1), verified=True, probs=self.probs)
 
     def _step(self, speculation, sampling, remaining, generator) -> StepResult:
         if speculation.mode == "drafter":
-            return drafter_step(self.drafter, self.ids, sampling, generator)
+            return drafter_step(self.drafter, self.ids, sampling, generator, self.probs)
         plan = self._draft_plan(speculation, remaining)
         step = speculative_step(self.target, self.cache, self.drafter, self.ids, plan, sampling,
-                                generator, self.vocab_size)
+                                generator, self.vocab_size, self.probs)
         self.policy.observe_step(step)
         return step
 
@@ -258,4 +260,5 @@ def build_engine(pair, with_drafter: bool = True, policy: GammaPolicy | None = N
     use_drafter = with_drafter and pair.drafter is not None
     drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
     drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer) if use_drafter else None
-    return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy)
+    probs = getattr(pair, "probs", probs_from_logits)  # loading's choice (models.py)
+    return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, probs)

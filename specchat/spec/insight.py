@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specchat.spec.readback import ints, read_back
-from specchat.spec.sampling import probs_from_logits
+from specchat.spec.sampling import ProbsFn, probs_from_logits
 
 TOP = 5  # tokens of each model shown per rejection
 
@@ -95,8 +95,9 @@ def rejection_at(step: int, position: int, drafted: int, emitted: int, logits: t
                      listed(drafter_ids, drafter_p), gap[0] if greedy else None, source)
 
 
-def drafter_top(logits_row: torch.Tensor, sampling, ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def drafter_top(logits_row: torch.Tensor, sampling, ids: torch.Tensor | None,
+                probs: ProbsFn = probs_from_logits) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's top tokens at one drafted position, from its [1, width] logits row (on the device)."""
-    row = probs_from_logits(logits_row, sampling)[0] if not sampling.is_greedy else \
+    row = probs(logits_row, sampling)[0] if not sampling.is_greedy else \
         torch.softmax(logits_row[0].float(), dim=-1)
     return top(row, ids)

@@ -4,9 +4,16 @@ Nothing here edits its input in place: logits that are reused stay intact.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specchat.config import SamplingConfig
+
+# What computes sampling probabilities: ([n, vocab] logits, settings) -> [n, vocab] float32 probabilities. The
+# engine is handed one (loading picks it: the compiled module's where a pair runs on it) and gives it to the step
+# and the drafters, so the target's p and the drafter's q always come from the same code.
+ProbsFn = Callable[[torch.Tensor, SamplingConfig], torch.Tensor]
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -17,30 +24,15 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
 
 SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny  # a float32 division by less gives inf or nan
 
-# The compiled module's probabilities for CPU rows (kernels/sampling.cpp: one pass over a row, where the torch
-# code below takes ten), f(logits, temperature, top_k, top_p); set by the module's loader, None before.
-_native_probs = None
-
-
-def use_native_probs(function) -> None:
-    """From now on compute CPU rows' probabilities with `function` (None: with torch, as below)."""
-    global _native_probs
-    _native_probs = function
-
-
 def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
     """[n, vocab] logits -> [n, vocab] float32 probabilities after temperature, top-k, top-p.
 
-    Greedy (temperature 0 or greedy=True) gives one-hot argmax rows. Once the compiled module is loaded, CPU
-    rows take its code: the same kept tokens and probabilities within float rounding of the torch code here
-    (a token whose mass before it is within rounding of top_p may fall either side).
+    Greedy (temperature 0 or greedy=True) gives one-hot argmax rows. The torch code: the default ProbsFn.
     """
     logits = logits.float()
     if params.is_greedy:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
     temperature = max(params.temperature, SMALLEST_TEMPERATURE)
-    if _native_probs is not None and logits.device.type == "cpu" and logits.dim() == 2:
-        return _native_probs(logits, temperature, params.top_k, params.top_p)
     # the best logit of each row moves to 0 first (the softmax is the same), so a tiny temperature sends the others
     # to -inf and never the best to inf (inf - inf = nan); below float32's least normal number the law is one-hot
     best = logits.amax(dim=-1, keepdim=True)  # [n, 1]
@@ -51,6 +43,19 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     if params.top_p < 1.0:
         scaled = _mask_top_p(scaled, params.top_p)
     return torch.softmax(scaled, dim=-1)
+
+
+def compiled_probs(top_p_probs) -> ProbsFn:
+    """A ProbsFn whose sampled CPU rows take a compiled f(logits, temperature, top_k, top_p) (kernels/sampling.cpp:
+    one pass over a row, where the torch code takes ten): the same kept tokens, and probabilities within float
+    rounding of probs_from_logits (a token whose mass before it is within rounding of top_p may fall either side).
+    Greedy rows, other devices and other shapes take probs_from_logits."""
+    def probs(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
+        if params.is_greedy or logits.device.type != "cpu" or logits.dim() != 2:
+            return probs_from_logits(logits, params)
+        temperature = max(params.temperature, SMALLEST_TEMPERATURE)
+        return top_p_probs(logits.float(), temperature, params.top_k, params.top_p)
+    return probs
 
 
 TOP_P_CANDIDATES = 128  # the nucleus is looked for among this many tokens first (8× more if needed)
@@ -102,10 +107,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return drawn.clamp(max=probs.shape[-1] - 1)
 
 
-def pick(logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator
-         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pick(logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator,
+         probs_fn: ProbsFn = probs_from_logits) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Choose the next id from [1, vocab] logits. Returns (id [1], probs [1, vocab] or None when greedy)."""
     if params.is_greedy:
         return logits.argmax(dim=-1), None
-    probs = probs_from_logits(logits, params)
+    probs = probs_fn(logits, params)
     return sample(probs, generator), probs

@@ -22,7 +22,7 @@ from specchat.spec.drafters.base import Draft, DraftPlan, Drafter
 from specchat.spec.origin import Origin
 from specchat.spec.insight import Rejection, rejection_at, token_probs
 from specchat.spec.readback import ints, read_back
-from specchat.spec.sampling import NoLawError, probs_from_logits
+from specchat.spec.sampling import NoLawError, ProbsFn, probs_from_logits
 from specchat.spec.verify import Verdict, verify_greedy, verify_sampled
 
 TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts towards c (not a prefill)
@@ -60,8 +60,10 @@ def empty_draft() -> Draft:
 
 
 def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], plan: DraftPlan,
-                     sampling: SamplingConfig, generator: torch.Generator, vocab_size: int) -> StepResult:
-    """Draft up to plan.gamma tokens, verify them with one target forward; the target's cache grows."""
+                     sampling: SamplingConfig, generator: torch.Generator, vocab_size: int,
+                     probs: ProbsFn = probs_from_logits) -> StepResult:
+    """Draft up to plan.gamma tokens, verify them with one target forward; the target's cache grows.
+    `probs` computes the target's p (the drafter's q: plan.probs, the engine gives both the same)."""
     draft = drafter.propose(ids, plan, sampling, generator) if plan.gamma else empty_draft()
     device = model_io.input_device(target)
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
@@ -73,7 +75,7 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     feed = torch.cat([pending[:, -1:], drafts.view(1, -1)], dim=1)  # [1, 1 + drafted]
     logits = model_io.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
-    verdict, p = _verify(drafts, draft, logits, sampling, generator)
+    verdict, p = _verify(drafts, draft, logits, sampling, generator, probs)
     p_drafts, p_emitted = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token)
     unread = draft.sure if draft.sure is not None and len(draft.confidences) < drafted else drafts[:0]
     # the step's one read: what the rule decided, the drafts, each token's p and the drafter's q
@@ -87,14 +89,14 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     verdict = Verdict(int(accepted[0]), int(emitted[0]))
     result = _result(ints(drafted_ids), verdict, draft, seconds, pending.shape[1] + drafted)
     result.p_tokens = [*p_drafts[:verdict.accepted], *p_emitted]
-    _score(result, logits, p, sampling)
+    _score(result, logits, p, sampling, probs)
     return result
 
 
 def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig,
-                 generator: torch.Generator) -> StepResult:
+                 generator: torch.Generator, probs: ProbsFn = probs_from_logits) -> StepResult:
     """Drafter-only decoding: one token from the drafter, no target forward; one read."""
-    draft = drafter.propose(ids, DraftPlan(1), sampling, generator)
+    draft = drafter.propose(ids, DraftPlan(1, probs=probs), sampling, generator)
     unread = draft.sure[:1] if draft.sure is not None and not draft.confidences else draft.tokens[:0]
     (token,), sure = read_back(draft.tokens[:1], unread)
     if len(sure):
@@ -103,23 +105,25 @@ def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig,
                       p_tokens=[None], q_tokens=draft.confidences[:1])
 
 
-def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator) -> tuple[Verdict, torch.Tensor | None]:
+def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator,
+            probs: ProbsFn) -> tuple[Verdict, torch.Tensor | None]:
     """The verdict, and the target's probabilities it used (None in greedy mode)."""
     if sampling.is_greedy:
         return verify_greedy(drafts, logits), None
-    p = probs_from_logits(logits, sampling)  # [gamma+1, vocab]
+    p = probs(logits, sampling)  # [gamma+1, vocab]
     q = draft.q_probs.to(logits.device) if draft.q_probs is not None else p[:0]
     return verify_sampled(drafts, q, p, generator), p
 
 
-def _score(step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampling: SamplingConfig) -> None:
+def _score(step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampling: SamplingConfig,
+           probs: ProbsFn) -> None:
     """Each token's q, and the rejection's record when a draft was refused (insight.py); p is read already."""
     n = step.accepted
     step.q_tokens = [*step.draft.confidences[:n], None] if step.draft else [None]
     if n < step.drafted:
         drafted = step.rejected[0]
         step.rejection = rejection_at(-1, n, drafted, step.tokens[-1], logits, p, step.draft.confidences[n],
-                                      step.draft.top_at(n, sampling), step.draft.source)
+                                      step.draft.top_at(n, sampling, probs), step.draft.source)
 
 
 def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, fed: int) -> StepResult:

@@ -432,8 +432,9 @@ def drafter_ignoring_the_sampling_settings(setting, target, unrelated_drafter_mo
     ids, _ = setting
     real_drafter_step = specchat.spec.engine.drafter_step
 
-    def plain_drafter_step(drafter, committed, sampling, generator):
-        return real_drafter_step(drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator)
+    def plain_drafter_step(drafter, committed, sampling, generator, *probs):
+        return real_drafter_step(drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator,
+                                 *probs)
     monkeypatch.setattr(specchat.spec.engine, "drafter_step", plain_drafter_step)
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, mode="drafter"), runs, 2)

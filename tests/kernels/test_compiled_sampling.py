@@ -10,9 +10,7 @@ from specchat.config import SamplingConfig
 
 
 def torch_probs(logits, params, monkeypatch):
-    with monkeypatch.context() as patch:
-        patch.setattr(sampling, "_native_probs", None)
-        return sampling.probs_from_logits(logits, params)
+    return sampling.probs_from_logits(logits, params)  # the torch code whatever was loaded: nothing patches it
 
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 0.9), (1.0, 0, 1.0), (0.7, 40, 0.9), (1.2, 0, 0.5)])
@@ -54,8 +52,16 @@ def test_bad_settings_are_refused(kernel, temperature, top_p, top_k):
         kernel.top_p_probs(torch.randn(1, 10), temperature, top_k, top_p)
 
 
-def test_the_modules_loader_hands_its_probabilities_to_sampling(kernel):
-    assert sampling._native_probs is kernel.top_p_probs
+def test_compiled_probs_take_the_modules_rows_on_the_cpu_and_the_torch_code_elsewhere(kernel):
+    """The ProbsFn a pair on the module samples with (loading/models.py): its sampled CPU rows are the module's,
+    greedy rows the torch code's one-hot; loading the module changes nothing else (probs_from_logits stays torch)."""
+    probs = sampling.compiled_probs(kernel.top_p_probs)
+    logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(7))
+    params = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
+    assert torch.equal(probs(logits, params), kernel.top_p_probs(logits, 0.7, 5, 0.9))
+    greedy = SamplingConfig(temperature=0.0)
+    assert torch.equal(probs(logits, greedy), sampling.probs_from_logits(logits, greedy))
+    assert "_native_probs" not in vars(sampling) and "use_native_probs" not in vars(sampling)
 
 
 def non_finite_rows(width: int = 1000) -> torch.Tensor:

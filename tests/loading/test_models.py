@@ -14,6 +14,7 @@ from specchat.loading import assets, devices, gguf_convert
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.engine import Engine
+from specchat.spec.sampling import probs_from_logits
 from specchat.loading import models as model_loading
 from specchat.loading.models import ModelFacts, ModelLoadError, load_model, load_pair
 from specchat.loading.shared_tokenizer import tokenizer_digest
@@ -325,6 +326,7 @@ def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_
     pair = load_pair(cfg)
     assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == layer
     assert pair.target_facts.quantization == quantization
+    assert pair.probs is probs_from_logits  # no compiled module in this pair: the torch code samples
     assert pair.target_facts.params == sum(p.numel() for p in target_dir[1].parameters())
     assert pair.target_facts.memory_bytes < target_dir[1].get_memory_footprint()
     for text in (PROMPT, "The quick brown", "Hello, how are you"):

@@ -8,32 +8,29 @@ from specchat.spec.gamma import AutoGamma
 from specchat.spec.drafters.base import DraftPlan
 from specchat.config import SamplingConfig
 from specchat.spec.metrics import StatsRecorder, leviathan_speedup
-from specchat.spec.sampling import make_generator, probs_from_logits, sample
+from specchat.spec.sampling import compiled_probs, make_generator, probs_from_logits, sample
 from specchat.spec.verify import residual, verify_greedy, verify_sampled
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
 
 
 @pytest.fixture(params=["torch", "compiled"])
-def probs_code(request, monkeypatch):
-    """probs_from_logits on its torch code, then on the compiled module's (kernels/sampling.cpp), which
-    serves CPU rows once the module is loaded; skipped where the module cannot be built."""
-    import specchat.spec.sampling as sampling
-    function = request.getfixturevalue("kernel").top_p_probs if request.param == "compiled" else None
-    monkeypatch.setattr(sampling, "_native_probs", function)
-    return request.param
+def probs_fn(request):
+    """probs_from_logits (the torch code), then compiled_probs on the compiled module's (kernels/sampling.cpp),
+    which a pair that runs on the module samples with; skipped where the module cannot be built."""
+    if request.param == "torch":
+        return probs_from_logits
+    return compiled_probs(request.getfixturevalue("kernel").top_p_probs)
 
 
-@pytest.mark.usefixtures("probs_code")
-def test_greedy_is_one_hot_argmax():
-    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=0.0))
+def test_greedy_is_one_hot_argmax(probs_fn):
+    probs = probs_fn(LOGITS, SamplingConfig(temperature=0.0))
     assert probs.tolist() == [[1.0, 0, 0, 0, 0, 0]]
 
 
-@pytest.mark.usefixtures("probs_code")
-def test_temperature_top_k_top_p_and_no_in_place_edit():
+def test_temperature_top_k_top_p_and_no_in_place_edit(probs_fn):
     before = LOGITS.clone()
-    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=0.5, top_k=4, top_p=0.9))[0]
+    probs = probs_fn(LOGITS, SamplingConfig(temperature=0.5, top_k=4, top_p=0.9))[0]
     assert torch.equal(LOGITS, before)
     scaled = torch.softmax(LOGITS[0, :4] / 0.5, dim=-1)  # top-k keeps 4
     # top-p: keep the smallest prefix whose mass reaches 0.9
@@ -44,23 +41,20 @@ def test_temperature_top_k_top_p_and_no_in_place_edit():
     assert keep < 4
 
 
-@pytest.mark.usefixtures("probs_code")
-def test_top_p_always_keeps_the_most_likely_token():
-    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=0.01))[0]
+def test_top_p_always_keeps_the_most_likely_token(probs_fn):
+    probs = probs_fn(LOGITS, SamplingConfig(temperature=1.0, top_p=0.01))[0]
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
 @pytest.mark.parametrize("temperature", [1e-320, 1e-40, 1e-38, 1e-30])  # logits / T was inf or nan (REPL fuzz)
-@pytest.mark.usefixtures("probs_code")
-def test_a_tiny_temperature_samples_the_most_likely_token(temperature):
-    probs = probs_from_logits(LOGITS * 40, SamplingConfig(temperature=temperature, top_k=3, top_p=0.9))[0]
+def test_a_tiny_temperature_samples_the_most_likely_token(temperature, probs_fn):
+    probs = probs_fn(LOGITS * 40, SamplingConfig(temperature=temperature, top_k=3, top_p=0.9))[0]
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
 @pytest.mark.parametrize("top_p", [1e-320, 1e-46, 5e-324])  # 0 once compared in float32 (found by the REPL fuzz)
-@pytest.mark.usefixtures("probs_code")
-def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token(top_p):
-    probs = probs_from_logits(LOGITS, SamplingConfig(temperature=1.0, top_p=top_p))[0]
+def test_a_top_p_too_small_for_float32_keeps_the_most_likely_token(top_p, probs_fn):
+    probs = probs_fn(LOGITS, SamplingConfig(temperature=1.0, top_p=top_p))[0]
     assert probs[0] == 1.0 and probs[1:].sum() == 0
 
 
@@ -80,21 +74,19 @@ def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> list[set[int]]:
 
 
 @pytest.mark.parametrize("spread", [8.0, 0.05])  # a peaked nucleus, and one wider than the first candidates
-@pytest.mark.usefixtures("probs_code")
-def test_top_p_keeps_the_nucleus_a_full_sort_finds(spread, monkeypatch):
+def test_top_p_keeps_the_nucleus_a_full_sort_finds(spread, monkeypatch, probs_fn):
     import specchat.spec.sampling as sampling
     monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 16)
     logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(2)) * spread
-    probs = probs_from_logits(logits, SamplingConfig(temperature=1.0, top_p=0.8))
+    probs = probs_fn(logits, SamplingConfig(temperature=1.0, top_p=0.8))
     kept = [set(torch.nonzero(row).flatten().tolist()) for row in probs]
     assert kept == nucleus_by_sorting(logits, 0.8)
     assert spread > 1 or min(len(k) for k in kept) > 16  # the flat rows did need a wider search
 
 
-@pytest.mark.usefixtures("probs_code")
-def test_top_p_keeps_ties_with_the_last_token_kept():
+def test_top_p_keeps_ties_with_the_last_token_kept(probs_fn):
     logits = torch.tensor([[3.0, 1.0, 1.0, 1.0, -2.0]])
-    probs = probs_from_logits(logits, SamplingConfig(temperature=1.0, top_p=0.75))[0]
+    probs = probs_fn(logits, SamplingConfig(temperature=1.0, top_p=0.75))[0]
     assert (probs[:4] > 0).all() and probs[4] == 0
 
 
@@ -193,8 +185,7 @@ def test_probing_and_off_plans_have_no_floor():
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.9),
                                                        (1.3, 12, 0.75), (0.5, 3, 0.5), (2.0, 40, 0.95)])
-@pytest.mark.usefixtures("probs_code")
-def test_probs_from_logits_follow_the_written_definitions_ties_included(temperature, top_k, top_p):
+def test_probs_from_logits_follow_the_written_definitions_ties_included(temperature, top_k, top_p, probs_fn):
     """Against helpers.reference_probs (plain Python from the definitions, not the code under test),
     on random logits, half of them rounded so that ties sit at the top-k and top-p cuts."""
     from conftest import reference_probs
@@ -205,7 +196,7 @@ def test_probs_from_logits_follow_the_written_definitions_ties_included(temperat
         if row % 2:
             logits = (logits * 2).round() / 2  # many exact ties
         expected = reference_probs(logits, sampling)
-        got = probs_from_logits(logits[None], sampling)[0]
+        got = probs_fn(logits[None], sampling)[0]
         assert set(torch.nonzero(got).flatten().tolist()) == set(expected)
         assert all(abs(float(got[i]) - p) < 1e-5 for i, p in expected.items())
 

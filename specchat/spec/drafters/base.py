@@ -14,6 +14,7 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.insight import drafter_top
+from specchat.spec.sampling import ProbsFn, probs_from_logits
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class DraftPlan:
     room: int = 1 << 30            # tokens the reply has left after the target's own: no draft goes past it
     verified: bool = False         # the target verifies the draft (drafter-only mode: no): a drafter whose q is
     #                                one-hot then proposes its most likely tokens, which p accepts most often
+    probs: ProbsFn = probs_from_logits  # what computes q: the engine's, the one its step computes p with
 
     @property
     def tracks_confidence(self) -> bool:
@@ -48,14 +50,15 @@ class Draft:
     source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation) |
     #                        text (a drafter model of another tokenizer, its text re-tokenized: text.py)
 
-    def top_at(self, position: int, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def top_at(self, position: int, sampling: SamplingConfig,
+               probs: ProbsFn = probs_from_logits) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
         on the device; None for a drafter without a distribution (prompt lookup: q is one-hot)."""
         if not self.rows:
             return None
         row = self.rows[position]
         ids = self.vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if self.vocab else None
-        return drafter_top(row, sampling, ids)
+        return drafter_top(row, sampling, ids, probs)
 
 
 class Drafter(Protocol):

@@ -193,7 +193,8 @@ class _Drafting:
 
     def add(self, logits: torch.Tensor) -> int | None:
         """Draft one token from [1, width] logits; returns its id with `host`, else None (it stays on the device)."""
-        position, q = pick(logits, self.sampling, self.generator)  # [1], [1, width] or None when greedy
+        # [1], [1, width] or None when greedy
+        position, q = pick(logits, self.sampling, self.generator, self.plan.probs)
         token = self.vocab.to_ids(position) if self.vocab else position  # [1]
         self.ids.append(token)
         self.sure.append(confidence(logits, position, q))
