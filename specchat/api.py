@@ -16,8 +16,7 @@ from typing import Any
 import torch
 
 from specchat.config import AUTO, GAMMA_MAX, RANDOM, Config, Gamma, SamplingConfig, SpeculationConfig, problem
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.engine import Engine
+from specchat.spec.engine import Engine, Models
 from specchat.spec.events import Event, ReplyDone, Token
 from specchat.spec.metrics import ReplyStats
 
@@ -151,9 +150,8 @@ def _engine(drafter, target, tokenizer, eos_token_ids) -> Engine:
     if drafter is not None and output_width(drafter) < vocab_size:
         raise ValueError(f"the drafter scores {output_width(drafter)} token ids but the target's vocabulary has "
                          f"{vocab_size}: the two models must share a tokenizer")
-    model_drafter = ModelDrafter(drafter, vocab_size) if drafter is not None else None
-    return Engine(target, tokenizer if tokenizer is not None else _NoText(vocab_size), model_drafter,
-                  _eos_ids(eos_token_ids, tokenizer, target), vocab_size)
+    text = tokenizer if tokenizer is not None else _NoText(vocab_size)
+    return Engine.for_pair(Models(target, drafter, text, _eos_ids(eos_token_ids, tokenizer, target), vocab_size))
 
 
 def _eos_ids(eos_token_ids, tokenizer, target) -> set[int]:

@@ -10,10 +10,9 @@ import torch
 from transformers import GenerationConfig
 
 from specchat.config import AUTO, Auto, Config, SamplingConfig, SpeculationConfig, seed_for_reply, show_value
-from specchat.spec.engine import build_engine
+from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.model_io import input_device
 from specchat.spec.gamma import AutoGamma
-from specchat.spec.events import ReplyEnd
 from specchat.session.chat import render_prompt
 
 SPEC_GAMMAS = (4, 6, 8, AUTO)
@@ -125,9 +124,9 @@ class Runner:
         self.speculation = speculation  # drafter_vocab, draft_confidence: as configured
         self.methods = methods
         self.system_prompt = system_prompt
-        self.engines = {"": build_engine(pair)}  # by Method.target
+        self.engines = {"": Engine.for_pair(pair)}  # by Method.target
         for quantization, model in (other_targets or {}).items():
-            self.engines[quantization] = build_engine(dataclasses.replace(pair, target=model))
+            self.engines[quantization] = Engine.for_pair(dataclasses.replace(pair, target=model))
         self._assistant_defaults = copy.deepcopy(pair.drafter.generation_config) if pair.drafter else None
         self.llamacpp = llamacpp  # a LlamaCppRunner when llama.cpp rows run
 
@@ -187,10 +186,10 @@ class Runner:
     def _specchat(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
         engine = self.engines[method.target]
         engine.reset()  # every method pays its own prefill, as generate() does
-        engine.policy = AutoGamma()  # and learns alone: no method trains the next one's auto gamma
+        engine.use_policy(AutoGamma())  # and learns alone: no method trains the next one's auto gamma
         speculation = dataclasses.replace(self.speculation, gamma=method.gamma or 0, mode=method.mode,
                                           drafter=method.speculator)
-        done = [e for e in engine.steps(ids, sampling, speculation) if isinstance(e, ReplyEnd)][0]
+        done = run_to_end(engine.steps(ids, sampling, speculation))
         s = done.stats
         spec = method.mode == "spec"
         return Measurement(done.ids, s.new_tokens, s.wall_s, s.acceptance_rate if spec else None,

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from specchat.session.chat import ChatSession
 from specchat.config import Config, with_value
-from specchat.spec.engine import build_engine
+from specchat.spec.engine import Engine
 from specchat.spec.events import ReplyDone
 
 TURNS = ("Write a Python function that checks whether a string is a palindrome.",
@@ -23,7 +23,7 @@ class TurnTiming:
 
 def last_turn_timing(pair, cfg: Config, reuse: bool, max_new: int) -> TurnTiming:
     cfg = with_value(with_value(cfg, "sampling.max_new_tokens", max_new), "sampling.temperature", 0.0)
-    session = ChatSession(build_engine(pair), pair.tokenizer, cfg, pair.context_limit)
+    session = ChatSession(Engine.for_pair(pair), pair.tokenizer, cfg, pair.context_limit)
     done = None
     for text in TURNS:
         if not reuse:

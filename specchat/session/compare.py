@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from specchat.spec import model_io
-from specchat.spec.engine import Engine, build_engine
-from specchat.spec.events import ReplyDone, ReplyEnd
+from specchat.spec.engine import Engine, run_to_end
+from specchat.spec.events import ReplyDone
 from specchat.spec.metrics import ReplyStats
 from specchat.session.stop_strings import STOP_STRING
 
@@ -84,8 +84,8 @@ class Comparer:
     def __init__(self, pair):
         self.target = pair.target
         self.tokenizer = pair.tokenizer
-        self.target_engine = build_engine(pair, with_drafter=False)
-        self.drafter_engine = build_engine(pair) if pair.drafter is not None else None
+        self.target_engine = Engine.for_pair(pair, with_drafter=False)
+        self.drafter_engine = Engine.for_pair(pair) if pair.drafter is not None else None
 
     def __call__(self, session, prompt_ids: list[int], done: ReplyDone,
                  cancel: threading.Event) -> Iterator[CompareReport]:
@@ -108,9 +108,7 @@ class Comparer:
     def _rerun(self, engine: Engine, mode: str, prompt_ids, cfg, sampling, cancel) -> Run | None:
         """The same prompt on a rerun engine's own caches, token ids only; the text is decoded once."""
         speculation = dataclasses.replace(cfg.speculation, mode=mode)
-        final = None
-        for item in engine.steps(prompt_ids, sampling, speculation, cancel):
-            final = item if isinstance(item, ReplyEnd) else final
+        final = run_to_end(engine.steps(prompt_ids, sampling, speculation, cancel))
         if final is None or final.stop_reason == "cancelled":
             return None
         text = self.tokenizer.decode(list(final.ids), skip_special_tokens=True)

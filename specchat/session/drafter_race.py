@@ -9,7 +9,6 @@ one that accepted no draft never beats the target alone: it did the target's wor
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import statistics
 import threading
@@ -17,9 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specchat.config import seed_for_reply
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.engine import Engine
-from specchat.spec.events import ReplyEnd
+from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.metrics import ReplyStats
 from specchat.spec.drafters.self_layers import layer_count, self_layers
 
@@ -72,14 +69,6 @@ def winner(runs: list[RaceRun]) -> RaceRun | None:
     return best if beaten else None
 
 
-def fresh_engine(engine: Engine) -> Engine:
-    """An engine on `engine`'s models with caches of its own and a copy of its gamma policy."""
-    model = engine.drafters.get("model")
-    drafter = ModelDrafter(model.model, model.vocab_size) if model is not None else None
-    return Engine(engine.target, engine.tokenizer, drafter, engine.eos_ids, engine.vocab_size,
-                  copy.deepcopy(engine.policy))
-
-
 def contenders(engine: Engine, current: str) -> list[str]:
     """None, the drafter model if loaded, lookup, auto (with a model), and a self drafter: the current one if it is self:N,
     else the target's first quarter of layers."""
@@ -102,9 +91,7 @@ def one_run(session, name: str, sampling, cancel: threading.Event) -> ReplyStats
     """One contender's run on a fresh engine; None when cancelled."""
     mode, drafter = ("target", "model") if name == NO_DRAFTER else ("spec", name)
     speculation = dataclasses.replace(session.config.speculation, mode=mode, drafter=drafter)
-    final = None
-    for item in fresh_engine(session.engine).steps(session.last_prompt_ids, sampling, speculation, cancel):
-        final = item if isinstance(item, ReplyEnd) else final
+    final = run_to_end(session.engine.fork().steps(session.last_prompt_ids, sampling, speculation, cancel))
     return None if final is None or final.stop_reason == "cancelled" else final.stats
 
 

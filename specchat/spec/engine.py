@@ -10,10 +10,13 @@ text; `stream()` wraps it with detokenized text for the UI (mlx-lm's split).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from specchat.config import Auto, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
@@ -44,7 +47,22 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class Models:
+    """What an engine runs on, for callers without a loaded pair (api.py): a LoadedPair has these fields too."""
+    target: Any
+    drafter: Any | None
+    tokenizer: Any
+    eos_ids: Any
+    vocab_size: int
+    drafter_tokenizer: Any = None  # the drafter's own tokenizer where it drafts text (text.py)
+    probs: ProbsFn = probs_from_logits
+
+
 class Engine:
+    """Build one with Engine.for_pair (the chat, compare, the API, the bench) or fork() an engine to rerun on
+    its models; the constructor is the primitive under both."""
+
     def __init__(self, target, tokenizer, drafter: Drafter | None, eos_ids,
                  vocab_size: int | None = None, policy: GammaPolicy | None = None,
                  probs: ProbsFn = probs_from_logits):
@@ -62,6 +80,26 @@ class Engine:
                                              "auto": MixedDrafter(drafter, self.vocab_size)}
         if drafter is not None:
             self.drafters["model"] = drafter
+
+    @classmethod
+    def for_pair(cls, pair, with_drafter: bool = True, policy: GammaPolicy | None = None) -> "Engine":
+        """An Engine (with its own caches and a fresh gamma policy unless given) on a loaded pair's models (or
+        Models): the drafter that fits the pair, and the sampling probabilities loading chose for it."""
+        use_drafter = with_drafter and pair.drafter is not None
+        drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
+        drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer) if use_drafter else None
+        probs = getattr(pair, "probs", probs_from_logits)  # loading's choice (models.py)
+        return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, probs)
+
+    def fork(self) -> "Engine":
+        """An engine on the same models with caches of its own and a copy of this one's gamma policy."""
+        model = self.drafters.get("model")
+        return Engine(self.target, self.tokenizer, model.fresh() if model is not None else None, self.eos_ids,
+                      self.vocab_size, copy.deepcopy(self.policy), self.probs)
+
+    def use_policy(self, policy: GammaPolicy) -> None:
+        """Plan auto gamma with `policy` from the next step on (a fresh AutoGamma: learn the costs afresh)."""
+        self.policy = policy
 
     @property
     def has_model_drafter(self) -> bool:
@@ -255,10 +293,9 @@ def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator
     yield StepDone(step.drafted, step.accepted)
 
 
-def build_engine(pair, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
-    """An Engine (with its own caches and a fresh gamma policy) on a loaded pair's models."""
-    use_drafter = with_drafter and pair.drafter is not None
-    drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
-    drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer) if use_drafter else None
-    probs = getattr(pair, "probs", probs_from_logits)  # loading's choice (models.py)
-    return Engine(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, probs)
+def run_to_end(steps: Iterable[object]) -> ReplyEnd | None:
+    """Run a reply's steps (Engine.steps) to their end; its ReplyEnd (None where a stand-in engine gave none)."""
+    final = None
+    for item in steps:
+        final = item if isinstance(item, ReplyEnd) else final
+    return final

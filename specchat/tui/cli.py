@@ -24,7 +24,7 @@ from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.tui.commands import build_registry
 from specchat.config import Config, ConfigError, drafter_needed, load_config, set_from_text, with_value
 from specchat.spec.gamma import AutoGamma
-from specchat.spec.engine import build_engine
+from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.events import ReplyDone, Token
 from specchat.errors import ModelLoadError
 from specchat.progress import each_message_once
@@ -133,10 +133,9 @@ def warm_up(session: ChatSession) -> None:
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
     speculation = dataclasses.replace(cfg.speculation, mode=mode)
     ids = session.render([{"role": "user", "content": "Say hello."}])
-    for _ in session.engine.steps(ids, sampling, speculation):
-        continue
+    run_to_end(session.engine.steps(ids, sampling, speculation))
     session.engine.reset()
-    session.engine.policy = AutoGamma()  # warm-up timings include first-call set-up: learn c afresh
+    session.engine.use_policy(AutoGamma())  # warm-up timings include first-call set-up: learn c afresh
 
 
 def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: Console):
@@ -201,7 +200,7 @@ def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
     if problem:
         raise ConfigError(f"{problem}, but none was loaded; set drafter.source, speculation.drafter=lookup "
                           f"or speculation.mode=target")
-    engine = build_engine(pair)
+    engine = Engine.for_pair(pair)
     problem = engine.drafter_problem(cfg.speculation.drafter)
     if problem:
         raise ConfigError(f"speculation.drafter: {problem}")

@@ -12,7 +12,7 @@ import torch
 
 from tiny_models import build_model, build_tokenizer
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig
-from specchat.spec.engine import build_engine
+from specchat.spec.engine import Engine
 from specchat.spec.sampling import make_generator
 from specchat.loading.models import load_pair
 from specchat.session.compare import Comparer
@@ -56,7 +56,7 @@ def pair_on_cuda(dirs, target_keys=None, drafter_keys=None):
 
 
 def reply(pair, mode: str, ids: list[int], sampling=GREEDY, gamma: int = 4) -> tuple[int, ...]:
-    engine = build_engine(pair, with_drafter=mode != "target")
+    engine = Engine.for_pair(pair, with_drafter=mode != "target")
     *_, done = engine.stream(ids, sampling, SpeculationConfig(gamma=gamma, mode=mode))
     return done.ids
 
@@ -85,7 +85,7 @@ def test_greedy_speculation_in_the_gpus_own_dtype(dirs, tok):
 
 def test_sampling_runs_on_the_device_and_repeats_with_its_seed(dirs, tok):
     pair = pair_on_cuda(dirs)
-    engine = build_engine(pair)
+    engine = Engine.for_pair(pair)
     assert engine.device.type == "cuda" and make_generator(0, engine.device).device.type == "cuda"
     sampling = SamplingConfig(temperature=0.8, top_p=0.9, max_new_tokens=24, seed=7)
     ids = tok.encode(PROMPTS[0])
@@ -120,7 +120,7 @@ def test_a_step_on_cuda_reads_the_device_once_or_twice(dirs, tok):
     pair = pair_on_cuda(dirs)
     for gamma in (2, 8):
         for temperature in (0.0, 0.8):
-            steps = reads_per_step(build_engine(pair), tok.encode(PROMPTS[0]),
+            steps = reads_per_step(Engine.for_pair(pair), tok.encode(PROMPTS[0]),
                                    SamplingConfig(temperature=temperature, max_new_tokens=32, seed=1),
                                    SpeculationConfig(gamma=gamma))
             assert all(reads == 1 + (accepted < drafted) for reads, drafted, accepted in steps), (gamma, steps)

@@ -14,7 +14,7 @@ from specchat.loading.pair_check import PAD_LIMIT, judge_pair
 from specchat.loading.tokenizer_check import check_pair
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.text import TextDrafter
-from specchat.spec.engine import build_engine
+from specchat.spec.engine import Engine
 from specchat.tui.render import banner
 
 
@@ -88,7 +88,7 @@ def local_cfg(target: str, drafter: str) -> Config:
 
 
 def greedy(pair, mode: str, ids: list[int]):
-    engine = build_engine(pair, with_drafter=mode == "spec")
+    engine = Engine.for_pair(pair, with_drafter=mode == "spec")
     return list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=24),
                               SpeculationConfig(gamma=3, mode=mode)))[-1], engine
 
@@ -113,4 +113,4 @@ def test_a_loaded_pair_of_one_tokenizer_drafts_ids(tmp_path, monkeypatch, tok):
     drafter = save_dir(tmp_path / "drafter", build_model(len(tok), seed=2, layers=1, hidden=32), tok)
     pair = load_pair(local_cfg(str(target), str(drafter)))
     assert pair.pair_check.kind == "same" and pair.drafter_tokenizer is None
-    assert type(build_engine(pair).drafter) is ModelDrafter
+    assert type(Engine.for_pair(pair).drafter) is ModelDrafter

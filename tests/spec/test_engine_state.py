@@ -168,3 +168,23 @@ def test_seed_random_draws_a_fresh_seed_each_reply_and_reports_it(target, unrela
     assert len(set(seeds)) == 3 and min(seeds) >= 0
     again = run_reply(engine, ids, SamplingConfig(temperature=1.0, seed=seeds[1], max_new_tokens=12), gamma=3)[1]
     assert again.ids == replies[1].ids and again.seed == seeds[1]
+
+
+def test_a_fork_runs_on_the_same_models_with_caches_and_a_policy_of_its_own(target, unrelated_drafter_model,
+                                                                             tokenizer):
+    """What the drafter race reruns on: the chat's engine and its caches untouched, the same reply as the chat's."""
+    from specchat.spec.engine import run_to_end
+    from specchat.spec.gamma import AutoGamma
+    engine = make_engine(target, unrelated_drafter_model, tokenizer)
+    ids = prompt_ids(tokenizer, "for i in range")
+    spec = SpeculationConfig(gamma=3)
+    first = run_to_end(engine.steps(ids, GREEDY, spec))
+    fork = engine.fork()
+    assert fork.target is engine.target and fork.drafter.model is engine.drafter.model
+    assert fork.probs is engine.probs and fork.policy is not engine.policy and fork.ids == []
+    seen = engine.target_seen
+    assert run_to_end(fork.steps(ids, GREEDY, spec)).ids == first.ids
+    assert engine.target_seen == seen and engine.drafter is not fork.drafter
+    fresh = AutoGamma()
+    engine.use_policy(fresh)
+    assert engine.policy is fresh and fork.policy is not fresh
