@@ -32,7 +32,7 @@ from specchat.progress import to_stderr
 from specchat.spec import model_io
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.model_io import PREFILL_CHUNK
-from specchat.spec.sampling import make_generator, pick, probs_from_logits
+from specchat.spec.sampling import make_generator, pick
 from specchat.spec.verify import verify_greedy, verify_sampled
 from specchat.errors import ModelLoadError
 
@@ -86,13 +86,14 @@ def host_rows(pair, gamma: int, draft_width: int, repeats: int,
                                  torch.randn(gamma, width, generator=generator) * 4)
     target, drafter = target[:, :width].float(), drafter[:, :width].float()
     drafts = drafter.argmax(-1)
-    q = probs_from_logits(drafter, SAMPLED)
+    probs = pair.probs  # what the chat computes p and q with (the compiled code where a w4a8 model runs)
+    q = probs(drafter, SAMPLED)
     row = drafter[-1:, :draft_width]
     jobs = {
         "verify, greedy": lambda: verify_greedy(drafts, target),
         "verify, sampled (p from logits + rule)": lambda: verify_sampled(
-            drafts, q, probs_from_logits(target, SAMPLED), generator),
-        "drafter sampling of 1 token": lambda: pick(row, SAMPLED, generator),
+            drafts, q, probs(target, SAMPLED), generator),
+        "drafter sampling of 1 token": lambda: pick(row, SAMPLED, generator, probs),
     }
     return {name: statistics.median(seconds_of(job, lambda: None) for _ in range(repeats)) * 1e3
             for name, job in jobs.items()}
