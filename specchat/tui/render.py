@@ -12,6 +12,7 @@ import sys
 from typing import Any, TextIO
 
 from rich.console import Console, Group
+from rich.cells import cell_len
 from rich.control import Control, ControlType
 from rich.table import Table
 from rich.text import Text
@@ -79,6 +80,7 @@ class Renderer:
         self.origin_marks = origin_marks  # with colour off: bracket each run of drafted, corrected, bonus tokens
         self.open_mark: Origin | None = None  # the origin whose run is open (its closing mark not yet written)
         self.at_line_start = True
+        self.column = 0  # where the cursor stands on a terminal (cells), for wrapping between words
         self.waiting = False
         self._color_console = console if console.color_system is not None else None
         self._plain_console = make_console(False, console.file) if self._color_console else console
@@ -152,8 +154,25 @@ class Renderer:
 
     def _write(self, text: Text) -> None:
         if text.plain:
+            if self.console.is_terminal:
+                text = self._wrapped_at_word(text)
             self.console.print(text, end="", soft_wrap=True)
             self.at_line_start = text.plain.endswith("\n")
+
+    def _wrapped_at_word(self, text: Text) -> Text:
+        """On a terminal, a piece that starts a word past the right margin starts a new line in place of its
+        space, so the terminal's own wrap does not cut the word (a word's later pieces still wrap where they
+        must: they come after it is drawn). Piped output is never changed."""
+        plain, width = text.plain, self.console.width
+        if (plain.startswith(" ") and "\n" not in plain and 0 < self.column
+                and self.column + cell_len(plain) > width):
+            text = Text("\n") + text[1:]
+            plain = text.plain
+        tail = plain.rsplit("\n", 1)
+        self.column = cell_len(tail[-1]) + (self.column if len(tail) == 1 else 0)
+        if width and self.column > width:
+            self.column %= width  # the terminal wrapped inside the piece
+        return text
 
     def _rejected(self, event: Rejected) -> None:
         if not self.show_rejected or not event.text:
@@ -178,6 +197,7 @@ class Renderer:
         if not self.at_line_start:
             self.console.print()
             self.at_line_start = True
+        self.column = 0
 
     # ----- messages ----------------------------------------------------------------------------
     def note(self, message: str) -> None:

@@ -226,3 +226,25 @@ def test_user_text_in_tables_and_messages_is_not_markup():
     text = out.getvalue()
     assert "s[start:stop:step] or [bold]x[/bold]" in text
     assert "a [red]message[/red]" in text and "compare output [x]" in text
+
+
+def test_a_word_that_would_cross_the_right_margin_starts_a_new_line_on_a_terminal():
+    """Streamed a token at a time, words are not cut where the terminal wraps: a piece that starts a word past the
+    margin starts the next line; piped output stays the exact text."""
+    import io
+    from rich.console import Console
+    pieces = ["Speculative", " decoding", " drafts", " tokens", " with", " a", " small", " model", " and",
+              " verifies", " them", "."]
+    out = io.StringIO()
+    renderer = render.Renderer(Console(file=out, force_terminal=True, color_system=None, width=24), origin_marks=False)
+    for piece in pieces:
+        renderer.event(Token(1, piece, Origin.DRAFTED))
+    lines = out.getvalue().split("\n")
+    assert all(len(line) <= 24 for line in lines), lines
+    assert " ".join(line.strip() for line in lines) == "".join(pieces)
+    assert lines[0] == "Speculative decoding"
+    piped = io.StringIO()
+    plain = render.Renderer(render.make_console(False, piped), origin_marks=False)
+    for piece in pieces:
+        plain.event(Token(1, piece, Origin.DRAFTED))
+    assert piped.getvalue() == "".join(pieces)
