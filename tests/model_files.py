@@ -48,10 +48,12 @@ def tiny_qwen2(vocab_size: int, seed: int = 5) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(config).eval()
 
 
-TINY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0)
-CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "phi3": "Phi3Config",
+TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
+CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "phi3": "Phi3Config",
            "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}  # GGUF architecture → transformers config
+GEMMA_TOKENS = ("<mask>",)  # what transformers' Gemma tokenizer adds where a vocabulary lacks it (Gemma's own has it)
+EXTRA_TOKENS = {"gemma2": GEMMA_TOKENS, "gemma3": GEMMA_TOKENS}
 
 
 def tiny_model(architecture: str, vocab_size: int, seed: int = 5, tied: bool = False, **shape):
@@ -61,8 +63,9 @@ def tiny_model(architecture: str, vocab_size: int, seed: int = 5, tied: bool = F
     import transformers
     from transformers import AutoModelForCausalLM
     torch.manual_seed(seed)
+    ids = {"pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0} if architecture == "phi3" else {}  # not 32000
     config = getattr(transformers, CONFIGS[architecture])(vocab_size=vocab_size, tie_word_embeddings=tied,
-                                                          **(TINY_SHAPE | shape))
+                                                          **(TINY_SHAPE | ids | shape))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, value in model.named_parameters():
@@ -80,7 +83,7 @@ def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML, store
     import gguf
     writer = gguf.GGUFWriter(str(path), architecture)
     _write_gguf_header(writer, model.config, architecture)
-    _write_gguf_tokenizer(writer, tokenizer, chat_template)
+    _write_gguf_tokenizer(writer, tokenizer, chat_template, EXTRA_TOKENS.get(architecture, ()))
     for name, values in _gguf_tensors(model, architecture):
         kind = (stored or {}).get(name)
         if kind is None:
@@ -141,10 +144,15 @@ def _write_gguf_header(writer, config, architecture: str = "qwen2"):
         writer.add_sliding_window(config.sliding_window)
 
 
-def _write_gguf_tokenizer(writer, tokenizer, chat_template):
+def vocab_size(tokenizer, architecture: str = "qwen2") -> int:
+    """The rows a model of `architecture` written with this tokenizer has (the file adds EXTRA_TOKENS)."""
+    return len(tokenizer) + len(EXTRA_TOKENS.get(architecture, ()))
+
+
+def _write_gguf_tokenizer(writer, tokenizer, chat_template, extra: tuple[str, ...] = ()):
     spec = json.loads(tokenizer.backend_tokenizer.to_str())
-    tokens = [t for t, _ in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])]
-    specials = {a["id"] for a in spec["added_tokens"]}
+    tokens = [t for t, _ in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])] + list(extra)
+    specials = {a["id"] for a in spec["added_tokens"]} | set(range(len(tokens) - len(extra), len(tokens)))
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)

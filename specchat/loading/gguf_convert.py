@@ -219,11 +219,13 @@ def _gguf_tokenizer(gguf: Path):
 
 def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     from transformers import AutoModelForCausalLM, GgufConfig
+    from specchat.loading.gguf_config import file_config
     from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
     bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
+    config = file_config(gguf)
     with quiet_transformers(), contextlib.redirect_stderr(bars):
         model, info = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=dtype, local_files_only=True,
+            str(gguf.parent), gguf_file=gguf.name, config=config, dtype=dtype, local_files_only=True,
             quantization_config=GgufConfig(dequantize=True), output_loading_info=True)
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
@@ -234,11 +236,10 @@ def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
 
 def _save_slim(gguf: Path, tokenizer, out: Path) -> None:
     """Config, generation config, tokenizer, and slim.write_weights' tensors."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import GenerationConfig
     from specchat.loading import slim
-    from specchat.loading.hfquiet import quiet_transformers
-    with quiet_transformers():
-        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    from specchat.loading.gguf_config import file_config
+    config = file_config(gguf)
     out.mkdir(parents=True)
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)

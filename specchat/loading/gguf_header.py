@@ -34,6 +34,7 @@ MIN_VALUE_BYTES = 8 + 4 + 1       # the smallest key-value pair: an empty key, i
 MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # the smallest tensor entry: an empty name, one dimension, type, offset
 DEFAULT_ALIGNMENT = 32
 FACTS = ("general.architecture", "general.alignment")
+HEAD_SIZE = ".attention.key_length"  # `<architecture>.attention.key_length`, read where it is an integer (gguf_config.py)
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ def _preamble(cursor: _Cursor) -> tuple[int, int]:
 
 
 def _read_values(cursor: _Cursor, count: int) -> dict:
-    """The FACTS the file has (the architecture as a string, the alignment as an integer); every value skipped."""
+    """The FACTS the file has (the architecture as a string, the alignment as an integer) and an integer head size
+    (HEAD_SIZE); every other value skipped."""
     facts = {}
     for index in range(count):
         key = cursor.string(f"metadata key {index}", MAX_KEY_BYTES)
@@ -165,6 +167,8 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
             facts[key] = cursor.string(key, MAX_NAME_BYTES)
         elif key == "general.alignment" and kind in INTEGERS:
             facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], key)[0]  # the bits, unsigned
+        elif key.endswith(HEAD_SIZE) and kind in INTEGERS:
+            facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], label)[0]
         elif key in FACTS:
             raise cursor.fail(f"{label} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
         else:

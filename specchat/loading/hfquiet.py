@@ -58,3 +58,14 @@ def quiet_bitsandbytes_casts() -> None:
     log = logging.getLogger("bitsandbytes.autograd._functions")
     if _not_a_cast_warning not in log.filters:
         log.addFilter(_not_a_cast_warning)
+
+
+RENAMED_CACHE = r"`past_key_values` is deprecated"
+
+
+def quiet_renamed_cache_argument() -> None:
+    """Drop transformers' FutureWarning that forward's past_key_values is now called cache (5.24 and later): a
+    model on transformers' forward warns mid-chat on stderr, and the old name is the one every 5.x release takes
+    (spec/model_io.py passes it). Idempotent."""
+    import warnings
+    warnings.filterwarnings("ignore", message=RENAMED_CACHE, category=FutureWarning)

@@ -153,7 +153,7 @@ def load_model(mc: ModelConfig, progress: Progress | None = None, role: str = "t
     facts = ModelFacts(source.name, mc.source, params, dtype_name(dtype),
                        _quant_label(checkpoint.quantization, mc.quantization), _device_label(model),
                        tensor_bytes(tensors), round(time.perf_counter() - start, 2), template,
-                       _backend(model, mc, kv_cache), _kernel_path(mc))
+                       _backend(model, mc, kv_cache, f"{role} {source.name}", progress), _kernel_path(mc))
     return model, tokenizer, facts
 
 
@@ -169,10 +169,13 @@ def _kernel_path(mc: ModelConfig) -> str:
     return running_path() if mc.quantization in W4A8_MODES else ""
 
 
-def _backend(model, mc: ModelConfig, kv_cache: str) -> str:
+def _backend(model, mc: ModelConfig, kv_cache: str, label: str, progress: Progress | None) -> str:
     """Attach the lean forward when asked and possible; the label the banner shows. w4a8 models get
-    the compiled layer loop too, with its keys and values stored as kv_cache says."""
+    the compiled layer loop too, with its keys and values stored as kv_cache says. A model the lean forward
+    cannot run gets one notice line naming the slower path."""
+    from specchat.loading.hfquiet import quiet_renamed_cache_argument
     if mc.backend != "lean":
+        quiet_renamed_cache_argument()
         return mc.backend
     from specchat.runtime.lean import attach_lean
     from specchat.spec.model_io import RUNNER
@@ -182,6 +185,8 @@ def _backend(model, mc: ModelConfig, kv_cache: str) -> str:
         native_layers = q4_kernel().LeanLayers
     reason = attach_lean(model, native_layers, kv_cache)
     if reason:
+        quiet_renamed_cache_argument()
+        report(progress, f"{label} runs on transformers' forward, slower: {reason}", None)
         return f"transformers ({reason})"
     return "lean (compiled layers)" if not getattr(model, RUNNER).native_reason else "lean"
 

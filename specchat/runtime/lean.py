@@ -1,4 +1,4 @@
-"""A lean decoder forward for Llama-style models (Qwen2, Llama), on the transformers model's own modules.
+"""A lean decoder forward for Llama-style models (Llama, Mistral, Qwen2, Qwen3), on the transformers model's own modules.
 
 transformers' forward builds, for every call, a cache update by concatenation, position ids, rotary
 tables and a mask, and dispatches through several Python layers per decoder layer. This forward
@@ -14,7 +14,8 @@ and instead:
   and, packed as one matrix, take one kernel call;
 - w4a8 float32 decoders run all their layers in one compiled call (lean_native.py): plain C++ loops
   between the kernel's products, as batch-invariant as the Python loop, and within float rounding of it.
-Other architectures, sliding-window models and models spread over several devices keep the transformers path.
+Which architectures it runs is runtime/architectures.py's table (LEAN_RUNS); others, and models spread over several
+devices, keep the transformers path.
 """
 from __future__ import annotations
 
@@ -23,11 +24,10 @@ from torch import nn
 
 from specchat.runtime.attention import batch_invariant_attention
 from specchat.quant import w4a8, w8a8
-from specchat.runtime import lean_native
+from specchat.runtime import architectures, lean_native
 from specchat.spec import model_io
 from specchat.spec.model_io import RUNNER, input_device
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 # How the compiled layer loop stores keys and values: float16 and bfloat16 take half the bytes of float32
 # (their rounding is measured by python -m specchat.bench.targets --kv-cache); the Python loop keeps its
 # activations' dtype.
@@ -46,12 +46,10 @@ def attach_lean(model: nn.Module, native_layers=None, kv_cache: str = "bfloat16"
 
 
 def supports(model: nn.Module) -> str:
-    """'' when the lean forward can run `model`, else why not."""
-    name = type(model).__name__
-    if name not in SUPPORTED:
-        return f"{name} is not one of {', '.join(SUPPORTED)}"
-    if "sliding_attention" in (getattr(model.config, "layer_types", None) or ()):
-        return "it uses sliding-window attention"
+    """'' when the lean forward can run `model` (its architecture's needs, architectures.py), else why not."""
+    reason = architectures.unsupported(model.config, architectures.LEAN_RUNS, "the lean forward", type(model).__name__)
+    if reason:
+        return reason
     if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
         return "it is spread over several devices"
     return ""
@@ -210,9 +208,9 @@ class LeanForward:
         normed = rms_norm(layer.input_layernorm, hidden)
         fed = hidden.shape[1]
         query, key, value = same_input([attention.q_proj, attention.k_proj, attention.v_proj], normed)
-        query = query.view(fed, self.heads, self.head_dim).transpose(0, 1)
-        key = key.view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
-        value = value.view(fed, self.kv_heads, self.head_dim).transpose(0, 1)
+        query = _heads(query, self.heads, getattr(attention, "q_norm", None))  # [heads, fed, head_dim]
+        key = _heads(key, self.kv_heads, getattr(attention, "k_norm", None))
+        value = _heads(value, self.kv_heads, None)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
         end = start + fed
         cache.keys[index][:, start:end] = key
@@ -232,6 +230,15 @@ def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if eps is None or x.dtype != torch.float32:
         return norm(x)
     return nn.functional.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+
+
+def _heads(x: torch.Tensor, count: int, norm: nn.Module | None) -> torch.Tensor:
+    """A projection's rows [1, fed, count·head_dim] as heads [count, fed, head_dim], each head's vector first
+    normed where the architecture norms them (Qwen3's q_norm and k_norm)."""
+    heads = x.view(x.shape[1], count, -1)
+    if norm is not None:
+        heads = rms_norm(norm, heads)
+    return heads.transpose(0, 1)
 
 
 def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:

@@ -13,12 +13,16 @@ import torch
 from torch import nn
 
 from specchat.quant.w4a8 import TILE_ROWS, Q4Linear, whole_group
+from specchat.runtime import architectures
 
 ACTIVATIONS = ("silu",)
 
 
 def unsupported(layers: list[nn.Module], norm: nn.Module, config, dtype: torch.dtype, head_dim: int) -> str:
     """'' when build() can take these decoder layers and the norm after them, else why not."""
+    reason = architectures.unsupported(config, architectures.COMPILED_RUNS, "the compiled layer loop")
+    if reason:
+        return reason
     if getattr(norm, "variance_epsilon", None) is None:
         return f"its final {type(norm).__name__} is not an RMSNorm"
     if dtype != torch.float32:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_files import greedy_reply, logits, tiny_model, write_gguf
+from model_files import greedy_reply, logits, tiny_model, vocab_size, write_gguf
 from tiny_models import build_tokenizer
 from specchat.config import load_config
+from specchat.errors import ModelLoadError
 from specchat.loading import devices
+from specchat.loading.gguf_config import file_config, set_head_size
 from specchat.loading import models as model_loading
 from specchat.loading.models import load_pair
 
@@ -32,15 +34,15 @@ def tok():
 
 def gguf_pair(folder, tok, architecture: str, tied: bool, **shape):
     """(target file, its model, drafter file) of one architecture."""
-    target = tiny_model(architecture, len(tok), seed=1, tied=tied, **shape)
-    drafter = tiny_model(architecture, len(tok), seed=2, tied=tied, **shape)
+    target = tiny_model(architecture, vocab_size(tok, architecture), seed=1, tied=tied, **shape)
+    drafter = tiny_model(architecture, vocab_size(tok, architecture), seed=2, tied=tied, **shape)
     return (write_gguf(folder / "target.gguf", target, tok, architecture=architecture), target,
             write_gguf(folder / "drafter.gguf", drafter, tok, architecture=architecture))
 
 
-def default_pair(target, drafter, *overrides: str):
+def default_pair(target, drafter, *overrides: str, progress=None):
     """load_pair with the default config (w4a8 target, w4a8-fast drafter, the lean forward), on these files."""
-    return load_pair(load_config(None, [f"target.source={target}", f"drafter.source={drafter}", *overrides]))
+    return load_pair(load_config(None, [f"target.source={target}", f"drafter.source={drafter}", *overrides]), progress)
 
 
 def prompt_ids(tok) -> list[int]:
@@ -82,3 +84,42 @@ def test_a_tied_w4a8_head_is_the_file_embeddings_quantized(tmp_path, tok, kernel
         wanted = original(ids).logits[0]
     assert (quantized.argmax(-1) == wanted.argmax(-1)).float().mean() >= 0.9
     assert (quantized - wanted).abs().max() < 0.1 * wanted.abs().max()
+
+
+@pytest.mark.parametrize("architecture, tied, need", [("phi3", False, "fused qkv_proj"),
+                                                     ("gemma2", True, "sliding-window attention")])
+def test_an_architecture_the_lean_forward_lacks_runs_on_transformers_with_one_notice_line(tmp_path, tok, kernel,
+                                                                                         recwarn, architecture, tied,
+                                                                                         need):
+    """Loaded with the default config: one line a model names the slower path and why; no FutureWarning from
+    transformers' forward (its past_key_values renamed) while the reply runs; still exact."""
+    target, _, drafter = gguf_pair(tmp_path, tok, architecture, tied=tied)
+    lines = []
+    pair = default_pair(target, drafter, progress=lambda message, fraction: lines.append(message))
+    slower = [line for line in lines if "transformers' forward" in line]
+    assert sorted(line.split(" runs on ")[0] for line in slower) == ["drafter drafter", "target target"]
+    assert all(need in line and "\n" not in line for line in slower)
+    assert pair.target_facts.backend.startswith("transformers (") and need in pair.target_facts.backend
+    ids = prompt_ids(tok)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)], [str(w.message) for w in recwarn]
+
+
+def test_a_qwen3_file_with_its_own_head_size_loads_and_stays_exact(tmp_path, tok, kernel):
+    """Qwen3: q/k norms per head, a head size (32) other than hidden ÷ heads (16), a tied head."""
+    target, original, drafter = gguf_pair(tmp_path, tok, "qwen3", tied=True, head_dim=32)
+    pair = default_pair(target, drafter)
+    assert pair.target.config.head_dim == 32 and pair.target_facts.backend.startswith("lean")
+    ids = prompt_ids(tok)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+    unquantized = default_pair(target, drafter, "target.quantization=none", "target.dtype=float32")
+    assert torch.allclose(logits(unquantized.target, tok), logits(original, tok), atol=1e-5, rtol=0)
+
+
+def test_the_file_config_takes_the_head_size_the_file_states(tmp_path, tok):
+    path = write_gguf(tmp_path / "q.gguf", tiny_model("qwen3", len(tok), head_dim=32), tok, architecture="qwen3")
+    config = file_config(path)
+    assert config.head_dim == 32 and config.num_attention_heads * config.head_dim != config.hidden_size
+    with pytest.raises(ModelLoadError, match="states a head size of 3; an even number up to 4096"):
+        set_head_size(config, 3, path)
+
