@@ -3,7 +3,8 @@
 // kernel's products, everything (RMSNorm, biases, rotary embedding, the KV cache write, attention,
 // SiLU, residuals) is a plain loop over one row's numbers: no torch dispatch, and a row's result
 // never depends on how many rows were fed with it (each row takes the same steps in the same order),
-// so a verification forward gives bitwise what one-token steps give.
+// so a verification forward gives bitwise what one-token steps give. Qwen3's layers norm each head's query
+// and key (add_head_norms) before the rotation.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -53,6 +54,8 @@ struct Layer {
   double eps;
   Projection qkv, out, gate_up, down;
   int64_t gate_width;
+  torch::Tensor q_norm, k_norm;  // RMSNorm weights [head_dim] over each head's query and key; undefined: none
+  double head_eps = 0;
 };
 
 Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
@@ -94,6 +97,11 @@ void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t wi
     for (int64_t i = 0; i < width; i += LANES)
       simd::store(out + r * width + i, simd::load(in + i) * scale * simd::load(weight + i));
   }
+}
+
+// `count` heads [dim] one after another at x, each RMS-normed in place by weight; nothing where it is undefined.
+void norm_heads(float* x, const torch::Tensor& weight, int64_t count, int64_t dim, double eps) {
+  if (weight.defined()) rms_norm_rows(x, weight.data_ptr<float>(), count, dim, eps, x);
 }
 
 // x [rows, width] += y [rows, width] (both with their own row strides).
@@ -263,6 +271,17 @@ class LeanLayers {
     layers_.push_back(std::move(layer));
   }
 
+  // RMSNorm weights [head_dim] over each head's query and key in the layer added last (Qwen3's q_norm, k_norm).
+  void add_head_norms(torch::Tensor q_norm, torch::Tensor k_norm, double eps) {
+    TORCH_CHECK(!layers_.empty(), "add_layer before its head norms");
+    check_norm(q_norm, head_dim_, "q_norm");
+    check_norm(k_norm, head_dim_, "k_norm");
+    Layer& layer = layers_.back();
+    layer.q_norm = q_norm;
+    layer.k_norm = k_norm;
+    layer.head_eps = eps;
+  }
+
   // The decoder's norm after its last layer (what forward_tail applies).
   void set_final_norm(torch::Tensor weight, double eps) {
     const int64_t width = width_ ? width_ : width_from(weight, "the final norm");
@@ -334,6 +353,8 @@ class LeanLayers {
     check_projection(layer.out, "o_proj", q_width, width);
     check_projection(layer.gate_up, "gate/up", width, 2 * layer.gate_width);
     check_projection(layer.down, "down", layer.gate_width, width);
+    if (layer.q_norm.defined()) check_norm(layer.q_norm, head_dim_, "q_norm");
+    if (layer.k_norm.defined()) check_norm(layer.k_norm, head_dim_, "k_norm");
   }
 
   void check_hidden(const torch::Tensor& hidden, int64_t start) const {
@@ -374,7 +395,7 @@ class LeanLayers {
     float* rows = state.data_ptr<float>();
     rms_norm_rows(rows, layer.input_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
     auto qkv = project(layer.qkv, normed);  // [fed, (heads + 2 kv_heads) head_dim]
-    attention(qkv, keys, values, cos, sin, start, attended.data_ptr<float>());
+    attention(layer, qkv, keys, values, cos, sin, start, attended.data_ptr<float>());
     const auto out = project(layer.out, attended);
     add_rows(rows, width, out.data_ptr<float>(), width, fed, width);
     rms_norm_rows(rows, layer.post_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
@@ -398,24 +419,27 @@ class LeanLayers {
     return y;
   }
 
-  // qkv [fed, (heads + 2 kv_heads) head_dim]: rotates the queries in place, writes the rotated keys
-  // and the values into the cache at start.., and attends each query row (causal) into out [fed, heads·head_dim].
-  void attention(torch::Tensor& qkv, const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& cos,
-                 const torch::Tensor& sin, int64_t start, float* out) {
+  // qkv [fed, (heads + 2 kv_heads) head_dim]: norms (where the layer has head norms) and rotates the queries in
+  // place, writes the normed, rotated keys and the values into the cache at start.., and attends each query row
+  // (causal) into out [fed, heads·head_dim].
+  void attention(const Layer& layer, torch::Tensor& qkv, const torch::Tensor& keys, const torch::Tensor& values,
+                 const torch::Tensor& cos, const torch::Tensor& sin, int64_t start, float* out) {
     switch (keys.scalar_type()) {
       case torch::kHalf:
-        return attention_on(qkv, keys.data_ptr<c10::Half>(), values.data_ptr<c10::Half>(), keys.size(1), cos, sin, start, out);
-      case torch::kBFloat16:
-        return attention_on(qkv, keys.data_ptr<c10::BFloat16>(), values.data_ptr<c10::BFloat16>(), keys.size(1), cos, sin,
+        return attention_on(layer, qkv, keys.data_ptr<c10::Half>(), values.data_ptr<c10::Half>(), keys.size(1), cos, sin,
                             start, out);
+      case torch::kBFloat16:
+        return attention_on(layer, qkv, keys.data_ptr<c10::BFloat16>(), values.data_ptr<c10::BFloat16>(), keys.size(1),
+                            cos, sin, start, out);
       default:
-        return attention_on(qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1), cos, sin, start, out);
+        return attention_on(layer, qkv, keys.data_ptr<float>(), values.data_ptr<float>(), keys.size(1), cos, sin, start,
+                            out);
     }
   }
 
   template <typename T>
-  void attention_on(torch::Tensor& qkv, T* key_cache, T* value_cache, int64_t capacity, const torch::Tensor& cos,
-                    const torch::Tensor& sin, int64_t start, float* out) {
+  void attention_on(const Layer& layer, torch::Tensor& qkv, T* key_cache, T* value_cache, int64_t capacity,
+                    const torch::Tensor& cos, const torch::Tensor& sin, int64_t start, float* out) {
     Stopwatch watch(times_, times_.attention);
     const int64_t fed = qkv.size(0), stride = qkv.size(1), dim = head_dim_;
     const int64_t q_width = heads_ * dim, kv_width = kv_heads_ * dim, groups = heads_ / kv_heads_;
@@ -426,6 +450,8 @@ class LeanLayers {
       float* row = rows + r * stride;
       const float* c = cos.data_ptr<float>() + r * dim;
       const float* s = sin.data_ptr<float>() + r * dim;
+      norm_heads(row, layer.q_norm, heads_, dim, layer.head_eps);
+      norm_heads(row + q_width, layer.k_norm, kv_heads_, dim, layer.head_eps);
       for (int64_t h = 0; h < heads_; ++h) {
         rotate_into(row + h * dim, c, s, dim, rotated.data());
         std::copy(rotated.begin(), rotated.end(), row + h * dim);
@@ -465,6 +491,7 @@ void register_lean_layers(pybind11::module& module) {
       .def(pybind11::init<int64_t, int64_t, int64_t, double>())
       .def("add_layer", &LeanLayers::add_layer)
       .def("__len__", &LeanLayers::size)
+      .def("add_head_norms", &LeanLayers::add_head_norms)
       .def("set_final_norm", &LeanLayers::set_final_norm)
       .def("forward", &LeanLayers::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("forward_tail", &LeanLayers::forward_tail, pybind11::call_guard<pybind11::gil_scoped_release>())

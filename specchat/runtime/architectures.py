@@ -55,7 +55,7 @@ ARCHITECTURES = {a.model_type: a for a in (
 )}
 
 LEAN_RUNS = frozenset({"qkv_bias", "qk_norm"})      # runtime/lean.py's Python layer loop
-COMPILED_RUNS = frozenset({"qkv_bias"})  # kernels/lean_layers.cpp through runtime/lean_native.py
+COMPILED_RUNS = frozenset({"qkv_bias", "qk_norm"})  # kernels/lean_layers.cpp through runtime/lean_native.py
 
 
 def model_needs(config) -> frozenset[str] | None:

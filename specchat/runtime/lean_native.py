@@ -3,7 +3,7 @@
 Where every linear layer of the decoder is a Q4Linear (w4a8) and the activations are float32,
 lean.py's per-layer Python loop (about 75 torch calls a layer, each paying Python and dispatch time)
 runs instead as one C++ call over all layers: the kernel's products, and plain loops between them
-(norms, rotary, attention, SiLU). Each row takes the same steps whatever else is fed with it, so the
+(norms, Qwen3's q/k norms per head, rotary, attention, SiLU). Each row takes the same steps whatever else is fed with it, so the
 forward stays batch-invariant; its values are the Python loop's within float rounding (not bitwise:
 its sums run in another order, its exp is its own). Anything else keeps the Python loop.
 """
@@ -41,10 +41,18 @@ def unsupported(layers: list[nn.Module], norm: nn.Module, config, dtype: torch.d
             return f"a layer's width is not a multiple of {TILE_ROWS}"
         if mlp.gate_proj.out_features != mlp.up_proj.out_features:
             return "its gate and up projections differ in width"
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        if len(_head_norms(attention)) == 1:
+            return "it norms the heads of only one of query and key"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm, *_head_norms(attention)):
             if getattr(norm, "variance_epsilon", None) is None:
                 return f"{type(norm).__name__} is not an RMSNorm"
     return ""
+
+
+def _head_norms(attention: nn.Module) -> list[nn.Module]:
+    """The RMSNorms over each head's query and key (Qwen3's q_norm, k_norm), or []."""
+    norms = [getattr(attention, "q_norm", None), getattr(attention, "k_norm", None)]
+    return [norm for norm in norms if norm is not None]
 
 
 def build(layer_type, layers: list[nn.Module], norm: nn.Module, heads: int, kv_heads: int, head_dim: int,
@@ -60,6 +68,11 @@ def build(layer_type, layers: list[nn.Module], norm: nn.Module, heads: int, kv_h
                          _parts(qkv), _bias(qkv), list(attention.o_proj.tiles.tensors()), _bias([attention.o_proj]),
                          _parts(gate_up), _bias(gate_up), mlp.gate_proj.out_features,
                          list(mlp.down_proj.tiles.tensors()), _bias([mlp.down_proj]))
+        head_norms = _head_norms(attention)
+        if head_norms:
+            q_norm, k_norm = head_norms
+            native.add_head_norms(q_norm.weight.detach().contiguous(), k_norm.weight.detach().contiguous(),
+                                  float(q_norm.variance_epsilon))
     native.set_final_norm(norm.weight.detach().contiguous(), float(norm.variance_epsilon))
     return native
 
