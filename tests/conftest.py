@@ -59,6 +59,17 @@ def _build_log_tail(build, lines: int = 40) -> str:
     return "\n" + "\n".join((errors or text)[-lines:])
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """A module's tiny models on one thread (`pytestmark = pytest.mark.usefixtures("one_thread")`): on two threads
+    shared with anything else each forward costs far more."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def kernel():
     """The w4a8 kernel module (kernel_or_skip): skipped only where no C++ compiler exists."""

@@ -40,12 +40,7 @@ SIZES = [QUICK_RUNS, pytest.param(FAST_RUNS, marks=pytest.mark.slow), pytest.par
 Z = 4.5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: the tiny models on one thread
 
 
 @torch.inference_mode()

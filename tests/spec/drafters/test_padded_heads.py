@@ -19,12 +19,7 @@ GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 NARROWER = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: the tiny models on one thread
 
 
 def steps(engine, ids, sampling=GREEDY, **speculation):

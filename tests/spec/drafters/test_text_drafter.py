@@ -20,13 +20,7 @@ GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 CODE = "def reverse(lst):\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models on one thread: on two threads shared with anything else each forward costs far more."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: the tiny models on one thread
 
 
 @pytest.fixture(scope="module")
