@@ -11,6 +11,7 @@ from transformers import DynamicCache
 
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from model_files import tiny_model
+from test_lean import logits_in_pieces as pieces_after_a_crop
 from specchat.runtime import architectures, lean
 from specchat.spec import model_io
 
@@ -28,18 +29,9 @@ def built(name: str, **extra):
     return tiny_model(architecture, 384, seed=3, **shape)
 
 
-@torch.inference_mode()
 def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int]) -> torch.Tensor:
-    """Logits of ids[prefix:] fed in pieces after the prefix, through model_io (lean or not), after a rejected draft."""
-    cache = model_io.new_cache(model)
-    model_io.forward(model, cache, ids[:prefix], keep=1)
-    model_io.forward(model, cache, ids[prefix:prefix + 3][::-1], keep=3)
-    model_io.crop_to(cache, prefix)
-    out, start = [], prefix
-    for size in pieces:
-        out.append(model_io.forward(model, cache, ids[start:start + size], keep=size))
-        start += size
-    return torch.cat(out)
+    """test_lean's: logits of ids[prefix:] fed in pieces after the prefix and a rejected 3-token draft."""
+    return pieces_after_a_crop(model, ids, prefix, pieces, crop_first=3)
 
 
 def lean_copy(model):
