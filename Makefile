@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 # A CPU build of torch that lies on this disk; a bare `torch` would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: test test-fast lint-imports chat bench install install-test install-models clean
+.PHONY: test test-fast lint lint-imports chat bench install install-test install-models clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,13 @@ install: $(VENV)/.installed-test
 install-test: $(VENV)/.installed-test
 install-models: $(VENV)/.installed-models
 
-test: install-test install-models lint-imports
+test: install-test install-models lint lint-imports
 	$(PY) -m pytest -q
 
 # The fast default: a small case of every guarantee (no slow tests), on two pytest-xdist workers. With
 # worksteal each starts on its half of the tests in file order (a module's fixtures are mostly built
 # once), and one that is done takes tests from the other.
-test-fast: install-test lint-imports
+test-fast: install-test lint lint-imports
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
 
 chat: install-models
@@ -40,6 +40,11 @@ chat: install-models
 BENCH_ARGS ?=
 bench: install-models $(VENV)/.installed-bench
 	$(PY) -m specchat.bench $(BENCH_ARGS)
+
+# Lint and format (pyproject.toml's [tool.ruff]); `ruff format .` writes the format it checks.
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The layers and the no-circle rule of pyproject.toml's [tool.importlinter]
 lint-imports: install-test

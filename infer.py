@@ -1,2 +1,3 @@
 from specchat.tui.cli import main
+
 raise SystemExit(main())

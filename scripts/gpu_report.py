@@ -1,7 +1,8 @@
 """report.md of a GPU check: the environment, the gpu tests' counts (and each failure's name), the bench's table.
 
-    python scripts/gpu_report.py OUT TESTS_STATUS SECONDS
+python scripts/gpu_report.py OUT TESTS_STATUS SECONDS
 """
+
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Greedy speculative vs target-only tok/s on a tiny random pair (8-layer target, its first layer as
 drafter), measured side by side in one run:  python scripts/tiny_pair.py"""
+
 from __future__ import annotations
 
 import copy
@@ -7,7 +8,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' tiny models
-from tiny_models import build_model, build_tokenizer  # noqa: E402
+from tiny_models import build_model, build_tokenizer
+
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.engine import Engine
@@ -35,8 +37,10 @@ def main() -> None:
         t = reply(engine, ids, gamma=0, mode="target")
         s = reply(engine, ids, gamma=4)
         ratio = s.stats.tokens_per_s / t.stats.tokens_per_s
-        print(f"target-only {t.stats.tokens_per_s:.1f} tok/s · spec γ4 {s.stats.tokens_per_s:.1f} tok/s · "
-              f"ratio {ratio:.2f} · acceptance {s.stats.acceptance_rate:.0%} · same {s.ids == t.ids}")
+        print(
+            f"target-only {t.stats.tokens_per_s:.1f} tok/s · spec γ4 {s.stats.tokens_per_s:.1f} tok/s · "
+            f"ratio {ratio:.2f} · acceptance {s.stats.acceptance_rate:.0%} · same {s.ids == t.ids}"
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Public names: speculative_generate, autoregressive_generate, stream, load_pair, 
 events stream() yields: Token (id, text, origin: an Origin), Rejected, StepDone, ReplyDone.
 The chat itself: `python infer.py` (see the README).
 """
+
 from specchat.threads import set_wait_policy
 
 set_wait_policy()  # before torch is imported (specchat/threads.py)
@@ -16,5 +17,15 @@ set_wait_policy()  # before torch is imported (specchat/threads.py)
 from specchat.api import Generation, autoregressive_generate, load_pair, speculative_generate, stream  # noqa: E402
 from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token  # noqa: E402
 
-__all__ = ["speculative_generate", "autoregressive_generate", "stream", "load_pair", "Generation", "Origin",
-           "Token", "Rejected", "StepDone", "ReplyDone"]
+__all__ = [
+    "speculative_generate",
+    "autoregressive_generate",
+    "stream",
+    "load_pair",
+    "Generation",
+    "Origin",
+    "Token",
+    "Rejected",
+    "StepDone",
+    "ReplyDone",
+]

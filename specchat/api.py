@@ -7,6 +7,7 @@
 The functions here build the chat's own Engine on the models given (with fresh caches each call),
 so the output, the provenance of every token and the statistics are exactly what the chat shows.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -27,6 +28,7 @@ DEFAULT_MAX_NEW_TOKENS = 128
 class Generation:
     """One generated reply. `ids` holds the new tokens only (not the prompt); `tokens` says which
     model produced each one (Token: id, text, origin); `stats` is the chat's ReplyStats."""
+
     ids: list[int]
     text: str | None
     tokens: list[Token]
@@ -43,10 +45,21 @@ class Generation:
         return iter((self.ids, self.acceptance_rate))
 
 
-def speculative_generate(input_ids, drafter, target, tokenizer=None, *, gamma: int | str = 4,
-                         temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                         max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, eos_token_ids=None,
-                         seed: int | None = 0, drafter_vocab: int = 0) -> Generation:
+def speculative_generate(
+    input_ids,
+    drafter,
+    target,
+    tokenizer=None,
+    *,
+    gamma: int | str = 4,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    eos_token_ids=None,
+    seed: int | None = 0,
+    drafter_vocab: int = 0,
+) -> Generation:
     """Generate after `input_ids` (a list of ids, or a 1-D / [1, n] tensor): `drafter` proposes
     `gamma` tokens a step (0–16, or "auto"), `target` verifies them in one forward, and the
     rejection rule keeps the output distributed exactly as the target's (greedy at temperature 0).
@@ -55,31 +68,82 @@ def speculative_generate(input_ids, drafter, target, tokenizer=None, *, gamma: i
     only ids below it (plus ids seen and stop ids), which stays exact. Bad arguments raise ValueError."""
     if drafter is None:
         raise ValueError("speculative_generate needs a drafter model; use autoregressive_generate without one")
-    return _collect(stream(input_ids, drafter, target, tokenizer, gamma=gamma, temperature=temperature,
-                           top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens,
-                           eos_token_ids=eos_token_ids, seed=seed, drafter_vocab=drafter_vocab), tokenizer)
+    return _collect(
+        stream(
+            input_ids,
+            drafter,
+            target,
+            tokenizer,
+            gamma=gamma,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=eos_token_ids,
+            seed=seed,
+            drafter_vocab=drafter_vocab,
+        ),
+        tokenizer,
+    )
 
 
-def autoregressive_generate(input_ids, target, tokenizer=None, *, temperature: float = 0.0, top_k: int = 0,
-                            top_p: float = 1.0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                            eos_token_ids=None, seed: int | None = 0) -> Generation:
+def autoregressive_generate(
+    input_ids,
+    target,
+    tokenizer=None,
+    *,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    eos_token_ids=None,
+    seed: int | None = 0,
+) -> Generation:
     """The target alone, one token per forward, through the same engine: the reference that
     speculative_generate equals (greedy) or matches in distribution (sampled)."""
-    return _collect(stream(input_ids, None, target, tokenizer, gamma=0, temperature=temperature, top_k=top_k,
-                           top_p=top_p, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                           seed=seed), tokenizer)
+    return _collect(
+        stream(
+            input_ids,
+            None,
+            target,
+            tokenizer,
+            gamma=0,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=eos_token_ids,
+            seed=seed,
+        ),
+        tokenizer,
+    )
 
 
-def stream(input_ids, drafter, target, tokenizer=None, *, gamma: int | str = 4, temperature: float = 0.0,
-           top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-           eos_token_ids=None, seed: int | None = 0, drafter_vocab: int = 0) -> Iterator[Event]:
+def stream(
+    input_ids,
+    drafter,
+    target,
+    tokenizer=None,
+    *,
+    gamma: int | str = 4,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    eos_token_ids=None,
+    seed: int | None = 0,
+    drafter_vocab: int = 0,
+) -> Iterator[Event]:
     """The engine's events as they happen (arguments as speculative_generate; drafter=None runs the
     target alone): Token (id, text delta, origin), Rejected (drafts the target refused), StepDone,
     and a final ReplyDone with the stats. Without a tokenizer every text is ''."""
     ids = _prompt_ids(input_ids)
     sampling = _sampling(temperature, top_k, top_p, max_new_tokens, seed)
-    speculation = SpeculationConfig(gamma=_gamma(gamma, drafter), mode="spec" if drafter is not None else "target",
-                                    drafter_vocab=_non_negative("drafter_vocab", drafter_vocab))
+    speculation = SpeculationConfig(
+        gamma=_gamma(gamma, drafter),
+        mode="spec" if drafter is not None else "target",
+        drafter_vocab=_non_negative("drafter_vocab", drafter_vocab),
+    )
     engine = _engine(drafter, target, tokenizer, eos_token_ids)
     return engine.stream(ids, sampling, speculation)
 
@@ -90,6 +154,7 @@ def load_pair(config: str | None = None, **overrides: Any):
     .drafter, .target and .tokenizer the functions above take."""
     from specchat.config import load_config, set_from_text, with_value
     from specchat.loading.models import load_pair as load
+
     cfg: Config = load_config(config)
     for key, value in overrides.items():
         cfg = set_from_text(cfg, key, value) if isinstance(value, str) else with_value(cfg, key, value)
@@ -102,8 +167,9 @@ def _prompt_ids(input_ids) -> list[int]:
         if input_ids.dim() == 2 and input_ids.shape[0] == 1:
             input_ids = input_ids[0]
         if input_ids.dim() != 1:
-            raise ValueError(f"input_ids must be a list of ids or a 1-D (or [1, n]) tensor, got shape "
-                             f"{tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must be a list of ids or a 1-D (or [1, n]) tensor, got shape {tuple(input_ids.shape)}"
+            )
         input_ids = input_ids.tolist()
     ids = list(input_ids)
     if not ids:
@@ -122,8 +188,13 @@ def _sampling(temperature, top_k, top_p, max_new_tokens, seed) -> SamplingConfig
         raise ValueError(f"max_new_tokens must be an integer ≥ 1, got {max_new_tokens!r}")
     if seed is not None and not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, or None for a fresh one, got {seed!r}")
-    return SamplingConfig(temperature=float(temperature), top_k=_non_negative("top_k", top_k), top_p=float(top_p),
-                          seed=RANDOM if seed is None or seed < 0 else seed, max_new_tokens=max_new_tokens)
+    return SamplingConfig(
+        temperature=float(temperature),
+        top_k=_non_negative("top_k", top_k),
+        top_p=float(top_p),
+        seed=RANDOM if seed is None or seed < 0 else seed,
+        max_new_tokens=max_new_tokens,
+    )
 
 
 def _gamma(gamma, drafter) -> Gamma:
@@ -146,10 +217,13 @@ def _engine(drafter, target, tokenizer, eos_token_ids) -> Engine:
     """An Engine with fresh caches on the caller's models. Models from load_pair run specchat's lean
     forward; other models run transformers' own (the caller's model objects are left as they are)."""
     from specchat.loading.tokenizer_check import output_width
+
     vocab_size = len(tokenizer) if tokenizer is not None else output_width(target)
     if drafter is not None and output_width(drafter) < vocab_size:
-        raise ValueError(f"the drafter scores {output_width(drafter)} token ids but the target's vocabulary has "
-                         f"{vocab_size}: the two models must share a tokenizer")
+        raise ValueError(
+            f"the drafter scores {output_width(drafter)} token ids but the target's vocabulary has "
+            f"{vocab_size}: the two models must share a tokenizer"
+        )
     text = tokenizer if tokenizer is not None else _NoText(vocab_size)
     return Engine.for_pair(Models(target, drafter, text, _eos_ids(eos_token_ids, tokenizer, target), vocab_size))
 

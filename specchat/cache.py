@@ -17,6 +17,7 @@ line naming the path and the errno (disk_error), never a reason to delete a good
 wrong (DamagedFile: a size, checksum, parse or shape that is not what was written) is rebuilt. Finished
 artefacts are fsynced, then renamed into place, then their folder is fsynced (replace_durably).
 """
+
 from __future__ import annotations
 
 import errno
@@ -42,7 +43,9 @@ except ImportError:  # not POSIX (Windows): builds are not serialised there
 CHUNK = 8 << 20  # bytes per read while hashing
 ROOM_ADVICE = "free some space, or set $SPECCHAT_CACHE to a folder on another disk, and start again"
 ADVICE = {  # what to do about an errno met in the cache
-    errno.ENOSPC: ROOM_ADVICE, errno.EDQUOT: ROOM_ADVICE, errno.EFBIG: ROOM_ADVICE,
+    errno.ENOSPC: ROOM_ADVICE,
+    errno.EDQUOT: ROOM_ADVICE,
+    errno.EFBIG: ROOM_ADVICE,
     errno.EROFS: "the cache is read-only and lacks this: set $SPECCHAT_CACHE to a writable folder",
     errno.EACCES: "check the cache's permissions, or set $SPECCHAT_CACHE to a folder of your own",
     errno.EPERM: "check the cache's permissions, or set $SPECCHAT_CACHE to a folder of your own",
@@ -80,11 +83,15 @@ def _check_root(root: Path) -> None:
     if not stat.S_ISDIR(info.st_mode):
         raise ModelLoadError(f"the cache {root} is not a folder; set $SPECCHAT_CACHE to a folder of your own")
     if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
-        raise ModelLoadError(f"the cache {root} belongs to user id {info.st_uid}, not to you; "
-                             f"set $SPECCHAT_CACHE to a folder of your own")
+        raise ModelLoadError(
+            f"the cache {root} belongs to user id {info.st_uid}, not to you; "
+            f"set $SPECCHAT_CACHE to a folder of your own"
+        )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ModelLoadError(f"the cache {root} can be written by others (mode {stat.S_IMODE(info.st_mode):o}); "
-                             f"chmod 700 it, or set $SPECCHAT_CACHE to a folder of your own")
+        raise ModelLoadError(
+            f"the cache {root} can be written by others (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"chmod 700 it, or set $SPECCHAT_CACHE to a folder of your own"
+        )
 
 
 def private_dir(folder: Path) -> Path:
@@ -174,7 +181,7 @@ def is_verified(path: Path, size: int, sha256: str, progress: Progress | None = 
 def remove_stale_temporaries(target: Path) -> None:
     """Delete `.{name}.{pid}.tmp` leftovers of `target` whose writing process no longer runs."""
     for leftover in target.parent.glob(f".{target.name}.*.tmp"):
-        pid = leftover.name[len(target.name) + 2:-len(".tmp")]
+        pid = leftover.name[len(target.name) + 2 : -len(".tmp")]
         if pid.isdigit() and not _process_alive(int(pid)):
             if leftover.is_dir():
                 shutil.rmtree(leftover, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 Every bad key or value raises ConfigError with one line naming the key and what is allowed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,31 +65,31 @@ class Random:
 
 AUTO = Auto()
 RANDOM = Random()
-Gamma = Union[int, Auto]
-Seed = Union[int, Random]
+Gamma = Union[int, Auto]  # noqa: UP007 (an alias evaluated at import: | needs Python 3.10's types)
+Seed = Union[int, Random]  # noqa: UP007
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    source: str = ""                # hub id, local dir, .gguf file, or bundled:<name>
+    source: str = ""  # hub id, local dir, .gguf file, or bundled:<name>
     dtype: str = "auto"
     quantization: str = "none"
-    device: str = "auto"            # auto | cpu | cuda | cuda:N
-    device_map: str = ""            # "" (one device) or "auto" (spread over GPUs via accelerate)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device_map: str = ""  # "" (one device) or "auto" (spread over GPUs via accelerate)
     max_memory: dict = field(default_factory=dict)  # e.g. {0 = "20GiB", 1 = "20GiB"}
     trust_remote_code: bool = False
     revision: str = ""
-    backend: str = "lean"           # lean | transformers (the lean forward falls back to it by itself)
+    backend: str = "lean"  # lean | transformers (the lean forward falls back to it by itself)
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0            # 0 = off
-    top_p: float = 1.0        # 1 = off
-    greedy: bool = False      # greedy regardless of temperature
-    seed: Seed = 0            # RANDOM = a fresh random seed each reply
-    max_new_tokens: int = 0   # 0 = no cap: a reply runs to its end of turn or the context window
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    greedy: bool = False  # greedy regardless of temperature
+    seed: Seed = 0  # RANDOM = a fresh random seed each reply
+    max_new_tokens: int = 0  # 0 = no cap: a reply runs to its end of turn or the context window
 
     @property
     def capped(self) -> bool:
@@ -101,15 +102,17 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    gamma: Gamma = 4          # drafted tokens per step; 0 = target-only; AUTO = the policy plans each step
-    mode: str = "spec"        # spec | target | drafter
-    compare: str = "off"      # off | on | drafter
-    extra_eos: tuple = ()     # extra stop strings (each must be a single token)
-    drafter_vocab: int = 0    # drafter proposes only ids below this (0 = its whole vocabulary); still exact
+    gamma: Gamma = 4  # drafted tokens per step; 0 = target-only; AUTO = the policy plans each step
+    mode: str = "spec"  # spec | target | drafter
+    compare: str = "off"  # off | on | drafter
+    extra_eos: tuple = ()  # extra stop strings (each must be a single token)
+    drafter_vocab: int = 0  # drafter proposes only ids below this (0 = its whole vocabulary); still exact
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
-    prompt_lookup: bool = False    # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
+    prompt_lookup: bool = False  # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
     drafter_context: int = 0  # the drafter model keeps a longer conversation's first N/4 and last 3N/4 tokens (0 = all)
-    drafter: str = "model"    # model (the drafter model) | lookup (prompt lookup, no model) | auto (either, per step) | self:N
+    drafter: str = (
+        "model"  # model (the drafter model) | lookup (prompt lookup, no model) | auto (either, per step) | self:N
+    )
 
 
 @dataclass(frozen=True)
@@ -117,14 +120,14 @@ class UIConfig:
     color: bool = True
     show_rejected: bool = False
     origin_marks: bool = True  # with colour off, each token's origin is bracketed in the stream (tui/render.py MARKS)
-    view: str = "origin"       # origin: each reply as it streamed; markdown: also drawn as Markdown once done (/view)
+    view: str = "origin"  # origin: each reply as it streamed; markdown: also drawn as Markdown once done (/view)
     system_prompt: str = "You are a helpful assistant."
-    context_limit: int = 0    # 0 = the target's own maximum
+    context_limit: int = 0  # 0 = the target's own maximum
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    kernel: str = "auto"      # the w4a8 kernel's code path: auto (the fastest this CPU has) or one of KERNELS
+    kernel: str = "auto"  # the w4a8 kernel's code path: auto (the fastest this CPU has) or one of KERNELS
     kv_cache: str = "bfloat16"  # keys and values of models on the compiled layer loop: bfloat16, float16 or float32
 
 
@@ -187,21 +190,35 @@ VALIDATORS = {
     ("sampling", "temperature"): lambda v: None if 0.0 <= v <= 5.0 else "a number from 0 to 5 (0 = greedy)",
     ("sampling", "top_k"): _int_range(0, 1_000_000),
     ("sampling", "top_p"): lambda v: None if 0.0 < v <= 1.0 else "a number in (0, 1]",
-    ("sampling", "seed"): lambda v: None if isinstance(v, Random) or _plain_int(v) and 0 <= v <= 2**63 - 1
-    else f"an integer from 0 to {2**63 - 1}, or random",
-    ("sampling", "max_new_tokens"): lambda v: None if 0 <= v <= 1_000_000
-    else "0 (no cap: to the end of the turn or the context window) or a number of tokens up to 1000000",
-    ("speculation", "gamma"): lambda v: None if isinstance(v, Auto) or _plain_int(v) and 0 <= v <= GAMMA_MAX
-    else f"an integer from 0 to {GAMMA_MAX}, or auto",
+    ("sampling", "seed"): lambda v: (
+        None
+        if isinstance(v, Random) or _plain_int(v) and 0 <= v <= 2**63 - 1
+        else f"an integer from 0 to {2**63 - 1}, or random"
+    ),
+    ("sampling", "max_new_tokens"): lambda v: (
+        None
+        if 0 <= v <= 1_000_000
+        else "0 (no cap: to the end of the turn or the context window) or a number of tokens up to 1000000"
+    ),
+    ("speculation", "gamma"): lambda v: (
+        None
+        if isinstance(v, Auto) or _plain_int(v) and 0 <= v <= GAMMA_MAX
+        else f"an integer from 0 to {GAMMA_MAX}, or auto"
+    ),
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
-    ("speculation", "drafter"): lambda v: None if v in DRAFTERS[:3] or re.fullmatch(r"self:[1-9][0-9]{0,2}", v)
-    else "model, lookup, auto or self:N (the target's first N layers draft)",
+    ("speculation", "drafter"): lambda v: (
+        None
+        if v in DRAFTERS[:3] or re.fullmatch(r"self:[1-9][0-9]{0,2}", v)
+        else "model, lookup, auto or self:N (the target's first N layers draft)"
+    ),
     ("speculation", "draft_confidence"): lambda v: None if 0.0 <= v < 1.0 else "a probability in [0, 1) (0 = off)",
-    ("speculation", "drafter_vocab"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
-    else "0 (the whole vocabulary) or an id limit of at least 256",
-    ("speculation", "drafter_context"): lambda v: None if v == 0 or 256 <= v <= 10_000_000
-    else "0 (the whole conversation) or a number of tokens of at least 256",
+    ("speculation", "drafter_vocab"): lambda v: (
+        None if v == 0 or 256 <= v <= 10_000_000 else "0 (the whole vocabulary) or an id limit of at least 256"
+    ),
+    ("speculation", "drafter_context"): lambda v: (
+        None if v == 0 or 256 <= v <= 10_000_000 else "0 (the whole conversation) or a number of tokens of at least 256"
+    ),
     ("ui", "context_limit"): _int_range(0, 10_000_000),
     ("ui", "view"): _one_of(VIEWS),
     ("ui", "system_prompt"): _check_text,
@@ -217,8 +234,9 @@ class WordSetting:
 
     `wire` is the serialised form: what transcripts (/save PATH.json) and `--json` stats write for the word,
     as they did before the word had a type of its own; parse reads it back, so old files still /load."""
+
     word: str
-    value: Any   # AUTO or RANDOM
+    value: Any  # AUTO or RANDOM
     wire: int
     numbers: str  # what the number may be, for messages
 
@@ -286,8 +304,9 @@ def _validator(section: str, key: str):
 
 def _section_fields(cfg: Config, section: str) -> dict[str, dataclasses.Field]:
     if section not in {f.name for f in dataclasses.fields(Config)}:
-        raise ConfigError(f"unknown section '{section}'{_suggest(section, sections())}; "
-                          f"sections are {', '.join(sections())}")
+        raise ConfigError(
+            f"unknown section '{section}'{_suggest(section, sections())}; sections are {', '.join(sections())}"
+        )
     return {f.name: f for f in dataclasses.fields(getattr(cfg, section))}
 
 
@@ -335,10 +354,18 @@ def parse_value(text: str, current: Any, key: str) -> Any:
     return text
 
 
-_WORDS_FOR_KEY = {**{key: f"{w.numbers} or {w.word}" for key, w in WORD_SETTINGS.items()},
-                  "sampling.max_new_tokens": "an integer or off"}  # keys that take a word besides their type
-_KIND_WORDS = {"int": "an integer", "float": "a number", "bool": "on/off (true/false)",
-               "str": "a string", "tuple": "a list of strings", "dict": "a table"}
+_WORDS_FOR_KEY = {
+    **{key: f"{w.numbers} or {w.word}" for key, w in WORD_SETTINGS.items()},
+    "sampling.max_new_tokens": "an integer or off",
+}  # keys that take a word besides their type
+_KIND_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "on/off (true/false)",
+    "str": "a string",
+    "tuple": "a list of strings",
+    "dict": "a table",
+}
 
 
 def _parse_bool(text: str) -> bool:
@@ -377,8 +404,7 @@ def with_value(cfg: Config, key: str, value: Any) -> Config:
     section, name = _split_key(key)
     fields = _section_fields(cfg, section)
     if name not in fields:
-        raise ConfigError(f"unknown key '{key}'{_suggest(name, fields)}; "
-                          f"{section} keys are {', '.join(fields)}")
+        raise ConfigError(f"unknown key '{key}'{_suggest(name, fields)}; {section} keys are {', '.join(fields)}")
     check = _validator(section, name)
     problem = check(value) if check else None
     if problem:
@@ -391,8 +417,7 @@ def get_value(cfg: Config, key: str) -> Any:
     section, name = _split_key(key)
     fields = _section_fields(cfg, section)
     if name not in fields:
-        raise ConfigError(f"unknown key '{key}'{_suggest(name, fields)}; "
-                          f"{section} keys are {', '.join(fields)}")
+        raise ConfigError(f"unknown key '{key}'{_suggest(name, fields)}; {section} keys are {', '.join(fields)}")
     return getattr(getattr(cfg, section), name)
 
 
@@ -403,8 +428,9 @@ def set_from_text(cfg: Config, key: str, text: str) -> Config:
 
 def _split_key(key: str) -> tuple[str, str]:
     if key.count(".") != 1:
-        raise ConfigError(f"'{key}' is not a key: write section.key, e.g. sampling.temperature "
-                          f"(sections: {', '.join(sections())})")
+        raise ConfigError(
+            f"'{key}' is not a key: write section.key, e.g. sampling.temperature (sections: {', '.join(sections())})"
+        )
     section, name = key.split(".")
     return section, name
 
@@ -440,8 +466,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     except OSError as err:  # a name too long, a folder on the way that cannot be searched
         raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from None
     if not found:
-        raise ConfigError(f"config file {path} not found; bundled configs: "
-                          f"{', '.join(p.name for p in sorted(CONFIG_DIR.glob('*.toml')))}")
+        raise ConfigError(
+            f"config file {path} not found; bundled configs: "
+            f"{', '.join(p.name for p in sorted(CONFIG_DIR.glob('*.toml')))}"
+        )
     return apply_overrides(from_mapping(_read_toml(path)), overrides or [])
 
 
@@ -449,12 +477,15 @@ def _read_toml(path: Path) -> dict:
     """The TOML table of a config file; every reason it cannot be read is one ConfigError line naming the path."""
     try:
         if not path.is_file():  # a folder, or a FIFO or device that a read would wait on
-            raise ConfigError(f"config file {path} is {'a directory' if path.is_dir() else 'not a regular file'}; "
-                              f"give a .toml file")
+            raise ConfigError(
+                f"config file {path} is {'a directory' if path.is_dir() else 'not a regular file'}; give a .toml file"
+            )
         return tomllib.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise ConfigError(f"config file {path} is not UTF-8 text (byte {err.start} is "
-                          f"0x{err.object[err.start]:02x}); TOML files are UTF-8") from None
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte {err.start} is "
+            f"0x{err.object[err.start]:02x}); TOML files are UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML ({err})") from None
     except RecursionError:

@@ -1,5 +1,6 @@
 """Files the chat writes for the user (transcripts, traces) appear whole or not at all, readable by the
 user alone."""
+
 from __future__ import annotations
 
 import errno

@@ -1,5 +1,6 @@
 """How much memory the process holds (its resident set now, read from /proc on Linux; 0 elsewhere), and giving
 the heap's freed pages back."""
+
 from __future__ import annotations
 
 import ctypes

@@ -1,4 +1,5 @@
 """How loading reports progress: progress(message, fraction), fraction None while the length is unknown."""
+
 from __future__ import annotations
 
 import sys
@@ -22,6 +23,7 @@ def each_message_once(show: Callable[[str], None]) -> Progress:
         if message != last[0]:
             show(message)
             last[0] = message
+
     return progress
 
 

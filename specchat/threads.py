@@ -9,6 +9,7 @@ step took 2.8 s instead of 79 ms here. Spinning 10,000 times covers the gaps ins
 It must be set before torch loads libgomp, so specchat sets it on import, unless the user chose
 a wait policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT) already.
 """
+
 from __future__ import annotations
 
 import os

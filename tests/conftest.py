@@ -3,15 +3,27 @@
 The helpers tests import from here (`from conftest import make_engine`) live in helpers.py, loaded on
 first use. This file imports torch and specchat only inside its hooks and fixtures: pytest-xdist's
 controller (`make test-fast`) loads it but runs no test, and so starts its workers seconds sooner."""
+
 from __future__ import annotations
 
 import os
 
 import pytest
 
-HELPERS = ("GREEDY", "CheapDrafterGamma", "ScriptedEngine", "assert_greedy_spec_is_target_only",
-           "assert_multi_turn_exact", "hf_greedy", "make_engine", "noisy_head_copy", "prompt_ids",
-           "reference_probs", "run_reply", "scripted_reply")
+HELPERS = (
+    "GREEDY",
+    "CheapDrafterGamma",
+    "ScriptedEngine",
+    "assert_greedy_spec_is_target_only",
+    "assert_multi_turn_exact",
+    "hf_greedy",
+    "make_engine",
+    "noisy_head_copy",
+    "prompt_ids",
+    "reference_probs",
+    "run_reply",
+    "scripted_reply",
+)
 
 
 def __getattr__(name: str):
@@ -19,6 +31,7 @@ def __getattr__(name: str):
     if name not in HELPERS:
         raise AttributeError(f"module 'conftest' has no attribute {name!r}")
     import helpers
+
     return getattr(helpers, name)
 
 
@@ -28,6 +41,7 @@ def pytest_configure(config):
     other. A plain run (`make test`) keeps torch's default, so the kernels' threaded paths run too."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         import torch
+
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
 
@@ -40,6 +54,7 @@ def kernel_or_skip():
     import shutil
 
     from specchat.kernels import build
+
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         pytest.skip(f"the w4a8 kernel cannot be built here: no C++ compiler ({compiler!r} is not on PATH)")
@@ -64,6 +79,7 @@ def one_thread():
     """A module's tiny models on one thread (`pytestmark = pytest.mark.usefixtures("one_thread")`): on two threads
     shared with anything else each forward costs far more."""
     import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -79,18 +95,21 @@ def kernel():
 @pytest.fixture(scope="session")
 def tokenizer():
     from tiny_models import build_tokenizer
+
     return build_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def target(tokenizer):
     from tiny_models import build_model
+
     return build_model(len(tokenizer), seed=1, layers=3)
 
 
 @pytest.fixture(scope="session")
 def unrelated_drafter_model(tokenizer):
     from tiny_models import build_model
+
     return build_model(len(tokenizer), seed=2, layers=1, hidden=32)
 
 
@@ -100,6 +119,7 @@ def similar_drafter_model(target):
     import copy
 
     import torch
+
     drafter = copy.deepcopy(target)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -112,7 +132,9 @@ def similar_drafter_model(target):
 def int8_drafter_model(similar_drafter_model):
     """The similar drafter with weight-only int8 layers (its q differs a little from the float one)."""
     import copy
+
     from specchat.quant.int8_weights import quantize_linears
+
     drafter = copy.deepcopy(similar_drafter_model)
     quantize_linears(drafter)
     return drafter

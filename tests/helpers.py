@@ -2,6 +2,7 @@
 transformers' greedy reference, the next-token law written from the definitions, and a ScriptedEngine
 that replays canned events so the REPL and render tests assert the whole screen. Tests import them
 from conftest (`from conftest import make_engine`), which loads this module on first use."""
+
 from __future__ import annotations
 
 import math
@@ -9,10 +10,10 @@ import math
 import torch
 
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.spec.gamma import AutoGamma
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.engine import Engine
 from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.spec.gamma import AutoGamma
 from specchat.spec.metrics import ReplyStats
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
@@ -43,6 +44,7 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
 def noisy_head_copy(model, spread: float = 0.6, seed: int = 5):
     """A drafter for `model`: a deep copy whose output head has noise of `spread` × its weights' std."""
     import copy
+
     drafter = copy.deepcopy(model)
     with torch.no_grad():
         head = drafter.lm_head.weight
@@ -101,9 +103,10 @@ def reference_probs(logits: torch.Tensor, sampling: SamplingConfig) -> dict[int,
 
 def hf_greedy(model, ids, n):
     """transformers' greedy continuation of `ids`: exactly n new token ids (no stop token)."""
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(ids) :].tolist()
 
 
 class ScriptedEngine:

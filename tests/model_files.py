@@ -1,6 +1,7 @@
 """Model files the tests write and read back: tiny checkpoints saved as a folder or as a GGUF (qwen2
 architecture, written with the gguf package), their logits, a greedy reply through a loaded pair, and a
 file's later rewrite. Shared by the loading tests and the cache-fault guarantees."""
+
 from __future__ import annotations
 
 import json
@@ -8,9 +9,9 @@ import os
 
 import numpy as np
 import torch
+from tiny_models import CHATML
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tiny_models import CHATML
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.loading.models import LoadedPair
 from specchat.spec.drafters.model import ModelDrafter
@@ -32,26 +33,49 @@ def logits(model, tokenizer, text=PROMPT):
 
 def greedy_reply(pair: LoadedPair, mode: str, ids: list[int], n: int = 24, gamma: int = 4) -> list[int]:
     drafter = ModelDrafter(pair.drafter, pair.vocab_size) if pair.drafter is not None else None
-    engine = Engine(pair.target, pair.tokenizer, drafter, eos_ids=pair.eos_ids,
-                    vocab_size=pair.vocab_size)
-    events = list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=n),
-                                SpeculationConfig(gamma=gamma, mode=mode)))
+    engine = Engine(pair.target, pair.tokenizer, drafter, eos_ids=pair.eos_ids, vocab_size=pair.vocab_size)
+    events = list(
+        engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=n), SpeculationConfig(gamma=gamma, mode=mode))
+    )
     return list(events[-1].ids)
 
 
 def tiny_qwen2(vocab_size: int, seed: int = 5) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, tie_word_embeddings=False, rms_norm_eps=1e-6,
-                         rope_theta=10000.0)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+    )
     return Qwen2ForCausalLM(config).eval()
 
 
-TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0}
-CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "phi3": "Phi3Config",
-           "gemma2": "Gemma2Config", "gemma3": "Gemma3TextConfig"}  # GGUF architecture → transformers config
+TINY_SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+CONFIGS = {
+    "llama": "LlamaConfig",
+    "mistral": "MistralConfig",
+    "qwen2": "Qwen2Config",
+    "qwen3": "Qwen3Config",
+    "phi3": "Phi3Config",
+    "gemma2": "Gemma2Config",
+    "gemma3": "Gemma3TextConfig",
+}  # GGUF architecture → transformers config
 GEMMA_TOKENS = ("<mask>",)  # what transformers' Gemma tokenizer adds where a vocabulary lacks it (Gemma's own has it)
 EXTRA_TOKENS = {"gemma2": GEMMA_TOKENS, "gemma3": GEMMA_TOKENS}
 
@@ -62,10 +86,12 @@ def tiny_model(architecture: str, vocab_size: int, seed: int = 5, tied: bool = F
     than hidden ÷ heads)."""
     import transformers
     from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
     ids = {"pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0} if architecture == "phi3" else {}  # not 32000
-    config = getattr(transformers, CONFIGS[architecture])(vocab_size=vocab_size, tie_word_embeddings=tied,
-                                                          **(TINY_SHAPE | ids | shape))
+    config = getattr(transformers, CONFIGS[architecture])(
+        vocab_size=vocab_size, tie_word_embeddings=tied, **(TINY_SHAPE | ids | shape)
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, value in model.named_parameters():
@@ -74,13 +100,15 @@ def tiny_model(architecture: str, vocab_size: int, seed: int = 5, tied: bool = F
     return model
 
 
-def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML, stored: dict | None = None,
-               architecture: str = "qwen2"):
+def write_gguf(
+    path, model, tokenizer, chat_template: str | None = CHATML, stored: dict | None = None, architecture: str = "qwen2"
+):
     """A float32 GGUF of `architecture` (gpt2-style BPE vocabulary) written with the gguf package as llama.cpp's
     converter writes it: tensor names from gguf's own name map, llama's q/k rows permuted, Gemma's norms
     stored as 1 + w, no output.weight where the model ties it; `stored`: {GGUF tensor name:
     GGMLQuantizationType} for tensors kept in blocks (Q8_0, Q5_0, ...)."""
     import gguf
+
     writer = gguf.GGUFWriter(str(path), architecture)
     _write_gguf_header(writer, model.config, architecture)
     _write_gguf_tokenizer(writer, tokenizer, chat_template, EXTRA_TOKENS.get(architecture, ()))
@@ -100,6 +128,7 @@ def write_gguf(path, model, tokenizer, chat_template: str | None = CHATML, store
 def _gguf_tensors(model, architecture: str):
     """(GGUF name, float32 values) of every tensor the file holds, in state-dict order."""
     import gguf
+
     arch = {value: key for key, value in gguf.MODEL_ARCH_NAMES.items()}[architecture]
     names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
     config = model.config
@@ -125,6 +154,7 @@ def _permuted(weights: np.ndarray, heads: int) -> np.ndarray:
 
 def _write_gguf_header(writer, config, architecture: str = "qwen2"):
     import gguf
+
     writer.add_name("Tiny Qwen" if architecture == "qwen2" else f"Tiny {architecture}")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)

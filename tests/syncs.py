@@ -1,6 +1,7 @@
 """Count host syncs: every Python-level read of a tensor's values to the host (`item`, `tolist`, `int(t)`,
 `float(t)`, `bool(t)`, `range(t)`, `numpy`, `cpu`). On a GPU each one waits for all queued work. On the CPU they
 are free, but counting them here tells what a GPU step would wait for."""
+
 from __future__ import annotations
 
 import contextlib
@@ -28,6 +29,7 @@ def counting_reads() -> Iterator[Reads]:
             if reads.on:
                 reads.count += 1
             return original(self, *args, **kwargs)
+
         return read
 
     for name, original in originals.items():

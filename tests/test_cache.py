@@ -1,6 +1,7 @@
 """The cache folder: one builder per cache artefact (the second process, here a thread, waits, saying so, then
 finds it built); a private root (created 0700, refused where others could write); stamps skipped where the disk
 refuses them; disk errors in one line; renames fsynced."""
+
 from __future__ import annotations
 
 import errno
@@ -13,8 +14,17 @@ from pathlib import Path
 import pytest
 
 from specchat import cache
-from specchat.cache import (DiskError, building, cache_dir, disk_error, disk_errors, is_verified, private_dir,
-                            replace_durably, stamp_path)
+from specchat.cache import (
+    DiskError,
+    building,
+    cache_dir,
+    disk_error,
+    disk_errors,
+    is_verified,
+    private_dir,
+    replace_durably,
+    stamp_path,
+)
 from specchat.errors import ModelLoadError
 
 
@@ -32,6 +42,7 @@ def test_a_second_builder_waits_for_the_first_and_says_so(tmp_path, monkeypatch)
     def second():
         with building(target, "the model", lambda message, fraction: said.append(message)):
             order.append("second in")
+
     one = threading.Thread(target=first)
     one.start()
     assert holding.wait(10)
@@ -64,9 +75,10 @@ def test_the_cache_and_its_folders_are_created_private(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECCHAT_CACHE", str(root))
     with building(root / "quantized" / "model.safetensors", "the model"):
         pass
-    assert {name: _mode(path) for name, path in [("root", root), ("artefacts", root / "quantized"),
-                                                 ("locks", root / "locks")]} == dict.fromkeys(
-        ["root", "artefacts", "locks"], 0o700)
+    assert {
+        name: _mode(path)
+        for name, path in [("root", root), ("artefacts", root / "quantized"), ("locks", root / "locks")]
+    } == dict.fromkeys(["root", "artefacts", "locks"], 0o700)
     assert _mode(private_dir(root / "kernels" / "q4-x")) == 0o700 and _mode(root / "kernels") == 0o700
 
 
@@ -113,6 +125,7 @@ def test_a_file_is_verified_where_the_disk_refuses_its_stamp(tmp_path, monkeypat
 
     def refused(self, *args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
     monkeypatch.setattr(Path, "write_text", refused)
     assert is_verified(path, 8, digest) and not stamp_path(path).exists()
     assert not is_verified(path, 8, "0" * 64)
@@ -124,19 +137,23 @@ def test_a_read_that_fails_for_the_disk_is_raised_not_taken_as_damage(tmp_path, 
 
     def failing(*args, **kwargs):
         raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
     monkeypatch.setattr(cache, "file_sha256", failing)
     with pytest.raises(OSError) as raised:
         is_verified(path, 8, "0" * 64)
     assert raised.value.errno == errno.EIO
 
 
-@pytest.mark.parametrize("err, words", [
-    (OSError(errno.ENOSPC, "No space left on device"), ["ENOSPC", "No space left", "free some space"]),
-    (OSError(errno.EACCES, "Permission denied", "/c/quantized/f"), ["/c/quantized/f", "EACCES", "permissions"]),
-    (OSError(errno.EROFS, "Read-only file system"), ["EROFS", "writable folder"]),
-    (RuntimeError("Error while serializing: I/O error: File too large (os error 27)"), ["EFBIG", "File too large"]),
-    (MemoryError(), ["ENOMEM", "out of memory"]),
-])
+@pytest.mark.parametrize(
+    "err, words",
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), ["ENOSPC", "No space left", "free some space"]),
+        (OSError(errno.EACCES, "Permission denied", "/c/quantized/f"), ["/c/quantized/f", "EACCES", "permissions"]),
+        (OSError(errno.EROFS, "Read-only file system"), ["EROFS", "writable folder"]),
+        (RuntimeError("Error while serializing: I/O error: File too large (os error 27)"), ["EFBIG", "File too large"]),
+        (MemoryError(), ["ENOMEM", "out of memory"]),
+    ],
+)
 def test_a_disk_error_is_one_line_naming_the_path_and_the_errno(err, words):
     line = disk_error(err, Path("/c/quantized/target.safetensors"), "write the cache at")
     assert "\n" not in line and line.startswith("cannot write the cache at /c/quantized/")
@@ -164,6 +181,7 @@ def _fsync_log(monkeypatch) -> list[tuple[str, str]]:
     def replace(src, dst, *args, **kwargs):
         events.append(("replace", str(dst)))
         real_replace(src, dst, *args, **kwargs)
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
     return events
@@ -179,6 +197,10 @@ def test_a_replace_is_durable_its_bytes_fsynced_before_and_its_folder_after(tmp_
     replace_durably(folder, tmp_path / "conversion")
     at = events.index(("replace", str(tmp_path / "conversion")))
     synced_before = {path for kind, path in events[:at] if kind == "fsync"}
-    assert synced_before == {str(folder), str(folder / "inner"), str(folder / "inner" / "weights"),
-                             str(folder / "config.json")}
-    assert events[at + 1:] == [("fsync", str(tmp_path))]
+    assert synced_before == {
+        str(folder),
+        str(folder / "inner"),
+        str(folder / "inner" / "weights"),
+        str(folder / "config.json"),
+    }
+    assert events[at + 1 :] == [("fsync", str(tmp_path))]

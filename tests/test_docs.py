@@ -1,6 +1,7 @@
 """The documentation stays true: every relative link in the README and the docs resolves, every slash
 command is in docs/commands.md, every config key is in docs/config.md, and the README fits a screenful per
 topic (≤ 300 lines)."""
+
 from __future__ import annotations
 
 import re
@@ -84,15 +85,21 @@ def tree_files() -> set[str]:
 
 def missing_names(text: str, files: set[str]) -> list[str]:
     """The .py and .md names in `text` that no file of the tree ends with."""
-    names = [m.group(1) for m in NAMED_FILE.finditer(text)
-             if m.group(1) not in NOT_IN_TREE and not PLACEHOLDER.match(m.group(1))]
+    names = [
+        m.group(1)
+        for m in NAMED_FILE.finditer(text)
+        if m.group(1) not in NOT_IN_TREE and not PLACEHOLDER.match(m.group(1))
+    ]
     return [name for name in names if not any(f == name or f.endswith("/" + name) for f in files)]
 
 
 def test_every_file_a_comment_names_exists():
     files = tree_files()
-    stale = [f"{path.relative_to(ROOT)}: {name}" for path in sorted((ROOT / "specchat").rglob("*.py"))
-             for name in missing_names(path.read_text(), files)]
+    stale = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted((ROOT / "specchat").rglob("*.py"))
+        for name in missing_names(path.read_text(), files)
+    ]
     assert not stale, f"comments name files that do not exist: {stale}"
 
 
@@ -104,6 +111,7 @@ def test_the_name_check_sees_a_gone_file():
 
 def test_the_newest_changelog_section_is_the_package_version():
     import tomllib
+
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     sections = re.findall(r"^## (\d+)\.(\d+)\.(\d+) \((\d{4}-\d\d-\d\d)\)", (ROOT / "CHANGELOG.md").read_text(), re.M)
     assert sections, "CHANGELOG.md's sections are not '## X.Y.Z (YYYY-MM-DD): ...'"

@@ -1,10 +1,11 @@
 """Memory the chat reports: the process's resident set, and the bytes of the target's KV cache."""
+
 from __future__ import annotations
 
 import torch
+from conftest import make_engine, prompt_ids
 from transformers import DynamicCache
 
-from conftest import make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.memory import resident_bytes
 from specchat.spec import model_io
@@ -22,23 +23,35 @@ def test_a_dynamic_cache_counts_its_keys_and_values(target, tokenizer):
     ids = prompt_ids(tokenizer, "def reverse(lst):")
     model_io.forward(target, cache, ids, keep=1)
     config = target.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size //
-                                                                               config.num_attention_heads) * 4
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
     assert model_io.cache_bytes(cache) == per_token * len(ids)
 
 
 def test_a_reply_reports_its_memory_in_stats_and_the_stats_view(target, similar_drafter_model, tokenizer):
     engine = make_engine(target, similar_drafter_model, tokenizer)
-    done = list(engine.stream(prompt_ids(tokenizer, "def add(a, b):"), SamplingConfig(max_new_tokens=6),
-                              SpeculationConfig(gamma=2)))[-1]
+    done = list(
+        engine.stream(
+            prompt_ids(tokenizer, "def add(a, b):"), SamplingConfig(max_new_tokens=6), SpeculationConfig(gamma=2)
+        )
+    )[-1]
     assert done.stats.kv_bytes == model_io.cache_bytes(engine.cache) > 0
     assert done.stats.resident_bytes > 0 and done.stats.to_dict()["kv_bytes"] == done.stats.kv_bytes
     text = memory_text(done.stats)
-    assert "GiB resident · target KV cache" in text and f"{done.stats.prompt_tokens + done.stats.new_tokens} tokens held" in text
+    assert (
+        "GiB resident · target KV cache" in text
+        and f"{done.stats.prompt_tokens + done.stats.new_tokens} tokens held" in text
+    )
 
 
 def test_a_lean_cache_counts_its_capacity():
     from specchat.runtime.lean import LeanCache
+
     cache = LeanCache(forward=None)
     cache.keys = [torch.zeros(2, 8, 4)]
     cache.values = [torch.zeros(2, 8, 4)]
@@ -47,10 +60,14 @@ def test_a_lean_cache_counts_its_capacity():
 
 def test_a_reply_gives_the_heaps_freed_pages_back_before_it_reads_its_resident_memory(target, tokenizer, monkeypatch):
     from specchat.spec import engine as engine_module
+
     calls = []
     monkeypatch.setattr(engine_module, "release_freed_memory", lambda: calls.append("release"))
     monkeypatch.setattr(engine_module, "resident_bytes", lambda: calls.append("resident") or 1)
     engine = make_engine(target, None, tokenizer)
-    done = list(engine.stream(prompt_ids(tokenizer, "def add(a, b):"), SamplingConfig(max_new_tokens=3),
-                              SpeculationConfig(mode="target")))[-1]
+    done = list(
+        engine.stream(
+            prompt_ids(tokenizer, "def add(a, b):"), SamplingConfig(max_new_tokens=3), SpeculationConfig(mode="target")
+        )
+    )[-1]
     assert calls == ["release", "resident"] and done.stats.resident_bytes == 1

@@ -1,4 +1,5 @@
 """How loading reports progress (progress.py): a plain stream shows each message once."""
+
 from __future__ import annotations
 
 from specchat.progress import each_message_once, to_stderr

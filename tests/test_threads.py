@@ -1,4 +1,5 @@
 """specchat shortens OpenMP's spin before torch loads it, and leaves a user's own choice alone."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,9 @@ from specchat.threads import SPIN_COUNT, set_wait_policy
 def spin_count_seen_by_a_fresh_process() -> str:
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     code = "import specchat, os, sys; assert 'torch' in sys.modules; print(os.environ.get('GOMP_SPINCOUNT', '-'))"
-    return subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_importing_specchat_sets_the_spin_count_before_torch_loads():

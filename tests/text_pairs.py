@@ -2,6 +2,7 @@
 are all whole ASCII text (so a random model's output decodes without loss), the same tokenizer under another
 numbering with a model renumbered to match (a drafter that speaks another tokenizer yet predicts the target's
 text), a target vocabulary padded wider than its drafter's, and a small check of a sampled law."""
+
 from __future__ import annotations
 
 import copy
@@ -10,11 +11,11 @@ import math
 from collections import Counter
 
 import torch
+from helpers import reference_probs
+from tiny_models import CHATML, CORPUS, SPECIALS
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from helpers import reference_probs
-from tiny_models import CHATML, CORPUS, SPECIALS
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec.events import ReplyEnd
 
@@ -22,15 +23,20 @@ OTHER_CORPUS = ["Completely different words train this other tokenizer; for each
 Z = 4.5  # as tests/guarantees/test_distribution.py: a correct engine fails with probability < 1e-3
 
 
-def text_tokenizer(corpus: list[str] = CORPUS, vocab_size: int = 300, every_byte: bool = False
-                   ) -> PreTrainedTokenizerFast:
+def text_tokenizer(
+    corpus: list[str] = CORPUS, vocab_size: int = 300, every_byte: bool = False
+) -> PreTrainedTokenizerFast:
     """Byte-level BPE over the corpus's own characters only (every token is whole text), or `every_byte`."""
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet() if every_byte else []
-    raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                                        initial_alphabet=alphabet, show_progress=False))
+    raw.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False
+        ),
+    )
     return _fast(raw)
 
 
@@ -106,5 +112,7 @@ def worst_deviation(joint: dict, counts: Counter) -> float:
     if set(counts) - set(joint):
         return math.inf
     runs = sum(counts.values())
-    return max(abs(counts.get(cell, 0) / runs - p) / (Z * math.sqrt(p * (1 - p) / runs) + 1.0 / runs)
-               for cell, p in joint.items())
+    return max(
+        abs(counts.get(cell, 0) / runs - p) / (Z * math.sqrt(p * (1 - p) / runs) + 1.0 / runs)
+        for cell, p in joint.items()
+    )

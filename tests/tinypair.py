@@ -1,4 +1,5 @@
 """A LoadedPair-shaped bundle of the tiny conftest models, so the CLI and REPL run without real models."""
+
 from __future__ import annotations
 
 import signal
@@ -40,19 +41,28 @@ def tiny_pair(tokenizer=None, target=None, drafter=None, with_drafter=True, cont
     if with_drafter and drafter is None:
         drafter = build_model(len(tokenizer), seed=2, layers=1, hidden=32)
     params = sum(p.numel() for p in target.parameters())
-    return TinyPair(target, drafter if with_drafter else None, tokenizer,
-                    {tokenizer.convert_tokens_to_ids("<|im_end|>")}, len(tokenizer), context_limit,
-                    Facts("tiny-target", params=params), Facts("tiny-drafter") if with_drafter else None)
+    return TinyPair(
+        target,
+        drafter if with_drafter else None,
+        tokenizer,
+        {tokenizer.convert_tokens_to_ids("<|im_end|>")},
+        len(tokenizer),
+        context_limit,
+        Facts("tiny-target", params=params),
+        Facts("tiny-drafter") if with_drafter else None,
+    )
 
 
 def loader(pair: TinyPair):
     """A load(cfg, progress) function that reports progress and returns `pair`."""
+
     def load(cfg, progress=None):
         if progress:
             progress("building tiny models", 0.5)
             progress("ready", 1.0)
         pair.progress_calls.append(cfg)
         return pair
+
     return load
 
 
@@ -77,8 +87,10 @@ def hold_the_first_reply_until_ctrl_c(model, held_flag: str = "", forwards: int 
         def interrupted(signum, frame):  # the REPL restores its own handler when the reply ends
             arrived.append(signum)
             handler(signum, frame)
+
         signal.signal(signal.SIGINT, interrupted)
         deadline = time.monotonic() + limit_s
         while not arrived and time.monotonic() < deadline:
             time.sleep(0.01)
+
     model.register_forward_pre_hook(hook)

@@ -8,6 +8,7 @@ prompt lookup switched the other way (on, since it is off by default); the draft
 shipped); a fixed gamma 4 instead of auto. Every variant runs on every prompt in turn after a warm-up; ratios are
 medians of per-prompt ratios against target-only in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,8 @@ import statistics
 from rich.console import Console
 from rich.table import Table
 
-from specchat.bench.suite import SETTINGS, load_prompts
 from specchat.bench.methods import Method, Runner
+from specchat.bench.suite import SETTINGS, load_prompts
 from specchat.config import AUTO, SpeculationConfig, load_config
 from specchat.loading.models import load_model, load_pair
 
@@ -54,8 +55,11 @@ def measure(runners: dict[str, Runner], prompts, sampling) -> dict[str, list]:
         for name, measured in results.items():
             m = measured[-1]
             rows[name].append((m.tokens_per_s / base.tokens_per_s, m.tokens_per_s, m.alpha, m.cost_ratio))
-        print(f"  {prompt['name']}: target-only {base.tokens_per_s:.2f} tok/s · " +
-              " · ".join(f"{name} {values[-1][0]:.2f}×" for name, values in rows.items()), flush=True)
+        print(
+            f"  {prompt['name']}: target-only {base.tokens_per_s:.2f} tok/s · "
+            + " · ".join(f"{name} {values[-1][0]:.2f}×" for name, values in rows.items()),
+            flush=True,
+        )
     return rows
 
 
@@ -82,6 +86,7 @@ def main() -> None:
 
     def unquantized():
         return load_model(dataclasses.replace(cfg.drafter, quantization="none"), role="drafter")[0]
+
     prompts = [p for p in load_prompts(None, False) if not args.prompts or p["name"] in args.prompts.split(",")]
     prompts = prompts * args.repeat
     runners = variants(cfg, pair, unquantized, args.variants.split(","))

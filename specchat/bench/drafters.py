@@ -13,6 +13,7 @@ scored here, not speculation.drafter_vocab's subset. The target's laws at every 
 drafters load one after another (about 0.9 GB for the bundled pair's 12 prompts × 128 tokens). Progress goes to
 stderr, the results to stdout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ from specchat.spec.sampling import probs_from_logits
 @dataclasses.dataclass
 class Target:
     """The configured target, loaded alone."""
+
     model: object
     tokenizer: object
     facts: object
@@ -46,10 +48,11 @@ class Target:
 @dataclasses.dataclass
 class Reply:
     """A prompt, the target's greedy reply to it, and the target's laws at each reply position."""
+
     prompt: list[int]
     reply: list[int]
-    greedy: torch.Tensor   # [n] the target's most likely token at each position (the reply itself)
-    p: torch.Tensor        # [n, vocab] the target's law at each position, sampled settings
+    greedy: torch.Tensor  # [n] the target's most likely token at each position (the reply itself)
+    p: torch.Tensor  # [n, vocab] the target's law at each position, sampled settings
 
 
 @torch.inference_mode()
@@ -58,9 +61,11 @@ def reply_logits(model, prompt: list[int], reply: list[int], width: int) -> torc
     return forward(model, new_cache(model), prompt + reply[:-1], keep=len(reply))[:, :width].float()
 
 
-def target_replies(target: Target, prompts: list[list[int]], max_new: int, sampling: SamplingConfig,
-                   progress=None) -> list[Reply]:
+def target_replies(
+    target: Target, prompts: list[list[int]], max_new: int, sampling: SamplingConfig, progress=None
+) -> list[Reply]:
     from specchat.api import autoregressive_generate
+
     replies = []
     for index, ids in enumerate(prompts):
         if progress:
@@ -82,28 +87,41 @@ def agreement(replies: list[Reply], drafter, width: int, sampling: SamplingConfi
     return agreed / positions, accepted / positions
 
 
-def compare(cfg, target: Target, modes: list[str], replies: list[Reply], sampling: SamplingConfig,
-            say, progress=None) -> list[dict]:
+def compare(
+    cfg, target: Target, modes: list[str], replies: list[Reply], sampling: SamplingConfig, say, progress=None
+) -> list[dict]:
     from specchat.loading.models import load_model
     from specchat.loading.tokenizer_check import check_pair
+
     context = target.tokenizer.encode(fixed_text())
     results = []
     for mode in modes:
-        drafter, tokenizer, facts = load_model(dataclasses.replace(cfg.drafter, quantization=mode), progress,
-                                               role="drafter", kv_cache=cfg.runtime.kv_cache)
+        drafter, tokenizer, facts = load_model(
+            dataclasses.replace(cfg.drafter, quantization=mode), progress, role="drafter", kv_cache=cfg.runtime.kv_cache
+        )
         check_pair(target.tokenizer, tokenizer, drafter, target.facts.name, facts.name)
         greedy, sampled = agreement(replies, drafter, target.vocab_size, sampling)
-        results.append({"mode": mode, "quantization": facts.quantization, "bytes": facts.memory_bytes,
-                        "greedy": greedy, "sampled": sampled, "t1_ms": forward_ms(drafter, context, 1),
-                        "positions": sum(len(r.reply) for r in replies)})
+        results.append(
+            {
+                "mode": mode,
+                "quantization": facts.quantization,
+                "bytes": facts.memory_bytes,
+                "greedy": greedy,
+                "sampled": sampled,
+                "t1_ms": forward_ms(drafter, context, 1),
+                "positions": sum(len(r.reply) for r in replies),
+            }
+        )
         say(_line(results[-1]))
         del drafter
     return results
 
 
 def _line(r: dict) -> str:
-    return (f"{r['quantization']:>22} · {r['bytes'] / 1e6:5.0f} MB · greedy agreement {r['greedy']:.1%} · "
-            f"sampled acceptance {r['sampled']:.1%} · T(1) {r['t1_ms']:.1f} ms · {r['positions']} positions")
+    return (
+        f"{r['quantization']:>22} · {r['bytes'] / 1e6:5.0f} MB · greedy agreement {r['greedy']:.1%} · "
+        f"sampled acceptance {r['sampled']:.1%} · T(1) {r['t1_ms']:.1f} ms · {r['positions']} positions"
+    )
 
 
 def parse_args(argv):
@@ -127,7 +145,7 @@ def _checked(args) -> tuple[list[str], SamplingConfig]:
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    say = lambda line: print(line, flush=True)  # noqa: E731
+    say = lambda line: print(line, flush=True)
     progress = to_stderr()
     try:
         modes, sampling = _checked(args)
@@ -135,12 +153,17 @@ def main(argv=None) -> int:
         if not cfg.drafter.source:
             raise ConfigError("this config has no drafter to compare")
         from specchat.loading.models import load_model
+
         target = Target(*load_model(cfg.target, progress, role="target", kv_cache=cfg.runtime.kv_cache))
-        prompts = [render_prompt(target.tokenizer, cfg.ui.system_prompt, p["messages"])
-                   for p in load_prompts(None, False, args.only)]
+        prompts = [
+            render_prompt(target.tokenizer, cfg.ui.system_prompt, p["messages"])
+            for p in load_prompts(None, False, args.only)
+        ]
         replies = target_replies(target, prompts, args.max_new_tokens, sampling, progress)
-        say(f"target {target.facts.name} ({target.facts.quantization}): greedy replies to {len(prompts)} "
-            f"bench prompt{'s' * (len(prompts) != 1)}; sampled at T {args.temperature} / top-p {args.top_p}")
+        say(
+            f"target {target.facts.name} ({target.facts.quantization}): greedy replies to {len(prompts)} "
+            f"bench prompt{'s' * (len(prompts) != 1)}; sampled at T {args.temperature} / top-p {args.top_p}"
+        )
         compare(cfg, target, modes, replies, sampling, say, progress)
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench drafters: error: {err}", file=sys.stderr)

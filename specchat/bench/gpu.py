@@ -13,6 +13,7 @@ small drafter), `nf4-self` (the target's own weights in bitsandbytes nf4: high a
 DIR/gpu_bench.json (every measurement) and DIR/gpu_bench.md (the table). `--device cpu --shapes tiny
 --variants float32` runs it on a CPU (tests/bench/test_gpu_bench.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,15 +35,27 @@ from specchat.loading.models import load_pair
 from specchat.spec import model_io
 
 VARIANTS = {  # name -> (dtype, quantization) of the target
-    "bf16": ("bfloat16", "none"), "nf4": ("bfloat16", "4bit"), "8bit": ("float16", "8bit"),
-    "float32": ("float32", "none")}
+    "bf16": ("bfloat16", "none"),
+    "nf4": ("bfloat16", "4bit"),
+    "8bit": ("float16", "8bit"),
+    "float32": ("float32", "none"),
+}
 SMALL_DRAFTER = {"tiny": "tiny", "0.5b": "0.5b", "1.5b": "0.5b", "7b": "0.5b"}
 GAMMA = 4
-METHODS = (Method("specchat target-only", "specchat", "target"), Method("specchat γ4", "specchat", "spec", GAMMA),
-           Method("HF target-only", "hf", "target"), Method("HF assisted γ4", "hf", "assisted", GAMMA))
+METHODS = (
+    Method("specchat target-only", "specchat", "target"),
+    Method("specchat γ4", "specchat", "spec", GAMMA),
+    Method("HF target-only", "hf", "target"),
+    Method("HF assisted γ4", "hf", "assisted", GAMMA),
+)
 QUICK = dict(shapes=["1.5b"], variants=["bf16"], pairs=["small", "self"], new_tokens=32, prompts=2)
-FULL = dict(shapes=["1.5b", "7b"], variants=["bf16", "nf4", "8bit", "float32"],
-            pairs=["small", "nf4-self", "self"], new_tokens=64, prompts=3)
+FULL = dict(
+    shapes=["1.5b", "7b"],
+    variants=["bf16", "nf4", "8bit", "float32"],
+    pairs=["small", "nf4-self", "self"],
+    new_tokens=64,
+    prompts=3,
+)
 
 
 @dataclass
@@ -50,21 +63,22 @@ class Row:
     shape: str
     variant: str
     pair: str
-    tok_s: dict[str, float]          # method -> median tokens a second
-    alpha: float | None              # specchat γ4's acceptance rate
-    specchat_exact: str              # "k/n" replies where γ4 == target-only
-    hf_exact: str                    # "k/n" replies where assisted == target-only
-    forward_ms: dict[str, float]     # rows -> median target forward ms at a 256-token context
+    tok_s: dict[str, float]  # method -> median tokens a second
+    alpha: float | None  # specchat γ4's acceptance rate
+    specchat_exact: str  # "k/n" replies where γ4 == target-only
+    hf_exact: str  # "k/n" replies where assisted == target-only
+    forward_ms: dict[str, float]  # rows -> median target forward ms at a 256-token context
     error: str = ""
 
 
 def pair_config(target_dir: Path, drafter_dir: Path, variant: str, pair: str, device: str) -> Config:
     dtype, quantization = VARIANTS[variant]
     drafter_quant = "4bit" if pair == "nf4-self" else quantization
-    return Config(target=ModelConfig(source=str(target_dir), dtype=dtype, quantization=quantization, device=device),
-                  drafter=ModelConfig(source=str(drafter_dir), dtype=dtype, quantization=drafter_quant,
-                                      device=device),
-                  speculation=SpeculationConfig(mode="spec"))
+    return Config(
+        target=ModelConfig(source=str(target_dir), dtype=dtype, quantization=quantization, device=device),
+        drafter=ModelConfig(source=str(drafter_dir), dtype=dtype, quantization=drafter_quant, device=device),
+        speculation=SpeculationConfig(mode="spec"),
+    )
 
 
 def measure_pair(loaded, shape: str, variant: str, pair: str, args) -> Row:
@@ -77,10 +91,16 @@ def measure_pair(loaded, shape: str, variant: str, pair: str, args) -> Row:
     results = {m.name: [runner.measure_ids(m, ids, sampling) for ids in prompts] for m in METHODS}
     tok_s = {name: statistics.median(r.tokens_per_s for r in runs) for name, runs in results.items()}
     accepted = [r.alpha for r in results["specchat γ4"] if r.alpha is not None]
-    return Row(shape, variant, pair, tok_s, statistics.mean(accepted) if accepted else None,
-               _agreement(results["specchat γ4"], results["specchat target-only"]),
-               _agreement(results["HF assisted γ4"], results["HF target-only"]),
-               forward_times(loaded.target, (1, GAMMA + 1, 9), args.repeats))
+    return Row(
+        shape,
+        variant,
+        pair,
+        tok_s,
+        statistics.mean(accepted) if accepted else None,
+        _agreement(results["specchat γ4"], results["specchat target-only"]),
+        _agreement(results["HF assisted γ4"], results["HF target-only"]),
+        forward_times(loaded.target, (1, GAMMA + 1, 9), args.repeats),
+    )
 
 
 def _agreement(spec, reference) -> str:
@@ -115,8 +135,9 @@ def _sync(device: torch.device) -> None:
 
 def run_one(shape: str, variant: str, pair: str, args) -> Row:
     target_dir = checkpoint(shape, args.work, args.device)
-    drafter_dir = (checkpoint(SMALL_DRAFTER[shape], args.work, args.device, seed=1) if pair == "small"
-                   else target_dir)  # seed 1: never the target's own weights, even at one shape
+    drafter_dir = (
+        checkpoint(SMALL_DRAFTER[shape], args.work, args.device, seed=1) if pair == "small" else target_dir
+    )  # seed 1: never the target's own weights, even at one shape
     try:
         loaded = load_pair(pair_config(target_dir, drafter_dir, variant, pair, args.device))
     except ModelLoadError as err:
@@ -136,8 +157,10 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def table(rows: list[Row], device: str) -> str:
     """The markdown report: one line a pair, speeds as tokens a second, ratios side by side in one run."""
-    head = ("| shape | target | pair | specchat target-only | specchat γ4 | γ4 ÷ own | HF target-only | HF assisted γ4 "
-            "| specchat γ4 ÷ HF assisted | α | exact specchat | exact HF | T(1) ms | T(5) ms | T(9) ms | T(5)/T(1) |")
+    head = (
+        "| shape | target | pair | specchat target-only | specchat γ4 | γ4 ÷ own | HF target-only | HF assisted γ4 "
+        "| specchat γ4 ÷ HF assisted | α | exact specchat | exact HF | T(1) ms | T(5) ms | T(9) ms | T(5)/T(1) |"
+    )
     lines = [f"GPU bench on {device} (greedy; tok/s medians)", "", head, "|" + "---|" * 16]
     for r in rows:
         if r.error:
@@ -146,11 +169,13 @@ def table(rows: list[Row], device: str) -> str:
         s = r.tok_s
         f = r.forward_ms
         alpha = f"{r.alpha:.0%}" if r.alpha is not None else "—"
-        lines.append(f"| {r.shape} | {r.variant} | {r.pair} | {s['specchat target-only']:.1f} | {s['specchat γ4']:.1f} "
-                     f"| {_ratio(s['specchat γ4'], s['specchat target-only'])} | {s['HF target-only']:.1f} "
-                     f"| {s['HF assisted γ4']:.1f} | {_ratio(s['specchat γ4'], s['HF assisted γ4'])} | {alpha} "
-                     f"| {r.specchat_exact} | {r.hf_exact} | {f['1']:.2f} | {f['5']:.2f} | {f['9']:.2f} "
-                     f"| {f['5'] / f['1']:.2f} |")
+        lines.append(
+            f"| {r.shape} | {r.variant} | {r.pair} | {s['specchat target-only']:.1f} | {s['specchat γ4']:.1f} "
+            f"| {_ratio(s['specchat γ4'], s['specchat target-only'])} | {s['HF target-only']:.1f} "
+            f"| {s['HF assisted γ4']:.1f} | {_ratio(s['specchat γ4'], s['HF assisted γ4'])} | {alpha} "
+            f"| {r.specchat_exact} | {r.hf_exact} | {f['1']:.2f} | {f['5']:.2f} | {f['9']:.2f} "
+            f"| {f['5'] / f['1']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -192,9 +217,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[gpu bench] {shape} {variant} {pair}", file=sys.stderr, flush=True)
                 rows.append(run_one(shape, variant, pair, args))
     device = device_name(args.device)
-    (args.out / "gpu_bench.json").write_text(json.dumps({"device": device, "args": {k: str(v) for k, v in
-                                                          vars(args).items()}, "rows": [asdict(r) for r in rows]},
-                                                        indent=1))
+    (args.out / "gpu_bench.json").write_text(
+        json.dumps(
+            {"device": device, "args": {k: str(v) for k, v in vars(args).items()}, "rows": [asdict(r) for r in rows]},
+            indent=1,
+        )
+    )
     report = table(rows, device)
     (args.out / "gpu_bench.md").write_text(report)
     print(report)

@@ -9,6 +9,7 @@ NGRAM_TOKENS tokens copied after the context's latest match of its last tokens),
 Both use the same prompt ids, token limit, stop ids, sampling settings and thread count as specchat.
 Without the extra, or without GGUF sources, the rows are left out with one line saying why.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,8 +18,8 @@ from pathlib import Path
 from specchat.config import Config, Random, SamplingConfig
 
 GAMMAS = (4, 8)
-NGRAM = "ngram"      # the gamma of the n-gram row
-NGRAM_TOKENS = 16    # tokens an n-gram draft copies at most, as llama-speculative-simple --spec-draft-n-max 16
+NGRAM = "ngram"  # the gamma of the n-gram row
+NGRAM_TOKENS = 16  # tokens an n-gram draft copies at most, as llama-speculative-simple --spec-draft-n-max 16
 
 
 def unavailable(cfg: Config) -> str:
@@ -35,11 +36,13 @@ def unavailable(cfg: Config) -> str:
 def gguf_path(source: str) -> Path | None:
     """The GGUF file of a bundled: or .gguf source (assembled from its parts if needed), else None."""
     from specchat.loading.sources import resolve_source
+
     resolved = resolve_source(source)
     if resolved.kind == "gguf":
         return Path(resolved.location)
     if resolved.kind == "bundled":
         from specchat.loading.assets import bundled_gguf_path
+
         return bundled_gguf_path(resolved.location)
     return None
 
@@ -53,6 +56,7 @@ class GreedyDrafter:
 
     def __call__(self, input_ids, **_kwargs):
         import numpy as np
+
         ids = [int(i) for i in input_ids]
         self._catch_up(ids)
         drafts = []
@@ -66,7 +70,7 @@ class GreedyDrafter:
 
     def _catch_up(self, ids: list[int]) -> None:
         """Keep the cached prefix shared with ids (at least one token is re-fed), feed the rest."""
-        seen = self.llama.input_ids[:self.llama.n_tokens].tolist()
+        seen = self.llama.input_ids[: self.llama.n_tokens].tolist()
         keep = 0
         while keep < min(len(seen), len(ids) - 1) and seen[keep] == ids[keep]:
             keep += 1
@@ -81,11 +85,13 @@ class LlamaCppRunner:
     def __init__(self, cfg: Config, threads: int, context: int = 4096):
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
+
         common = dict(n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
         target = str(gguf_path(cfg.target.source))
         self.target = Llama(model_path=target, **common)
-        self.ngram = Llama(model_path=target, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=NGRAM_TOKENS),
-                           **common)
+        self.ngram = Llama(
+            model_path=target, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=NGRAM_TOKENS), **common
+        )
         self.drafter = None
         drafter = gguf_path(cfg.drafter.source) if cfg.drafter.source else None
         if drafter:
@@ -116,5 +122,4 @@ def _options(sampling: SamplingConfig) -> dict:
     """llama.cpp's sampler set to specchat's settings: no min-p, no repetition penalty."""
     if sampling.is_greedy:
         return dict(temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
-    return dict(temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=0.0,
-                repeat_penalty=1.0)
+    return dict(temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=0.0, repeat_penalty=1.0)

@@ -1,4 +1,5 @@
 """The methods the benchmark compares, each measured on the same loaded models."""
+
 from __future__ import annotations
 
 import copy
@@ -10,10 +11,10 @@ import torch
 from transformers import GenerationConfig
 
 from specchat.config import AUTO, Auto, Config, SamplingConfig, SpeculationConfig, seed_for_reply, show_value
-from specchat.spec.engine import Engine, run_to_end
-from specchat.spec.model_io import input_device
-from specchat.spec.gamma import AutoGamma
 from specchat.session.chat import render_prompt
+from specchat.spec.engine import Engine, run_to_end
+from specchat.spec.gamma import AutoGamma
+from specchat.spec.model_io import input_device
 
 SPEC_GAMMAS = (4, 6, 8, AUTO)
 LLAMACPP_TARGET_ONLY = "llama.cpp target-only"
@@ -25,12 +26,12 @@ DRAFTER_ROW_GAMMA = 4  # the lookup and self:N rows draft as many as the model r
 @dataclass(frozen=True)
 class Method:
     name: str
-    kind: str                  # "specchat" | "hf" | "llama.cpp"
-    mode: str                  # "target" | "spec" | "assisted"
+    kind: str  # "specchat" | "hf" | "llama.cpp"
+    mode: str  # "target" | "spec" | "assisted"
     gamma: int | Auto | str | None = None  # None: not speculative; AUTO: specchat's auto gamma; llama.cpp's "ngram"
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
-    drafter: str = "loaded"    # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
-    target: str = ""           # specchat: "" the configured target, else another quantization of it
+    drafter: str = "loaded"  # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
+    target: str = ""  # specchat: "" the configured target, else another quantization of it
     speculator: str = "model"  # specchat spec: who drafts (speculation.drafter: model | lookup | self:N)
 
     @property
@@ -61,15 +62,15 @@ class Measurement:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: bool = False,
-                    drafters: tuple[str, ...] = ()) -> list[Method]:
+def default_methods(
+    cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: bool = False, drafters: tuple[str, ...] = ()
+) -> list[Method]:
     """Target-only both ways; with a drafter, transformers assisted generation on the same drafter
     (and on the unquantized drafter when the config quantizes it) and specchat at several gammas.
     Each of `drafters` (lookup, self:N: no drafter model needed) adds a specchat row at γ
     DRAFTER_ROW_GAMMA. Each of `other_targets` (target quantizations) adds specchat's rows on that
     target; `llamacpp` adds llama.cpp's target-only, speculative and n-gram rows on the same GGUF files."""
-    methods = [Method(target_only_name(""), "specchat", "target"),
-               Method("HF generate target-only", "hf", "target")]
+    methods = [Method(target_only_name(""), "specchat", "target"), Method("HF generate target-only", "hf", "target")]
     if cfg.drafter.source:
         methods += _hf_assisted("loaded", "")
         if cfg.drafter.quantization != "none":
@@ -81,9 +82,12 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
         methods += _specchat_spec(quantization) if cfg.drafter.source else []
     if llamacpp:
         from specchat.bench.llamacpp import GAMMAS, NGRAM
+
         methods.append(Method(LLAMACPP_TARGET_ONLY, "llama.cpp", "target"))
-        methods += [Method(f"llama.cpp speculative γ{g}", "llama.cpp", "spec", g)
-                    for g in (GAMMAS if cfg.drafter.source else ())]
+        methods += [
+            Method(f"llama.cpp speculative γ{g}", "llama.cpp", "spec", g)
+            for g in (GAMMAS if cfg.drafter.source else ())
+        ]
         methods.append(Method("llama.cpp n-gram", "llama.cpp", "spec", NGRAM))
     return methods
 
@@ -91,8 +95,9 @@ def default_methods(cfg: Config, other_targets: tuple[str, ...] = (), llamacpp: 
 def _drafter_row(name: str) -> Method:
     """A row for one drafter: at γ DRAFTER_ROW_GAMMA, or auto γ for `auto` (its copies plan themselves)."""
     gamma = AUTO if name == "auto" else DRAFTER_ROW_GAMMA
-    return Method(f"specchat {name} γ{show_value('speculation.gamma', gamma)}", "specchat", "spec", gamma,
-                  speculator=name)
+    return Method(
+        f"specchat {name} γ{show_value('speculation.gamma', gamma)}", "specchat", "spec", gamma, speculator=name
+    )
 
 
 def _target_suffix(target: str) -> str:
@@ -106,8 +111,10 @@ def target_only_name(target: str) -> str:
 
 def _specchat_spec(target: str) -> list[Method]:
     suffix = _target_suffix(target)
-    return [Method(f"specchat γ{show_value('speculation.gamma', g)}{suffix}", "specchat", "spec", g, target=target)
-            for g in SPEC_GAMMAS]
+    return [
+        Method(f"specchat γ{show_value('speculation.gamma', g)}{suffix}", "specchat", "spec", g, target=target)
+        for g in SPEC_GAMMAS
+    ]
 
 
 def _hf_assisted(drafter: str, suffix: str) -> list[Method]:
@@ -116,9 +123,16 @@ def _hf_assisted(drafter: str, suffix: str) -> list[Method]:
 
 
 class Runner:
-    def __init__(self, pair, methods: list[Method], system_prompt: str,
-                 speculation: SpeculationConfig = SpeculationConfig(), unquantized_drafter=None,
-                 other_targets: dict | None = None, llamacpp=None):
+    def __init__(
+        self,
+        pair,
+        methods: list[Method],
+        system_prompt: str,
+        speculation: SpeculationConfig = SpeculationConfig(),
+        unquantized_drafter=None,
+        other_targets: dict | None = None,
+        llamacpp=None,
+    ):
         self.pair = pair
         self.drafters = {"loaded": pair.drafter, "unquantized": unquantized_drafter}
         self.speculation = speculation  # drafter_vocab, draft_confidence: as configured
@@ -131,22 +145,28 @@ class Runner:
         self.llamacpp = llamacpp  # a LlamaCppRunner when llama.cpp rows run
 
     @classmethod
-    def load(cls, cfg: Config, methods: list[Method], console) -> "Runner":
+    def load(cls, cfg: Config, methods: list[Method], console) -> Runner:
         from specchat.loading.models import load_model, load_pair
+
         unquantized = None
         with console.status("loading the model pair…") as status:
+
             def progress(message, fraction):
                 status.update(message)
+
             pair = load_pair(cfg, progress)
             if any(m.drafter == "unquantized" for m in methods):
                 unquantized_cfg = dataclasses.replace(cfg.drafter, quantization="none")
                 unquantized = load_model(unquantized_cfg, progress, role="drafter")[0]
-            others = {m.target: load_model(dataclasses.replace(cfg.target, quantization=m.target),
-                                           progress, role="target")[0]
-                      for m in methods if m.target}
+            others = {
+                m.target: load_model(dataclasses.replace(cfg.target, quantization=m.target), progress, role="target")[0]
+                for m in methods
+                if m.target
+            }
             llamacpp = None
             if any(m.kind == "llama.cpp" for m in methods):
                 from specchat.bench.llamacpp import LlamaCppRunner
+
                 status.update("loading the GGUF files into llama.cpp…")
                 llamacpp = LlamaCppRunner(cfg, torch.get_num_threads())
         return cls(pair, methods, cfg.ui.system_prompt, cfg.speculation, unquantized, others, llamacpp)
@@ -158,11 +178,15 @@ class Runner:
 
     def meta(self) -> dict:
         facts = [self.pair.target_facts, self.pair.drafter_facts]
-        return {"target": _facts(facts[0]), "drafter": _facts(facts[1]) if facts[1] else None,
-                "drafter_vocab": self.speculation.drafter_vocab,
-                "draft_confidence": self.speculation.draft_confidence,
-                "prompt_lookup": self.speculation.prompt_lookup,
-                "torch_threads": torch.get_num_threads(), "kernel": getattr(facts[0], "kernel", "")}
+        return {
+            "target": _facts(facts[0]),
+            "drafter": _facts(facts[1]) if facts[1] else None,
+            "drafter_vocab": self.speculation.drafter_vocab,
+            "draft_confidence": self.speculation.draft_confidence,
+            "prompt_lookup": self.speculation.prompt_lookup,
+            "torch_threads": torch.get_num_threads(),
+            "kernel": getattr(facts[0], "kernel", ""),
+        }
 
     def prompt_ids(self, prompt: dict) -> list[int]:
         return render_prompt(self.pair.tokenizer, self.system_prompt, prompt["messages"])
@@ -187,14 +211,22 @@ class Runner:
         engine = self.engines[method.target]
         engine.reset()  # every method pays its own prefill, as generate() does
         engine.use_policy(AutoGamma())  # and learns alone: no method trains the next one's auto gamma
-        speculation = dataclasses.replace(self.speculation, gamma=method.gamma or 0, mode=method.mode,
-                                          drafter=method.speculator)
+        speculation = dataclasses.replace(
+            self.speculation, gamma=method.gamma or 0, mode=method.mode, drafter=method.speculator
+        )
         done = run_to_end(engine.steps(ids, sampling, speculation))
         s = done.stats
         spec = method.mode == "spec"
-        return Measurement(done.ids, s.new_tokens, s.wall_s, s.acceptance_rate if spec else None,
-                           s.tokens_per_step, s.cost_ratio if spec else None,
-                           s.mean_gamma if spec else None, s.predicted_speedup if spec else None)
+        return Measurement(
+            done.ids,
+            s.new_tokens,
+            s.wall_s,
+            s.acceptance_rate if spec else None,
+            s.tokens_per_step,
+            s.cost_ratio if spec else None,
+            s.mean_gamma if spec else None,
+            s.predicted_speedup if spec else None,
+        )
 
     def _hf(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
         kwargs = {}
@@ -206,12 +238,16 @@ class Runner:
         torch.manual_seed(seed_for_reply(sampling.seed))
         start = time.perf_counter()
         with torch.inference_mode():
-            out = self.pair.target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                            generation_config=self._generation_config(sampling), **kwargs)
+            out = self.pair.target.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                generation_config=self._generation_config(sampling),
+                **kwargs,
+            )
         if out.is_cuda:
             torch.cuda.synchronize(out.device)  # the clock stops when the GPU is done, not when it was asked
         seconds = time.perf_counter() - start
-        new = tuple(out[0, len(ids):].tolist())
+        new = tuple(out[0, len(ids) :].tolist())
         return Measurement(new, len(new), seconds)
 
     def _generation_config(self, sampling: SamplingConfig) -> GenerationConfig:
@@ -219,8 +255,13 @@ class Runner:
         common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=eos[0])
         if sampling.is_greedy:
             return GenerationConfig(do_sample=False, **common)
-        return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k or None, **common)
+        return GenerationConfig(
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k or None,
+            **common,
+        )
 
     def _configure_assistant(self, method: Method, drafter) -> None:
         config = copy.deepcopy(self._assistant_defaults)
@@ -232,5 +273,10 @@ class Runner:
 
 
 def _facts(facts) -> dict:
-    return {"name": facts.name, "params": facts.params, "dtype": facts.dtype,
-            "quantization": facts.quantization, "device": facts.device}
+    return {
+        "name": facts.name,
+        "params": facts.params,
+        "dtype": facts.dtype,
+        "quantization": facts.quantization,
+        "device": facts.device,
+    }

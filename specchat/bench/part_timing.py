@@ -1,6 +1,7 @@
 """Timing a forward by part: matmuls (of which the kernels), attention, and the rest, with hooks on the
 modules, wrappers on the kernels' Python entry points and the compiled layer loop's own stopwatches
 (bench/profile.py and bench/prefill.py report them)."""
+
 from __future__ import annotations
 
 import statistics
@@ -37,6 +38,7 @@ class PartTimer:
         def hook(module, _args) -> None:
             self._in_attention += kind == "attention"
             self._starts[id(module)] = time.perf_counter()
+
         return hook
 
     def _leave(self, kind: str):
@@ -49,6 +51,7 @@ class PartTimer:
                 self._in_attention -= 1
             elif self._in_attention:
                 self.seconds["projections"] += elapsed
+
         return hook
 
     def remove(self) -> None:
@@ -82,6 +85,7 @@ def timed_function(owner, name: str, seconds: dict[str, float], key: str, timer:
             if timer:
                 timer.in_shared -= 1
             seconds[key] += time.perf_counter() - start
+
     setattr(owner, name, timed)
     try:
         yield
@@ -94,10 +98,12 @@ def timed_calls(timer: PartTimer):
     """w8a8's and w4a8's kernel calls; the lean forward's attention (it calls no attention module) and
     its linear layers that share one input (they skip their modules' forward)."""
     seconds = timer.seconds
-    with timed_function(w8a8, "_int8_product", seconds, "kernel"), \
-            timed_function(w4a8, "run_kernel", seconds, "kernel"), \
-            timed_function(lean, "batch_invariant_attention", seconds, "lean attention"), \
-            timed_function(lean, "same_input", seconds, "linear", timer):
+    with (
+        timed_function(w8a8, "_int8_product", seconds, "kernel"),
+        timed_function(w4a8, "run_kernel", seconds, "kernel"),
+        timed_function(lean, "batch_invariant_attention", seconds, "lean attention"),
+        timed_function(lean, "same_input", seconds, "linear", timer),
+    ):
         yield
 
 
@@ -143,8 +149,13 @@ def split_forward(modules: list[nn.Module], run, reset, repeats: int) -> dict[st
 def _parts(seconds: dict[str, float], total: float) -> dict[str, float]:
     linear = seconds.get("linear", 0.0)
     attention = seconds.get("attention", 0.0) - seconds.get("projections", 0.0) + seconds.get("lean attention", 0.0)
-    return {"matmuls": linear, "kernel": seconds.get("kernel", 0.0),
-            "attention": attention, "other": total - linear - attention, "total": total}
+    return {
+        "matmuls": linear,
+        "kernel": seconds.get("kernel", 0.0),
+        "attention": attention,
+        "other": total - linear - attention,
+        "total": total,
+    }
 
 
 def seconds_of(run, reset) -> float:

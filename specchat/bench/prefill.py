@@ -6,6 +6,7 @@ Each model of the pair reads a prompt of N tokens into an empty cache, `chunk` t
 chat reads a pasted prompt (spec/model_io.py's PREFILL_CHUNK unless told), once untimed by hooks for
 the total and once with them for the split: matmuls (of which the w4a8 kernel), attention, and the rest.
 """
+
 from __future__ import annotations
 
 from specchat.bench.part_timing import split_forward
@@ -31,16 +32,19 @@ def prefill_rows(pair, ids: list[int], lengths: list[int], chunk: int) -> dict[s
 
             def read(model=model, cache=cache, prompt=prompt) -> None:
                 for start in range(0, len(prompt), chunk):
-                    model_io.forward(model, cache, prompt[start:start + chunk], keep=1)
+                    model_io.forward(model, cache, prompt[start : start + chunk], keep=1)
+
             split = split_forward([model], read, lambda cache=cache: model_io.crop_to(cache, 0), repeats=1)
             rows[f"{name} · {length} tokens"] = split | {"tokens/s": length / split["total"] * 1e3}
     return rows
 
 
 def prefill_table(rows: dict[str, dict], chunk: int) -> str:
-    lines = [f"| prompt read in chunks of {chunk} | tokens/s | total s | matmuls | (of which the kernel) | attention "
-             "| other |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| prompt read in chunks of {chunk} | tokens/s | total s | matmuls | (of which the kernel) | attention "
+        "| other |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
         shares = [f"{r[part] / r['total']:.0%}" for part in ("matmuls", "kernel", "attention", "other")]
         lines.append(f"| {name} | {r['tokens/s']:.1f} | {r['total'] / 1e3:.1f} | " + " | ".join(shares) + " |")

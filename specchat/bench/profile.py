@@ -16,6 +16,7 @@ Then the host-side work per step on both models' logits at the context's end: gr
 sampled verification (probabilities from logits at T=0.7/top-p 0.9, the rejection rule) and the drafter's
 sampling of one token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,6 +28,7 @@ import torch
 from specchat.bench.part_timing import seconds_of, split_forward
 from specchat.bench.prefill import prefill_rows, prefill_table, prompt_ids
 from specchat.config import ConfigError, SamplingConfig, load_config
+from specchat.errors import ModelLoadError
 from specchat.kernels.build import running_path
 from specchat.progress import to_stderr
 from specchat.spec import model_io
@@ -34,7 +36,6 @@ from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.model_io import PREFILL_CHUNK
 from specchat.spec.sampling import make_generator, pick
 from specchat.spec.verify import verify_greedy, verify_sampled
-from specchat.errors import ModelLoadError
 
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
 
@@ -49,8 +50,11 @@ def forward_rows(pair, context: list[int], gamma: int, vocab_limit: int, repeats
     for fed in (1, gamma + 1):
         ids = _ids_like(target, context[:fed])
         rows[f"target · {fed} token{'s' * (fed > 1)}"] = split_forward(
-            [target], lambda: model_io.forward_tensor(target, cache, ids, keep=fed),
-            lambda: model_io.crop_to(cache, length), repeats)
+            [target],
+            lambda ids=ids, fed=fed: model_io.forward_tensor(target, cache, ids, keep=fed),
+            lambda: model_io.crop_to(cache, length),
+            repeats,
+        )
     if pair.drafter is not None:
         rows["drafter · 1 token"] = _drafter_row(pair, context, vocab_limit, repeats)
     return rows
@@ -66,9 +70,9 @@ def _drafter_row(pair, context: list[int], vocab_limit: int, repeats: int) -> di
         vocab.logits(model_io.hidden_tensor(drafter, cache, ids))  # builds its rows before timing
         model_io.crop_to(cache, length)
         modules = [drafter, *vocab.layers]
-        run = lambda: vocab.logits(model_io.hidden_tensor(drafter, cache, ids))  # noqa: E731
+        run = lambda: vocab.logits(model_io.hidden_tensor(drafter, cache, ids))
     else:
-        modules, run = [drafter], lambda: model_io.forward_tensor(drafter, cache, ids, keep=1)  # noqa: E731
+        modules, run = [drafter], lambda: model_io.forward_tensor(drafter, cache, ids, keep=1)
     return split_forward(modules, run, lambda: model_io.crop_to(cache, length), repeats)
 
 
@@ -76,14 +80,17 @@ def _ids_like(model, ids: list[int]) -> torch.Tensor:
     return torch.tensor([ids], dtype=torch.long, device=model_io.input_device(model))
 
 
-def host_rows(pair, gamma: int, draft_width: int, repeats: int,
-              logits: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
+def host_rows(
+    pair, gamma: int, draft_width: int, repeats: int, logits: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> dict[str, float]:
     """Median ms of the host-side work of one step (the target's width; the drafter samples over its own,
     restricted width) on `logits`: the target's [gamma+1, vocab] and the drafter's [gamma, vocab], as
     real_logits gives them (a real reply's nucleus is narrow, and top-p's cost follows it), else random ones."""
     width, generator = pair.vocab_size, make_generator(0)
-    target, drafter = logits or (torch.randn(gamma + 1, width, generator=generator) * 4,
-                                 torch.randn(gamma, width, generator=generator) * 4)
+    target, drafter = logits or (
+        torch.randn(gamma + 1, width, generator=generator) * 4,
+        torch.randn(gamma, width, generator=generator) * 4,
+    )
     target, drafter = target[:, :width].float(), drafter[:, :width].float()
     drafts = drafter.argmax(-1)
     probs = pair.probs  # what the chat computes p and q with (the compiled code where a w4a8 model runs)
@@ -91,12 +98,13 @@ def host_rows(pair, gamma: int, draft_width: int, repeats: int,
     row = drafter[-1:, :draft_width]
     jobs = {
         "verify, greedy": lambda: verify_greedy(drafts, target),
-        "verify, sampled (p from logits + rule)": lambda: verify_sampled(
-            drafts, q, probs(target, SAMPLED), generator),
+        "verify, sampled (p from logits + rule)": lambda: verify_sampled(drafts, q, probs(target, SAMPLED), generator),
         "drafter sampling of 1 token": lambda: pick(row, SAMPLED, generator, probs),
     }
-    return {name: statistics.median(seconds_of(job, lambda: None) for _ in range(repeats)) * 1e3
-            for name, job in jobs.items()}
+    return {
+        name: statistics.median(seconds_of(job, lambda: None) for _ in range(repeats)) * 1e3
+        for name, job in jobs.items()
+    }
 
 
 def real_logits(pair, context: list[int], gamma: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -104,16 +112,22 @@ def real_logits(pair, context: list[int], gamma: int) -> tuple[torch.Tensor, tor
     (None without a drafter)."""
     if pair.drafter is None:
         return None
-    return (model_io.forward(pair.target, model_io.new_cache(pair.target), context, keep=gamma + 1),
-            model_io.forward(pair.drafter, model_io.new_cache(pair.drafter), context, keep=gamma))
+    return (
+        model_io.forward(pair.target, model_io.new_cache(pair.target), context, keep=gamma + 1),
+        model_io.forward(pair.drafter, model_io.new_cache(pair.drafter), context, keep=gamma),
+    )
 
 
 def forward_table(rows: dict[str, dict]) -> str:
-    lines = ["| forward | total ms | matmuls | (of which the kernel) | attention | other |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| forward | total ms | matmuls | (of which the kernel) | attention | other |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
-        lines.append(f"| {name} | {r['total']:.1f} | {r['matmuls']:.1f} | {r['kernel']:.1f} | "
-                     f"{r['attention']:.1f} | {r['other']:.1f} |")
+        lines.append(
+            f"| {name} | {r['total']:.1f} | {r['matmuls']:.1f} | {r['kernel']:.1f} | "
+            f"{r['attention']:.1f} | {r['other']:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -128,36 +142,56 @@ def parse_args(argv):
     parser.add_argument("--gamma", type=int, default=4, help="draft length of the verification forward (default 4)")
     parser.add_argument("--context", type=int, default=256, help="tokens already in the caches (default 256)")
     parser.add_argument("--repeats", type=int, default=9, help="runs per median (default 9)")
-    parser.add_argument("--prefill", type=int, nargs="+", metavar="N",
-                        help="instead: how fast each model reads a prompt of N tokens, and the split")
-    parser.add_argument("--chunk", type=int, default=PREFILL_CHUNK,
-                        help=f"with --prefill: prompt tokens a forward (default {PREFILL_CHUNK}, as the chat reads)")
+    parser.add_argument(
+        "--prefill",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead: how fast each model reads a prompt of N tokens, and the split",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=int,
+        default=PREFILL_CHUNK,
+        help=f"with --prefill: prompt tokens a forward (default {PREFILL_CHUNK}, as the chat reads)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.gamma < 1 or args.context < args.gamma + 1 or args.repeats < 1 or args.chunk < 1 or \
-            min(args.prefill or [1]) < 1:
-        print("specchat bench profile: error: --gamma ≥ 1, --context > gamma, --repeats, --chunk and --prefill ≥ 1",
-              file=sys.stderr)
+    if (
+        args.gamma < 1
+        or args.context < args.gamma + 1
+        or args.repeats < 1
+        or args.chunk < 1
+        or min(args.prefill or [1]) < 1
+    ):
+        print(
+            "specchat bench profile: error: --gamma ≥ 1, --context > gamma, --repeats, --chunk and --prefill ≥ 1",
+            file=sys.stderr,
+        )
         return 2
     try:
         cfg = load_config(args.config, args.overrides)
         from specchat.loading.models import load_pair
+
         pair = load_pair(cfg, to_stderr())
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench profile: error: {err}", file=sys.stderr)
         return 2
     from specchat.bench.targets import fixed_text
+
     if args.prefill:
         return _prefill_report(pair, fixed_text(), args.prefill, args.chunk)
-    context = pair.tokenizer.encode(fixed_text())[:args.context]
+    context = pair.tokenizer.encode(fixed_text())[: args.context]
     vocab_limit = cfg.speculation.drafter_vocab
-    print(f"target {pair.target_facts.name} ({pair.target_facts.quantization}, {pair.target_facts.dtype}); "
-          f"drafter {pair.drafter_facts.name if pair.drafter_facts else '—'}; {len(context)}-token context; "
-          f"{torch.get_num_threads()} threads; medians of {args.repeats}\n")
+    print(
+        f"target {pair.target_facts.name} ({pair.target_facts.quantization}, {pair.target_facts.dtype}); "
+        f"drafter {pair.drafter_facts.name if pair.drafter_facts else '—'}; {len(context)}-token context; "
+        f"{torch.get_num_threads()} threads; medians of {args.repeats}\n"
+    )
     print(forward_table(forward_rows(pair, context, args.gamma, vocab_limit, args.repeats)) + "\n")
     width = vocab_limit if 0 < vocab_limit < pair.vocab_size else pair.vocab_size
     print(host_table(host_rows(pair, args.gamma, width, args.repeats, real_logits(pair, context, args.gamma))))
@@ -166,9 +200,11 @@ def main(argv=None) -> int:
 
 def _prefill_report(pair, text: str, lengths: list[int], chunk: int) -> int:
     ids = prompt_ids(pair.tokenizer, text, max(lengths))
-    print(f"target {pair.target_facts.name} ({pair.target_facts.quantization}); drafter "
-          f"{pair.drafter_facts.name if pair.drafter_facts else '—'}; kernel {running_path() or '—'}; "
-          f"{torch.get_num_threads()} threads; one run each\n")
+    print(
+        f"target {pair.target_facts.name} ({pair.target_facts.quantization}); drafter "
+        f"{pair.drafter_facts.name if pair.drafter_facts else '—'}; kernel {running_path() or '—'}; "
+        f"{torch.get_num_threads()} threads; one run each\n"
+    )
     print(prefill_table(prefill_rows(pair, ids, lengths, chunk), chunk))
     return 0
 

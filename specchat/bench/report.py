@@ -1,4 +1,5 @@
 """Benchmark output: the rich table, the progress bar, and the PNG chart."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +7,24 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-COLUMNS = ("setting", "method", "tok/s", "× target", "× target code", "× target edit", "worst × target",
-           "× HF same drafter", "× HF unquantized drafter", "× llama.cpp", "acceptance", "tok/step", "c", "bound", "of bound", "exact")
+COLUMNS = (
+    "setting",
+    "method",
+    "tok/s",
+    "× target",
+    "× target code",
+    "× target edit",
+    "worst × target",
+    "× HF same drafter",
+    "× HF unquantized drafter",
+    "× llama.cpp",
+    "acceptance",
+    "tok/step",
+    "c",
+    "bound",
+    "of bound",
+    "exact",
+)
 
 
 def _num(value, fmt: str) -> str:
@@ -25,17 +42,35 @@ def _exact(row: dict) -> str:
 
 
 def table_cells(row: dict) -> list[str]:
-    ratios = ("vs_target", "vs_target_code", "vs_target_edit", "worst_vs_target", "vs_hf_assisted", "vs_hf_unquantized", "vs_llamacpp")
-    return [row["setting"], row["method"], _num(row["tok_s"], ".2f"),
-            *(_ratio(row.get(key)) for key in ratios), _num(row["alpha"], ".0%"),
-            _num(row["tokens_per_step"], ".2f"), _num(row["c"], ".2f"), _num(row["predicted"], ".2f"),
-            _num(row.get("of_predicted"), ".0%"), _exact(row)]
+    ratios = (
+        "vs_target",
+        "vs_target_code",
+        "vs_target_edit",
+        "worst_vs_target",
+        "vs_hf_assisted",
+        "vs_hf_unquantized",
+        "vs_llamacpp",
+    )
+    return [
+        row["setting"],
+        row["method"],
+        _num(row["tok_s"], ".2f"),
+        *(_ratio(row.get(key)) for key in ratios),
+        _num(row["alpha"], ".0%"),
+        _num(row["tokens_per_step"], ".2f"),
+        _num(row["c"], ".2f"),
+        _num(row["predicted"], ".2f"),
+        _num(row.get("of_predicted"), ".0%"),
+        _exact(row),
+    ]
 
 
 def results_table(rows: list[dict], meta: dict) -> Table:
     target, drafter = meta["target"]["name"], (meta["drafter"] or {}).get("name", "none")
-    table = Table(title=f"specchat bench · {target} ← {drafter} · {meta['max_new_tokens']} new tokens · "
-                        f"{len(meta['prompts'])} prompts · medians")
+    table = Table(
+        title=f"specchat bench · {target} ← {drafter} · {meta['max_new_tokens']} new tokens · "
+        f"{len(meta['prompts'])} prompts · medians"
+    )
     for name in COLUMNS:
         table.add_column(name, justify="left" if name in ("setting", "method", "exact") else "right")
     for row in rows:
@@ -67,6 +102,7 @@ def with_progress(console, total: int, work):
 
         def tick(label: str) -> None:
             progress.update(task, advance=1, description=label)
+
         return work(tick)
 
 
@@ -74,6 +110,7 @@ def plot_speedups(rows: list[dict], path: Path) -> Path | None:
     """Speedup vs gamma (measured and predicted), transformers baselines as lines. None without matplotlib."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -89,19 +126,30 @@ def plot_speedups(rows: list[dict], path: Path) -> Path | None:
 
 
 def _plot_setting(ax, rows: list[dict], setting: str) -> None:
-    fixed = [r for r in rows if r["method"].startswith("specchat γ") and r["gamma"] != "auto"
-             and " · " not in r["method"]]  # the configured target's rows only, not another target's
+    fixed = [
+        r for r in rows if r["method"].startswith("specchat γ") and r["gamma"] != "auto" and " · " not in r["method"]
+    ]  # the configured target's rows only, not another target's
     gammas = [int(r["gamma"]) for r in fixed]
     ax.plot(gammas, [r["vs_target"] for r in fixed], "o-", label="specchat measured")
     ax.plot(gammas, [r["predicted"] for r in fixed], "s--", label="Leviathan bound (measured α per draft, c)")
     for r in rows:
         if r["method"] == "specchat γauto":
-            ax.axhline(r["vs_target"], color="tab:green", linestyle="-.", label=f"specchat auto γ≈{r['mean_gamma']:.1f}")
+            ax.axhline(
+                r["vs_target"], color="tab:green", linestyle="-.", label=f"specchat auto γ≈{r['mean_gamma']:.1f}"
+            )
         elif r["method"].startswith("HF assisted"):
             color = "tab:red" if "default" in r["method"] else "tab:purple"
-            ax.axhline(r["vs_target"], linestyle=":" if "unquantized" in r["method"] else "--", color=color,
-                       linewidth=0.9, label=r["method"].replace("HF", "transformers"))
+            ax.axhline(
+                r["vs_target"],
+                linestyle=":" if "unquantized" in r["method"] else "--",
+                color=color,
+                linewidth=0.9,
+                label=r["method"].replace("HF", "transformers"),
+            )
     ax.axhline(1.0, color="grey", linewidth=0.8, label="target-only")
-    ax.set(title=f"{setting}: speedup vs target-only", xlabel="gamma (drafted tokens per step)",
-           ylabel="× specchat target-only tok/s")
+    ax.set(
+        title=f"{setting}: speedup vs target-only",
+        xlabel="gamma (drafted tokens per step)",
+        ylabel="× specchat target-only tok/s",
+    )
     ax.legend(fontsize=7)

@@ -6,6 +6,7 @@ Every method runs on the same loaded models, interleaved prompt by prompt after 
 and sampled (T=0.7, top-p 0.9). Ratios are medians of per-prompt ratios measured in the same run.
 Greedy runs also check that each method produced exactly the target-only tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,10 +37,10 @@ class Row:
     method: Method
     measurements: list[Measurement] = field(default_factory=list)
     vs_target: list[float] = field(default_factory=list)
-    vs_hf: list[float] = field(default_factory=list)           # vs the best HF assisted, same drafter
+    vs_hf: list[float] = field(default_factory=list)  # vs the best HF assisted, same drafter
     vs_hf_unquantized: list[float] = field(default_factory=list)  # vs the best on the unquantized drafter
-    vs_llamacpp: list[float] = field(default_factory=list)     # vs llama.cpp target-only, same GGUF
-    kinds: list[str] = field(default_factory=list)             # each prompt's kind (code, chat, ...)
+    vs_llamacpp: list[float] = field(default_factory=list)  # vs llama.cpp target-only, same GGUF
+    kinds: list[str] = field(default_factory=list)  # each prompt's kind (code, chat, ...)
     mismatches: list[str] = field(default_factory=list)
 
 
@@ -52,14 +53,29 @@ def parse_args(argv):
     parser.add_argument("--max-new", type=int, default=None, help="new tokens per reply (default 128, quick 64)")
     parser.add_argument("--settings", default="greedy,sampled", help="greedy,sampled or one of them")
     parser.add_argument("--no-turns", action="store_true", help="skip the multi-turn time-to-first-token check")
-    parser.add_argument("--other-targets", default="", metavar="QUANTIZATIONS",
-                        help="also run specchat on the target quantized these ways, e.g. w8a8 or none")
-    parser.add_argument("--no-llamacpp", action="store_true",
-                        help="leave out llama.cpp's rows (they run when llama-cpp-python is installed)")
-    parser.add_argument("--drafters", default="lookup,self:7", metavar="NAMES",
-                        help="drafters beyond the model with a row each at γ4 (auto: γauto): lookup, auto, self:N (\"\" for none)")
-    parser.add_argument("--methods", default="", metavar="WORDS",
-                        help="only rows whose name contains one of these (comma-separated); baselines always run")
+    parser.add_argument(
+        "--other-targets",
+        default="",
+        metavar="QUANTIZATIONS",
+        help="also run specchat on the target quantized these ways, e.g. w8a8 or none",
+    )
+    parser.add_argument(
+        "--no-llamacpp",
+        action="store_true",
+        help="leave out llama.cpp's rows (they run when llama-cpp-python is installed)",
+    )
+    parser.add_argument(
+        "--drafters",
+        default="lookup,self:7",
+        metavar="NAMES",
+        help='drafters beyond the model with a row each at γ4 (auto: γauto): lookup, auto, self:N ("" for none)',
+    )
+    parser.add_argument(
+        "--methods",
+        default="",
+        metavar="WORDS",
+        help="only rows whose name contains one of these (comma-separated); baselines always run",
+    )
     parser.add_argument("--out", default=str(RESULTS_DIR), help="directory for the JSON and PNG results")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
@@ -71,8 +87,10 @@ def load_prompts(path: str | None, quick: bool, only: str = "") -> list[dict]:
     if names:
         unknown = sorted(set(names) - {p["name"] for p in prompts})
         if unknown:
-            raise ConfigError(f"--only names no prompt called {', '.join(unknown)} "
-                              f"(there are {', '.join(p['name'] for p in prompts)})")
+            raise ConfigError(
+                f"--only names no prompt called {', '.join(unknown)} "
+                f"(there are {', '.join(p['name'] for p in prompts)})"
+            )
         prompts = [p for p in prompts if p["name"] in names]
     if quick:
         code = [p for p in prompts if p["kind"] == "code"][:1]
@@ -96,8 +114,11 @@ def run_bench(runner: Runner, prompts: list[dict], settings: list[str], max_new:
 
 
 def _best_hf(rows, setting, results: dict[str, Measurement], drafter: str) -> Measurement | None:
-    assisted = [m for name, m in results.items()
-                if rows[(setting, name)].method.mode == "assisted" and rows[(setting, name)].method.drafter == drafter]
+    assisted = [
+        m
+        for name, m in results.items()
+        if rows[(setting, name)].method.mode == "assisted" and rows[(setting, name)].method.drafter == drafter
+    ]
     return max(assisted, key=lambda m: m.tokens_per_s, default=None)
 
 
@@ -133,18 +154,25 @@ def summarise(row: Row) -> dict:
     ms = row.measurements
     speculative = row.method.kind == "specchat" and row.method.mode == "spec"
     summary = {
-        "setting": row.setting, "method": row.method.name, "gamma": row.method.gamma_label,
+        "setting": row.setting,
+        "method": row.method.name,
+        "gamma": row.method.gamma_label,
         "tok_s": median([m.tokens_per_s for m in ms]),
-        "vs_target": median(row.vs_target), "vs_hf_assisted": median(row.vs_hf),
+        "vs_target": median(row.vs_target),
+        "vs_hf_assisted": median(row.vs_hf),
         "vs_target_code": median(ratios_of_kind(row, "code")),
         "vs_target_edit": median(ratios_of_kind(row, "edit")),  # a pasted file and a change: lookup's case
         "worst_vs_target": min(row.vs_target, default=None),
-        "vs_hf_unquantized": median(row.vs_hf_unquantized), "vs_llamacpp": median(row.vs_llamacpp),
-        "alpha": median([m.alpha for m in ms]), "tokens_per_step": median([m.tokens_per_step for m in ms]),
-        "c": median([m.cost_ratio for m in ms]), "mean_gamma": median([m.mean_gamma for m in ms]),
+        "vs_hf_unquantized": median(row.vs_hf_unquantized),
+        "vs_llamacpp": median(row.vs_llamacpp),
+        "alpha": median([m.alpha for m in ms]),
+        "tokens_per_step": median([m.tokens_per_step for m in ms]),
+        "c": median([m.cost_ratio for m in ms]),
+        "mean_gamma": median([m.mean_gamma for m in ms]),
         "predicted": median([m.predicted for m in ms]) if speculative else None,
         "exact": (not row.mismatches) if row.setting == "greedy" else None,
-        "mismatched_prompts": row.mismatches, "tokens": [m.new_tokens for m in ms],
+        "mismatched_prompts": row.mismatches,
+        "tokens": [m.new_tokens for m in ms],
     }
     if summary["predicted"] and summary["vs_target"]:
         summary["of_predicted"] = summary["vs_target"] / summary["predicted"]
@@ -156,12 +184,14 @@ def write_results(summaries: list[dict], meta: dict, out_dir: Path) -> tuple[Pat
     json_path = out_dir / "bench.json"
     json_path.write_text(json.dumps({"meta": meta, "rows": summaries}, indent=2) + "\n")
     from specchat.bench.report import plot_speedups
+
     png_path = plot_speedups(summaries, out_dir / "speedup.png")
     return json_path, png_path
 
 
 def _llamacpp_available(cfg, console) -> bool:
     from specchat.bench.llamacpp import unavailable
+
     try:
         reason = unavailable(cfg)
     except ModelLoadError as err:
@@ -190,7 +220,9 @@ def chosen_methods(methods: list[Method], words: str) -> list[Method]:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     from rich.console import Console
+
     from specchat.bench.report import results_table, turns_table, with_progress
+
     console = Console(stderr=False)
     try:
         cfg = load_config(args.config, args.overrides)
@@ -203,11 +235,16 @@ def main(argv=None) -> int:
         return _fail(f"--settings must name greedy and/or sampled, got '{args.settings}'")
     other_targets = tuple(q.strip() for q in args.other_targets.split(",") if q.strip())
     if any(q not in QUANTIZATIONS or q == cfg.target.quantization for q in other_targets):
-        return _fail(f"--other-targets takes quantizations other than the configured target's "
-                     f"({', '.join(QUANTIZATIONS)}), got '{args.other_targets}'")
+        return _fail(
+            f"--other-targets takes quantizations other than the configured target's "
+            f"({', '.join(QUANTIZATIONS)}), got '{args.other_targets}'"
+        )
     try:
-        drafters = tuple(with_value(cfg, "speculation.drafter", d.strip()).speculation.drafter
-                         for d in args.drafters.split(",") if d.strip())
+        drafters = tuple(
+            with_value(cfg, "speculation.drafter", d.strip()).speculation.drafter
+            for d in args.drafters.split(",")
+            if d.strip()
+        )
     except ConfigError as err:
         return _fail(f"--drafters: {err}")
     llamacpp = not args.no_llamacpp and _llamacpp_available(cfg, console)
@@ -224,9 +261,12 @@ def main(argv=None) -> int:
     rows = with_progress(console, total, lambda tick: run_bench(runner, prompts, settings, max_new, tick))
     summaries = [summarise(r) for r in rows]
     turns = [] if args.no_turns else compare_reuse(runner.pair, cfg)
-    meta = runner.meta() | {"prompts": [p["name"] for p in prompts], "max_new_tokens": max_new,
-                            "seconds": round(time.time() - started, 1),
-                            "command": "python -m specchat.bench " + " ".join(sys.argv[1:] if argv is None else argv)}
+    meta = runner.meta() | {
+        "prompts": [p["name"] for p in prompts],
+        "max_new_tokens": max_new,
+        "seconds": round(time.time() - started, 1),
+        "command": "python -m specchat.bench " + " ".join(sys.argv[1:] if argv is None else argv),
+    }
     meta["multi_turn"] = [t.__dict__ for t in turns]
     console.print(results_table(summaries, meta))
     if turns:

@@ -7,6 +7,7 @@ model's vocabulary, and loads it through the chat's own loader (so bf16, bitsand
 chat's paths). Random weights make acceptance meaningless, so the bench also runs pairs whose acceptance is known
 by construction (the target drafting for itself; its own weights in nf4 drafting for it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,11 +41,20 @@ END = "<|endoftext|>"
 
 
 def qwen2_config(shape: Shape) -> Qwen2Config:
-    return Qwen2Config(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                       num_key_value_heads=shape.kv_heads, max_position_embeddings=4096,
-                       tie_word_embeddings=shape.tied, initializer_range=INIT_STD,
-                       eos_token_id=shape.vocab - 1, bos_token_id=None, pad_token_id=shape.vocab - 1)
+    return Qwen2Config(
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=shape.tied,
+        initializer_range=INIT_STD,
+        eos_token_id=shape.vocab - 1,
+        bos_token_id=None,
+        pad_token_id=shape.vocab - 1,
+    )
 
 
 def byte_tokenizer(vocab: int) -> PreTrainedTokenizerFast:

@@ -11,6 +11,7 @@ For each quantization of the configured target (loaded in its configured dtype) 
 With --kv-cache, instead: the configured target with its keys and values stored as float16, then bfloat16,
 against the same model storing them as float32 (runtime.kv_cache), top-1 agreement and mean KL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,8 @@ from pathlib import Path
 import torch
 
 from specchat.config import QUANTIZATIONS, ConfigError, load_config
-from specchat.spec.model_io import crop_to, forward, new_cache
 from specchat.errors import ModelLoadError
+from specchat.spec.model_io import crop_to, forward, new_cache
 
 TEXT_FILES = ("README.md", "specchat/spec/engine.py")
 CHUNK = 256
@@ -32,8 +33,7 @@ VERIFY_ROWS = (1, 5, 9)
 
 def fixed_text() -> str:
     root = Path(__file__).resolve().parents[2]
-    return "\n\n".join((root / name).read_text(encoding="utf-8") for name in TEXT_FILES
-                       if (root / name).exists())
+    return "\n\n".join((root / name).read_text(encoding="utf-8") for name in TEXT_FILES if (root / name).exists())
 
 
 @torch.inference_mode()
@@ -41,7 +41,7 @@ def next_token_logprobs(model, ids: list[int]) -> torch.Tensor:
     """log-softmax of the next-token logits at every position of `ids`, fed in chunks ([n, vocab])."""
     cache, rows = new_cache(model), []
     for start in range(0, len(ids), CHUNK):
-        piece = ids[start:start + CHUNK]
+        piece = ids[start : start + CHUNK]
         logits = forward(model, cache, piece, keep=len(piece))  # the lean forward where attached
         rows.append(torch.log_softmax(logits.float(), dim=-1).cpu())
     return torch.cat(rows)
@@ -61,7 +61,7 @@ def forward_ms(model, ids: list[int], rows: int, repeats: int = 7) -> float:
     """Median ms of one forward of `rows` tokens after a 256-token context (the cache cut back each time)."""
     cache = new_cache(model)
     forward(model, cache, ids[:CHUNK], keep=1)
-    piece = ids[CHUNK:CHUNK + rows]
+    piece = ids[CHUNK : CHUNK + rows]
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -76,14 +76,18 @@ def parse_args(argv):
     parser.add_argument("--config", help="model pair TOML (default: the bundled pair)")
     parser.add_argument("--modes", default="none,int8,w8a8", help="target quantizations to compare")
     parser.add_argument("--tokens", type=int, default=2048, help="length of the teacher-forced text")
-    parser.add_argument("--kv-cache", action="store_true",
-                        help="instead: 16-bit keys and values against float32 ones, on the configured target")
+    parser.add_argument(
+        "--kv-cache",
+        action="store_true",
+        help="instead: 16-bit keys and values against float32 ones, on the configured target",
+    )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
 
 
 def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
     from specchat.loading.models import load_model
+
     reference_cfg = dataclasses.replace(cfg.target, dtype="float32", quantization="none")
     reference_model, tokenizer, _ = load_model(reference_cfg, role="reference target")
     ids = tokenizer.encode(fixed_text())[:tokens]
@@ -95,8 +99,16 @@ def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
         model, _, facts = load_model(dataclasses.replace(cfg.target, quantization=mode), role="target")
         top1, kl = agreement(reference, next_token_logprobs(model, ids))
         times = {rows: forward_ms(model, ids, rows) for rows in VERIFY_ROWS}
-        results.append({"quantization": facts.quantization, "dtype": facts.dtype, "top1": top1, "kl": kl,
-                        "ms": times, "tokens": len(ids)})
+        results.append(
+            {
+                "quantization": facts.quantization,
+                "dtype": facts.dtype,
+                "top1": top1,
+                "kl": kl,
+                "ms": times,
+                "tokens": len(ids),
+            }
+        )
         say(_line(results[-1]))
         del model
     return results
@@ -109,18 +121,22 @@ def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
     from specchat.loading.models import load_model
     from specchat.runtime.lean import attach_lean
     from specchat.spec.model_io import runner
+
     model, tokenizer, facts = load_model(cfg.target, role="target", kv_cache="float32")
     if runner(model) is None or runner(model).native_reason:
-        raise ConfigError("--kv-cache needs a target on the compiled layer loop (w4a8, float32); "
-                          f"this one runs {facts.backend}")
+        raise ConfigError(
+            f"--kv-cache needs a target on the compiled layer loop (w4a8, float32); this one runs {facts.backend}"
+        )
     ids = prompt_ids(tokenizer, fixed_text(), tokens)
     full, results = next_token_logprobs(model, ids), []
     for kind in ("float16", "bfloat16"):
         attach_lean(model, runner(model).native_layers, kind)
         top1, kl = agreement(full, next_token_logprobs(model, ids))
         results.append({"target": facts.name, "kv_cache": kind, "tokens": len(ids), "top1": top1, "kl": kl})
-        say(f"{facts.name} ({facts.quantization}) over {len(ids)} tokens: {kind} keys and values against float32 · "
-            f"top-1 {top1:.2%} · KL {kl:.5f}")
+        say(
+            f"{facts.name} ({facts.quantization}) over {len(ids)} tokens: {kind} keys and values against float32 · "
+            f"top-1 {top1:.2%} · KL {kl:.5f}"
+        )
     return results
 
 
@@ -135,8 +151,10 @@ def quantization_modes(text: str) -> list[str]:
 def _line(r: dict) -> str:
     ms = r["ms"]
     ratios = " · ".join(f"T({rows})/T(1) {ms[rows] / ms[1]:.2f}" for rows in VERIFY_ROWS[1:])
-    return (f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.4f} · "
-            f"T(1) {ms[1]:.0f} ms · {ratios}")
+    return (
+        f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.4f} · "
+        f"T(1) {ms[1]:.0f} ms · {ratios}"
+    )
 
 
 def main(argv=None) -> int:
@@ -144,7 +162,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         modes = quantization_modes(args.modes)
-        say = lambda line: print(line, flush=True)  # noqa: E731
+        say = lambda line: print(line, flush=True)
         if args.kv_cache:
             compare_kv_caches(cfg, args.tokens, say)
         else:

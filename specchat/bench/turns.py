@@ -1,22 +1,25 @@
 """Multi-turn time to first token: turn 3 of a chat with KV reuse across turns, and without it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specchat.session.chat import ChatSession
 from specchat.config import Config, with_value
+from specchat.session.chat import ChatSession
 from specchat.spec.engine import Engine
 from specchat.spec.events import ReplyDone
 
-TURNS = ("Write a Python function that checks whether a string is a palindrome.",
-         "Make it ignore case and punctuation.",
-         "Now add a docstring and three doctest examples.")
+TURNS = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Make it ignore case and punctuation.",
+    "Now add a docstring and three doctest examples.",
+)
 
 
 @dataclass(frozen=True)
 class TurnTiming:
     reuse: bool
-    ttft_s: float       # time to first token of the last turn
+    ttft_s: float  # time to first token of the last turn
     prompt_tokens: int  # of the last turn
     reused_tokens: int  # prompt tokens whose KV came from earlier turns
 

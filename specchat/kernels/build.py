@@ -20,6 +20,7 @@ The folder's name is predictable, and torch loads whatever `.so` it finds there 
 owner may write below its root (cache.cache_dir refuses a root others own or can write), so no other user can
 plant a module for a start to load.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +37,17 @@ from specchat.errors import ModelLoadError, one_line
 from specchat.progress import Progress, report
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
-SOURCES = ["q4_kernel.cpp", "q4_path_portable.cpp", "q4_path_avx2.cpp", "q4_path_avx_vnni.cpp",
-           "q4_path_avx512_vnni.cpp", "q4_path_amx.cpp", "lean_layers.cpp", "sampling.cpp",
-           "bindings.cpp"]
+SOURCES = [
+    "q4_kernel.cpp",
+    "q4_path_portable.cpp",
+    "q4_path_avx2.cpp",
+    "q4_path_avx_vnni.cpp",
+    "q4_path_avx512_vnni.cpp",
+    "q4_path_amx.cpp",
+    "lean_layers.cpp",
+    "sampling.cpp",
+    "bindings.cpp",
+]
 HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "q4_path_512.h", "simd.h"]
 BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike
 LAYOUT = "flock+stamp"  # how a build folder is used, in its name: builds that took no flock share no folder
@@ -59,12 +68,14 @@ def kernel_headers() -> list[Path]:
 
 def _has_avx2() -> bool:
     import torch
+
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     return x86 and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
 def _torch_uses_openmp() -> bool:
     import torch
+
     return "OpenMP" in torch.__config__.parallel_info() and "not found" not in torch.__config__.parallel_info()
 
 
@@ -93,6 +104,7 @@ def compiler_version() -> str:
 
 def build_identity() -> bytes:
     import torch
+
     sources = b"".join(path.read_bytes() for path in [*kernel_sources(), *kernel_headers()])
     context = [" ".join(kernel_flags()), torch.__version__, sys.implementation.cache_tag, compiler_version(), LAYOUT]
     return sources + "\n".join(context).encode()
@@ -107,11 +119,13 @@ def build_kernel(build_dir: str, name: str = "specchat_q4"):
     """The compiled kernel module, built once into build_dir with the machine's C++ compiler; later
     calls load it. Raises where nothing compiles (the compiler's log is in build_dir)."""
     import importlib.util
+
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C++ compiler: {compiler!r} is not on PATH (install one, or set $CXX)")
     if importlib.util.find_spec("ninja"):  # the ninja package's binary, for a venv that is not on PATH
         import ninja
+
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
     flags = kernel_flags()
     openmp = [flag for flag in flags if flag == "-fopenmp"]
@@ -126,13 +140,19 @@ def load_extension(name: str, sources: list[Path], build_dir: Path, cflags: list
     if built is not None:
         return _import(name, built)
     from torch.utils.cpp_extension import load
+
     with building(build_dir / name, f"the {name} kernel"):
         built = _built_module(build_dir, name)  # built by another start while this one waited
         if built is not None:
             return _import(name, built)
         (build_dir / "lock").unlink(missing_ok=True)  # a dead builder's: no live one runs here, we hold the flock
-        module = load(name, [str(path) for path in sources], extra_cflags=cflags, extra_ldflags=ldflags,
-                      build_directory=str(build_dir))
+        module = load(
+            name,
+            [str(path) for path in sources],
+            extra_cflags=cflags,
+            extra_ldflags=ldflags,
+            build_directory=str(build_dir),
+        )
         _stamp_built(build_dir, Path(module.__file__))
     return module
 
@@ -152,10 +172,12 @@ def _built_module(build_dir: Path, name: str) -> Path | None:
 def _stamp_built(build_dir: Path, library: Path) -> None:
     """Stamp a finished build, its module fsynced first (a stamp never outlives its module's bytes);
     where the folder is read-only or full, later starts go through load() again."""
+
     def stamp():
         fsync_one(library)
         info = library.stat()
         (build_dir / BUILT).write_text(f"{library.name} {info.st_size} {info.st_mtime_ns}\n")
+
     optional_write(stamp)
 
 
@@ -164,6 +186,7 @@ def _import(name: str, library: Path):
     import importlib.util
 
     import torch  # noqa: F401  the module links against torch's libraries, loaded by importing torch
+
     spec = importlib.util.spec_from_file_location(name, library)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -178,7 +201,7 @@ def _kernel_or_error() -> tuple[object | None, str]:
         module = build_kernel(str(build_dir))
     except Exception as err:  # no compiler, no OpenMP, a compile error, a full disk: the whole log in build.log
         log = build_dir / "build.log"
-        if not optional_write(lambda: _write_log(log, err)):
+        if not optional_write(lambda error=err: _write_log(log, error)):
             return None, one_line(err)  # a full or read-only cache: no log to point at
         return None, f"{one_line(err)} (build log: {log})"
     forced = os.environ.get(KERNEL_ENV, "")

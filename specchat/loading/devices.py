@@ -1,4 +1,5 @@
 """Devices, dtypes and the from_pretrained arguments that place and quantize a model."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,12 +22,14 @@ def resolve_device(device: str) -> str:
         return "mps" if torch.backends.mps.is_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"device {device} was asked for, but torch sees no CUDA GPU; "
-                                 f"use device=cpu or device=auto")
+            raise ModelLoadError(
+                f"device {device} was asked for, but torch sees no CUDA GPU; use device=cpu or device=auto"
+            )
         index = int(device.split(":")[1]) if ":" in device else 0
         if index >= torch.cuda.device_count():
-            raise ModelLoadError(f"device {device} does not exist; this machine has "
-                                 f"{torch.cuda.device_count()} CUDA GPU(s)")
+            raise ModelLoadError(
+                f"device {device} does not exist; this machine has {torch.cuda.device_count()} CUDA GPU(s)"
+            )
     if device == "mps" and not torch.backends.mps.is_available():
         raise ModelLoadError("device mps was asked for, but torch has no MPS backend here; use device=cpu")
     return device
@@ -57,8 +60,10 @@ def check_device_types(target_device: str, drafter_device: str) -> None:
     cannot sample a CPU drafter's tokens)."""
     target_type, drafter_type = torch.device(target_device).type, torch.device(drafter_device).type
     if target_type != drafter_type:
-        raise ModelLoadError(f"the target is on {target_device} and the drafter on {drafter_device}: put both on "
-                             f"the same kind of device (target.device / drafter.device), e.g. both cuda")
+        raise ModelLoadError(
+            f"the target is on {target_device} and the drafter on {drafter_device}: put both on "
+            f"the same kind of device (target.device / drafter.device), e.g. both cuda"
+        )
 
 
 def resolve_dtype(dtype: str, device: str, quantization: str = "none") -> torch.dtype:
@@ -106,10 +111,14 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype, device: s
     if quantization in ("none", "int8", *INVARIANT_MODES):
         return None
     from transformers import BitsAndBytesConfig
+
     if quantization == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                  bnb_4bit_use_double_quant=True,
-                                  bnb_4bit_compute_dtype=compute_dtype)
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
     threshold = LLM_INT8_THRESHOLD if torch.device(device).type == "cuda" else 0.0
     return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=threshold)
 
@@ -122,8 +131,7 @@ def max_memory_map(max_memory: dict) -> dict:
         if not (key.isdigit() or key in ("cpu", "disk")):
             raise ModelLoadError(f"max_memory key {key!r} must be a GPU index (0, 1, ...), cpu or disk")
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ModelLoadError(f"max_memory[{key}] must be a size such as \"20GiB\" or a byte count, "
-                                 f"got {value!r}")
+            raise ModelLoadError(f'max_memory[{key}] must be a size such as "20GiB" or a byte count, got {value!r}')
         mapped[int(key) if key.isdigit() else key] = value
     return mapped
 
@@ -133,14 +141,16 @@ def placement_kwargs(mc: ModelConfig, role: str, device: str, dtype: torch.dtype
     kwargs: dict = {"dtype": dtype}
     if mc.device_map == "auto":
         if role != "target":
-            raise ModelLoadError(f"{role}.device_map must be empty: only the target may be spread "
-                                 f"over several GPUs, the {role} stays on one device")
+            raise ModelLoadError(
+                f"{role}.device_map must be empty: only the target may be spread "
+                f"over several GPUs, the {role} stays on one device"
+            )
         kwargs["device_map"] = "auto"
         if mc.max_memory:
             kwargs["max_memory"] = max_memory_map(mc.max_memory)
     else:
         if mc.max_memory:
-            raise ModelLoadError(f"{role}.max_memory needs {role}.device_map = \"auto\"")
+            raise ModelLoadError(f'{role}.max_memory needs {role}.device_map = "auto"')
         kwargs["device_map"] = {"": device}
     bnb = quantization_config(mc.quantization, dtype, device)
     if bnb is not None:

@@ -4,6 +4,7 @@ llama.cpp's Q4_K stores w = d·sc·q − dmin·m in 256-blocks of eight 32-group
 and dmin) with the very nibble layout of kernels/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
 with exactly the file's weights. Each imported layer is checked against the weights the model loaded.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -15,9 +16,15 @@ from torch import nn
 from specchat.quant.w4a8 import Q4Block
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (fp16), 12 bytes of packed 6-bit sc/m, 128 bytes of nibbles
-LAYERS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj"}  # llama.cpp's names in Llama/Qwen2 files → transformers' modules
+LAYERS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}  # llama.cpp's names in Llama/Qwen2 files → transformers' modules
 
 
 def module_name(tensor_name: str) -> str | None:
@@ -42,14 +49,16 @@ def decode_q4_k(raw: torch.Tensor) -> Q4Block:
     sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], dim=-1)
     m = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], dim=-1)
     qs = blocks[..., 16:].reshape(rows, -1)
-    as_bytes = lambda t: t.to(torch.uint8).reshape(rows, -1).contiguous()  # noqa: E731
+    as_bytes = lambda t: t.to(torch.uint8).reshape(rows, -1).contiguous()
     return Q4Block(qs.contiguous(), as_bytes(sc), as_bytes(m), d.contiguous(), dmin.contiguous())
 
 
 def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
     """Every Q4_K weight of a GGUF file whose layer transformers names, decoded, by module name."""
     from gguf import GGMLQuantizationType
+
     from specchat.loading.gguf_header import read_tensors
+
     found = {}
     for tensor in read_tensors(Path(path))[1]:
         name = module_name(tensor.name)
@@ -86,14 +95,19 @@ def streamed_blocks(path: str | Path, model: nn.Module, finer_bits: int) -> Iter
     other is dequantized as transformers would and quantized to `finer_bits` levels: the rule
     quantize_w4a8 applies with a GGUF's blocks at hand."""
     from gguf import GGMLQuantizationType
+
     from specchat.loading.gguf_tensors import GGUFTensors
     from specchat.quant.w4a8 import fitting_linears
+
     tensors = GGUFTensors(Path(path), model)
     for name, layer in fitting_linears(model).items():
         weight = f"{name}.weight"
         info = tensors.info(weight)
-        if info.tensor_type == GGMLQuantizationType.Q4_K and tensors.unchanged(weight) and \
-                tuple(layer.weight.shape) == (tensors.rows(weight), int(info.shape[0])):
+        if (
+            info.tensor_type == GGMLQuantizationType.Q4_K
+            and tensors.unchanged(weight)
+            and tuple(layer.weight.shape) == (tensors.rows(weight), int(info.shape[0]))
+        ):
             yield name, decode_q4_k(tensors.raw(weight))
         elif tensors.unchanged(weight):  # row chunks: no float copy of a 151,936-row head
             yield name, Q4Block.concat([Q4Block.quantize(rows, finer_bits) for rows in tensors.float_chunks(weight)])

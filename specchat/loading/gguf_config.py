@@ -5,6 +5,7 @@ transformers maps each architecture's GGUF keys onto its config by a table, and 
 for the rest. qwen3's table has no head size, so a Qwen3 file whose head size is not Qwen3Config's default (128)
 builds a model its tensors do not fit; llama.cpp writes every architecture's as `<architecture>.attention.key_length`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,9 @@ MAX_HEAD_SIZE = 1 << 12  # far above any model's (256 for Gemma)
 def file_config(gguf: Path):
     """The config transformers reads from `gguf`, with the head size the file states."""
     from transformers import AutoConfig
+
     from specchat.loading.hfquiet import quiet_transformers
+
     with quiet_transformers():
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     facts, _ = read_tensors(gguf)
@@ -31,7 +34,9 @@ def file_config(gguf: Path):
 def set_head_size(config, head_size: int, gguf: Path) -> None:
     """config.head_dim = head_size where the config's own head size differs (qwen3's default 128)."""
     if not 0 < head_size <= MAX_HEAD_SIZE or head_size % 2:
-        raise ModelLoadError(f"{gguf} states a head size of {head_size}; an even number up to {MAX_HEAD_SIZE} is allowed")
+        raise ModelLoadError(
+            f"{gguf} states a head size of {head_size}; an even number up to {MAX_HEAD_SIZE} is allowed"
+        )
     text = config.get_text_config()
     own = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     if own != head_size:

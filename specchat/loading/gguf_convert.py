@@ -8,6 +8,7 @@ later start (a file missing, cut short or changed) is rebuilt from its GGUF, wit
 that cannot be read (EIO, EACCES) is kept, and the start ends in one line naming the path and the errno,
 as it does when the disk fills while converting.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,11 +21,22 @@ from pathlib import Path
 
 import torch
 
-from specchat.cache import (building, cache_dir, disk_errors, file_sha256, is_verified, mark_verified, optional_write,
-                            os_error, private_dir, remove_stale_temporaries, replace_durably)
+from specchat.cache import (
+    building,
+    cache_dir,
+    disk_errors,
+    file_sha256,
+    is_verified,
+    mark_verified,
+    optional_write,
+    os_error,
+    private_dir,
+    remove_stale_temporaries,
+    replace_durably,
+)
+from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import dtype_name
 from specchat.progress import Progress
-from specchat.errors import ModelLoadError, one_line
 
 META = "specchat.json"
 
@@ -58,8 +70,9 @@ def _remember(memo: Path, text: str) -> None:
     memo.write_text(text)
 
 
-def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
-                     progress: Progress | None = None, slim: bool = False) -> Path:
+def ensure_converted(
+    gguf: Path, sha256: str, dtype: torch.dtype, name: str, progress: Progress | None = None, slim: bool = False
+) -> Path:
     """The converted checkpoint for `gguf` in `dtype` (slim: loading/slim.py), converting it first if it is not cached."""
     out = converted_dir(sha256, dtype, slim)
     if (out / META).exists() and not damage(out, progress):
@@ -77,8 +90,9 @@ def ensure_converted(gguf: Path, sha256: str, dtype: torch.dtype, name: str,
     return out
 
 
-def _convert_into(out: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None,
-                  slim: bool = False) -> None:
+def _convert_into(
+    out: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None, slim: bool = False
+) -> None:
     """Convert in a temporary directory and rename it into place only when complete and fsynced."""
     private_dir(out.parent)
     remove_stale_temporaries(out)
@@ -97,30 +111,38 @@ def gguf_facts(gguf: Path) -> dict:
     """Architecture, quantization type and chat-template presence, read from the GGUF header once
     specchat's own bounded reader (gguf_header.py) has checked every count, offset and size in it."""
     from transformers.integrations.gguf.reader import read_gguf_metadata
+
     from specchat.loading.gguf_header import read_tensors
+
     read_tensors(gguf)  # a truncated or malformed file ends here, in one line naming what is wrong
     try:
         metadata, _ = read_gguf_metadata(str(gguf))
     except Exception as err:  # a foreign file
         raise ModelLoadError(f"{gguf} is not a readable GGUF file ({one_line(err)})") from err
     if not metadata.get("tokenizer.chat_template"):
-        raise ModelLoadError(f"{gguf.name} carries no chat template (tokenizer.chat_template), "
-                             f"which specchat needs to format the chat; use an instruct/chat GGUF")
-    return {"architecture": str(metadata.get("general.architecture", "?")),
-            "quantization": _quantization_name(metadata.get("general.file_type"))}
+        raise ModelLoadError(
+            f"{gguf.name} carries no chat template (tokenizer.chat_template), "
+            f"which specchat needs to format the chat; use an instruct/chat GGUF"
+        )
+    return {
+        "architecture": str(metadata.get("general.architecture", "?")),
+        "quantization": _quantization_name(metadata.get("general.file_type")),
+    }
 
 
 def _quantization_name(file_type) -> str:
     """general.file_type as llama.cpp names it (Q4_K_M, ALL_F32, ...); "GGUF" when absent or unknown."""
     from gguf import LlamaFileType
+
     try:
         return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
     except (ValueError, TypeError):
         return "GGUF" if file_type is None else f"GGUF file type {file_type}"
 
 
-def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
-                 progress: Progress | None = None, slim: bool = False) -> None:
+def convert_gguf(
+    gguf: Path, dtype: torch.dtype, out: Path, name: str, progress: Progress | None = None, slim: bool = False
+) -> None:
     """Dequantize `gguf` into a safetensors checkpoint with config and tokenizer in `out`; slim: only the
     tensors that stay float beside the w4a8 layers, the embeddings in the file's blocks (loading/slim.py)."""
     facts = gguf_facts(gguf)
@@ -128,8 +150,15 @@ def convert_gguf(gguf: Path, dtype: torch.dtype, out: Path, name: str,
         what = "its float tensors (w4a8)" if slim else dtype_name(dtype)
         progress(f"converting {name} from GGUF {facts['quantization']}: {what} (first start only)", None)
     _write_checkpoint(gguf, dtype, out, progress, slim)
-    meta = {"name": name, "quantization": facts["quantization"], "dtype": dtype_name(dtype), "slim": slim,
-            "architecture": facts["architecture"], "gguf": _cache_relative(gguf), "files": _file_records(out)}
+    meta = {
+        "name": name,
+        "quantization": facts["quantization"],
+        "dtype": dtype_name(dtype),
+        "slim": slim,
+        "architecture": facts["architecture"],
+        "gguf": _cache_relative(gguf),
+        "files": _file_records(out),
+    }
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
@@ -138,6 +167,7 @@ def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progr
     is whole (a missing vocabulary, a config its tensors contradict) is one line; an OSError or MemoryError
     passes as it is, for the cache to tell from damage."""
     from specchat.loading.gguf_metadata import quick_metadata
+
     try:
         with quick_metadata():
             tokenizer = _gguf_tokenizer(gguf)
@@ -211,34 +241,47 @@ def safetensors_whole(path: Path) -> bool:
 
 def _gguf_tokenizer(gguf: Path):
     from transformers import AutoTokenizer
+
     from specchat.loading.hfquiet import quiet_transformers
+
     with quiet_transformers():
-        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                             local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
 
 
 def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     from transformers import AutoModelForCausalLM, GgufConfig
+
     from specchat.loading.gguf_config import file_config
     from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
+
     bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
     config = file_config(gguf)
     with quiet_transformers(), contextlib.redirect_stderr(bars):
         model, info = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, config=config, dtype=dtype, local_files_only=True,
-            quantization_config=GgufConfig(dequantize=True), output_loading_info=True)
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            config=config,
+            dtype=dtype,
+            local_files_only=True,
+            quantization_config=GgufConfig(dequantize=True),
+            output_loading_info=True,
+        )
     if info["missing_keys"]:
         missing = sorted(info["missing_keys"])
-        raise ModelLoadError(f"{gguf.name} lacks {len(missing)} weight(s) the model needs "
-                             f"(e.g. {missing[0]}); transformers cannot use this GGUF")
+        raise ModelLoadError(
+            f"{gguf.name} lacks {len(missing)} weight(s) the model needs "
+            f"(e.g. {missing[0]}); transformers cannot use this GGUF"
+        )
     return model.eval()
 
 
 def _save_slim(gguf: Path, tokenizer, out: Path) -> None:
     """Config, generation config, tokenizer, and slim.write_weights' tensors."""
     from transformers import GenerationConfig
+
     from specchat.loading import slim
     from specchat.loading.gguf_config import file_config
+
     config = file_config(gguf)
     out.mkdir(parents=True)
     config.save_pretrained(out)
@@ -250,6 +293,7 @@ def _save_slim(gguf: Path, tokenizer, out: Path) -> None:
 def save_checkpoint(model, tokenizer, out: Path) -> None:
     """Config, weights (safetensors, shared tensors stored once), generation config and tokenizer."""
     from safetensors.torch import save_model
+
     out.mkdir(parents=True)
     config = copy.deepcopy(model.config)
     with contextlib.suppress(AttributeError):

@@ -8,6 +8,7 @@ The file is untrusted: each count, length, type, dimension, alignment and offset
 format and the file's size before anything is read or allocated for it, and whatever is wrong is one
 ModelLoadError line naming the file, never a struct.error, KeyError, ZeroDivisionError or RecursionError.
 """
+
 from __future__ import annotations
 
 import struct
@@ -23,28 +24,33 @@ WIDTHS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY = 8, 9
 INTEGERS = (0, 1, 2, 3, 4, 5, 10, 11)
 UNSIGNED = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}  # a value's bits by its width (floats too: only integers are used)
-HEADER_BYTES = 24      # magic, version, tensor count, value count
+HEADER_BYTES = 24  # magic, version, tensor count, value count
 MAX_KEY_BYTES = 65535  # the GGUF specification: a key is at most 2^16-1 bytes
-MAX_NAME_BYTES = 64    # the GGUF specification: a tensor name is at most 64 bytes (ggml's GGML_MAX_NAME); the architecture too
-MAX_DIMS = 4           # ggml's GGML_MAX_DIMS
-MAX_NESTING = 2        # an array of arrays is allowed, an array of arrays of arrays is not (no GGUF writes one)
+MAX_NAME_BYTES = (
+    64  # the GGUF specification: a tensor name is at most 64 bytes (ggml's GGML_MAX_NAME); the architecture too
+)
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+MAX_NESTING = 2  # an array of arrays is allowed, an array of arrays of arrays is not (no GGUF writes one)
 MAX_TENSORS = 1 << 20  # far above any model's (the bundled 1.5B has 339)
-MAX_VALUES = 1 << 16   # metadata keys (a model has about 30)
-MIN_VALUE_BYTES = 8 + 4 + 1       # the smallest key-value pair: an empty key, its type, a one-byte value
+MAX_VALUES = 1 << 16  # metadata keys (a model has about 30)
+MIN_VALUE_BYTES = 8 + 4 + 1  # the smallest key-value pair: an empty key, its type, a one-byte value
 MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # the smallest tensor entry: an empty name, one dimension, type, offset
 DEFAULT_ALIGNMENT = 32
 FACTS = ("general.architecture", "general.alignment")
-HEAD_SIZE = ".attention.key_length"  # `<architecture>.attention.key_length`, read where it is an integer (gguf_config.py)
+HEAD_SIZE = (
+    ".attention.key_length"  # `<architecture>.attention.key_length`, read where it is an integer (gguf_config.py)
+)
 
 
 @dataclass(frozen=True)
 class TensorEntry:
     """One tensor of the file, its parts named as gguf-py's ReaderTensor names them."""
+
     name: str
     shape: tuple[int, ...]  # ggml order: the fastest-moving dimension (a row's width) first
-    tensor_type: object     # gguf.GGMLQuantizationType
+    tensor_type: object  # gguf.GGMLQuantizationType
     path: Path
-    start: int              # byte offset in the file
+    start: int  # byte offset in the file
     rows: int
     row_bytes: int
 
@@ -59,10 +65,14 @@ class TensorEntry:
         try:
             data = np.fromfile(self.path, dtype=np.uint8, count=self.nbytes, offset=self.start)
         except OSError as err:
-            raise ModelLoadError(f"cannot read tensor {shown(self.name)} of {self.path}: {err.strerror or err}") from err
+            raise ModelLoadError(
+                f"cannot read tensor {shown(self.name)} of {self.path}: {err.strerror or err}"
+            ) from err
         if data.size != self.nbytes:  # the file was cut short after its header was read
-            raise ModelLoadError(f"{self.path} is not a readable GGUF file: tensor {shown(self.name)} needs {self.nbytes} "
-                                 f"bytes at {self.start}, the file now holds {data.size} of them")
+            raise ModelLoadError(
+                f"{self.path} is not a readable GGUF file: tensor {shown(self.name)} needs {self.nbytes} "
+                f"bytes at {self.start}, the file now holds {data.size} of them"
+            )
         return _shaped(data, self.tensor_type, self.shape, self.rows)
 
 
@@ -80,8 +90,9 @@ class _Cursor:
 
     def skip(self, size: int, what: str) -> None:
         if size > self.left():
-            raise self.fail(f"{what} ({size} bytes at byte {self.pos}) runs past the end of the file "
-                            f"({len(self.blob)} bytes)")
+            raise self.fail(
+                f"{what} ({size} bytes at byte {self.pos}) runs past the end of the file ({len(self.blob)} bytes)"
+            )
         self.pos += size
 
     def take(self, fmt: str, what: str) -> tuple:
@@ -96,7 +107,7 @@ class _Cursor:
             raise self.fail(f"{what} is {length} bytes long; at most {limit} are allowed")
         start = self.pos
         self.skip(length, what)
-        return bytes(self.blob[start:self.pos]).decode("utf-8", errors="replace")
+        return bytes(self.blob[start : self.pos]).decode("utf-8", errors="replace")
 
     def count(self, fmt: str, what: str, limit: int, each_at_least: int) -> int:
         """A count, refused when above `limit` or when its items could not fit in the rest of the file."""
@@ -110,6 +121,7 @@ def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
     """({"general.architecture": ..., "general.alignment": ...} where the file has them, the tensors in file
     order); a file that is not a whole, well-formed GGUF is one ModelLoadError naming it and what is wrong."""
     from gguf import GGMLQuantizationType
+
     path = Path(path)
     cursor = _Cursor(_mapped(path), path)
     tensor_count, value_count = _preamble(cursor)
@@ -117,8 +129,10 @@ def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
     table = _read_table(cursor, tensor_count)
     alignment = _alignment(cursor, facts)
     start = (cursor.pos + alignment - 1) // alignment * alignment
-    tensors = [TensorEntry(name, dims, GGMLQuantizationType(kind), path, start + offset, rows, row_bytes)
-               for name, dims, kind, offset, rows, row_bytes in table]
+    tensors = [
+        TensorEntry(name, dims, GGMLQuantizationType(kind), path, start + offset, rows, row_bytes)
+        for name, dims, kind, offset, rows, row_bytes in table
+    ]
     _check_placement(cursor, tensors, start, alignment)
     return facts, tensors
 
@@ -135,8 +149,10 @@ def _mapped(path: Path) -> np.ndarray:
     try:
         size = path.stat().st_size
         if size < HEADER_BYTES:
-            raise ModelLoadError(f"{path} is not a readable GGUF file: it is {size} bytes long, "
-                                 f"shorter than a GGUF header ({HEADER_BYTES} bytes)")
+            raise ModelLoadError(
+                f"{path} is not a readable GGUF file: it is {size} bytes long, "
+                f"shorter than a GGUF header ({HEADER_BYTES} bytes)"
+            )
         return np.memmap(path, mode="r").view(np.ndarray)
     except OSError as err:
         raise ModelLoadError(f"cannot read {path}: {err.strerror or err}") from err
@@ -205,7 +221,7 @@ def _skip_value(cursor: _Cursor, kind: int, what: str, depth: int) -> None:
 def _skip_strings(cursor: _Cursor, n: int, what: str) -> None:
     """Step over n strings (a vocabulary: 151,936 of them in the bundled models), each length checked."""
     blob, pos, size = cursor.blob, cursor.pos, len(cursor.blob)
-    for index in range(n):
+    for index in range(n):  # noqa: B007 (the message after the loop names it)
         if pos + 8 > size:
             break
         pos += 8 + struct.unpack_from("<Q", blob, pos)[0]
@@ -220,6 +236,7 @@ def _skip_strings(cursor: _Cursor, n: int, what: str) -> None:
 def _read_table(cursor: _Cursor, count: int) -> list[tuple]:
     """[(name, dims, type, offset, rows, bytes a row)] of every tensor, each entry checked as it is read."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     known = {kind.value: GGML_QUANT_SIZES[kind] for kind in GGMLQuantizationType if kind in GGML_QUANT_SIZES}
     table, names = [], set()
     for index in range(count):
@@ -246,15 +263,19 @@ def _extent(cursor: _Cursor, label: str, dims: tuple[int, ...], kind, block_size
     if min(dims) < 1:
         raise cursor.fail(f"tensor {label} has a dimension of 0 ({list(dims)})")
     if dims[0] % block:
-        raise cursor.fail(f"tensor {label} is {kind.name} with rows of {dims[0]} values, "
-                          f"not a whole number of its {block}-value blocks")
+        raise cursor.fail(
+            f"tensor {label} is {kind.name} with rows of {dims[0]} values, "
+            f"not a whole number of its {block}-value blocks"
+        )
     rows = 1
     for dim in dims[1:]:
         rows *= dim
     row_bytes = dims[0] // block * size
     if rows * row_bytes > len(cursor.blob):
-        raise cursor.fail(f"tensor {label} ({kind.name} {list(dims)}) needs {rows * row_bytes} bytes, "
-                          f"more than the whole file ({len(cursor.blob)} bytes)")
+        raise cursor.fail(
+            f"tensor {label} ({kind.name} {list(dims)}) needs {rows * row_bytes} bytes, "
+            f"more than the whole file ({len(cursor.blob)} bytes)"
+        )
     return rows, row_bytes
 
 
@@ -271,11 +292,15 @@ def _check_placement(cursor: _Cursor, tensors: list[TensorEntry], start: int, al
     end_of, last = start, None  # the first tensor starts at or after `start`: no overlap is possible
     for tensor in sorted(tensors, key=lambda t: t.start):
         if (tensor.start - start) % alignment:
-            raise cursor.fail(f"tensor {shown(tensor.name)} starts at offset {tensor.start - start}, "
-                              f"not a multiple of the alignment ({alignment})")
+            raise cursor.fail(
+                f"tensor {shown(tensor.name)} starts at offset {tensor.start - start}, "
+                f"not a multiple of the alignment ({alignment})"
+            )
         if tensor.start + tensor.nbytes > size:
-            raise cursor.fail(f"tensor {shown(tensor.name)} ({tensor.nbytes} bytes at byte {tensor.start}) runs past "
-                              f"the end of the file ({size} bytes)")
+            raise cursor.fail(
+                f"tensor {shown(tensor.name)} ({tensor.nbytes} bytes at byte {tensor.start}) runs past "
+                f"the end of the file ({size} bytes)"
+            )
         if tensor.start < end_of:
             raise cursor.fail(f"tensors {shown(last.name)} and {shown(tensor.name)} overlap (at byte {tensor.start})")
         end_of, last = tensor.start + tensor.nbytes, tensor
@@ -284,6 +309,7 @@ def _check_placement(cursor: _Cursor, tensors: list[TensorEntry], start: int, al
 def _shaped(data: np.ndarray, kind, dims: tuple[int, ...], rows: int) -> np.ndarray:
     """Float tensors as their values in numpy order (as gguf-py gives them), blocks as [rows, bytes a row]."""
     from gguf import GGMLQuantizationType
+
     floats = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
     if kind in floats:
         return data.view(floats[kind]).reshape(tuple(reversed(dims)))

@@ -5,6 +5,7 @@ once more for the tokenizer: 15 s a read for the drafter, most of it numpy's mem
 million times (the 151,936-token vocabulary). Inside `quick_metadata()` the reader maps the file as a plain
 array (a third of the time, the same bytes) and each file's metadata is read once.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +25,7 @@ def quick_metadata():
     (load_gguf_checkpoint without tensors) happens once per file."""
     import gguf.gguf_reader as reader_module
     import transformers.modeling_gguf_pytorch_utils as legacy
+
     numpy_as_read, load_as_is = reader_module.np, legacy.load_gguf_checkpoint
     plain = types.ModuleType("numpy")
     plain.__dict__.update(np.__dict__)
@@ -36,6 +38,7 @@ def quick_metadata():
         if path not in read:
             read[path] = load_as_is(path, False, *args, **kwargs)
         return copy.deepcopy(read[path])  # callers change what they get (the config dict)
+
     reader_module.np, legacy.load_gguf_checkpoint = plain, load_once
     try:
         yield

@@ -5,6 +5,7 @@ model: 6.7 GB of float32 for the bundled 1.5B target, and a first start that pea
 reads a file with the same name map and the same tensor processor (so every value is the one that loading
 gives), one tensor at a time, in row chunks where the processor leaves a tensor as it is.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,6 +29,7 @@ def streamable(gguf: Path) -> bool:
     """Whether specchat can read this file's architecture a tensor at a time: its transformers tensor processor
     is the plain one, or Llama's (which only reorders the query and key weights)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor
+
     facts, _ = read_tensors(gguf)
     processor = TENSOR_PROCESSORS.get(facts.get("general.architecture", ""), TensorProcessor)
     return processor in (TensorProcessor, LlamaTensorProcessor)
@@ -39,6 +41,7 @@ class GGUFTensors:
 
     def __init__(self, gguf: Path, model: nn.Module):
         from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
         facts, tensors = read_tensors(gguf)
         config = model.config.get_text_config().to_dict()
         self.parsed = {"config": config, "tensors": {}}  # what a processor may read (Llama's: the head counts)
@@ -67,6 +70,7 @@ class GGUFTensors:
     def unchanged(self, name: str) -> bool:
         """Whether transformers takes this tensor as the file stores it (its processor reorders nothing)."""
         from transformers.modeling_gguf_pytorch_utils import TensorProcessor
+
         gguf_name = self.info(name).name
         return type(self.processor) is TensorProcessor or not any(part in gguf_name for part in PERMUTED)
 
@@ -89,8 +93,13 @@ class GGUFTensors:
         if self.unchanged(name):
             return _dequantized(tensor)
         from gguf import dequantize
-        result = self.processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                                        tensor_key_mapping=self.names, parsed_parameters=self.parsed)
+
+        result = self.processor.process(
+            weights=dequantize(tensor.data, tensor.tensor_type),
+            name=tensor.name,
+            tensor_key_mapping=self.names,
+            parsed_parameters=self.parsed,
+        )
         return torch.from_numpy(np.array(result.weights, dtype=np.float32))
 
 
@@ -101,8 +110,10 @@ def _check_shapes(path: Path, by_name: dict, model: nn.Module) -> None:
     for name, tensor in by_name.items():
         shape = tuple(reversed(tensor.shape))  # ggml order → torch order
         if name in wanted and shape != wanted[name]:
-            raise ModelLoadError(f"{path} contradicts itself: tensor {shown(tensor.name)} is {list(shape)}, but "
-                                 f"its own config makes {name} {list(wanted[name])}")
+            raise ModelLoadError(
+                f"{path} contradicts itself: tensor {shown(tensor.name)} is {list(shape)}, but "
+                f"its own config makes {name} {list(wanted[name])}"
+            )
 
 
 @contextlib.contextmanager
@@ -110,6 +121,7 @@ def _name_map_built_once():
     """get_gguf_hf_weights_map rebuilds gguf-py's name map for every submodule (319 times, 6.5 s for the
     drafter); within the block the same (architecture, layers) map is built once."""
     import gguf
+
     build = gguf.get_tensor_name_map
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(build)
     try:
@@ -121,6 +133,7 @@ def _name_map_built_once():
 def _dequantized(tensor) -> torch.Tensor:
     """A GGUF tensor's float32 values, dequantized CHUNK_ROWS rows at a time (each row is independent)."""
     from gguf import dequantize
+
     if len(tensor.shape) < 2:
         return torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
     return torch.cat(list(_row_chunks(tensor)))
@@ -128,9 +141,10 @@ def _dequantized(tensor) -> torch.Tensor:
 
 def _row_chunks(tensor) -> Iterator[torch.Tensor]:
     from gguf import dequantize
+
     data = tensor.data
     for start in range(0, data.shape[0], CHUNK_ROWS):
-        chunk = dequantize(data[start:start + CHUNK_ROWS], tensor.tensor_type)
+        chunk = dequantize(data[start : start + CHUNK_ROWS], tensor.tensor_type)
         yield torch.from_numpy(np.array(chunk, dtype=np.float32))
 
 

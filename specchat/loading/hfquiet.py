@@ -1,4 +1,5 @@
 """Silence transformers' own progress bars and warnings while a model loads (specchat reports progress)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -68,4 +69,5 @@ def quiet_renamed_cache_argument() -> None:
     model on transformers' forward warns mid-chat on stderr, and the old name is the one every 5.x release takes
     (spec/model_io.py passes it). Idempotent."""
     import warnings
+
     warnings.filterwarnings("ignore", message=RENAMED_CACHE, category=FutureWarning)

@@ -11,6 +11,7 @@
 Whether BOS, EOS and the chat template agree is said, not enforced: stop tokens and the template are the
 target's either way, so a difference costs acceptance only.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,12 +24,12 @@ PAD_LIMIT = 128
 
 @dataclass(frozen=True)
 class PairCheck:
-    kind: str              # same | padded | text
-    target_ids: int        # ids of the target's tokenizer (what the target scores and verifies)
-    drafter_ids: int       # ids of the drafter's tokenizer
-    drafter_width: int     # ids the drafter's head scores
-    difference: str = ""   # the first id whose token differs, in words ("" where none does)
-    specials: str = ""     # what differs among BOS and EOS, in words ("" where they agree)
+    kind: str  # same | padded | text
+    target_ids: int  # ids of the target's tokenizer (what the target scores and verifies)
+    drafter_ids: int  # ids of the drafter's tokenizer
+    drafter_width: int  # ids the drafter's head scores
+    difference: str = ""  # the first id whose token differs, in words ("" where none does)
+    specials: str = ""  # what differs among BOS and EOS, in words ("" where they agree)
     template: bool = True  # the chat templates are the same
 
     @property
@@ -37,8 +38,10 @@ class PairCheck:
 
     def line(self) -> str:
         """The verdict in one line, for the banner."""
-        agree = [self.specials or "BOS/EOS agree", "chat template agrees" if self.template else
-                 "chat templates differ (the target's is used)"]
+        agree = [
+            self.specials or "BOS/EOS agree",
+            "chat template agrees" if self.template else "chat templates differ (the target's is used)",
+        ]
         return "pair: " + " · ".join([self._tokens(), *agree])
 
     def _tokens(self) -> str:
@@ -47,10 +50,13 @@ class PairCheck:
         if self.kind == "padded":
             draftable = min(self.target_ids, self.drafter_width)
             past = f"; target ids past {draftable:,} never drafted" if draftable < self.target_ids else ""
-            return (f"one tokenizer, vocabularies padded apart (target {self.target_ids:,} ids, drafter "
-                    f"{self.drafter_ids:,}, its head {self.drafter_width:,}{past})")
-        why = self.difference or (f"{self.target_ids:,} and {self.drafter_ids:,} ids, padded apart by more "
-                                  f"than {PAD_LIMIT}")
+            return (
+                f"one tokenizer, vocabularies padded apart (target {self.target_ids:,} ids, drafter "
+                f"{self.drafter_ids:,}, its head {self.drafter_width:,}{past})"
+            )
+        why = self.difference or (
+            f"{self.target_ids:,} and {self.drafter_ids:,} ids, padded apart by more than {PAD_LIMIT}"
+        )
         return f"different tokenizers ({why}): the drafter drafts text, re-tokenized into the target's ids (exact)"
 
 
@@ -59,12 +65,19 @@ def judge_pair(target_tok, drafter_tok, drafter_model, drafter_name: str) -> Pai
     whose head scores far fewer ids than its own tokenizer has: that checkpoint is inconsistent."""
     width = head_width(drafter_model.get_output_embeddings())
     if width < len(drafter_tok) - PAD_LIMIT:
-        raise ModelLoadError(f"drafter {drafter_name} scores {width} token ids but its tokenizer has "
-                             f"{len(drafter_tok)}; the checkpoint is inconsistent")
+        raise ModelLoadError(
+            f"drafter {drafter_name} scores {width} token ids but its tokenizer has "
+            f"{len(drafter_tok)}; the checkpoint is inconsistent"
+        )
     difference = "" if drafter_tok is target_tok else first_difference(target_tok, drafter_tok)
     sizes = (len(target_tok), len(drafter_tok), width)
-    return PairCheck(_kind(difference, *sizes), *sizes, difference, _specials(target_tok, drafter_tok),
-                     getattr(target_tok, "chat_template", None) == getattr(drafter_tok, "chat_template", None))
+    return PairCheck(
+        _kind(difference, *sizes),
+        *sizes,
+        difference,
+        _specials(target_tok, drafter_tok),
+        getattr(target_tok, "chat_template", None) == getattr(drafter_tok, "chat_template", None),
+    )
 
 
 def _kind(difference: str, target_ids: int, drafter_ids: int, width: int) -> str:
@@ -89,7 +102,10 @@ def first_difference(target_tok, drafter_tok) -> str:
 
 def _specials(target_tok, drafter_tok) -> str:
     """What differs among BOS and EOS, in words ("" where both agree)."""
-    differ = [f"{name.upper()} differs ({getattr(target_tok, f'{name}_token', None)!r} / "
-              f"{getattr(drafter_tok, f'{name}_token', None)!r})" for name in ("bos", "eos")
-              if getattr(target_tok, f"{name}_token", None) != getattr(drafter_tok, f"{name}_token", None)]
+    differ = [
+        f"{name.upper()} differs ({getattr(target_tok, f'{name}_token', None)!r} / "
+        f"{getattr(drafter_tok, f'{name}_token', None)!r})"
+        for name in ("bos", "eos")
+        if getattr(target_tok, f"{name}_token", None) != getattr(drafter_tok, f"{name}_token", None)
+    ]
     return ", ".join(differ)

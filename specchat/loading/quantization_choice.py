@@ -6,6 +6,7 @@ specchat's kernel builds; else w8a8 (w8a8-fast), exact too, where torch has its 
 none. A fallback says what it chose and why in one notice line. Off the CPU, auto loads unquantized.
 A mode named explicitly that cannot run here raises ModelLoadError naming the key and what is allowed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,8 @@ import dataclasses
 import torch
 
 from specchat.config import AUTO_MODES, QUANTIZATIONS, W4A8_MODES, Config, ModelConfig
-from specchat.loading.devices import resolve_device
 from specchat.errors import ModelLoadError
+from specchat.loading.devices import resolve_device
 from specchat.progress import Progress, report
 
 
@@ -34,6 +35,7 @@ def choose(mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Prog
     if torch.device(resolve_device(mc.device)).type != "cpu":
         return dataclasses.replace(mc, quantization="none") if mc.quantization in AUTO_MODES else mc
     from specchat.kernels.build import kernel_problem
+
     problem = kernel_problem("auto", progress)
     if not problem and kernel_path != "auto":  # a path named for this CPU: an error, never a fallback
         unavailable = kernel_problem(kernel_path)
@@ -42,15 +44,21 @@ def choose(mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Prog
     if mc.quantization in W4A8_MODES:
         if problem:
             allowed = ", ".join(q for q in QUANTIZATIONS if q not in W4A8_MODES)
-            raise ModelLoadError(f"{role}.quantization = \"{mc.quantization}\" needs specchat's w4a8 kernel, which is "
-                                 f"not available here: {problem}; choose one of {allowed}")
+            raise ModelLoadError(
+                f'{role}.quantization = "{mc.quantization}" needs specchat\'s w4a8 kernel, which is '
+                f"not available here: {problem}; choose one of {allowed}"
+            )
         return mc
     kernel_mode, int8_mode = AUTO_MODES[mc.quantization]
     if not problem:
         return dataclasses.replace(mc, quantization=kernel_mode)
     fallback = int8_mode if has_x86_int8() else "none"
-    report(progress, f"{role}: using quantization {fallback}, not {kernel_mode}: the w4a8 kernel is not available "
-                     f"here ({problem}); set {role}.quantization to choose another", None)
+    report(
+        progress,
+        f"{role}: using quantization {fallback}, not {kernel_mode}: the w4a8 kernel is not available "
+        f"here ({problem}); set {role}.quantization to choose another",
+        None,
+    )
     return dataclasses.replace(mc, quantization=fallback)
 
 

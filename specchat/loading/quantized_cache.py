@@ -10,6 +10,7 @@ layers) is rebuilt from the model with one notice line instead of an error. A fi
 read (an I/O error, EACCES, too little memory) is kept and the start ends in one line naming it and
 the errno: its content may well be good. A full disk while writing ends in one such line too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,30 +25,44 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specchat.cache import (
+    DamagedFile,
+    building,
+    cache_dir,
+    disk_error,
+    disk_errors,
+    file_sha256,
+    is_verified,
+    private_dir,
+    remove_stale_temporaries,
+    replace_durably,
+    write_synced,
+)
 from specchat.config import W4A8_MODES
+from specchat.errors import ModelLoadError
+from specchat.loading import tensor_file
+from specchat.loading.block_shapes import block_problem
+from specchat.progress import Progress, report
 from specchat.quant.int8_weights import Int8Block, quantize_linears
 from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w4a8
 from specchat.quant.w8a8 import quantize_w8a8
-from specchat.cache import (DamagedFile, building, cache_dir, disk_error, disk_errors, file_sha256, is_verified,
-                            private_dir, remove_stale_temporaries, replace_durably, write_synced)
-from specchat.errors import ModelLoadError
-from specchat.loading.block_shapes import block_problem
-from specchat.loading import tensor_file
-from specchat.progress import Progress, report
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 FORMATS = {"w4a8": 5, "w4a8-fast": 4}  # a mode's own format number, where it changed apart from the others
 VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 
-def _quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=None,
-                   finer_bits: int = FINER_BITS) -> dict[str, Q4Tiles]:
+def _quantize_w4a8(
+    model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=None, finer_bits: int = FINER_BITS
+) -> dict[str, Q4Tiles]:
     """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K blocks bit for bit (the file's finer layers: finer_bits)."""
     from specchat.kernels.build import q4_kernel
+
     exact = None
     if blocks is None and gguf is not None:
         from specchat.loading.gguf_blocks import matching_blocks, streamed_blocks
+
         if _weights_unloaded(model):  # a slim checkpoint (loading/slim.py): every block from the file
             blocks = {name: Q4Tiles.from_block(block) for name, block in streamed_blocks(gguf(), model, finer_bits)}
         else:
@@ -59,11 +74,20 @@ def _weights_unloaded(model: nn.Module) -> bool:
     return any(module.weight.is_meta for module in model.modules() if isinstance(module, nn.Linear))
 
 
-QUANTIZERS = {"w8a8": quantize_w8a8, "w8a8-fast": partial(quantize_w8a8, passes=1),
-              "int8": quantize_linears, "w4a8": _quantize_w4a8,
-              "w4a8-fast": partial(_quantize_w4a8, finer_bits=4)}  # (model, blocks | None) -> blocks
-DESCRIPTIONS = {"w8a8": "int8×int8", "w8a8-fast": "int8×int8 (8-bit activations)", "int8": "int8",
-                "w4a8": "4-bit×int8", "w4a8-fast": "4-bit×int8 (every layer 4-bit)"}
+QUANTIZERS = {
+    "w8a8": quantize_w8a8,
+    "w8a8-fast": partial(quantize_w8a8, passes=1),
+    "int8": quantize_linears,
+    "w4a8": _quantize_w4a8,
+    "w4a8-fast": partial(_quantize_w4a8, finer_bits=4),
+}  # (model, blocks | None) -> blocks
+DESCRIPTIONS = {
+    "w8a8": "int8×int8",
+    "w8a8-fast": "int8×int8 (8-bit activations)",
+    "int8": "int8",
+    "w4a8": "4-bit×int8",
+    "w4a8-fast": "4-bit×int8 (every layer 4-bit)",
+}
 BLOCK_TYPES = dict.fromkeys(W4A8_MODES, Q4Tiles)  # how each mode's blocks are stored (w4a8: as the kernel reads them,
 # no repacking at load); Int8Block otherwise
 SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activations are multiplied
@@ -84,8 +108,9 @@ def directory_identity(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def quantize_with_cache(model: nn.Module, path: Path, label: str, mode: str = "w8a8",
-                        progress: Progress | None = None, gguf=None) -> str | None:
+def quantize_with_cache(
+    model: nn.Module, path: Path, label: str, mode: str = "w8a8", progress: Progress | None = None, gguf=None
+) -> str | None:
     """Quantize `model` in place (a mode of QUANTIZERS), from `path` when it holds a sound copy.
     gguf: for the w4a8 modes, a function giving the GGUF file the model came from (its Q4_K blocks are
     used as they are), or None.
@@ -183,8 +208,9 @@ def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
     names = {key.rsplit(".", 1)[0] for key in tensors}
     fields = dataclasses.fields(kind)
     try:
-        return {name: kind(*(_field_value(tensors[f"{name}.{field.name}"], field) for field in fields))
-                for name in names}
+        return {
+            name: kind(*(_field_value(tensors[f"{name}.{field.name}"], field) for field in fields)) for name in names
+        }
     except KeyError as err:
         raise DamagedFile(f"it lacks {err.args[0]}") from None
 
@@ -203,8 +229,9 @@ def _write(path: Path, blocks: dict) -> None:
     fsynced; an I/O failure (a full disk) ends in ModelLoadError, leaving no file taken as done."""
     tensors = {}
     for name, block in blocks.items():
-        tensors.update({f"{name}.{field.name}": torch.as_tensor(getattr(block, field.name))
-                        for field in dataclasses.fields(block)})
+        tensors.update(
+            {f"{name}.{field.name}": torch.as_tensor(getattr(block, field.name)) for field in dataclasses.fields(block)}
+        )
     with disk_errors(path, "write the quantized-weights cache"):
         private_dir(path.parent)
         remove_stale_temporaries(path)

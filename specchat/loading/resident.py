@@ -7,6 +7,7 @@ forwards paid the same for the w4a8 blocks. `populate` asks Linux to map every p
 tensors at once (madvise MADV_POPULATE_READ, Linux 5.14 and later): 0.2 s for those embeddings.
 Elsewhere, or on an older kernel, it does nothing and pages fault in as before.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,6 +37,7 @@ def _madvise():
 def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Every tensor a forward reads: parameters, buffers, and the w4a8 layers' blocks."""
     from specchat.quant.w4a8 import Q4Linear
+
     tensors = [*model.parameters(), *model.buffers()]
     for module in model.modules():
         if isinstance(module, Q4Linear):
@@ -47,6 +49,7 @@ def read_whole(model: nn.Module, tensors: list[torch.Tensor]) -> list[torch.Tens
     """Of a model's tensors, those a forward reads whole: not an embedding table in blocks, of which a chat
     reads a few hundred rows (it is mapped from the cache, and the rest of it stays on disk)."""
     from specchat.quant.block_embedding import BlockEmbedding
+
     tables = {id(module.blocks) for module in model.modules() if isinstance(module, BlockEmbedding)}
     return [tensor for tensor in tensors if id(tensor) not in tables]
 

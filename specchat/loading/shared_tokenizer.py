@@ -5,6 +5,7 @@ does: 11 MB of tokenizer.json each). Reading them twice, and then comparing 152k
 prove the two tokenizers agree, took about 2 s of a 15 s start. When the files are the same, the
 drafter gets the target's tokenizer object and there is nothing to compare.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,10 @@ import re
 from pathlib import Path
 
 # What AutoTokenizer reads from a directory: the tokenizer's own files, chat templates, remote code.
-TOKENIZER_FILES = re.compile(r"^(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|"
-                             r"chat_template.*|.*\.model|.*\.tiktoken|.*\.py)$")
+TOKENIZER_FILES = re.compile(
+    r"^(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|"
+    r"chat_template.*|.*\.model|.*\.tiktoken|.*\.py)$"
+)
 
 
 def tokenizer_digest(location: str, trust_remote_code: bool) -> str | None:

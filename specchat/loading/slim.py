@@ -5,6 +5,7 @@ the chat: norms, biases, and layers the kernel cannot take. The input embeddings
 (quant/block_embedding.py). The quantized layers come from the quantized cache, built from the GGUF a
 tensor at a time (gguf_blocks.streamed_blocks) when it has no copy.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,6 +27,7 @@ def empty_model(config) -> nn.Module:
     """The model of `config`, its parameters on the meta device (no memory), its buffers real (rotary tables)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
+
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
@@ -39,7 +41,9 @@ def quantized_weights(model: nn.Module) -> set[str]:
 def write_weights(gguf: Path, config, out: Path) -> None:
     """WEIGHTS in `out`: the float tensors the chat keeps, and the input embeddings as the file's blocks."""
     from safetensors.torch import save_file
+
     from specchat.loading.gguf_tensors import GGUFTensors
+
     model = empty_model(config)
     tensors = GGUFTensors(gguf, model)
     skipped = quantized_weights(model)
@@ -68,6 +72,7 @@ def load(directory: Path) -> nn.Module:
     weights still on the meta device (the quantized cache replaces those layers)."""
     from safetensors import safe_open
     from transformers import AutoConfig, GenerationConfig
+
     model = empty_model(AutoConfig.from_pretrained(directory, local_files_only=True))
     with safe_open(str(directory / WEIGHTS), framework="pt") as weights:
         metadata = weights.metadata() or {}
@@ -75,8 +80,9 @@ def load(directory: Path) -> nn.Module:
     embed = metadata.get("embedding", "")
     if embed:
         blocks = state.pop(embed + BLOCKS)
-        model.set_input_embeddings(BlockEmbedding(blocks, metadata["embedding_kind"],
-                                                  model.config.get_text_config().hidden_size))
+        model.set_input_embeddings(
+            BlockEmbedding(blocks, metadata["embedding_kind"], model.config.get_text_config().hidden_size)
+        )
     model.load_state_dict(state, strict=False, assign=True)
     model.generation_config = GenerationConfig.from_pretrained(directory, local_files_only=True)
     return model
@@ -86,8 +92,10 @@ def check_materialized(model: nn.Module, label: str) -> None:
     """Every tensor of a loaded model is real: a weight still on the meta device is a layer nothing loaded."""
     missing = [name for name, tensor in [*model.named_parameters(), *model.named_buffers()] if tensor.is_meta]
     if missing:
-        raise ModelLoadError(f"{label}: {len(missing)} weight(s) were not loaded ({missing[0]}, ...); "
-                             f"set quantization=none to load it from a full conversion")
+        raise ModelLoadError(
+            f"{label}: {len(missing)} weight(s) were not loaded ({missing[0]}, ...); "
+            f"set quantization=none to load it from a full conversion"
+        )
 
 
 def parameter_count(model: nn.Module) -> int:
@@ -95,4 +103,3 @@ def parameter_count(model: nn.Module) -> int:
     embed = model.get_input_embeddings()
     extra = embed.num_embeddings * embed.embedding_dim if isinstance(embed, BlockEmbedding) else 0
     return model.num_parameters() + extra
-

@@ -1,4 +1,5 @@
 """What a model `source` string names: a bundled model, a local directory, a GGUF file or a hub id."""
+
 from __future__ import annotations
 
 import re
@@ -13,18 +14,19 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 @dataclass(frozen=True)
 class Source:
-    kind: str       # bundled | dir | gguf | hub
-    location: str   # bundled name, absolute path, or hub id
-    name: str       # a short display name
+    kind: str  # bundled | dir | gguf | hub
+    location: str  # bundled name, absolute path, or hub id
+    name: str  # a short display name
 
 
 def resolve_source(source: str) -> Source:
     text = source.strip()
     if not text:
-        raise ModelLoadError("the model source is empty; give a hub id, a local directory, "
-                             "a .gguf file or bundled:<name>")
+        raise ModelLoadError(
+            "the model source is empty; give a hub id, a local directory, a .gguf file or bundled:<name>"
+        )
     if text.startswith(BUNDLED_PREFIX):
-        return _bundled(text[len(BUNDLED_PREFIX):])
+        return _bundled(text[len(BUNDLED_PREFIX) :])
     path = Path(text).expanduser()
     if path.is_dir():
         return Source("dir", str(path.resolve()), path.resolve().name)
@@ -34,17 +36,21 @@ def resolve_source(source: str) -> Source:
         raise ModelLoadError(f"model source {text} does not exist (no such file or directory)")
     if HUB_ID.match(text):
         return Source("hub", text, text.rsplit("/", 1)[-1])
-    raise ModelLoadError(f"model source '{text}' is neither a hub id (org/name), a local "
-                         f"directory, a .gguf file nor bundled:<name>")
+    raise ModelLoadError(
+        f"model source '{text}' is neither a hub id (org/name), a local directory, a .gguf file nor bundled:<name>"
+    )
 
 
 def _bundled(name: str) -> Source:
     from specchat.loading.assets import bundled_model
+
     return Source("bundled", name, bundled_model(name).name)
 
 
 def _file(path: Path) -> Source:
     if path.suffix.lower() != ".gguf":
-        raise ModelLoadError(f"model source {path} is a file but not a .gguf file; give a "
-                             f"directory with config.json, a .gguf file, or a hub id")
+        raise ModelLoadError(
+            f"model source {path} is a file but not a .gguf file; give a "
+            f"directory with config.json, a .gguf file, or a hub id"
+        )
     return Source("gguf", str(path.resolve()), path.stem)

@@ -7,6 +7,7 @@ an OSError with its errno, content that is not a well-formed file is DamagedFile
 checked against the file before anything is allocated (never more memory than the file holds), and each
 tensor is read straight into fresh memory, which torch's allocator aligns to 64 bytes (the int8 kernel
 crashes on weights that are not aligned). The files are ordinary safetensors files."""
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,21 @@ import torch
 
 from specchat.cache import DamagedFile
 
-DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
-          "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
-          "F64": torch.float64}
+DTYPES = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+}
 NAMES = {dtype: name for name, dtype in DTYPES.items()}
 MAX_HEADER = 100 << 20  # bytes; safetensors' own limit
-MAX_DIM = 1 << 40       # a dimension larger than this is damage, even of an empty tensor
+MAX_DIM = 1 << 40  # a dimension larger than this is damage, even of an empty tensor
 
 
 def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -34,8 +44,11 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     for name in names:
         tensor = tensors[name]
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": NAMES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-aligned, as safetensors writes it
@@ -78,9 +91,14 @@ def _entries(header, data_bytes: int) -> dict[str, tuple[torch.dtype, list[int],
             dtype, shape, (begin, end) = DTYPES[entry["dtype"]], entry["shape"], entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise DamagedFile(f"its entry for {name!r} is malformed") from None
-        if not (isinstance(shape, list) and all(type(n) is int and 0 <= n <= MAX_DIM for n in shape)
-                and type(begin) is int and type(end) is int and 0 <= begin <= end <= data_bytes
-                and end - begin == math.prod(shape) * torch.empty((), dtype=dtype).element_size()):
+        if not (
+            isinstance(shape, list)
+            and all(type(n) is int and 0 <= n <= MAX_DIM for n in shape)
+            and type(begin) is int
+            and type(end) is int
+            and 0 <= begin <= end <= data_bytes
+            and end - begin == math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        ):
             raise DamagedFile(f"its entry for {name!r} does not fit the file (shape {shape}, bytes {begin}..{end})")
         entries[name] = (dtype, shape, begin)
     return entries

@@ -1,4 +1,5 @@
 """The stop-token set, and the pair check for tools that compare a drafter with its target id by id."""
+
 from __future__ import annotations
 
 from specchat.errors import ModelLoadError
@@ -8,8 +9,16 @@ from specchat.spec.drafters.vocab import head_width
 
 # End-of-turn tokens of common chat templates; each counts as a stop token when the tokenizer
 # has it as a special token.
-END_OF_TURN = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
-               "<end_of_turn>", "<|end|>", "</s>")
+END_OF_TURN = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "</s>",
+)
 
 
 def output_width(model) -> int:
@@ -21,8 +30,10 @@ def check_pair(target_tok, drafter_tok, drafter_model, target_name: str, drafter
     that compares the two models' probabilities id by id needs (bench.drafters)."""
     verdict = judge_pair(target_tok, drafter_tok, drafter_model, drafter_name)
     if verdict.text_drafting:
-        raise ModelLoadError(f"target {target_name} and drafter {drafter_name} use different tokenizers "
-                             f"({verdict.difference or 'padded apart'}); pick a drafter of the same family")
+        raise ModelLoadError(
+            f"target {target_name} and drafter {drafter_name} use different tokenizers "
+            f"({verdict.difference or 'padded apart'}); pick a drafter of the same family"
+        )
 
 
 def stop_ids(tokenizer, generation_eos, extra_eos: tuple = ()) -> set[int]:
@@ -37,7 +48,9 @@ def stop_ids(tokenizer, generation_eos, extra_eos: tuple = ()) -> set[int]:
     for text in extra_eos:
         encoded = tokenizer.encode(text, add_special_tokens=False)
         if len(encoded) != 1:
-            raise ModelLoadError(f"speculation.extra_eos: {text!r} is {len(encoded)} tokens for this "
-                                 f"tokenizer; each stop string must be exactly one token")
+            raise ModelLoadError(
+                f"speculation.extra_eos: {text!r} is {len(encoded)} tokens for this "
+                f"tokenizer; each stop string must be exactly one token"
+            )
         ids.add(int(encoded[0]))
     return ids

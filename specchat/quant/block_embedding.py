@@ -7,6 +7,7 @@ are bit for bit the float32 table's. The rows of the ids read most recently stay
 a decoding step reads one id, mostly one the chat has used before, and gguf-py's numpy calls took 0.6 ms of
 a 17 ms drafter step here.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -24,6 +25,7 @@ class BlockEmbedding(nn.Module):
     def __init__(self, blocks: torch.Tensor, kind: str, width: int):
         """blocks: uint8 [rows, bytes a row] as the GGUF stores them; kind: their GGML type name (Q4_K, ...)."""
         from gguf import GGMLQuantizationType
+
         super().__init__()
         self.register_buffer("blocks", blocks.contiguous())
         self.kind, self.ggml_type = kind, GGMLQuantizationType[kind]
@@ -55,6 +57,7 @@ class BlockEmbedding(nn.Module):
     def _dequantize(self, ids: list[int]) -> torch.Tensor:
         """float32 [len(ids), width], dequantized by gguf-py."""
         from gguf import dequantize
+
         raw = self.blocks[torch.tensor(ids, dtype=torch.long)].numpy()
         return torch.from_numpy(np.asarray(dequantize(raw, self.ggml_type), dtype=np.float32).reshape(len(ids), -1))
 

@@ -5,6 +5,7 @@ storing them as int8 (one scale per output row) nearly halves its forward time. 
 decoding stays exact with such a drafter: the target verifies every draft against the q the
 quantized drafter really sampled from. Activations keep the model's dtype.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,26 +20,31 @@ from specchat.quant.shared import replace_linears
 class Int8Block:
     """Symmetric per-output-row int8 weights [out, in], their float scales [out], and the row sums
     of the dequantized weights [out] (W · 1, which undoes the activations' centring)."""
+
     weight: torch.Tensor
     scale: torch.Tensor
     row_sums: torch.Tensor
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor) -> "Int8Block":
+    def quantize(cls, weight: torch.Tensor) -> Int8Block:
         w = weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
         levels = (w / scale[:, None]).round_().clamp_(-127, 127)  # never in place: w may be the weight
         return cls(levels.to(torch.int8).contiguous(), scale, levels.sum(dim=1) * scale)
 
     @classmethod
-    def concat(cls, blocks: list["Int8Block"]) -> "Int8Block":
+    def concat(cls, blocks: list[Int8Block]) -> Int8Block:
         """The blocks' rows one after another: [sum of outs, in]."""
-        return cls(torch.cat([b.weight for b in blocks]), torch.cat([b.scale for b in blocks]),
-                   torch.cat([b.row_sums for b in blocks]))
+        return cls(
+            torch.cat([b.weight for b in blocks]),
+            torch.cat([b.scale for b in blocks]),
+            torch.cat([b.row_sums for b in blocks]),
+        )
 
-    def rows(self, index: torch.Tensor | slice) -> "Int8Block":
-        return Int8Block(self.weight[index].contiguous(), self.scale[index].contiguous(),
-                         self.row_sums[index].contiguous())
+    def rows(self, index: torch.Tensor | slice) -> Int8Block:
+        return Int8Block(
+            self.weight[index].contiguous(), self.scale[index].contiguous(), self.row_sums[index].contiguous()
+        )
 
 
 class Int8Linear(nn.Module):
@@ -52,17 +58,17 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = w8.shape[1], w8.shape[0]
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
         """Symmetric per-row quantization of a float weight [out, in]."""
         block = Int8Block.quantize(weight)
         kept_bias = None if bias is None else bias.detach().clone()
         return cls(block.weight, block.scale.to(weight.dtype), kept_bias)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
         return cls.from_weight(linear.weight, linear.bias)
 
-    def rows(self, index: torch.Tensor | slice) -> "Int8Linear":
+    def rows(self, index: torch.Tensor | slice) -> Int8Linear:
         """A layer computing only the output rows `index` (a slice is a view, no copy)."""
         bias = None if self.bias is None else self.bias[index]
         return Int8Linear(self.w8[index].contiguous(), self.scale[index], bias)
@@ -92,5 +98,6 @@ def quantize_linears(model: nn.Module, blocks: dict[str, Int8Block] | None = Non
         kept_bias = None if linear.bias is None else linear.bias.detach().clone()
         device = linear.weight.device  # cached blocks are read onto the CPU
         return Int8Linear(block.weight.to(device), block.scale.to(device, linear.weight.dtype), kept_bias)
+
     replace_linears(model, build)
     return used

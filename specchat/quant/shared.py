@@ -1,5 +1,6 @@
 """What the quantizers share: swapping a model's nn.Linear layers for quantized ones, finding the layers that
 read one input (packed as one matrix, one product), and turning a product into a layer's output."""
+
 from __future__ import annotations
 
 import torch
@@ -38,8 +39,11 @@ def shared_input_groups(linears: dict[str, nn.Module], passes_of=lambda name: 1)
         parent, _, leaf = name.rpartition(".")
         for leaves in SHARED_INPUTS:
             members = [f"{parent}.{other}" if parent else other for other in leaves]
-            if leaf == leaves[0] and all(member in linears for member in members) and \
-                    len({passes_of(member) for member in members}) == 1:
+            if (
+                leaf == leaves[0]
+                and all(member in linears for member in members)
+                and len({passes_of(member) for member in members}) == 1
+            ):
                 groups.append(members)
     return groups
 

@@ -13,6 +13,7 @@ rows interleaved so that each lane of a vector is one output row (layout: q4_til
 at load. The kernel (q4_kernel.cpp and its code paths, q4_path_*.cpp) is compiled once with the
 machine's C++ compiler into specchat's cache, and picks its path at run time from what the CPU has.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,37 +52,42 @@ def fitting_linears(model: nn.Module) -> dict[str, nn.Linear]:
 @dataclass
 class Q4Block:
     """Weights [out, in] as 4-bit (or 6- or 7-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
-    qs: torch.Tensor    # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (7-bit)
-    sc: torch.Tensor    # uint8 [out, in/32]
-    m: torch.Tensor     # uint8 [out, in/32]
-    d: torch.Tensor     # float32 [out, blocks]: a block is 256 inputs where the width allows, else 128
+
+    qs: torch.Tensor  # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (7-bit)
+    sc: torch.Tensor  # uint8 [out, in/32]
+    m: torch.Tensor  # uint8 [out, in/32]
+    d: torch.Tensor  # float32 [out, blocks]: a block is 256 inputs where the width allows, else 128
     dmin: torch.Tensor  # float32 [out, blocks]
 
     @classmethod
-    def quantize(cls, weight: torch.Tensor, bits: int = 4) -> "Q4Block":
+    def quantize(cls, weight: torch.Tensor, bits: int = 4) -> Q4Block:
         """Min/max levels per 32-group: 4 bits (two a byte), or 6 or 7 for layers kept finer. Each row is
         quantized on its own, QUANTIZE_ROWS at a time (a head of 151,936 rows needs no GBs of temporaries)."""
         if bits not in LEVEL_BITS:
             raise ValueError(f"w4a8 levels are 4, 6 or 7 bits, not {bits}")
-        return cls.concat([cls._quantize_rows(weight[start:start + QUANTIZE_ROWS], bits)
-                           for start in range(0, weight.shape[0], QUANTIZE_ROWS)])
+        return cls.concat(
+            [
+                cls._quantize_rows(weight[start : start + QUANTIZE_ROWS], bits)
+                for start in range(0, weight.shape[0], QUANTIZE_ROWS)
+            ]
+        )
 
     @classmethod
-    def concat(cls, parts: list["Q4Block"]) -> "Q4Block":
+    def concat(cls, parts: list[Q4Block]) -> Q4Block:
         """The blocks of consecutive row ranges as one."""
         if len(parts) == 1:
             return parts[0]
         return cls(*(torch.cat(fields).contiguous() for fields in zip(*(part.tensors() for part in parts))))
 
     @classmethod
-    def _quantize_rows(cls, weight: torch.Tensor, bits: int) -> "Q4Block":
-        top = float(2 ** bits - 1)
+    def _quantize_rows(cls, weight: torch.Tensor, bits: int) -> Q4Block:
+        top = float(2**bits - 1)
         w = weight.detach().float()
         rows, width = w.shape
         per_block = block_width(width) // GROUP
         groups = w.reshape(rows, width // GROUP, GROUP)
-        low = groups.amin(dim=2).clamp(max=0.0)                      # [out, in/32], ≤ 0
-        step = (groups.amax(dim=2) - low) / top                       # [out, in/32]
+        low = groups.amin(dim=2).clamp(max=0.0)  # [out, in/32], ≤ 0
+        step = (groups.amax(dim=2) - low) / top  # [out, in/32]
         d, sc = _in_units(step, per_block)
         dmin, m = _in_units(-low, per_block)
         step_q = d.repeat_interleave(per_block, 1) * sc.float()
@@ -102,9 +108,8 @@ class Q4Block:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
-        rows, width = self.sc.shape[0], self.sc.shape[1] * GROUP
-        levels = LEVEL_BITS[self.bits][1](self.qs).float()           # [out, in/32, 32]
-        per = self.sc.shape[1] // self.d.shape[1]                     # 32-groups a block
+        levels = LEVEL_BITS[self.bits][1](self.qs).float()  # [out, in/32, 32]
+        per = self.sc.shape[1] // self.d.shape[1]  # 32-groups a block
         step = self.d.repeat_interleave(per, 1) * self.sc.float()
         offset = self.dmin.repeat_interleave(per, 1) * self.m.float()
         return (levels * step[..., None] - offset[..., None]).flatten(1)
@@ -139,9 +144,9 @@ def _pack_levels_6(levels: torch.Tensor) -> torch.Tensor:
     """uint8 levels 0..63 [out, in/32, 32] → [out, 3·in/4]: per 64-chunk, the low 4 bits as
     _pack_levels packs them, then 16 bytes of top 2 bits (layout: q4_kernel.cpp)."""
     rows = levels.shape[0]
-    pairs = levels.view(rows, -1, 2, GROUP)                           # [out, in/64, 2, 32]
+    pairs = levels.view(rows, -1, 2, GROUP)  # [out, in/64, 2, 32]
     nibbles = _pack_levels((levels & 0x0F).contiguous()).view(rows, -1, GROUP)
-    top = pairs >> 4                                                  # 0..3
+    top = pairs >> 4  # 0..3
     first, second = top[:, :, 0], top[:, :, 1]
     tops = (first[..., :HALF] << 4) | (first[..., HALF:] << 6) | second[..., :HALF] | (second[..., HALF:] << 2)
     return torch.cat([nibbles, tops], dim=2).flatten(1).contiguous()
@@ -150,9 +155,9 @@ def _pack_levels_6(levels: torch.Tensor) -> torch.Tensor:
 def _unpack_levels_6(packed: torch.Tensor) -> torch.Tensor:
     """[out, 3·in/4] → uint8 levels [out, in/32, 32]."""
     rows = packed.shape[0]
-    chunks = packed.view(rows, -1, GROUP + HALF)                      # [out, in/64, 48]
+    chunks = packed.view(rows, -1, GROUP + HALF)  # [out, in/64, 48]
     low = _unpack_levels(chunks[..., :GROUP].contiguous().view(rows, -1)).view(rows, -1, 2, GROUP)
-    tops = chunks[..., GROUP:]                                        # [out, in/64, 16]
+    tops = chunks[..., GROUP:]  # [out, in/64, 16]
     first = torch.cat([(tops >> 4) & 3, tops >> 6], dim=2)
     second = torch.cat([tops & 3, (tops >> 2) & 3], dim=2)
     return (low | (torch.stack([first, second], dim=2) << 4)).flatten(1, 2)
@@ -168,36 +173,40 @@ def _level_per_byte(qs: torch.Tensor) -> torch.Tensor:
 
 
 # bits → (pack, unpack) between uint8 levels [out, in/32, 32] and the kernel's qs
-LEVEL_BITS = {4: (_pack_levels, _unpack_levels), 6: (_pack_levels_6, _unpack_levels_6),
-              7: (_bytes_per_level, _level_per_byte)}
+LEVEL_BITS = {
+    4: (_pack_levels, _unpack_levels),
+    6: (_pack_levels_6, _unpack_levels_6),
+    7: (_bytes_per_level, _level_per_byte),
+}
 
 
 @dataclass
 class Q4Tiles:
     """A Q4Block as the kernel reads it: tiles of 16 output rows, interleaved (layout: q4_tiles.h).
     The last tile is padded with zero rows; `outs` is the true number of output rows."""
-    qs: torch.Tensor    # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]
-    sc: torch.Tensor    # uint8 [tiles, in/32, 16]
-    m: torch.Tensor     # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row
-    d: torch.Tensor     # float32 [tiles, blocks, 16]
+
+    qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]
+    sc: torch.Tensor  # uint8 [tiles, in/32, 16]
+    m: torch.Tensor  # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row
+    d: torch.Tensor  # float32 [tiles, blocks, 16]
     dmin: torch.Tensor  # float32 [tiles, blocks, 16]
     outs: int
 
     @classmethod
-    def from_block(cls, block: Q4Block) -> "Q4Tiles":
+    def from_block(cls, block: Q4Block) -> Q4Tiles:
         rows = block.sc.shape[0]
         tiles = -(-rows // TILE_ROWS)
-        levels = LEVEL_BITS[block.bits][1](block.qs)                  # [out, in/32, 32]
+        levels = LEVEL_BITS[block.bits][1](block.qs)  # [out, in/32, 32]
         sc, d, dmin = (_tile(t, tiles).transpose(1, 2).contiguous() for t in (block.sc, block.d, block.dmin))
         m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
         return cls(_tile_levels(_tile(levels, tiles), block.bits), sc, m.contiguous(), d, dmin, outs=rows)
 
     def to_block(self) -> Q4Block:
         """The weights a row after a row (the padding rows dropped)."""
-        levels = _untile_levels(self.qs, self.bits)[:self.outs]
-        sc, d, dmin = (t.transpose(1, 2).flatten(0, 1)[:self.outs].contiguous() for t in (self.sc, self.d, self.dmin))
+        levels = _untile_levels(self.qs, self.bits)[: self.outs]
+        sc, d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].contiguous() for t in (self.sc, self.d, self.dmin))
         tiles = self.m.shape[0]
-        m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[:self.outs]
+        m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[: self.outs]
         return Q4Block(LEVEL_BITS[self.bits][0](levels.contiguous()), sc, m.contiguous(), d, dmin)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
@@ -208,7 +217,7 @@ class Q4Tiles:
     def bits(self) -> int:
         return {16: 4, 24: 6, 32: 7}[self.qs.shape[2] // TILE_ROWS]
 
-    def rows(self, index: torch.Tensor | slice) -> "Q4Tiles":
+    def rows(self, index: torch.Tensor | slice) -> Q4Tiles:
         """The tiles of only the output rows `index`: views of whole tiles when `index` is a run of them (a
         drafter's head for the ids below its limit), else only the tiles the rows lie in, unpacked."""
         whole = self._whole_tiles(index)
@@ -220,7 +229,7 @@ class Q4Tiles:
         part = Q4Tiles(*(t[tiles] for t in self.tensors()), outs=len(tiles) * TILE_ROWS).to_block()
         return Q4Tiles.from_block(Q4Block(*(t[local].contiguous() for t in part.tensors())))
 
-    def _whole_tiles(self, index: torch.Tensor | slice) -> "Q4Tiles | None":
+    def _whole_tiles(self, index: torch.Tensor | slice) -> Q4Tiles | None:
         """Views of tiles first..last when `index` is the slice of their rows (the last tile's padding
         included), else None."""
         if not isinstance(index, slice) or index.step not in (None, 1):
@@ -253,8 +262,11 @@ def _tile_levels(levels: torch.Tensor, bits: int) -> torch.Tensor:
     parts = [(low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(tiles, groups, -1)]
     if bits == 6:
         top = (vectors >> 4).view(tiles, groups, 2, 4, TILE_ROWS, 4)
-        parts.append((top[:, :, :, 0] | (top[:, :, :, 1] << 2) | (top[:, :, :, 2] << 4) | (top[:, :, :, 3] << 6))
-                     .reshape(tiles, groups, -1))
+        parts.append(
+            (top[:, :, :, 0] | (top[:, :, :, 1] << 2) | (top[:, :, :, 2] << 4) | (top[:, :, :, 3] << 6)).reshape(
+                tiles, groups, -1
+            )
+        )
     return torch.cat(parts, dim=2).contiguous()
 
 
@@ -286,7 +298,7 @@ class Q4Linear(nn.Module):
         super().__init__()
         self.tiles = block if isinstance(block, Q4Tiles) else Q4Tiles.from_block(block)
         self.product = product
-        self.group: tuple["Q4Group", int] | None = None  # set by Q4Group when fused with its neighbours
+        self.group: tuple[Q4Group, int] | None = None  # set by Q4Group when fused with its neighbours
         self.out_features = self.tiles.outs
         self.in_features = self.tiles.sc.shape[1] * GROUP
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
@@ -297,7 +309,7 @@ class Q4Linear(nn.Module):
     def finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return layer_output(y, x, self.bias, self.out_features)
 
-    def rows(self, index: torch.Tensor | slice) -> "Q4Linear":
+    def rows(self, index: torch.Tensor | slice) -> Q4Linear:
         """A layer computing only the output rows `index`."""
         return Q4Linear(self.tiles.rows(index), None if self.bias is None else self.bias[index], self.product)
 
@@ -305,8 +317,13 @@ class Q4Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, 4-bit weights × 8-bit activations"
 
 
-def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
-                  exact: dict[str, Q4Block] | None = None, finer_bits: int = FINER_BITS) -> dict[str, Q4Tiles]:
+def quantize_w4a8(
+    model: nn.Module,
+    blocks: dict[str, Q4Tiles] | None,
+    kernel,
+    exact: dict[str, Q4Block] | None = None,
+    finer_bits: int = FINER_BITS,
+) -> dict[str, Q4Tiles]:
     """Replace every nn.Linear of `model` (the head too) whose shape the kernel takes (`fits`) by a
     Q4Linear; returns the tiles used (what the quantized cache stores). The others stay as they are.
 
@@ -330,6 +347,7 @@ def quantize_w4a8(model: nn.Module, blocks: dict[str, Q4Tiles] | None, kernel,
         layer = Q4Linear(block, linear.bias, kernel.q4_linear)
         used.append(name)
         return layer
+
     linears = fitting_linears(model)
     replace_linears(model, build)
     for names in shared_input_groups(linears, lambda name: 1):

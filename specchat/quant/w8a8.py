@@ -20,6 +20,7 @@ multiplied apart measured no better than the second pass, and cost 196 more kern
 
 torch's quantized ops live in this module only, so the kernel can be swapped in one place.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -38,7 +39,8 @@ def _pack(weight: torch.Tensor, scale: torch.Tensor):
     with warnings.catch_warnings():  # torch.ao's quantized tensors warn of their planned removal
         warnings.simplefilter("ignore")
         qweight = torch._make_per_channel_quantized_tensor(
-            weight, scale.double(), torch.zeros(weight.shape[0], dtype=torch.long), 0)
+            weight, scale.double(), torch.zeros(weight.shape[0], dtype=torch.long), 0
+        )
         return torch.ops.quantized.linear_prepack(qweight, None)
 
 
@@ -48,8 +50,10 @@ PACK_ROWS = 8192  # fbgemm packs 8k-row pieces 3× faster than a 152k-row head, 
 def pack_rows(block: Int8Block) -> list:
     """The block's weights packed in pieces of at most PACK_ROWS output rows."""
     rows = block.weight.shape[0]
-    return [_pack(block.weight[start:start + PACK_ROWS], block.scale[start:start + PACK_ROWS])
-            for start in range(0, rows, PACK_ROWS)]
+    return [
+        _pack(block.weight[start : start + PACK_ROWS], block.scale[start : start + PACK_ROWS])
+        for start in range(0, rows, PACK_ROWS)
+    ]
 
 
 def has_vnni() -> bool:
@@ -72,7 +76,7 @@ def _int8_product(x: torch.Tensor, packed) -> torch.Tensor:
 
 
 _STEP = torch.tensor(2.0) / _KERNEL_LEVELS  # the kernel's activation step once the tensor's range is [−1, 1]
-_LEVELS = float(_KERNEL_LEVELS // 2)        # each row spans ±127 (7-bit: ±63) of those steps, on the grid
+_LEVELS = float(_KERNEL_LEVELS // 2)  # each row spans ±127 (7-bit: ±63) of those steps, on the grid
 
 
 _BOUNDS: dict[int, torch.Tensor] = {}  # by input width: the two constant rows +1 and −1
@@ -100,8 +104,9 @@ class MappedRows:
     """x [M, in] mapped for the kernel: every pass's rows stacked in one batch, so the weights are
     read once however many passes there are (the kernel's result for a row does not depend on its
     batch, so this is bitwise the same as one kernel call per pass)."""
-    rows: torch.Tensor     # [passes*M + 2, in]: pass 1's rows, pass 2's rows, then +1 and −1
-    scales: torch.Tensor   # [passes, M, 1]
+
+    rows: torch.Tensor  # [passes*M + 2, in]: pass 1's rows, pass 2's rows, then +1 and −1
+    scales: torch.Tensor  # [passes, M, 1]
     centres: torch.Tensor  # [passes, M, 1]
 
     @property
@@ -121,8 +126,9 @@ def map_rows(x: torch.Tensor, passes: int) -> MappedRows:
         return MappedRows(torch.cat([unit, _bounds(x.shape[1])]), scale[None], centre[None])
     residual = x - centre - levels * step  # what the rounding lost, per element
     unit_2, scale_2, centre_2, _ = _on_grid(residual, rounded=False)
-    return MappedRows(torch.cat([unit, unit_2, _bounds(x.shape[1])]),
-                      torch.stack([scale, scale_2]), torch.stack([centre, centre_2]))
+    return MappedRows(
+        torch.cat([unit, unit_2, _bounds(x.shape[1])]), torch.stack([scale, scale_2]), torch.stack([centre, centre_2])
+    )
 
 
 class FixedRangeProduct:
@@ -185,8 +191,14 @@ class W8A8Linear(nn.Module):
     """A drop-in nn.Linear: int8 weights per output row, int8 activations per row, float32 out.
     A layer in a SharedInput group computes through the group (its weights are packed there)."""
 
-    def __init__(self, block: Int8Block, bias: torch.Tensor | None, passes: int = 1, packs: list | None = None,
-                 group: tuple[SharedInput, int] | None = None):
+    def __init__(
+        self,
+        block: Int8Block,
+        bias: torch.Tensor | None,
+        passes: int = 1,
+        packs: list | None = None,
+        group: tuple[SharedInput, int] | None = None,
+    ):
         super().__init__()
         self.block, self.passes = block, passes
         self.out_features, self.in_features = block.weight.shape
@@ -195,11 +207,10 @@ class W8A8Linear(nn.Module):
         self._product = None if group is not None else FixedRangeProduct(block, passes, packs)
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    passes: int = 1) -> "W8A8Linear":
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, passes: int = 1) -> W8A8Linear:
         return cls(Int8Block.quantize(weight), bias, passes)
 
-    def rows(self, index: torch.Tensor | slice) -> "W8A8Linear":
+    def rows(self, index: torch.Tensor | slice) -> W8A8Linear:
         """A layer computing only the output rows `index`."""
         bias = None if self.bias is None else self.bias[index]
         return W8A8Linear(self.block.rows(index), bias, self.passes)
@@ -218,8 +229,10 @@ class W8A8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         grouped = f", packed with the {len(self.group.widths)} layers reading its input" if self.group else ""
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"int8 weights × int8 activations, {self.passes} pass(es){grouped}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"int8 weights × int8 activations, {self.passes} pass(es){grouped}"
+        )
 
 
 def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
@@ -228,12 +241,16 @@ def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
     same as calling each layer."""
     first = layers[0]
     group = getattr(first, "group", None)
-    if group is not None and len(layers) == len(group.widths) and all(
-            getattr(layer, "group", None) is group for layer in layers):
+    if (
+        group is not None
+        and len(layers) == len(group.widths)
+        and all(getattr(layer, "group", None) is group for layer in layers)
+    ):
         products = group.products(x)
         return [layer.finish(products[layer.group_index], x) for layer in layers]
-    shared = all(isinstance(layer, W8A8Linear) and layer.group is None and layer.passes == first.passes
-                 for layer in layers)
+    shared = all(
+        isinstance(layer, W8A8Linear) and layer.group is None and layer.passes == first.passes for layer in layers
+    )
     if not shared:
         return [layer(x) for layer in layers]
     mapped = map_rows(x.reshape(-1, first.in_features).float(), first.passes)
@@ -252,8 +269,9 @@ def activation_passes(name: str) -> int:
     return 1 if name.rsplit(".", 1)[-1] in ONE_PASS_LAYERS else 2
 
 
-def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None,
-                  passes: int | None = None) -> dict[str, Int8Block]:
+def quantize_w8a8(
+    model: nn.Module, blocks: dict[str, Int8Block] | None = None, passes: int | None = None
+) -> dict[str, Int8Block]:
     """Replace every nn.Linear of `model` (the head too) by a W8A8Linear, from `blocks` (by module
     name) when given, else by quantizing its weights; returns the blocks used. Each layer takes
     `passes` activation passes, or as many as activation_passes gives for its name. Layers that read one
@@ -271,9 +289,13 @@ def quantize_w8a8(model: nn.Module, blocks: dict[str, Int8Block] | None = None,
         packed = list(pool.map(pack_rows, jobs))
     packs = dict(zip([name for name in blocks if name not in grouped], packed))
     member_of = {}
-    for members, block, group_packs in zip(groups, jobs[len(packs):], packed[len(packs):]):
+    for members, block, group_packs in zip(groups, jobs[len(packs) :], packed[len(packs) :]):
         group = SharedInput(block, [blocks[m].weight.shape[0] for m in members], passes_of(members[0]), group_packs)
         member_of.update({member: (group, index) for index, member in enumerate(members)})
-    replace_linears(model, lambda name, linear: W8A8Linear(
-        blocks[name], linear.bias, passes_of(name), packs.get(name), member_of.get(name)))
+    replace_linears(
+        model,
+        lambda name, linear: W8A8Linear(
+            blocks[name], linear.bias, passes_of(name), packs.get(name), member_of.get(name)
+        ),
+    )
     return blocks

@@ -8,6 +8,7 @@ Everything else an architecture adds is a NEED, named here; the lean forward (le
 layer loop (lean_native.py) each say which needs they run (LEAN_RUNS, COMPILED_RUNS), and a model whose
 needs they do not all run keeps transformers' forward, with the reason in one line.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ NAMED = 3  # needs a line names; the rest it counts
 class Architecture:
     """A transformers model type (config.model_type) and the NEEDS every model of it has; needs a config may
     or may not have (a window, biases, partial rotary) are read from the config itself (model_needs)."""
+
     model_type: str
     needs: frozenset[str] = frozenset()
 
@@ -44,17 +46,20 @@ def _arch(model_type: str, *needs: str) -> Architecture:
 
 
 GEMMA = ("norm_offset", "gelu_tanh", "sandwich_norms", "embedding_scale", "attention_scale")
-ARCHITECTURES = {a.model_type: a for a in (
-    _arch("llama"),                   # Llama 2/3 (3.2: tied head), and the many files written as llama
-    _arch("mistral"),                 # a llama-architecture file whose name says Mistral
-    _arch("qwen2", "qkv_bias"),
-    _arch("qwen3", "qk_norm"),        # its head size need not be hidden ÷ heads
-    _arch("phi3", "fused_projections"),
-    _arch("gemma2", *GEMMA, "soft_capping"),
-    _arch("gemma3_text", *GEMMA, "qk_norm"),
-)}
+ARCHITECTURES = {
+    a.model_type: a
+    for a in (
+        _arch("llama"),  # Llama 2/3 (3.2: tied head), and the many files written as llama
+        _arch("mistral"),  # a llama-architecture file whose name says Mistral
+        _arch("qwen2", "qkv_bias"),
+        _arch("qwen3", "qk_norm"),  # its head size need not be hidden ÷ heads
+        _arch("phi3", "fused_projections"),
+        _arch("gemma2", *GEMMA, "soft_capping"),
+        _arch("gemma3_text", *GEMMA, "qk_norm"),
+    )
+}
 
-LEAN_RUNS = frozenset({"qkv_bias", "qk_norm"})      # runtime/lean.py's Python layer loop
+LEAN_RUNS = frozenset({"qkv_bias", "qk_norm"})  # runtime/lean.py's Python layer loop
 COMPILED_RUNS = frozenset({"qkv_bias", "qk_norm"})  # kernels/lean_layers.cpp through runtime/lean_native.py
 
 

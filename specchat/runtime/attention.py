@@ -10,6 +10,7 @@ in float32. This is transformers' eager attention with two changes:
   computes each row the same way however many rows there are.
 Softmax is per row, so the whole layer is batch-invariant; tests/quant/test_w8a8.py checks a whole layer bitwise.
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,9 +20,16 @@ NAME = "specchat_batch_invariant"
 MIN_ROWS = 4
 
 
-def batch_invariant_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
-                              value: torch.Tensor, attention_mask: torch.Tensor | None,
-                              scaling: float, dropout: float = 0.0, **_kwargs):
+def batch_invariant_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **_kwargs,
+):
     """query [B, H, rows, D], key/value [B, KV, L, D] → ([B, rows, H, D], None)."""
     batch, heads, rows, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
@@ -48,6 +56,7 @@ def use_batch_invariant_attention(model: nn.Module) -> None:
     """Switch a transformers model to batch_invariant_attention (eager masks)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
     AttentionInterface.register(NAME, batch_invariant_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, eager_mask)
     model.set_attn_implementation(NAME)

@@ -17,14 +17,15 @@ and instead:
 Which architectures it runs is runtime/architectures.py's table (LEAN_RUNS); others, and models spread over several
 devices, keep the transformers path.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from specchat.runtime.attention import batch_invariant_attention
 from specchat.quant import w4a8, w8a8
 from specchat.runtime import architectures, lean_native
+from specchat.runtime.attention import batch_invariant_attention
 from specchat.spec import model_io
 from specchat.spec.model_io import RUNNER, input_device
 
@@ -58,10 +59,10 @@ def supports(model: nn.Module) -> str:
 class LeanCache:
     """Keys and values of every layer for the first `length` tokens, in tensors of fixed capacity."""
 
-    def __init__(self, forward: "LeanForward"):
+    def __init__(self, forward: LeanForward):
         self.forward = forward
         self.length = 0
-        self.keys: list[torch.Tensor] = []    # per layer [kv_heads, capacity, head_dim]
+        self.keys: list[torch.Tensor] = []  # per layer [kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
 
     @property
@@ -116,17 +117,20 @@ class LeanForward:
         config = model.config
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         self.device = input_device(model)
         self._cos = self._sin = None
-        self.native_reason = "no compiled kernel module was given" if native_layers is None else \
-            lean_native.unsupported(self.layers, self.norm, config, self._activation_dtype, self.head_dim)
+        self.native_reason = (
+            "no compiled kernel module was given"
+            if native_layers is None
+            else lean_native.unsupported(self.layers, self.norm, config, self._activation_dtype, self.head_dim)
+        )
         self.kv_dtype = KV_CACHE_TYPES[kv_cache] if not self.native_reason else self._activation_dtype
 
     def new_cache(self) -> LeanCache:
         return LeanCache(self)
 
-    def for_view(self, view: nn.Module) -> "LeanForward":
+    def for_view(self, view: nn.Module) -> LeanForward:
         """The lean forward of a view of this model's layers (the self drafter's first layers)."""
         return LeanForward(view, self.native_layers, self.kv_cache)
 
@@ -137,18 +141,21 @@ class LeanForward:
     def native_loop(self):
         """The compiled layer loop, built on first use; None where the Python loop runs."""
         if self._native is None and not self.native_reason:
-            self._native = lean_native.build(self.native_layers, self.layers, self.norm, self.heads, self.kv_heads,
-                                             self.head_dim, self.scaling)
+            self._native = lean_native.build(
+                self.native_layers, self.layers, self.norm, self.heads, self.kv_heads, self.head_dim, self.scaling
+            )
         return self._native
 
     # ----- tables computed once (regrown with the cache) ------------------------------------------
     def empty_kv(self, capacity: int) -> list[torch.Tensor]:
-        return [torch.zeros(self.kv_heads, capacity, self.head_dim, dtype=self.kv_dtype, device=self.device)
-                for _ in self.layers]
+        return [
+            torch.zeros(self.kv_heads, capacity, self.head_dim, dtype=self.kv_dtype, device=self.device)
+            for _ in self.layers
+        ]
 
     def grow(self, tensor: torch.Tensor, capacity: int) -> torch.Tensor:
         bigger = tensor.new_zeros(tensor.shape[0], capacity, tensor.shape[2])
-        bigger[:, :tensor.shape[1]] = tensor
+        bigger[:, : tensor.shape[1]] = tensor
         return bigger
 
     @property
@@ -161,15 +168,19 @@ class LeanForward:
         positions = torch.arange(capacity, device=self.device).unsqueeze(0)
         probe = torch.zeros(1, dtype=self._activation_dtype, device=self.device)
         cos, sin = self.rotary(probe, positions)  # the model's own rotary module: the same values
-        self._cos, self._sin = cos[0], sin[0]     # [capacity, head_dim]
+        self._cos, self._sin = cos[0], sin[0]  # [capacity, head_dim]
 
     def _causal_mask(self, start: int, fed: int) -> torch.Tensor | None:
         """[1, 1, fed, start+fed]: row i sees keys ≤ start+i. A one-token step needs none; a square
         table for the whole capacity would take capacity² floats (4 GB at 32k tokens)."""
         if fed == 1:
             return None
-        blocked = torch.full((fed, start + fed), torch.finfo(self._activation_dtype).min, device=self.device,
-                             dtype=self._activation_dtype)
+        blocked = torch.full(
+            (fed, start + fed),
+            torch.finfo(self._activation_dtype).min,
+            device=self.device,
+            dtype=self._activation_dtype,
+        )
         return torch.triu(blocked, diagonal=start + 1)[None, None]
 
     # ----- the forward --------------------------------------------------------------------------------
@@ -190,7 +201,7 @@ class LeanForward:
         start, fed = cache.length, input_ids.shape[1]
         cache.make_room(start + fed)
         self._tables(cache.capacity)
-        cos, sin = self._cos[start:start + fed], self._sin[start:start + fed]  # [fed, head_dim]
+        cos, sin = self._cos[start : start + fed], self._sin[start : start + fed]  # [fed, head_dim]
         hidden = self.embed(input_ids)  # [1, fed, hidden]
         native = self.native_loop()
         if native is not None:  # causal by itself; the norm while the rows are in cache
@@ -215,8 +226,14 @@ class LeanForward:
         end = start + fed
         cache.keys[index][:, start:end] = key
         cache.values[index][:, start:end] = value
-        out, _ = batch_invariant_attention(attention, query[None], cache.keys[index][None, :, :end],
-                                           cache.values[index][None, :, :end], mask, self.scaling)
+        out, _ = batch_invariant_attention(
+            attention,
+            query[None],
+            cache.keys[index][None, :, :end],
+            cache.values[index][None, :, :end],
+            mask,
+            self.scaling,
+        )
         hidden = hidden + attention.o_proj(out.reshape(1, fed, -1))
         mlp = layer.mlp
         gate, up = same_input([mlp.gate_proj, mlp.up_proj], rms_norm(layer.post_attention_layernorm, hidden))

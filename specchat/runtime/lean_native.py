@@ -7,6 +7,7 @@ runs instead as one C++ call over all layers: the kernel's products, and plain l
 forward stays batch-invariant; its values are the Python loop's within float rounding (not bitwise:
 its sums run in another order, its exp is its own). Anything else keeps the Python loop.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,15 @@ def unsupported(layers: list[nn.Module], norm: nn.Module, config, dtype: torch.d
         return "its head size is not a multiple of 16, or its widths not of 8"
     for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
-        linears = [attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
-                   mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        linears = [
+            attention.q_proj,
+            attention.k_proj,
+            attention.v_proj,
+            attention.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        ]
         if not all(isinstance(linear, Q4Linear) for linear in linears):
             return "not every linear layer is w4a8"
         if any(linear.out_features % TILE_ROWS for linear in linears):
@@ -55,24 +63,35 @@ def _head_norms(attention: nn.Module) -> list[nn.Module]:
     return [norm for norm in norms if norm is not None]
 
 
-def build(layer_type, layers: list[nn.Module], norm: nn.Module, heads: int, kv_heads: int, head_dim: int,
-          scaling: float):
+def build(
+    layer_type, layers: list[nn.Module], norm: nn.Module, heads: int, kv_heads: int, head_dim: int, scaling: float
+):
     """A compiled LeanLayers (layer_type: the kernel module's class) over `layers` and the norm after them."""
     native = layer_type(heads, kv_heads, head_dim, scaling)
     for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
         gate_up = [mlp.gate_proj, mlp.up_proj]
-        native.add_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                         float(layer.input_layernorm.variance_epsilon),
-                         _parts(qkv), _bias(qkv), list(attention.o_proj.tiles.tensors()), _bias([attention.o_proj]),
-                         _parts(gate_up), _bias(gate_up), mlp.gate_proj.out_features,
-                         list(mlp.down_proj.tiles.tensors()), _bias([mlp.down_proj]))
+        native.add_layer(
+            layer.input_layernorm.weight,
+            layer.post_attention_layernorm.weight,
+            float(layer.input_layernorm.variance_epsilon),
+            _parts(qkv),
+            _bias(qkv),
+            list(attention.o_proj.tiles.tensors()),
+            _bias([attention.o_proj]),
+            _parts(gate_up),
+            _bias(gate_up),
+            mlp.gate_proj.out_features,
+            list(mlp.down_proj.tiles.tensors()),
+            _bias([mlp.down_proj]),
+        )
         head_norms = _head_norms(attention)
         if head_norms:
             q_norm, k_norm = head_norms
-            native.add_head_norms(q_norm.weight.detach().contiguous(), k_norm.weight.detach().contiguous(),
-                                  float(q_norm.variance_epsilon))
+            native.add_head_norms(
+                q_norm.weight.detach().contiguous(), k_norm.weight.detach().contiguous(), float(q_norm.variance_epsilon)
+            )
     native.set_final_norm(norm.weight.detach().contiguous(), float(norm.variance_epsilon))
     return native
 
@@ -90,5 +109,6 @@ def _bias(linears: list[Q4Linear]) -> torch.Tensor | None:
     """The linears' biases end to end (zeros for a layer without one), or None when none has one."""
     if all(linear.bias is None for linear in linears):
         return None
-    return torch.cat([linear.bias if linear.bias is not None else torch.zeros(linear.out_features)
-                      for linear in linears])
+    return torch.cat(
+        [linear.bias if linear.bias is not None else torch.zeros(linear.out_features) for linear in linears]
+    )

@@ -4,6 +4,7 @@ The prompt is re-rendered from the whole history every turn with the tokenizer's
 The rendering of earlier turns never changes, so the new prompt ids extend the ids the engine
 already holds and the engine reuses its KV caches for that common prefix.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specchat.config import RANDOM, Config, SamplingConfig, drafter_needed, undecodable_at
+from specchat.session.stop_strings import StopFilter, StopOrCancel
 from specchat.spec.events import Rejected, ReplyDone, Token
 from specchat.spec.insight import Rejection
 from specchat.spec.metrics import ReplyStats
-from specchat.session.stop_strings import StopFilter, StopOrCancel
 
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
 # specchat/session/compare.py provides it; without it, compare mode only records the setting.
@@ -36,6 +37,7 @@ def render_prompt(tokenizer, system_prompt: str, messages: list[dict[str, str]])
     tokenizer's chat template. The chat and the benchmark both build their prompts here. A template
     that rejects the system role (gemma's) gets the system text at the top of the first user turn."""
     from jinja2 import TemplateError
+
     conversation = [{"role": "system", "content": system_prompt}] if system_prompt else []
     try:
         return _encode(tokenizer, conversation + messages)
@@ -55,8 +57,7 @@ def _system_folded(system_prompt: str, messages: list[dict[str, str]]) -> list[d
 
 
 def _encode(tokenizer, conversation: list[dict[str, str]]) -> list[int]:
-    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                            tokenize=True, return_dict=True)
+    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=True)
     return list(encoded["input_ids"])
 
 
@@ -67,6 +68,7 @@ class ChatError(ValueError):
 @dataclass(frozen=True)
 class Notice:
     """Something the session tells the user during a reply, e.g. that old turns were dropped."""
+
     text: str
 
 
@@ -92,6 +94,7 @@ class ReplyRecord:
 @dataclass
 class SessionTotals(ReplyStats):
     """Every reply so far summed; the rates are ReplyStats' own formulas over the sums."""
+
     replies: int = 0
 
     def add(self, stats: ReplyStats) -> None:
@@ -101,8 +104,15 @@ class SessionTotals(ReplyStats):
 
 
 class ChatSession:
-    def __init__(self, engine, tokenizer, config: Config, model_context_limit: int,
-                 compare_fn: CompareFn | None = None, stop_strings: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        config: Config,
+        model_context_limit: int,
+        compare_fn: CompareFn | None = None,
+        stop_strings: tuple[str, ...] = (),
+    ):
         self.engine = engine
         self.tokenizer = tokenizer
         self.config = config
@@ -181,10 +191,15 @@ class ChatSession:
             ids = self.render(messages)
         if len(ids) > budget:
             cap = self.config.sampling.max_new_tokens
-            room = (f"max {cap} new tokens); shorten it or lower sampling.max_new_tokens (/max)" if cap else
-                    f"{self.reply_room} tokens kept for the reply); shorten it")
-            raise ChatError(f"the message needs {len(ids)} prompt tokens but only {max(budget, 0)} fit "
-                            f"(context {self.context_limit} minus {room}")
+            room = (
+                f"max {cap} new tokens); shorten it or lower sampling.max_new_tokens (/max)"
+                if cap
+                else f"{self.reply_room} tokens kept for the reply); shorten it"
+            )
+            raise ChatError(
+                f"the message needs {len(ids)} prompt tokens but only {max(budget, 0)} fit "
+                f"(context {self.context_limit} minus {room}"
+            )
         return ids, dropped
 
     # ----- a turn ----------------------------------------------------------------------------
@@ -238,15 +253,16 @@ class ChatSession:
         self.check_mode()
         bad = undecodable_at(text)
         if bad is not None:
-            raise ChatError(f"the message has a byte that is not UTF-8 at character {bad + 1} (the terminal could "
-                            f"not decode it); nothing was sent")
+            raise ChatError(
+                f"the message has a byte that is not UTF-8 at character {bad + 1} (the terminal could "
+                f"not decode it); nothing was sent"
+            )
         cancel = cancel or threading.Event()
         wanted = self.messages + [{"role": "user", "content": text}]
         prompt_ids, dropped = self.fit_prompt(wanted)
         if dropped:
-            del self.messages[:2 * dropped]
-            yield Notice(f"context full: dropped the oldest {_turns(dropped)} "
-                         f"to fit {self.context_limit} tokens")
+            del self.messages[: 2 * dropped]
+            yield Notice(f"context full: dropped the oldest {_turns(dropped)} to fit {self.context_limit} tokens")
         self.last_prompt_ids = prompt_ids
         done, tokens, rejections = None, [], []
         for event in self._generate(prompt_ids, cancel, fresh_seed):

@@ -7,6 +7,7 @@ generation rates only (ReplyStats.generation_tokens_per_s) and each side's promp
 A greedy difference is explained: the first differing position and the target's top-2 logit margin
 there, so a near tie in low precision can be told from a bug.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,14 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.session.stop_strings import STOP_STRING
 from specchat.spec import model_io
 from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.events import ReplyDone
 from specchat.spec.metrics import ReplyStats
-from specchat.session.stop_strings import STOP_STRING
 
 NEAR_TIE = 0.05  # the least margin called a near tie (float32 logits)
-TIE_ULPS = 2     # and at least this many units in the last place of the logits' dtype at the top logit
+TIE_ULPS = 2  # and at least this many units in the last place of the logits' dtype at the top logit
 
 
 def tie_threshold(top_logit: float, dtype: torch.dtype) -> float:
@@ -44,10 +45,10 @@ class Run:
 
 @dataclass(frozen=True)
 class Divergence:
-    position: int       # index in the reply of the first differing token
+    position: int  # index in the reply of the first differing token
     spec_token: str
     other_token: str
-    margin: float       # target's top-1 minus top-2 logit at that position
+    margin: float  # target's top-1 minus top-2 logit at that position
     tie_below: float = NEAR_TIE  # margins below this are near ties in the logits' dtype
 
     @property
@@ -87,8 +88,9 @@ class Comparer:
         self.target_engine = Engine.for_pair(pair, with_drafter=False)
         self.drafter_engine = Engine.for_pair(pair) if pair.drafter is not None else None
 
-    def __call__(self, session, prompt_ids: list[int], done: ReplyDone,
-                 cancel: threading.Event) -> Iterator[CompareReport]:
+    def __call__(
+        self, session, prompt_ids: list[int], done: ReplyDone, cancel: threading.Event
+    ) -> Iterator[CompareReport]:
         cfg = session.config
         sampling = dataclasses.replace(session.sampling_for(prompt_ids), seed=done.seed)  # the reply's seed and cap
         runs = [self._rerun(self.target_engine, "target", prompt_ids, cfg, sampling, cancel)]
@@ -124,8 +126,13 @@ class Comparer:
         context = list(prompt_ids) + list(a[:position])
         logits = model_io.forward(self.target, model_io.new_cache(self.target), context, keep=1)[0]
         top2 = torch.topk(logits.float(), 2).values.tolist()
-        return Divergence(position, self._piece(a, position), self._piece(b, position), top2[0] - top2[1],
-                          tie_threshold(top2[0], logits.dtype))
+        return Divergence(
+            position,
+            self._piece(a, position),
+            self._piece(b, position),
+            top2[0] - top2[1],
+            tie_threshold(top2[0], logits.dtype),
+        )
 
     def _piece(self, ids: tuple[int, ...], position: int) -> str:
         return self.tokenizer.decode([ids[position]]) if position < len(ids) else "(end)"

@@ -7,6 +7,7 @@ machine slows them all alike; its rate is the median generation tok/s and its sp
 A contender is the winner only when its slowest run beats every other's fastest (spreads apart), and
 one that accepted no draft never beats the target alone: it did the target's work plus drafting.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,19 +17,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specchat.config import seed_for_reply
+from specchat.spec.drafters.self_layers import layer_count, self_layers
 from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.metrics import ReplyStats
-from specchat.spec.drafters.self_layers import layer_count, self_layers
 
 NO_DRAFTER = "none"
-RACE_RUNS = 3      # runs per contender: enough for a spread, short enough to wait for
-RACE_TOKENS = 64   # new tokens a run may write at most (the reply's own cap when that is lower)
+RACE_RUNS = 3  # runs per contender: enough for a spread, short enough to wait for
+RACE_TOKENS = 64  # new tokens a run may write at most (the reply's own cap when that is lower)
 
 
 @dataclass(frozen=True)
 class RaceRun:
     """One contender's runs; `stats` is its first run (acceptance and steps repeat with the seed)."""
-    drafter: str                      # model | lookup | auto | self:N | none (the target alone)
+
+    drafter: str  # model | lookup | auto | self:N | none (the target alone)
     runs: tuple[ReplyStats, ...]
 
     @property

@@ -5,6 +5,7 @@ stop string is held back, with every event after it, until the next tokens tell;
 released, or the reply is cut where the stop string begins and nothing from there on is passed.
 The engine itself is halted through its cancel flag, so its caches stay as after any cancel.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,9 +51,9 @@ class StopFilter:
 
     def __init__(self, stops: tuple[str, ...]):
         self.stops = tuple(stop for stop in stops if stop)
-        self.held: list[Any] = []    # events waiting for the text after them
+        self.held: list[Any] = []  # events waiting for the text after them
         self.kept: list[Token] = []  # the tokens passed on so far
-        self.cut = False             # a stop string was found: the reply ends before it
+        self.cut = False  # a stop string was found: the reply ends before it
 
     @property
     def text(self) -> str:
@@ -92,7 +93,7 @@ class StopFilter:
                     break
                 offset += len(event.text)
                 if offset > at:
-                    event = dataclasses.replace(event, text=event.text[:len(event.text) - (offset - at)])
+                    event = dataclasses.replace(event, text=event.text[: len(event.text) - (offset - at)])
                 last_token = len(out) + 1
             out.append(event)
         self.cut = True

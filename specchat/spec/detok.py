@@ -15,6 +15,7 @@ of a shorter one, the deltas concatenate exactly to decode(ids). A tokenizer who
 earlier text (WordPiece's clean-up: "don ' t" -> "don't") cannot take back what was shown; the
 stream then goes on from the first character that differs.
 """
+
 from __future__ import annotations
 
 REPLACEMENT = "\ufffd"
@@ -25,9 +26,9 @@ class Detokenizer:
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self.ids: list[int] = []
-        self._start = 0           # first id of the window: the context tokens begin here
-        self._read = 0            # first id not yet emitted
-        self._context_text = ""   # decode(ids[_start:_read])
+        self._start = 0  # first id of the window: the context tokens begin here
+        self._read = 0  # first id not yet emitted
+        self._context_text = ""  # decode(ids[_start:_read])
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)
@@ -35,7 +36,7 @@ class Detokenizer:
     def push(self, token_id: int) -> str:
         """Add one id; return the new text it makes visible ('' while a character is incomplete)."""
         self.ids.append(token_id)
-        text = self.decode(self.ids[self._start:])
+        text = self.decode(self.ids[self._start :])
         if not text.endswith(REPLACEMENT):
             return self._emit(len(self.ids), text)
         if len(self.ids) - self._read <= HOLD_LIMIT:
@@ -46,7 +47,7 @@ class Detokenizer:
         """Whatever is held back (an incomplete tail at the end of a reply), now final."""
         if self._read == len(self.ids):
             return ""
-        return self._emit(len(self.ids), self.decode(self.ids[self._start:]))
+        return self._emit(len(self.ids), self.decode(self.ids[self._start :]))
 
     @property
     def text(self) -> str:
@@ -57,7 +58,7 @@ class Detokenizer:
         shown = self._context_text
         same = len(shown) if text.startswith(shown) else _common_prefix_len(shown, text)
         self._start, self._read = self._read, end
-        self._context_text = self.decode(self.ids[self._start:self._read])
+        self._context_text = self.decode(self.ids[self._start : self._read])
         return text[same:]
 
     def _emit_resolved(self, text: str) -> str:
@@ -65,7 +66,7 @@ class Detokenizer:
         text can no longer change. That is one whose text is a prefix of the window's text with more
         text after it: the decoder has moved past whatever bytes were open at the boundary."""
         for end in range(len(self.ids) - 1, self._read, -1):
-            head = self.decode(self.ids[self._start:end])
+            head = self.decode(self.ids[self._start : end])
             if text.startswith(head) and len(text) > len(head):
                 return self._emit(end, head)
         return ""

@@ -8,6 +8,7 @@ on its next forward. A new prompt that extends `ids` reuses both caches up to th
 `steps()` yields each StepResult (token ids, origins, rejected drafts) and a final ReplyEnd, with no
 text; `stream()` wraps it with detokenized text for the UI (mlx-lm's split).
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,20 +22,19 @@ from typing import Any
 from specchat.config import Auto, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.spec import model_io
-from specchat.spec.gamma import AutoGamma, GammaPolicy
 from specchat.spec.detok import Detokenizer
 from specchat.spec.drafters.base import Drafter, DraftPlan
-from specchat.spec.drafters.text import drafter_for
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
 from specchat.spec.drafters.mixed import MixedDrafter
 from specchat.spec.drafters.self_layers import check_self_layers, self_drafter, self_layers
-from specchat.spec.insight import accept_probability
+from specchat.spec.drafters.text import drafter_for
 from specchat.spec.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
+from specchat.spec.gamma import AutoGamma, GammaPolicy
+from specchat.spec.insight import accept_probability
 from specchat.spec.metrics import StatsRecorder
 from specchat.spec.sampling import ProbsFn, make_generator, probs_from_logits
 from specchat.spec.step import StepResult, drafter_step, speculative_step
 from specchat.spec.timing import clock
-
 
 # (bundled w8a8 target, this CPU: 60-80 prompt tok/s at 16-256 tokens a chunk, so 128 costs nothing)
 
@@ -50,6 +50,7 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 @dataclass(frozen=True)
 class Models:
     """What an engine runs on, for callers without a loaded pair (api.py): a LoadedPair has these fields too."""
+
     target: Any
     drafter: Any | None
     tokenizer: Any
@@ -63,9 +64,16 @@ class Engine:
     """Build one with Engine.for_pair (the chat, compare, the API, the bench) or fork() an engine to rerun on
     its models; the constructor is the primitive under both."""
 
-    def __init__(self, target, tokenizer, drafter: Drafter | None, eos_ids,
-                 vocab_size: int | None = None, policy: GammaPolicy | None = None,
-                 probs: ProbsFn = probs_from_logits):
+    def __init__(
+        self,
+        target,
+        tokenizer,
+        drafter: Drafter | None,
+        eos_ids,
+        vocab_size: int | None = None,
+        policy: GammaPolicy | None = None,
+        probs: ProbsFn = probs_from_logits,
+    ):
         self.target = target
         self.probs = probs  # what computes p and q (sampling.py): chosen where the pair is loaded
         self.tokenizer = tokenizer
@@ -76,13 +84,15 @@ class Engine:
         self.cache = model_io.new_cache(target)
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
-        self.drafters: dict[str, Drafter] = {"lookup": LookupDrafter(self.vocab_size),
-                                             "auto": MixedDrafter(drafter, self.vocab_size)}
+        self.drafters: dict[str, Drafter] = {
+            "lookup": LookupDrafter(self.vocab_size),
+            "auto": MixedDrafter(drafter, self.vocab_size),
+        }
         if drafter is not None:
             self.drafters["model"] = drafter
 
     @classmethod
-    def for_pair(cls, pair, with_drafter: bool = True, policy: GammaPolicy | None = None) -> "Engine":
+    def for_pair(cls, pair, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
         """An Engine (with its own caches and a fresh gamma policy unless given) on a loaded pair's models (or
         Models): the drafter that fits the pair, and the sampling probabilities loading chose for it."""
         use_drafter = with_drafter and pair.drafter is not None
@@ -91,11 +101,18 @@ class Engine:
         probs = getattr(pair, "probs", probs_from_logits)  # loading's choice (models.py)
         return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, probs)
 
-    def fork(self) -> "Engine":
+    def fork(self) -> Engine:
         """An engine on the same models with caches of its own and a copy of this one's gamma policy."""
         model = self.drafters.get("model")
-        return Engine(self.target, self.tokenizer, model.fresh() if model is not None else None, self.eos_ids,
-                      self.vocab_size, copy.deepcopy(self.policy), self.probs)
+        return Engine(
+            self.target,
+            self.tokenizer,
+            model.fresh() if model is not None else None,
+            self.eos_ids,
+            self.vocab_size,
+            copy.deepcopy(self.policy),
+            self.probs,
+        )
 
     def use_policy(self, policy: GammaPolicy) -> None:
         """Plan auto gamma with `policy` from the next step on (a fresh AutoGamma: learn the costs afresh)."""
@@ -151,8 +168,13 @@ class Engine:
         return keep
 
     # ----- the loop ----------------------------------------------------------------------------
-    def stream(self, prompt_ids: list[int], sampling: SamplingConfig, speculation: SpeculationConfig,
-               cancel: threading.Event | None = None) -> Iterator[Event]:
+    def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingConfig,
+        speculation: SpeculationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
         """Generate one reply to `prompt_ids`: Token/Rejected/StepDone events and a final ReplyDone."""
         detok = Detokenizer(self.tokenizer)
         for item in self.steps(prompt_ids, sampling, speculation, cancel):
@@ -163,8 +185,13 @@ class Engine:
             else:
                 yield from _step_events(item, detok, sampling.is_greedy)
 
-    def steps(self, prompt_ids: list[int], sampling: SamplingConfig, speculation: SpeculationConfig,
-              cancel: threading.Event | None = None) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
+    def steps(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingConfig,
+        speculation: SpeculationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
         """Generate one reply: PrefillProgress while a new prompt is read, committed StepResults (token
         ids, no text) and a final ReplyEnd."""
         if not prompt_ids:
@@ -187,8 +214,9 @@ class Engine:
             context = 0 if speculation.mode == "drafter" else speculation.drafter_context
             self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup, context)
         self._adopt_prompt(prompt_ids)  # the reused tokens: those the leading model's cache still holds
-        recorder = StatsRecorder(speculation.mode, speculation.gamma, len(prompt_ids),
-                                 self._prompt_read(speculation.mode))
+        recorder = StatsRecorder(
+            speculation.mode, speculation.gamma, len(prompt_ids), self._prompt_read(speculation.mode)
+        )
         recorder.stats.drafter = speculation.drafter if speculation.mode == "spec" else ""
         seed = seed_for_reply(sampling.seed)
         generator = make_generator(seed, self.device)
@@ -213,7 +241,7 @@ class Engine:
                 break
         release_freed_memory()  # a prompt's chunks leave freed activations with the heap
         recorder.record_memory(model_io.cache_bytes(self.cache), resident_bytes())
-        yield ReplyEnd(recorder.finish(), tuple(self.ids[len(prompt_ids):]), stop_reason, seed)
+        yield ReplyEnd(recorder.finish(), tuple(self.ids[len(prompt_ids) :]), stop_reason, seed)
 
     def _prefill(self, mode: str, cancel: threading.Event, recorder: StatsRecorder) -> Iterator[PrefillProgress]:
         """Read a new prompt (all but its newest token, which the first step feeds) into the caches of
@@ -228,12 +256,13 @@ class Engine:
             if cancel.is_set():
                 break
             if mode != "drafter":
-                model_io.forward(self.target, self.cache, self.ids[self.target_seen:upto], keep=1)
+                model_io.forward(self.target, self.cache, self.ids[self.target_seen : upto], keep=1)
             if self.drafter and mode != "target":
                 self.drafter.catch_up(self.ids, upto)
             yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
-        recorder.record_prefill(self._prompt_read(mode) - start,
-                                clock(self.target, getattr(self.drafter, "model", None)) - began)
+        recorder.record_prefill(
+            self._prompt_read(mode) - start, clock(self.target, getattr(self.drafter, "model", None)) - began
+        )
 
     def _prompt_read(self, mode: str) -> int:
         """Tokens in the cache of the model that leads the mode (the drafter's in drafter mode)."""
@@ -245,15 +274,22 @@ class Engine:
             return DraftPlan(0)
         plan = self.policy.plan() if isinstance(speculation.gamma, Auto) else DraftPlan(speculation.gamma)
         gamma = max(0, min(plan.gamma, remaining - 1))
-        return dataclasses.replace(plan, gamma=gamma, min_confidence=speculation.draft_confidence,
-                                   room=max(0, remaining - 1), verified=True, probs=self.probs)
+        return dataclasses.replace(
+            plan,
+            gamma=gamma,
+            min_confidence=speculation.draft_confidence,
+            room=max(0, remaining - 1),
+            verified=True,
+            probs=self.probs,
+        )
 
     def _step(self, speculation, sampling, remaining, generator) -> StepResult:
         if speculation.mode == "drafter":
             return drafter_step(self.drafter, self.ids, sampling, generator, self.probs)
         plan = self._draft_plan(speculation, remaining)
-        step = speculative_step(self.target, self.cache, self.drafter, self.ids, plan, sampling,
-                                generator, self.vocab_size, self.probs)
+        step = speculative_step(
+            self.target, self.cache, self.drafter, self.ids, plan, sampling, generator, self.vocab_size, self.probs
+        )
         self.policy.observe_step(step)
         return step
 

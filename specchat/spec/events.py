@@ -1,4 +1,5 @@
 """What the engine tells the UI. The engine never prints; the UI never touches tensors."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +7,7 @@ from typing import Union
 
 from specchat.spec.insight import Rejection
 from specchat.spec.metrics import ReplyStats
-from specchat.spec.origin import Origin  # noqa: F401  (part of the events' vocabulary)
+from specchat.spec.origin import Origin
 
 
 @dataclass(frozen=True)
@@ -14,18 +15,18 @@ class Token:
     id: int
     text: str  # the text delta this token adds; all deltas concatenated == tokenizer.decode(ids)
     origin: Origin
-    step: int = -1                # the reply's step that produced it (0-based)
-    position: int = 0             # its place in that step: drafts 0..n-1, then the target's token at n
-    p: float | None = None        # the target's probability of it (spec/insight.py says under what)
-    q: float | None = None        # the drafter's, for drafted tokens
+    step: int = -1  # the reply's step that produced it (0-based)
+    position: int = 0  # its place in that step: drafts 0..n-1, then the target's token at n
+    p: float | None = None  # the target's probability of it (spec/insight.py says under what)
+    q: float | None = None  # the drafter's, for drafted tokens
     accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q)
-    source: str = ""              # what drafted it (drafted tokens): model | lookup
+    source: str = ""  # what drafted it (drafted tokens): model | lookup
 
 
 @dataclass(frozen=True)
 class Rejected:
     ids: tuple[int, ...]  # drafts the target refused, in order
-    text: str             # their decoded text, for a UI that shows them struck through
+    text: str  # their decoded text, for a UI that shows them struck through
     detail: Rejection | None = None  # p, q and each model's top tokens at the first of them (/why)
 
 
@@ -38,6 +39,7 @@ class StepDone:
 @dataclass(frozen=True)
 class PrefillProgress:
     """A chunk of a new prompt was read into the caches: `done` of `total` tokens, in `seconds` so far."""
+
     done: int
     total: int
     seconds: float
@@ -50,19 +52,20 @@ class PrefillProgress:
 @dataclass(frozen=True)
 class ReplyDone:
     stats: ReplyStats
-    text: str         # the whole reply, tokenizer.decode(ids)
+    text: str  # the whole reply, tokenizer.decode(ids)
     ids: tuple[int, ...]
     stop_reason: str  # "eos" | "max_tokens" | "cancelled"; ChatSession adds "stop_string" (a reply it cut)
-    seed: int = -1    # the sampling seed the reply really used (drawn when the setting is random)
+    seed: int = -1  # the sampling seed the reply really used (drawn when the setting is random)
 
 
 @dataclass(frozen=True)
 class ReplyEnd:
     """The end of Engine.steps(): like ReplyDone, without text (nothing is detokenized)."""
+
     stats: ReplyStats
     ids: tuple[int, ...]
     stop_reason: str
     seed: int
 
 
-Event = Union[Token, Rejected, StepDone, PrefillProgress, ReplyDone]
+Event = Union[Token, Rejected, StepDone, PrefillProgress, ReplyDone]  # noqa: UP007 (evaluated at import)

@@ -18,6 +18,7 @@ c * speedup tokens its drafter forward would buy at the current rate. `scale` ca
 drafter's confidences: accepted tokens over the summed confidences of the tokens that were judged
 (those up to the first rejection).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,24 +37,23 @@ class GammaPolicy(Protocol):
 
     def plan(self) -> DraftPlan: ...
 
-    def observe_step(self, step: "StepResult") -> None: ...
-
+    def observe_step(self, step: StepResult) -> None: ...
 
 
 @dataclass
 class AutoGamma:
-    accepted: float = 3.0      # prior: alpha about 0.75, worth a few steps of evidence
+    accepted: float = 3.0  # prior: alpha about 0.75, worth a few steps of evidence
     rejections: float = 1.0
-    drafter_s: float = 0.0     # decayed sums of timed forwards, for c
+    drafter_s: float = 0.0  # decayed sums of timed forwards, for c
     drafter_n: float = 0.0
     target_s: float = 0.0
     target_n: float = 0.0
-    target_rows: "RowCostFit" = None  # T(n) of the target's forwards by rows fed; made in __post_init__
+    target_rows: RowCostFit = None  # T(n) of the target's forwards by rows fed; made in __post_init__
     decay: float = 0.9
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
-    max_draft: int = 12        # draft cap while drafts end by confidence (a chosen gamma above it raises it)
-    said: float = 1.0          # decayed sums for calibrating the drafter's confidences
+    max_draft: int = 12  # draft cap while drafts end by confidence (a chosen gamma above it raises it)
+    said: float = 1.0  # decayed sums for calibrating the drafter's confidences
     seen: float = 1.0
     _idle_steps: int = 0
 
@@ -118,13 +118,13 @@ class AutoGamma:
 
     def observe_confidences(self, confidences: list[float], accepted: int) -> None:
         """Compare the drafter's confidences in the judged tokens with how many were accepted."""
-        judged = confidences[:accepted + 1]
+        judged = confidences[: accepted + 1]
         if not judged:
             return
         self.said = self.said * self.decay + sum(judged)
         self.seen = self.seen * self.decay + accepted
 
-    def observe_step(self, step: "StepResult") -> None:
+    def observe_step(self, step: StepResult) -> None:
         """Learn alpha, c and the confidence calibration from one step."""
         for seconds, timed in step.drafter_forwards():
             if timed:
@@ -156,9 +156,10 @@ class AutoGamma:
 @dataclass
 class RowCostFit:
     """A decayed least-squares fit of a forward's time against its rows fed: T(n) = t1 + s·(n−1)."""
+
     decay: float = 0.9
     weight: float = 0.0
-    x: float = 0.0   # decayed sums of x = rows − 1, y = seconds, x², x·y
+    x: float = 0.0  # decayed sums of x = rows − 1, y = seconds, x², x·y
     y: float = 0.0
     xx: float = 0.0
     xy: float = 0.0

@@ -8,6 +8,7 @@ probability of a draft is 1 when it equals the target's argmax and 0 otherwise.
 The cost is one gather per step for the tokens' p (read back with the step's verdict), plus two top-5s at a
 rejected position only, read back together.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,17 +26,18 @@ Ranked = tuple[tuple[int, float], ...]  # (token id, probability), most likely f
 @dataclass(frozen=True)
 class Rejection:
     """The first draft of a step the target refused, and what each model thought there."""
-    step: int                 # the reply's step index (0-based)
-    position: int             # the draft position (0 = the first drafted token)
-    drafted: int              # the token the drafter proposed
-    emitted: int              # the token the target emitted instead
-    p: float                  # the target's probability of the drafted token
-    q: float                  # the drafter's probability of it
-    accept_p: float | None    # min(1, p/q) when sampling; None in greedy (argmax rule)
+
+    step: int  # the reply's step index (0-based)
+    position: int  # the draft position (0 = the first drafted token)
+    drafted: int  # the token the drafter proposed
+    emitted: int  # the token the target emitted instead
+    p: float  # the target's probability of the drafted token
+    q: float  # the drafter's probability of it
+    accept_p: float | None  # min(1, p/q) when sampling; None in greedy (argmax rule)
     target_top: Ranked
     drafter_top: Ranked
     margin: float | None = None  # greedy: the target's logit of its choice minus that of the draft
-    source: str = ""          # what drafted it: model | lookup
+    source: str = ""  # what drafted it: model | lookup
 
 
 def accept_probability(p: float, q: float, greedy: bool, accepted: bool) -> float:
@@ -45,8 +47,9 @@ def accept_probability(p: float, q: float, greedy: bool, accepted: bool) -> floa
     return min(1.0, p / q) if q > 0 else 1.0
 
 
-def token_probs(logits: torch.Tensor, probs: torch.Tensor | None, drafts: torch.Tensor,
-                accepted, emitted) -> tuple[torch.Tensor, torch.Tensor]:
+def token_probs(
+    logits: torch.Tensor, probs: torch.Tensor | None, drafts: torch.Tensor, accepted, emitted
+) -> tuple[torch.Tensor, torch.Tensor]:
     """On the device: the probability of each draft in its row [gamma], and of the emitted token in row `accepted`
     [1] (accepted and emitted: ints or 0-dim tensors), from `probs` when sampling, else a softmax of `logits`.
     A step's tokens are drafts[:accepted] and then the emitted one."""
@@ -77,9 +80,17 @@ def target_row_probs(logits_row: torch.Tensor, probs_row: torch.Tensor | None) -
     return probs_row if probs_row is not None else torch.softmax(logits_row.float(), dim=-1)
 
 
-def rejection_at(step: int, position: int, drafted: int, emitted: int, logits: torch.Tensor,
-                 probs: torch.Tensor | None, q: float,
-                 drafter_best: tuple[torch.Tensor, torch.Tensor] | None, source: str = "") -> Rejection:
+def rejection_at(
+    step: int,
+    position: int,
+    drafted: int,
+    emitted: int,
+    logits: torch.Tensor,
+    probs: torch.Tensor | None,
+    q: float,
+    drafter_best: tuple[torch.Tensor, torch.Tensor] | None,
+    source: str = "",
+) -> Rejection:
     """The record of a rejection at `position`: logits [rows, vocab] of the target's verification
     forward; probs the same rows after the sampling settings (None in greedy mode); drafter_best the drafter's
     top ids and probabilities there (drafter_top), None for a one-hot q (the drafted token, probability 1).
@@ -89,15 +100,27 @@ def rejection_at(step: int, position: int, drafted: int, emitted: int, logits: t
     margin = logits[position].max() - logits[position, drafted] if greedy else 0.0
     drafter_ids, drafter_p = drafter_best if drafter_best is not None else (drafted, 1.0)
     p, gap, target_ids, target_p, drafter_ids, drafter_p = read_back(
-        row[drafted], margin, *top(row), drafter_ids, drafter_p)
+        row[drafted], margin, *top(row), drafter_ids, drafter_p
+    )
     accept_p = None if greedy else accept_probability(p[0], q, greedy, False)
-    return Rejection(step, position, drafted, emitted, p[0], q, accept_p, listed(target_ids, target_p),
-                     listed(drafter_ids, drafter_p), gap[0] if greedy else None, source)
+    return Rejection(
+        step,
+        position,
+        drafted,
+        emitted,
+        p[0],
+        q,
+        accept_p,
+        listed(target_ids, target_p),
+        listed(drafter_ids, drafter_p),
+        gap[0] if greedy else None,
+        source,
+    )
 
 
-def drafter_top(logits_row: torch.Tensor, sampling, ids: torch.Tensor | None,
-                probs: ProbsFn = probs_from_logits) -> tuple[torch.Tensor, torch.Tensor]:
+def drafter_top(
+    logits_row: torch.Tensor, sampling, ids: torch.Tensor | None, probs: ProbsFn = probs_from_logits
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's top tokens at one drafted position, from its [1, width] logits row (on the device)."""
-    row = probs(logits_row, sampling)[0] if not sampling.is_greedy else \
-        torch.softmax(logits_row[0].float(), dim=-1)
+    row = probs(logits_row, sampling)[0] if not sampling.is_greedy else torch.softmax(logits_row[0].float(), dim=-1)
     return top(row, ids)

@@ -12,6 +12,7 @@ generation tok/s = generated tokens / (wall time - prompt reading): the rate the
                   its generation alone; the prompt's reading is reported apart
 c               = mean drafter forward time / mean target forward time
 """
+
 from __future__ import annotations
 
 import time
@@ -38,29 +39,29 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
 @dataclass
 class ReplyStats:
     mode: str = "spec"
-    gamma: Gamma = 0      # the setting the reply ran with (AUTO: planned per step; see mean_gamma)
-    drafter: str = ""     # who drafted in spec mode: model | lookup | auto | self:N
+    gamma: Gamma = 0  # the setting the reply ran with (AUTO: planned per step; see mean_gamma)
+    drafter: str = ""  # who drafted in spec mode: model | lookup | auto | self:N
     prompt_tokens: int = 0
     new_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
     draft_steps: int = 0  # steps that drafted at least one token
     copied_steps: int = 0  # of those, steps the auto drafter drafted by a copy from the chat
-    rejections: int = 0   # steps that ended with a rejected draft
+    rejections: int = 0  # steps that ended with a rejected draft
     target_forwards: int = 0
     drafter_forwards: int = 0
     wall_s: float = 0.0
     ttft_s: float = 0.0
-    target_time_s: float = 0.0   # summed over timed (non-prefill) target forwards
+    target_time_s: float = 0.0  # summed over timed (non-prefill) target forwards
     drafter_time_s: float = 0.0  # summed over timed (non-prefill) drafter forwards
     target_timed: int = 0
     drafter_timed: int = 0
     reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
     prefill_tokens: int = 0  # prompt tokens read into the target's cache before the first step
-    prefill_s: float = 0.0   # the time that took (part of wall_s and ttft_s)
-    kv_bytes: int = 0        # the target's KV cache at the reply's end (as allocated)
+    prefill_s: float = 0.0  # the time that took (part of wall_s and ttft_s)
+    kv_bytes: int = 0  # the target's KV cache at the reply's end (as allocated)
     resident_bytes: int = 0  # the process's resident memory at the reply's end (0 where unknown)
-    per_position_drafted: list[int] = field(default_factory=list)   # index i: position i+1
+    per_position_drafted: list[int] = field(default_factory=list)  # index i: position i+1
     per_position_accepted: list[int] = field(default_factory=list)
     accepted_histogram: dict[int, int] = field(default_factory=dict)  # accepted length -> steps
 
@@ -135,8 +136,19 @@ class ReplyStats:
         plain = {k: v for k, v in self.__dict__.items()}
         plain["gamma"] = to_wire("speculation.gamma", self.gamma)  # auto as -1, as --json and transcripts wrote it
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
-        for name in ("acceptance_rate", "tokens_per_step", "tokens_per_s", "generation_tokens_per_s", "cost_ratio",
-                     "measured_speedup", "per_position_rate", "prefill_tokens_per_s", "mean_gamma", "alpha_per_draft", "predicted_speedup"):
+        for name in (
+            "acceptance_rate",
+            "tokens_per_step",
+            "tokens_per_s",
+            "generation_tokens_per_s",
+            "cost_ratio",
+            "measured_speedup",
+            "per_position_rate",
+            "prefill_tokens_per_s",
+            "mean_gamma",
+            "alpha_per_draft",
+            "predicted_speedup",
+        ):
             plain[name] = getattr(self, name)
         return plain
 
@@ -145,12 +157,11 @@ class StatsRecorder:
     """Collects one reply's counters and timings while the engine runs."""
 
     def __init__(self, mode: str, gamma: Gamma, prompt_tokens: int, reused_tokens: int):
-        self.stats = ReplyStats(mode=mode, gamma=gamma, prompt_tokens=prompt_tokens,
-                                reused_tokens=reused_tokens)
+        self.stats = ReplyStats(mode=mode, gamma=gamma, prompt_tokens=prompt_tokens, reused_tokens=reused_tokens)
         self._start = time.perf_counter()
         self._first_token_at: float | None = None
 
-    def record(self, step: "StepResult", kept: int) -> None:
+    def record(self, step: StepResult, kept: int) -> None:
         """One step: its drafts and acceptances, its forwards, and the `kept` tokens it committed. A step cut
         inside its accepted drafts (an accepted end-of-turn token) counts only the drafts it kept, so accepted
         drafts never outnumber the tokens produced; the end-of-turn token itself counts as a produced token."""

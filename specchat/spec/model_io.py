@@ -5,6 +5,7 @@ A model may carry its own fast forward under the attribute RUNNER (the runtime a
 it makes the caches, and each cache runs the forward over itself. Any other model gets transformers'
 DynamicCache and runs through its own forward. The algorithm needs nothing else of a model.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -34,7 +35,7 @@ class Runner(Protocol):
 
     def new_cache(self) -> ModelCache: ...
 
-    def for_view(self, view) -> "Runner": ...
+    def for_view(self, view) -> Runner: ...
 
 
 def runner(model) -> Runner | None:

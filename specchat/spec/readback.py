@@ -4,6 +4,7 @@ On a GPU every read (`.item()`, `.tolist()`, `int(t)`, `float(t)`) waits for all
 A speculative step reads its verdict, its drafts, each token's p and q, all together, once (step.py); the
 drafter keeps its tokens on the device while it drafts (drafters.py).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,7 +23,7 @@ def read_back(*parts) -> list[list[float]]:
     values, at = [], 0
     for part in parts:
         if torch.is_tensor(part):
-            values.append(flat[at:at + part.numel()])
+            values.append(flat[at : at + part.numel()])
             at += part.numel()
         else:
             values.append([part])

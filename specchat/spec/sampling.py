@@ -2,6 +2,7 @@
 
 Nothing here edits its input in place: logits that are reused stay intact.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,6 +24,7 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
 
 
 SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny  # a float32 division by less gives inf or nan
+
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
     """[n, vocab] logits -> [n, vocab] float32 probabilities after temperature, top-k, top-p.
@@ -50,11 +52,13 @@ def compiled_probs(top_p_probs) -> ProbsFn:
     one pass over a row, where the torch code takes ten): the same kept tokens, and probabilities within float
     rounding of probs_from_logits (a token whose mass before it is within rounding of top_p may fall either side).
     Greedy rows, other devices and other shapes take probs_from_logits."""
+
     def probs(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
         if params.is_greedy or logits.device.type != "cpu" or logits.dim() != 2:
             return probs_from_logits(logits, params)
         temperature = max(params.temperature, SMALLEST_TEMPERATURE)
         return top_p_probs(logits.float(), temperature, params.top_k, params.top_p)
+
     return probs
 
 
@@ -88,8 +92,10 @@ class NoLawError(ValueError):
     """The target's probabilities were not a distribution (its logits were NaN, +inf or all -inf)."""
 
     def __init__(self):
-        super().__init__("the target's probabilities for the next token are not a distribution (its logits were "
-                         "NaN, +inf or all -inf): no token can be drawn")
+        super().__init__(
+            "the target's probabilities for the next token are not a distribution (its logits were "
+            "NaN, +inf or all -inf): no token can be drawn"
+        )
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -98,7 +104,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     torch.multinomial takes about 5 ms for one draw from a 152k vocabulary on a CPU; this about 0.5.
     A row of NaN (what +inf, all -inf or NaN logits give, in the torch code and the compiled one alike) draws the
     last id here, with no read to the host; the step that reads its p back refuses it (NoLawError, step.py)."""
-    cumulative = torch.cumsum(probs.double(), dim=-1)                   # [n, vocab]
+    cumulative = torch.cumsum(probs.double(), dim=-1)  # [n, vocab]
     total = cumulative[:, -1:]
     u = torch.rand(total.shape, dtype=torch.float64, generator=generator, device=probs.device)
     # below the total, so some id's cumulative passes it, and the first that does has probability > 0
@@ -107,8 +113,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return drawn.clamp(max=probs.shape[-1] - 1)
 
 
-def pick(logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator,
-         probs_fn: ProbsFn = probs_from_logits) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pick(
+    logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator, probs_fn: ProbsFn = probs_from_logits
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Choose the next id from [1, vocab] logits. Returns (id [1], probs [1, vocab] or None when greedy)."""
     if params.is_greedy:
         return logits.argmax(dim=-1), None

@@ -8,6 +8,7 @@ returns what happened (tokens, origins, rejected drafts, timings) and leaves com
 rollback and bookkeeping to the Engine, as gpt-fast's `speculative_decode` does. The target's
 cache then holds every fed token; the Engine crops it.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,12 +18,12 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.spec import model_io
-from specchat.spec.timing import clock
-from specchat.spec.drafters.base import Draft, DraftPlan, Drafter
-from specchat.spec.origin import Origin
+from specchat.spec.drafters.base import Draft, Drafter, DraftPlan
 from specchat.spec.insight import Rejection, rejection_at, token_probs
+from specchat.spec.origin import Origin
 from specchat.spec.readback import ints, read_back
 from specchat.spec.sampling import NoLawError, ProbsFn, probs_from_logits
+from specchat.spec.timing import clock
 from specchat.spec.verify import Verdict, verify_greedy, verify_sampled
 
 TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts towards c (not a prefill)
@@ -30,16 +31,16 @@ TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts
 
 @dataclass
 class StepResult:
-    tokens: list[int]                 # committed candidates, in order (cut at EOS / limit by the Engine)
+    tokens: list[int]  # committed candidates, in order (cut at EOS / limit by the Engine)
     origins: list[Origin]
-    rejected: list[int]               # drafts the target refused
+    rejected: list[int]  # drafts the target refused
     drafted: int
     accepted: int
-    draft: Draft | None = None        # what the drafter proposed, with its forwards' timings
-    target_seconds: float = 0.0       # the verification forward plus verification
-    target_fed: int = 0               # tokens the target forward was fed (0: no target forward)
-    last: bool = False                # set by the Engine: the reply ends with this step
-    index: int = 0                    # set by the Engine: the step's place in the reply
+    draft: Draft | None = None  # what the drafter proposed, with its forwards' timings
+    target_seconds: float = 0.0  # the verification forward plus verification
+    target_fed: int = 0  # tokens the target forward was fed (0: no target forward)
+    last: bool = False  # set by the Engine: the reply ends with this step
+    index: int = 0  # set by the Engine: the step's place in the reply
     p_tokens: list[float | None] = field(default_factory=list)  # per token: the target's p (insight.py)
     q_tokens: list[float | None] = field(default_factory=list)  # per token: the drafter's q
     rejection: Rejection | None = None  # why the first refused draft was refused (/why)
@@ -59,16 +60,24 @@ def empty_draft() -> Draft:
     return Draft(torch.empty(0, dtype=torch.long), None, [])
 
 
-def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], plan: DraftPlan,
-                     sampling: SamplingConfig, generator: torch.Generator, vocab_size: int,
-                     probs: ProbsFn = probs_from_logits) -> StepResult:
+def speculative_step(
+    target,
+    cache,
+    drafter: Drafter | None,
+    ids: list[int],
+    plan: DraftPlan,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    vocab_size: int,
+    probs: ProbsFn = probs_from_logits,
+) -> StepResult:
     """Draft up to plan.gamma tokens, verify them with one target forward; the target's cache grows.
     `probs` computes the target's p (the drafter's q: plan.probs, the engine gives both the same)."""
     draft = drafter.propose(ids, plan, sampling, generator) if plan.gamma else empty_draft()
     device = model_io.input_device(target)
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
     drafted = drafts.shape[0]
-    pending = torch.tensor([ids[model_io.cache_length(cache):]], dtype=torch.long, device=device)
+    pending = torch.tensor([ids[model_io.cache_length(cache) :]], dtype=torch.long, device=device)
     start = clock(target)
     if pending.shape[1] > 1:  # the prompt alone first: the same forward whether drafts follow or not
         model_io.forward_tensor(target, cache, pending[:, :-1], keep=1)
@@ -80,7 +89,8 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
     unread = draft.sure if draft.sure is not None and len(draft.confidences) < drafted else drafts[:0]
     # the step's one read: what the rule decided, the drafts, each token's p and the drafter's q
     accepted, emitted, drafted_ids, p_drafts, p_emitted, sure = read_back(
-        verdict.accepted, verdict.next_token, drafts, p_drafts, p_emitted, unread)
+        verdict.accepted, verdict.next_token, drafts, p_drafts, p_emitted, unread
+    )
     seconds = clock(target) - start
     if p is not None and any(math.isnan(value) for value in p_emitted):
         raise NoLawError()  # the emitted token's p is NaN where the target's law is: read with the rest, no extra read
@@ -88,25 +98,30 @@ def speculative_step(target, cache, drafter: Drafter | None, ids: list[int], pla
         draft.confidences = sure
     verdict = Verdict(int(accepted[0]), int(emitted[0]))
     result = _result(ints(drafted_ids), verdict, draft, seconds, pending.shape[1] + drafted)
-    result.p_tokens = [*p_drafts[:verdict.accepted], *p_emitted]
+    result.p_tokens = [*p_drafts[: verdict.accepted], *p_emitted]
     _score(result, logits, p, sampling, probs)
     return result
 
 
-def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig,
-                 generator: torch.Generator, probs: ProbsFn = probs_from_logits) -> StepResult:
+def drafter_step(
+    drafter: Drafter,
+    ids: list[int],
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    probs: ProbsFn = probs_from_logits,
+) -> StepResult:
     """Drafter-only decoding: one token from the drafter, no target forward; one read."""
     draft = drafter.propose(ids, DraftPlan(1, probs=probs), sampling, generator)
     unread = draft.sure[:1] if draft.sure is not None and not draft.confidences else draft.tokens[:0]
     (token,), sure = read_back(draft.tokens[:1], unread)
     if len(sure):
         draft.confidences = sure
-    return StepResult([int(token)], [Origin.DRAFTER], [], 0, 0, draft,
-                      p_tokens=[None], q_tokens=draft.confidences[:1])
+    return StepResult([int(token)], [Origin.DRAFTER], [], 0, 0, draft, p_tokens=[None], q_tokens=draft.confidences[:1])
 
 
-def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator,
-            probs: ProbsFn) -> tuple[Verdict, torch.Tensor | None]:
+def _verify(
+    drafts, draft: Draft, logits, sampling: SamplingConfig, generator, probs: ProbsFn
+) -> tuple[Verdict, torch.Tensor | None]:
     """The verdict, and the target's probabilities it used (None in greedy mode)."""
     if sampling.is_greedy:
         return verify_greedy(drafts, logits), None
@@ -115,15 +130,25 @@ def _verify(drafts, draft: Draft, logits, sampling: SamplingConfig, generator,
     return verify_sampled(drafts, q, p, generator), p
 
 
-def _score(step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampling: SamplingConfig,
-           probs: ProbsFn) -> None:
+def _score(
+    step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampling: SamplingConfig, probs: ProbsFn
+) -> None:
     """Each token's q, and the rejection's record when a draft was refused (insight.py); p is read already."""
     n = step.accepted
     step.q_tokens = [*step.draft.confidences[:n], None] if step.draft else [None]
     if n < step.drafted:
         drafted = step.rejected[0]
-        step.rejection = rejection_at(-1, n, drafted, step.tokens[-1], logits, p, step.draft.confidences[n],
-                                      step.draft.top_at(n, sampling, probs), step.draft.source)
+        step.rejection = rejection_at(
+            -1,
+            n,
+            drafted,
+            step.tokens[-1],
+            logits,
+            p,
+            step.draft.confidences[n],
+            step.draft.top_at(n, sampling, probs),
+            step.draft.source,
+        )
 
 
 def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, fed: int) -> StepResult:
@@ -132,5 +157,6 @@ def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, f
         last = Origin.TARGET
     else:
         last = Origin.BONUS if n == gamma else Origin.CORRECTED
-    return StepResult(drafts[:n] + [verdict.next_token], [Origin.DRAFTED] * n + [last], drafts[n:],
-                      gamma, n, draft, seconds, fed)
+    return StepResult(
+        drafts[:n] + [verdict.next_token], [Origin.DRAFTED] * n + [last], drafts[n:], gamma, n, draft, seconds, fed
+    )

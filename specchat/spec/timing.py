@@ -5,6 +5,7 @@ CUDA runs kernels asynchronously: a forward returns once its kernels are queued,
 every CUDA device the model uses before the clock is read, at its start and at its end. On the CPU this
 costs nothing: there is nothing to wait for and no call is made.
 """
+
 from __future__ import annotations
 
 import time

@@ -7,6 +7,7 @@ Greedy: accept while the draft equals the target's argmax, then emit the target'
 Both rules run on the device and read nothing back: the verdict's numbers are 0-dim tensors there, which the
 step reads back with the rest of what it needs, in one transfer (step.py, readback.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from specchat.spec.sampling import sample
 
 @dataclass(frozen=True)
 class Verdict:
-    accepted: int | torch.Tensor    # how many drafts were accepted (a prefix); an int or a 0-dim tensor
+    accepted: int | torch.Tensor  # how many drafts were accepted (a prefix); an int or a 0-dim tensor
     next_token: int | torch.Tensor  # the corrected token (accepted < gamma) or the bonus token (accepted == gamma)
 
 
@@ -36,8 +37,7 @@ def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     return Verdict(accepted, choice.gather(0, accepted.view(1)).view(()))
 
 
-def verify_sampled(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
-                   generator: torch.Generator) -> Verdict:
+def verify_sampled(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, generator: torch.Generator) -> Verdict:
     """drafts [gamma]; q [gamma, vocab] drafter probs; p [gamma+1, vocab] target probs."""
     gamma = drafts.shape[0]
     rows = torch.arange(gamma, device=drafts.device)

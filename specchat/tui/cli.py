@@ -4,6 +4,7 @@
 Parses arguments, loads the model pair with a progress bar, then runs the chat (or one reply).
 Every error a user can cause ends in one line on stderr and a non-zero exit status.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,16 +20,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from specchat.tui import render
-from specchat.session.chat import ChatError, ChatSession, CompareFn
-from specchat.tui.commands import build_registry
 from specchat.config import Config, ConfigError, drafter_needed, load_config, set_from_text, with_value
-from specchat.spec.gamma import AutoGamma
+from specchat.errors import ModelLoadError
+from specchat.loading.models import load_pair, reply_stops
+from specchat.progress import each_message_once
+from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.events import ReplyDone, Token
-from specchat.errors import ModelLoadError
-from specchat.progress import each_message_once
-from specchat.loading.models import load_pair, reply_stops
+from specchat.spec.gamma import AutoGamma
+from specchat.tui import render
+from specchat.tui.commands import build_registry
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
 from specchat.tui.safe_text import json_text, visible
@@ -55,15 +56,22 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="specchat", description="Terminal chat with exact speculative decoding.",
-                           epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(
+        prog="specchat",
+        description="Terminal chat with exact speculative decoding.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
     parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit (stdin works too)")
     parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
     parser.add_argument("--system", metavar="TEXT", help="the system prompt (ui.system_prompt)")
-    parser.add_argument("--max", metavar="N", help="most new tokens per reply, or off (sampling.max_new_tokens; "
-                                                   "default off: to the end of the turn)")
+    parser.add_argument(
+        "--max",
+        metavar="N",
+        help="most new tokens per reply, or off (sampling.max_new_tokens; default off: to the end of the turn)",
+    )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     return parser
 
@@ -72,6 +80,7 @@ def default_compare(pair) -> CompareFn:
     """Compare mode's reruns on their own caches, drawn side by side (specchat.session.compare)."""
     from specchat.session.compare import Comparer
     from specchat.tui.compare_view import view_compare_fn
+
     return view_compare_fn(Comparer(pair))
 
 
@@ -116,8 +125,7 @@ def with_progress(console: Console, work: Callable, clock: Callable[[], float] =
     """
     if not console.is_terminal:
         return work(each_message_once(lambda message: console.print(Text(visible(message)), soft_wrap=True)))
-    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(),
-               TimeElapsedColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), TaskProgressColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         steps = StepBar(progress, clock)
         steps.report("starting", None)
@@ -140,12 +148,14 @@ def warm_up(session: ChatSession) -> None:
 
 def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: Console):
     """Load the pair, start the session and warm the models up, all under one progress display."""
+
     def work(report):
         pair = load(cfg, report)
         session = start_session(cfg, pair, compare)
         report("warming up the models", None)
         warm_up(session)
         return pair, session
+
     return with_progress(console, work)
 
 
@@ -188,24 +198,41 @@ def run_once(session: ChatSession, text: str, renderer: render.Renderer, as_json
             if not as_json:
                 renderer.event(event)
     if as_json:  # exact text, every control character escaped: safe on a terminal too
-        out.write(json_text({"prompt_ids": session.last_prompt_ids, "text": done.text,
-                             "tokens": [{"id": t.id, "text": t.text, "origin": t.origin.value} for t in tokens],
-                             "stop_reason": done.stop_reason, "stats": done.stats.to_dict()}) + "\n")
+        out.write(
+            json_text(
+                {
+                    "prompt_ids": session.last_prompt_ids,
+                    "text": done.text,
+                    "tokens": [{"id": t.id, "text": t.text, "origin": t.origin.value} for t in tokens],
+                    "stop_reason": done.stop_reason,
+                    "stats": done.stats.to_dict(),
+                }
+            )
+            + "\n"
+        )
     return 0
 
 
 def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
-    problem = drafter_needed(pair.drafter is not None, cfg.speculation.mode, cfg.speculation.compare,
-                             cfg.speculation.drafter)
+    problem = drafter_needed(
+        pair.drafter is not None, cfg.speculation.mode, cfg.speculation.compare, cfg.speculation.drafter
+    )
     if problem:
-        raise ConfigError(f"{problem}, but none was loaded; set drafter.source, speculation.drafter=lookup "
-                          f"or speculation.mode=target")
+        raise ConfigError(
+            f"{problem}, but none was loaded; set drafter.source, speculation.drafter=lookup or speculation.mode=target"
+        )
     engine = Engine.for_pair(pair)
     problem = engine.drafter_problem(cfg.speculation.drafter)
     if problem:
         raise ConfigError(f"speculation.drafter: {problem}")
-    return ChatSession(engine, pair.tokenizer, cfg, pair.context_limit,
-                       compare_fn=compare(pair) if compare else None, stop_strings=reply_stops(pair.target_facts))
+    return ChatSession(
+        engine,
+        pair.tokenizer,
+        cfg,
+        pair.context_limit,
+        compare_fn=compare(pair) if compare else None,
+        stop_strings=reply_stops(pair.target_facts),
+    )
 
 
 def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
@@ -225,8 +252,14 @@ def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdou
     return Repl(session, build_registry(), renderer, history).run()
 
 
-def main(argv: list[str] | None = None, load: Loader = load_pair, compare: CompareFactory | None = default_compare,
-         stdin: TextIO | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    load: Loader = load_pair,
+    compare: CompareFactory | None = default_compare,
+    stdin: TextIO | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
     """Entry point of `python infer.py` and the `specchat` script; returns the exit status."""
     stdin, stdout, stderr = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
     try:

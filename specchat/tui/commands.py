@@ -4,6 +4,7 @@ A handler takes the ChatSession and the argument text and returns an Outcome. Se
 through specchat.config (with_value / set_from_text), so a bad value is refused with one line naming
 what is allowed, and nothing changes.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -17,25 +18,40 @@ from prompt_toolkit.completion import CompleteEvent, Completer, Completion, Nest
 from prompt_toolkit.document import Document
 from rich.table import Table
 
-from specchat.tui import render, stats_view
+from specchat.config import (
+    VIEWS,
+    WORD_SETTINGS,
+    ConfigError,
+    all_keys,
+    as_flat_dict,
+    drafter_needed,
+    get_value,
+    set_from_text,
+    show_value,
+    with_value,
+)
+from specchat.session.chat import ChatError, ChatSession
 from specchat.session.drafter_race import RACE_RUNS, RaceRun, contenders, race
+from specchat.tui import render, stats_view
 from specchat.tui.compare_view import race_view
 from specchat.tui.reply_view import OriginView, code_blocks, markdown_view
 from specchat.tui.safe_text import visible
-from specchat.tui.transcript import load_transcript, save_transcript
 from specchat.tui.trace import write_trace
+from specchat.tui.transcript import load_transcript, save_transcript
 from specchat.tui.why_view import why
-from specchat.session.chat import ChatError, ChatSession
-from specchat.config import (VIEWS, WORD_SETTINGS, ConfigError, drafter_needed, all_keys, as_flat_dict, get_value,
-                             set_from_text, show_value, with_value)
 
-START_UP_KEYS = ("speculation.extra_eos", "runtime.kernel", "runtime.kv_cache")  # used when the models load, not per reply
+START_UP_KEYS = (
+    "speculation.extra_eos",
+    "runtime.kernel",
+    "runtime.kv_cache",
+)  # used when the models load, not per reply
 GAMMA_DETAILS = (
     "α: the chance the target accepts one draft it judges (accepted ÷ (accepted + rejections); /stats "
     "'α per draft'). c: one drafter forward's time ÷ one target forward's (/stats 'cost c'). A step of γ drafts "
     "yields (1 − α^(γ+1)) ÷ (1 − α) tokens on average and costs γ·c + 1 target forwards' time (Leviathan et al.); "
     "auto measures α and c as the chat runs and picks the γ with the most tokens per unit time each step, 0 (a "
-    "target-only step, magenta) when drafting does not pay.")
+    "target-only step, magenta) when drafting does not pay."
+)
 SUGGEST_CUTOFF = 0.6  # difflib ratio: /gama → /gamma, /comapre → /compare; not /clear → /compare or /load → /mode
 OTHER_CHATS = {  # what other chats call a command specchat has under another name: described, never guessed
     "clear": "to forget the conversation: /reset, which cannot be undone",
@@ -53,14 +69,14 @@ class Outcome:
     work: Callable[[threading.Event], Iterator[Any]] | None = None  # a long job the REPL runs after the
     # message, drawing what it yields (progress lines, then its result); Ctrl-C sets the event
     stream: Callable[[threading.Event], Iterator[Any]] | None = None  # a reply's events (/retry), drawn as a reply
-    clipboard: "Clip | None" = None  # a block the user asked to copy (/copy): to the terminal (OSC 52), else a file
+    clipboard: Clip | None = None  # a block the user asked to copy (/copy): to the terminal (OSC 52), else a file
 
 
 @dataclass(frozen=True)
 class Clip:
-    block: Any   # reply_view.CodeBlock
-    label: str   # "code block 2 of 3 (14 lines)"
-    stem: str    # the file name, less its extension, where the output is not a terminal
+    block: Any  # reply_view.CodeBlock
+    label: str  # "code block 2 of 3 (14 lines)"
+    stem: str  # the file name, less its extension, where the output is not a terminal
 
 
 Handler = Callable[[ChatSession, str], Outcome]
@@ -72,10 +88,10 @@ class Command:
     args: str
     help: str
     handler: Handler
-    complete: Any = None          # NestedCompleter value: dict, set, Completer or None
+    complete: Any = None  # NestedCompleter value: dict, set, Completer or None
     aliases: tuple[str, ...] = ()
-    destructive: bool = False     # discards state (the conversation, a reply, a file, the session): never a guess
-    details: str = ""             # more, shown by /help NAME only
+    destructive: bool = False  # discards state (the conversation, a reply, a file, the session): never a guess
+    details: str = ""  # more, shown by /help NAME only
 
 
 def fail(message: str) -> Outcome:
@@ -84,8 +100,9 @@ def fail(message: str) -> Outcome:
 
 class Registry:
     def __init__(self, commands: list[Command]):
-        help_command = Command("help", "[COMMAND]", "list commands, or describe one", self._help,
-                               {f"{c.name}": None for c in commands})
+        help_command = Command(
+            "help", "[COMMAND]", "list commands, or describe one", self._help, {f"{c.name}": None for c in commands}
+        )
         self.commands = [help_command, *commands]
         self._by_name: dict[str, Command] = {}
         for command in self.commands:
@@ -190,6 +207,7 @@ def show_or_set(session: ChatSession, name: str, key: str, args: str, arg: str) 
 def setting_command(name: str, key: str, args: str, help_text: str, complete: Any = None, details: str = "") -> Command:
     def handler(session: ChatSession, arg: str) -> Outcome:
         return show_or_set(session, name, key, args, arg)
+
     return Command(name, args, help_text, handler, complete, details=details)
 
 
@@ -251,8 +269,11 @@ def cmd_compare_drafters(session: ChatSession) -> Outcome:
     if not session.records:
         return fail("/compare: no reply yet: /compare drafters reruns the last prompt with each drafter")
     names = contenders(session.engine, session.config.speculation.drafter)
-    return Outcome(f"racing {len(names)} ways to answer the last prompt ({', '.join(names)}), {RACE_RUNS} short "
-                   f"runs each; Ctrl-C stops", work=lambda cancel: race_lines(session, cancel, len(names)))
+    return Outcome(
+        f"racing {len(names)} ways to answer the last prompt ({', '.join(names)}), {RACE_RUNS} short "
+        f"runs each; Ctrl-C stops",
+        work=lambda cancel: race_lines(session, cancel, len(names)),
+    )
 
 
 def race_lines(session: ChatSession, cancel: threading.Event, contenders_count: int) -> Iterator[Any]:
@@ -264,8 +285,11 @@ def race_lines(session: ChatSession, cancel: threading.Event, contenders_count: 
             continue
         finished += 1
         yield f"  {finished}/{total} {item[0]}: {item[1].generation_tokens_per_s:.1f} tok/s"
-    yield (race_view(results, session.config.speculation.drafter) if finished == total
-           else "/compare drafters: cancelled; nothing changed")
+    yield (
+        race_view(results, session.config.speculation.drafter)
+        if finished == total
+        else "/compare drafters: cancelled; nothing changed"
+    )
 
 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:
@@ -294,6 +318,7 @@ def cmd_stats(session: ChatSession, arg: str) -> Outcome:
     if not session.records:
         return Outcome("no reply yet: /stats describes the last reply")
     from specchat.kernels.build import running_path
+
     return Outcome(stats_view.stats_detail(session.records[-1], session.totals, running_path()))
 
 
@@ -327,19 +352,24 @@ def cmd_history(session: ChatSession, arg: str) -> Outcome:
 
 def save_command(overwrite: bool) -> Handler:
     """/save (refuses an existing file) or /save! (replaces it)."""
+
     def cmd_save(session: ChatSession, arg: str) -> Outcome:
         if not arg:
-            return fail(f"/save{'!' if overwrite else ''}: usage /save PATH.md, PATH.txt or PATH.json "
-                        f"(/save! PATH replaces an existing file)")
+            return fail(
+                f"/save{'!' if overwrite else ''}: usage /save PATH.md, PATH.txt or PATH.json "
+                f"(/save! PATH replaces an existing file)"
+            )
         path = save_transcript(session, arg, overwrite)
         return Outcome(f"saved {len(session.records)} replies to {path}")
+
     return cmd_save
 
 
 def cmd_undo(session: ChatSession, arg: str) -> Outcome:
     record, _pair = session.undo()
-    return Outcome(f"dropped the last exchange ({visible(record.user)[:40]!r} and its reply); "
-                   f"{len(session.records)} left")
+    return Outcome(
+        f"dropped the last exchange ({visible(record.user)[:40]!r} and its reply); {len(session.records)} left"
+    )
 
 
 def cmd_retry(session: ChatSession, arg: str) -> Outcome:
@@ -354,8 +384,10 @@ def cmd_load(session: ChatSession, arg: str) -> Outcome:
     if not arg:
         return fail("/load: usage /load PATH.json (a transcript /save PATH.json wrote)")
     turns = load_transcript(session, arg)
-    return Outcome(f"loaded {turns} exchanges, the system prompt and the settings from {arg}; "
-                   f"the next reply reads the whole conversation")
+    return Outcome(
+        f"loaded {turns} exchanges, the system prompt and the settings from {arg}; "
+        f"the next reply reads the whole conversation"
+    )
 
 
 def cmd_view(session: ChatSession, arg: str) -> Outcome:
@@ -366,13 +398,19 @@ def cmd_view(session: ChatSession, arg: str) -> Outcome:
         return Outcome(f"ui.view = {arg}: replies show as {arg} once done")
     record = session.records[-1]
     if arg == "markdown":
-        return Outcome(render.group(render.Text("ui.view = markdown; the last reply:", style="dim"),
-                                    markdown_view(record.text)))
+        return Outcome(
+            render.group(render.Text("ui.view = markdown; the last reply:", style="dim"), markdown_view(record.text))
+        )
     if not record.tokens:
-        return Outcome(render.group(render.Text("ui.view = origin; the last reply (loaded: its origins were not "
-                                                "saved):", style="dim"), render.Text(visible(record.text))))
-    return Outcome(render.group(render.Text("ui.view = origin; the last reply:", style="dim"),
-                                OriginView(record.tokens)))
+        return Outcome(
+            render.group(
+                render.Text("ui.view = origin; the last reply (loaded: its origins were not saved):", style="dim"),
+                render.Text(visible(record.text)),
+            )
+        )
+    return Outcome(
+        render.group(render.Text("ui.view = origin; the last reply:", style="dim"), OriginView(record.tokens))
+    )
 
 
 def cmd_copy(session: ChatSession, arg: str) -> Outcome:
@@ -387,13 +425,17 @@ def cmd_copy(session: ChatSession, arg: str) -> Outcome:
     label = f"code block {number} of {len(blocks)} ({block.code.count(chr(10)) + 1} lines)"
     if path:
         return Outcome(f"wrote {label} to {write_block(block, path)}")
-    return Outcome(f"copied {label} to the clipboard (OSC 52; where the terminal does not take it, "
-                   f"/copy {number} PATH writes a file)", clipboard=Clip(block, label, f"specchat-block-{number}"))
+    return Outcome(
+        f"copied {label} to the clipboard (OSC 52; where the terminal does not take it, "
+        f"/copy {number} PATH writes a file)",
+        clipboard=Clip(block, label, f"specchat-block-{number}"),
+    )
 
 
 def write_free_name(block, stem: str) -> str:
     """`block` to ./STEM.EXT, or ./STEM-2.EXT and so on where that name is taken."""
     from pathlib import Path
+
     for n in range(1, 1000):
         name = f"{stem}{'' if n == 1 else f'-{n}'}.{block.extension}"
         if not Path(name).exists():
@@ -403,7 +445,9 @@ def write_free_name(block, stem: str) -> str:
 
 def write_block(block, path_text: str) -> str:
     from pathlib import Path
+
     from specchat.fileio import write_text_atomic
+
     path = Path(path_text).expanduser()
     try:
         write_text_atomic(path, block.code + "\n", overwrite=False)
@@ -423,9 +467,11 @@ def cmd_why(session: ChatSession, arg: str) -> Outcome:
 
 def trace_command(overwrite: bool) -> Handler:
     """/trace (refuses an existing file) or /trace! (replaces it)."""
+
     def cmd_trace(session: ChatSession, arg: str) -> Outcome:
         path, lines = write_trace(session, arg, overwrite)
         return Outcome(f"wrote {lines} token records to {path}")
+
     return cmd_trace
 
 
@@ -446,15 +492,17 @@ def cmd_set(session: ChatSession, arg: str) -> Outcome:
     if not key or not value.strip():
         return fail("/set: usage /set section.key VALUE (e.g. /set sampling.top_k 40; /config lists keys)")
     if key in all_keys() and (key.split(".")[0] in ("target", "drafter") or key in START_UP_KEYS):
-        return fail(f"/set: {key} is read once, when the models load; restart with "
-                    f"`python infer.py {key}={value.strip()}`")
+        return fail(
+            f"/set: {key} is read once, when the models load; restart with `python infer.py {key}={value.strip()}`"
+        )
     if key in ("speculation.mode", "speculation.compare"):
         return (cmd_mode if key == "speculation.mode" else cmd_compare)(session, value.strip())
     outcome = apply_setting(session, key, value)
     limit = session.config.ui.context_limit
     if key == "ui.context_limit" and limit > session.model_context_limit:
-        return Outcome(f"{outcome.message} (capped at {session.model_context_limit}, "
-                       f"the limit the models were loaded with)")
+        return Outcome(
+            f"{outcome.message} (capped at {session.model_context_limit}, the limit the models were loaded with)"
+        )
     return outcome
 
 
@@ -467,37 +515,77 @@ def setting_commands() -> list[Command]:
     on_off = {"on": None, "off": None}
     return [
         Command("quit", "", "leave specchat (also Ctrl-D)", cmd_quit, aliases=("exit",), destructive=True),
-        setting_command("gamma", "speculation.gamma", "N|auto",
-                        "drafted tokens per step, 0-16 (0 = target-only steps; auto adapts to α and c)",
-                        {"auto": None, **{str(n): None for n in (1, 2, 3, 4, 6, 8)}}, details=GAMMA_DETAILS),
+        setting_command(
+            "gamma",
+            "speculation.gamma",
+            "N|auto",
+            "drafted tokens per step, 0-16 (0 = target-only steps; auto adapts to α and c)",
+            {"auto": None, **{str(n): None for n in (1, 2, 3, 4, 6, 8)}},
+            details=GAMMA_DETAILS,
+        ),
         Command("temp", "X", "sampling temperature, 0-5 (0 = greedy)", cmd_temp),
         setting_command("top_k", "sampling.top_k", "N", "keep the N most likely tokens (0 = off)"),
         setting_command("top_p", "sampling.top_p", "X", "nucleus sampling mass in (0, 1] (1 = off)"),
         Command("greedy", "", "always take the most likely token", cmd_greedy),
         Command("sample", "", "sample with the temperature/top-k/top-p settings", cmd_sample),
-        setting_command("max", "sampling.max_new_tokens", "N|off",
-                        "most new tokens per reply (off or 0 = no cap: to the end of the turn or the context window)",
-                        {"off": None, "256": None, "1024": None}),
-        setting_command("seed", "sampling.seed", "N|random", "sampling seed (random = fresh each reply)",
-                        {"random": None, "0": None}),
-        Command("mode", "spec|target|drafter", "who writes: speculative, the target alone, the drafter alone",
-                cmd_mode, {"spec": None, "target": None, "drafter": None}),
-        Command("compare", "on|off|drafter|drafters",
-                "also run each prompt target-only (or drafter-only) side by side; drafters: race every "
-                "drafter on the last prompt", cmd_compare, {**on_off, "drafter": None, "drafters": None}),
-        Command("drafter", "model|lookup|auto|self:N",
-                "who drafts: the drafter model, prompt lookup (no model), auto (a copy where the chat offers "
-                "a match, else the model), or the target's first N layers",
-                cmd_drafter, {"model": None, "lookup": None, "auto": None, "self:4": None, "self:8": None}),
-        Command("show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show,
-                {"rejected": on_off}),
+        setting_command(
+            "max",
+            "sampling.max_new_tokens",
+            "N|off",
+            "most new tokens per reply (off or 0 = no cap: to the end of the turn or the context window)",
+            {"off": None, "256": None, "1024": None},
+        ),
+        setting_command(
+            "seed",
+            "sampling.seed",
+            "N|random",
+            "sampling seed (random = fresh each reply)",
+            {"random": None, "0": None},
+        ),
+        Command(
+            "mode",
+            "spec|target|drafter",
+            "who writes: speculative, the target alone, the drafter alone",
+            cmd_mode,
+            {"spec": None, "target": None, "drafter": None},
+        ),
+        Command(
+            "compare",
+            "on|off|drafter|drafters",
+            "also run each prompt target-only (or drafter-only) side by side; drafters: race every "
+            "drafter on the last prompt",
+            cmd_compare,
+            {**on_off, "drafter": None, "drafters": None},
+        ),
+        Command(
+            "drafter",
+            "model|lookup|auto|self:N",
+            "who drafts: the drafter model, prompt lookup (no model), auto (a copy where the chat offers "
+            "a match, else the model), or the target's first N layers",
+            cmd_drafter,
+            {"model": None, "lookup": None, "auto": None, "self:4": None, "self:8": None},
+        ),
+        Command(
+            "show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show, {"rejected": on_off}
+        ),
         Command("stats", "", "the last reply in detail, and session totals", cmd_stats),
         Command("why", "[N]", "the last reply's rejected drafts: p, q, min(1, p/q), each model's top 5", cmd_why),
-        Command("trace", "[all] PATH.jsonl",
-                "write each token's origin, draft source, p and q as JSON lines (last reply, or all); "
-                "never over an existing file", trace_command(False), PathCompleter(expanduser=True)),
-        Command("trace!", "[all] PATH.jsonl", "/trace, replacing PATH if it exists", trace_command(True),
-                PathCompleter(expanduser=True), destructive=True),
+        Command(
+            "trace",
+            "[all] PATH.jsonl",
+            "write each token's origin, draft source, p and q as JSON lines (last reply, or all); "
+            "never over an existing file",
+            trace_command(False),
+            PathCompleter(expanduser=True),
+        ),
+        Command(
+            "trace!",
+            "[all] PATH.jsonl",
+            "/trace, replacing PATH if it exists",
+            trace_command(True),
+            PathCompleter(expanduser=True),
+            destructive=True,
+        ),
         Command("system", "TEXT", "set the system prompt (no text: show it)", cmd_system),
         Command("reset", "", "forget the conversation", cmd_reset, destructive=True),
     ]
@@ -506,20 +594,57 @@ def setting_commands() -> list[Command]:
 def conversation_commands() -> list[Command]:
     return [
         Command("history", "", "show the conversation", cmd_history),
-        Command("retry", "", "answer the last message again with the current settings (a fresh seed when sampling)",
-                cmd_retry, destructive=True),
+        Command(
+            "retry",
+            "",
+            "answer the last message again with the current settings (a fresh seed when sampling)",
+            cmd_retry,
+            destructive=True,
+        ),
         Command("undo", "", "drop the last exchange (your message and its reply)", cmd_undo, destructive=True),
-        Command("load", "PATH.json", "reopen a saved .json transcript: the conversation, system prompt and settings",
-                cmd_load, PathCompleter(expanduser=True), destructive=True),
-        Command("view", "markdown|origin", "show the last reply (and later ones) as Markdown with highlighted code, "
-                "or coloured by origin", cmd_view, {"markdown": None, "origin": None}),
-        Command("copy", "[N] [PATH]", "the last reply's Nth code block (default 1) to the clipboard (OSC 52), or "
-                "to PATH", cmd_copy, PathCompleter(expanduser=True)),
-        Command("save", "PATH", "save the transcript with each reply's stats (.md or .json); never over an "
-                "existing file", save_command(False), PathCompleter(expanduser=True)),
-        Command("save!", "PATH", "/save, replacing PATH if it exists", save_command(True),
-                PathCompleter(expanduser=True), destructive=True),
+        Command(
+            "load",
+            "PATH.json",
+            "reopen a saved .json transcript: the conversation, system prompt and settings",
+            cmd_load,
+            PathCompleter(expanduser=True),
+            destructive=True,
+        ),
+        Command(
+            "view",
+            "markdown|origin",
+            "show the last reply (and later ones) as Markdown with highlighted code, or coloured by origin",
+            cmd_view,
+            {"markdown": None, "origin": None},
+        ),
+        Command(
+            "copy",
+            "[N] [PATH]",
+            "the last reply's Nth code block (default 1) to the clipboard (OSC 52), or to PATH",
+            cmd_copy,
+            PathCompleter(expanduser=True),
+        ),
+        Command(
+            "save",
+            "PATH",
+            "save the transcript with each reply's stats (.md or .json); never over an existing file",
+            save_command(False),
+            PathCompleter(expanduser=True),
+        ),
+        Command(
+            "save!",
+            "PATH",
+            "/save, replacing PATH if it exists",
+            save_command(True),
+            PathCompleter(expanduser=True),
+            destructive=True,
+        ),
         Command("config", "", "every current setting", cmd_config),
-        Command("set", "KEY VALUE", "set any config key, e.g. /set sampling.top_k 40", cmd_set,
-                {key: None for key in all_keys()}),
+        Command(
+            "set",
+            "KEY VALUE",
+            "set any config key, e.g. /set sampling.top_k 40",
+            cmd_set,
+            {key: None for key in all_keys()},
+        ),
     ]

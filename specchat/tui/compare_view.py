@@ -1,4 +1,5 @@
 """Draw a CompareReport: the replies side by side (stacked when the terminal is narrow), with speed."""
+
 from __future__ import annotations
 
 from rich.console import Console, ConsoleOptions, Group, RenderResult
@@ -16,8 +17,10 @@ def run_summary(run: Run) -> str:
     """`21 tok · 12.0 tok/s generating · first token 0.09 s after the prompt · prompt 1,440 tok read in 19.2 s`:
     the rate and the first token leave the prompt's reading out, which is shown apart."""
     s = run.stats
-    line = (f"{s.new_tokens} tok · {s.generation_tokens_per_s:.1f} tok/s generating · "
-            f"first token {s.first_token_after_prompt_s:.2f} s after the prompt")
+    line = (
+        f"{s.new_tokens} tok · {s.generation_tokens_per_s:.1f} tok/s generating · "
+        f"first token {s.first_token_after_prompt_s:.2f} s after the prompt"
+    )
     if s.prefill_tokens:
         line += f" · prompt {s.prefill_tokens:,} tok read in {s.prefill_s:.2f} s"
     if s.drafted:
@@ -32,10 +35,15 @@ def verdict_line(report: CompareReport) -> str:
     if not report.greedy:
         return f"{speed} · texts differ (expected when sampling: same distribution, different draws)"
     d = report.divergence
-    why = ("a near tie, so low-precision arithmetic can flip it" if d.near_tie
-           else "not a near tie: this looks like a bug, please report it")
-    return (f"{speed} · texts differ from token {d.position}: {d.spec_token!r} vs {d.other_token!r}; "
-            f"target top-2 logit margin {d.margin:.3f} ({why})")
+    why = (
+        "a near tie, so low-precision arithmetic can flip it"
+        if d.near_tie
+        else "not a near tie: this looks like a bug, please report it"
+    )
+    return (
+        f"{speed} · texts differ from token {d.position}: {d.spec_token!r} vs {d.other_token!r}; "
+        f"target top-2 logit margin {d.margin:.3f} ({why})"
+    )
 
 
 class CompareView:
@@ -59,8 +67,11 @@ class CompareView:
     def _stacked(self) -> Group:
         parts = []
         for run in self._runs():
-            parts += [Text(f"── {run.label} ──", style="bold"), Text(visible(run.text)),
-                      Text(run_summary(run), style="dim")]
+            parts += [
+                Text(f"── {run.label} ──", style="bold"),
+                Text(visible(run.text)),
+                Text(run_summary(run), style="dim"),
+            ]
         return Group(*parts)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
@@ -72,9 +83,11 @@ class CompareView:
 
 def view_compare_fn(comparer):
     """Adapt a Comparer (which yields data) into the ChatSession's compare_fn (which yields renderables)."""
+
     def compare_fn(session, prompt_ids, done, cancel):
         for report in comparer(session, prompt_ids, done, cancel):
             yield CompareView(report)
+
     return compare_fn
 
 
@@ -91,11 +104,20 @@ def race_view(runs: list[RaceRun], current: str) -> Group:
         acceptance = f"{s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})" if s.drafted else "–"
         cost = f"{s.cost_ratio:.2f}" if s.drafted and s.drafter_timed else "–"
         low, high = run.spread
-        table.add_row(run.drafter, f"{run.rate:.1f}", f"{low:.1f}–{high:.1f}", acceptance,
-                      f"{s.tokens_per_step:.2f}", cost, f"{speedup(run, runs):.2f}×",
-                      "◀ fastest" if run is best else "")
-    note = (f"median and min–max of {len(runs[0].runs)} runs each, generation tok/s (prompt reading apart); "
-            f"a winner only beyond every spread")
+        table.add_row(
+            run.drafter,
+            f"{run.rate:.1f}",
+            f"{low:.1f}–{high:.1f}",
+            acceptance,
+            f"{s.tokens_per_step:.2f}",
+            cost,
+            f"{speedup(run, runs):.2f}×",
+            "◀ fastest" if run is best else "",
+        )
+    note = (
+        f"median and min–max of {len(runs[0].runs)} runs each, generation tok/s (prompt reading apart); "
+        f"a winner only beyond every spread"
+    )
     return Group(table, Text(note, style="dim"), Text(race_advice(best, current), style="bold"))
 
 

@@ -5,6 +5,7 @@ The handler raises `Terminated`, a SystemExit, so no `except Exception` swallows
 files are removed) and `cli.main` turns it into a quiet exit with status 128 + the signal number.
 Input history needs nothing more: prompt_toolkit appends each line to the file as it is entered.
 """
+
 from __future__ import annotations
 
 import os

@@ -5,14 +5,15 @@ escape code is ever written; rejected drafts then appear as ~~text~~. Text from 
 user always goes through safe_text.visible and into a rich Text (never markup), so the only escape
 codes written are specchat's own.
 """
+
 from __future__ import annotations
 
 import os
 import sys
 from typing import Any, TextIO
 
-from rich.console import Console, Group
 from rich.cells import cell_len
+from rich.console import Console, Group
 from rich.control import Control, ControlType
 from rich.table import Table
 from rich.text import Text
@@ -56,7 +57,6 @@ ERROR_STYLE = "bold red"
 PREFILL_NOTE_FROM = 128  # prompts of more than one chunk show their reading progress in place of 'thinking…'
 
 
-
 def color_wanted(flag: bool, stream: TextIO, environ=os.environ) -> bool:
     """Colour only when asked for, the stream is a terminal, and NO_COLOR is unset (no-color.org)."""
     return flag and not environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
@@ -67,8 +67,7 @@ def make_console(color: bool, file: TextIO | None = None) -> Console:
     if color:
         return Console(file=file, highlight=False, emoji=False, force_terminal=True)
     is_tty = bool(getattr(file, "isatty", lambda: False)())
-    return Console(file=file, highlight=False, emoji=False, color_system=None,
-                   width=None if is_tty else 100)
+    return Console(file=file, highlight=False, emoji=False, color_system=None, width=None if is_tty else 100)
 
 
 class Renderer:
@@ -164,8 +163,7 @@ class Renderer:
         space, so the terminal's own wrap does not cut the word (a word's later pieces still wrap where they
         must: they come after it is drawn). Piped output is never changed."""
         plain, width = text.plain, self.console.width
-        if (plain.startswith(" ") and "\n" not in plain and 0 < self.column
-                and self.column + cell_len(plain) > width):
+        if plain.startswith(" ") and "\n" not in plain and 0 < self.column and self.column + cell_len(plain) > width:
             text = Text("\n") + text[1:]
             plain = text.plain
         tail = plain.rsplit("\n", 1)
@@ -188,8 +186,9 @@ class Renderer:
         if done.stop_reason in CUT_MARKS:
             self._write(Text(" " + CUT_MARKS[done.stop_reason], style="bold yellow" if self.color else ""))
         self.newline()
-        self.console.print(stats_line(done.stats, done.stop_reason), style=NOTE_STYLE if self.color else "",
-                           soft_wrap=True)
+        self.console.print(
+            stats_line(done.stats, done.stop_reason), style=NOTE_STYLE if self.color else "", soft_wrap=True
+        )
 
     def newline(self) -> None:
         self.close_mark()
@@ -300,8 +299,10 @@ def weights_text(facts) -> str:
 def model_facts_text(role: str, facts) -> str:
     quant = weights_text(facts)
     kernel = f", kernel {facts.kernel}" if getattr(facts, "kernel", "") else ""
-    return (f"{role} {visible(facts.name)} ({_human(facts.params)} params, {quant}, {facts.device}, "
-            f"{facts.backend} forward{kernel}, {facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)")
+    return (
+        f"{role} {visible(facts.name)} ({_human(facts.params)} params, {quant}, {facts.device}, "
+        f"{facts.backend} forward{kernel}, {facts.memory_bytes / 2**30:.2f} GiB, loaded in {facts.load_s:.1f} s)"
+    )
 
 
 def banner(pair, drafter: str = "model") -> Text:

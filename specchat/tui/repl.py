@@ -3,6 +3,7 @@
 Whatever a command or a reply raises, the chat goes on: one `error:` line (the traceback too under
 SPECCHAT_DEBUG=1), the conversation kept, the caches reset so the next reply reads its prompt afresh.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -22,11 +23,11 @@ from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 
-from specchat.tui import render
+from specchat.config import with_value
 from specchat.session.chat import ChatError, ChatSession
+from specchat.tui import render
 from specchat.tui.commands import Clip, Registry, write_free_name
 from specchat.tui.reply_view import markdown_view, osc52
-from specchat.config import with_value
 
 QUIT_HINT = "(to leave, type /quit or press Ctrl-D)"
 SAVE_OFFER_FROM = 4  # replies in a chat after which Ctrl-D offers to save it
@@ -109,8 +110,10 @@ def failure_line(err: Exception) -> str:
     """One line for an error nobody foresaw: `error: RuntimeError: what it said (…)`."""
     lines = str(err).strip().splitlines()
     said = f": {lines[0]}" if lines else ""
-    return (f"error: {type(err).__name__}{said} (the conversation is kept and the caches were reset; "
-            f"{DEBUG_ENV}=1 shows the traceback)")
+    return (
+        f"error: {type(err).__name__}{said} (the conversation is kept and the caches were reset; "
+        f"{DEBUG_ENV}=1 shows the traceback)"
+    )
 
 
 def toggle_compare(session: ChatSession) -> None:
@@ -125,17 +128,32 @@ def toolbar_text(session: ChatSession) -> str:
     parts = [sp.mode]
     if sp.mode == "spec":
         parts += [f"drafter {sp.drafter}", f"γ {render.gamma_text(sp.gamma)}"]
-    parts += ["greedy"] if s.is_greedy else [f"temp {s.temperature:g}", f"top-k {s.top_k or 'off'}", f"top-p {s.top_p:g}"]
+    parts += (
+        ["greedy"] if s.is_greedy else [f"temp {s.temperature:g}", f"top-k {s.top_k or 'off'}", f"top-p {s.top_p:g}"]
+    )
     last = session.last_stats
     acceptance = f"{last.acceptance_rate:.0%}" if last is not None and last.drafted else "–"
-    parts += [f"compare {sp.compare}", f"last acceptance {acceptance}",
-              f"ctx {session.context_used}/{session.context_limit}", "F2 compare", "/help "]
+    parts += [
+        f"compare {sp.compare}",
+        f"last acceptance {acceptance}",
+        f"ctx {session.context_used}/{session.context_limit}",
+        "F2 compare",
+        "/help ",
+    ]
     return " " + " · ".join(parts)
 
 
 class Repl:
-    def __init__(self, session: ChatSession, registry: Registry, renderer: render.Renderer,
-                 history: History | None = None, pt_input=None, pt_output=None, offer_save: bool | None = None):
+    def __init__(
+        self,
+        session: ChatSession,
+        registry: Registry,
+        renderer: render.Renderer,
+        history: History | None = None,
+        pt_input=None,
+        pt_output=None,
+        offer_save: bool | None = None,
+    ):
         self.session = session
         self.registry = registry
         self.renderer = renderer
@@ -143,11 +161,16 @@ class Repl:
         # Ctrl-D after a longer chat asks whether to save it: only at a terminal, never blocking a pipe
         self.offer_save = sys.stdin.isatty() and sys.stdout.isatty() if offer_save is None else offer_save
         self.prompt = PromptSession(
-            history=history or InMemoryHistory(), completer=registry.completer(),
-            auto_suggest=AutoSuggestFromHistory(), key_bindings=self._key_bindings(),
-            bottom_toolbar=lambda: toolbar_text(self.session), complete_while_typing=True,
+            history=history or InMemoryHistory(),
+            completer=registry.completer(),
+            auto_suggest=AutoSuggestFromHistory(),
+            key_bindings=self._key_bindings(),
+            bottom_toolbar=lambda: toolbar_text(self.session),
+            complete_while_typing=True,
             prompt_continuation=lambda width, line, soft: "." * (width - 1) + " ",
-            input=pt_input, output=pt_output)
+            input=pt_input,
+            output=pt_output,
+        )
 
     def _key_bindings(self) -> KeyBindings:
         bindings = KeyBindings()
@@ -253,11 +276,14 @@ class Repl:
         if console.is_terminal:
             console.file.write(osc52(clip.block.code))
             console.file.flush()
-            self.renderer.info(f"copied {clip.label} to the clipboard (OSC 52; where the terminal does not take "
-                               f"it, /copy N PATH writes a file)")
+            self.renderer.info(
+                f"copied {clip.label} to the clipboard (OSC 52; where the terminal does not take "
+                f"it, /copy N PATH writes a file)"
+            )
         else:
-            self.renderer.info(f"the output is not a terminal: wrote {clip.label} to "
-                               f"{write_free_name(clip.block, clip.stem)}")
+            self.renderer.info(
+                f"the output is not a terminal: wrote {clip.label} to {write_free_name(clip.block, clip.stem)}"
+            )
 
     def reply(self, text: str) -> None:
         """Stream one reply; Ctrl-C cuts it after the current step and the chat goes on."""
@@ -277,5 +303,8 @@ class Repl:
                 self.renderer.error("interrupted; the reply was discarded and the caches reset")
         answered = bool(self.session.records) and self.session.records[-1] is not before
         if answered and self.session.config.ui.view == "markdown":
-            self.renderer.info(render.group(render.Text("── as Markdown ──", style="dim"),
-                                            markdown_view(self.session.records[-1].text)))
+            self.renderer.info(
+                render.group(
+                    render.Text("── as Markdown ──", style="dim"), markdown_view(self.session.records[-1].text)
+                )
+            )

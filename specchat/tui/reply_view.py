@@ -1,6 +1,7 @@
 """A finished reply seen again: as Markdown with highlighted code (/view markdown), by origin (/view origin),
 and its fenced code blocks (/copy). Model text goes through safe_text.visible before any of it is drawn; a
 block copied to the clipboard is the exact text, sent only when the user asks for it."""
+
 from __future__ import annotations
 
 import base64
@@ -15,9 +16,28 @@ from specchat.tui.render import MARKS, STYLES
 from specchat.tui.safe_text import visible
 
 FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\n`]*)\n(.*?)(?:^[ \t]*\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
-EXTENSIONS = {"python": "py", "py": "py", "javascript": "js", "js": "js", "typescript": "ts", "bash": "sh", "sh": "sh",
-              "shell": "sh", "c": "c", "cpp": "cpp", "c++": "cpp", "rust": "rs", "go": "go", "java": "java",
-              "json": "json", "html": "html", "css": "css", "sql": "sql", "yaml": "yaml", "toml": "toml"}
+EXTENSIONS = {
+    "python": "py",
+    "py": "py",
+    "javascript": "js",
+    "js": "js",
+    "typescript": "ts",
+    "bash": "sh",
+    "sh": "sh",
+    "shell": "sh",
+    "c": "c",
+    "cpp": "cpp",
+    "c++": "cpp",
+    "rust": "rs",
+    "go": "go",
+    "java": "java",
+    "json": "json",
+    "html": "html",
+    "css": "css",
+    "sql": "sql",
+    "yaml": "yaml",
+    "toml": "toml",
+}
 
 
 @dataclass(frozen=True)
@@ -32,8 +52,9 @@ class CodeBlock:
 
 def code_blocks(text: str) -> list[CodeBlock]:
     """The fenced code blocks of a reply, in order; a fence a cut reply left open runs to the reply's end."""
-    return [CodeBlock(match.group(2).strip().split(" ")[0], match.group(3).rstrip("\n"))
-            for match in FENCE.finditer(text)]
+    return [
+        CodeBlock(match.group(2).strip().split(" ")[0], match.group(3).rstrip("\n")) for match in FENCE.finditer(text)
+    ]
 
 
 def markdown_view(text: str) -> Markdown:

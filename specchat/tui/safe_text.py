@@ -14,6 +14,7 @@ So a reply spelling `ESC [2J` shows `^[[2J`, and an OSC 52 clipboard write shows
 the exact text: `json_text` writes JSON whose strings escape every C0, DEL and C1 character
 (`\\u001b`, `\\u009b`) and every lone surrogate, so the file is exact, UTF-8 and safe to `cat`.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,9 @@ def shown_as(char: str) -> str:
     code = ord(char)
     if code < 0x20:
         return "^" + chr(code + 0x40)
-    if code == 0x7f:
+    if code == 0x7F:
         return "^?"
-    if code <= 0x9f:
+    if code <= 0x9F:
         return f"\\x{code:02x}"
     return "\ufffd"
 

@@ -1,5 +1,6 @@
 """The /stats view: the last reply in detail (histogram, acceptance by draft position, speedups) and
 the session totals."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,8 +9,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from specchat.spec.metrics import ReplyStats
 from specchat.session.stop_strings import STOP_STRING
+from specchat.spec.metrics import ReplyStats
 from specchat.tui.render import as_table, gamma_text
 
 
@@ -40,24 +41,45 @@ def per_position_table(stats: ReplyStats) -> Table:
 
 def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
     rows = [
-        ("tokens", f"{stats.new_tokens} new{' (the end-of-turn token included)' if stop_reason == 'eos' else ''} · "
-                   f"{stats.prompt_tokens} prompt ({stats.reused_tokens} reused from the previous turn's cache, "
-                   f"{stats.prefill_tokens} read)"),
-        ("time", f"{stats.wall_s:.2f} s · ttft {stats.ttft_s:.2f} s · prompt read in {stats.prefill_s:.2f} s · "
-                 f"{stats.generation_tokens_per_s:.1f} tok/s generating"),
-        ("acceptance", f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%}) "
-                       f"· γ {gamma_text(stats.gamma, stats.mean_gamma)}"),
-        ("steps", f"{stats.target_forwards} target forwards · {stats.drafter_forwards} drafter forwards "
-                  f"· {stats.tokens_per_step:.2f} tok/step"),
+        (
+            "tokens",
+            f"{stats.new_tokens} new{' (the end-of-turn token included)' if stop_reason == 'eos' else ''} · "
+            f"{stats.prompt_tokens} prompt ({stats.reused_tokens} reused from the previous turn's cache, "
+            f"{stats.prefill_tokens} read)",
+        ),
+        (
+            "time",
+            f"{stats.wall_s:.2f} s · ttft {stats.ttft_s:.2f} s · prompt read in {stats.prefill_s:.2f} s · "
+            f"{stats.generation_tokens_per_s:.1f} tok/s generating",
+        ),
+        (
+            "acceptance",
+            f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%}) "
+            f"· γ {gamma_text(stats.gamma, stats.mean_gamma)}",
+        ),
+        (
+            "steps",
+            f"{stats.target_forwards} target forwards · {stats.drafter_forwards} drafter forwards "
+            f"· {stats.tokens_per_step:.2f} tok/step",
+        ),
         ("cost c", f"{stats.cost_ratio:.3f} (drafter forward ÷ target forward)"),
-        ("speedup", f"measured {stats.measured_speedup:.2f}× (vs one target forward per token) "
-                    f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α per draft "
-                    f"{stats.alpha_per_draft:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})"),
+        (
+            "speedup",
+            f"measured {stats.measured_speedup:.2f}× (vs one target forward per token) "
+            f"· predicted {stats.predicted_speedup:.2f}× (Leviathan et al., α per draft "
+            f"{stats.alpha_per_draft:.2f}, γ {round(stats.mean_gamma)}, c {stats.cost_ratio:.2f})",
+        ),
         ("memory", memory_text(stats)),
-        ("stopped", {"eos": "end of turn", "max_tokens": "the /max cap (cut)", "cancelled": "cancelled (cut)",
-                     "context_full": "the context window was full (cut)",
-                     STOP_STRING: "the model began the next User: turn (cut there)"}
-         .get(stop_reason, stop_reason)),
+        (
+            "stopped",
+            {
+                "eos": "end of turn",
+                "max_tokens": "the /max cap (cut)",
+                "cancelled": "cancelled (cut)",
+                "context_full": "the context window was full (cut)",
+                STOP_STRING: "the model began the next User: turn (cut there)",
+            }.get(stop_reason, stop_reason),
+        ),
     ]
     return as_table(rows, ("last reply", f"mode {stats.mode}"))
 
@@ -71,10 +93,15 @@ def memory_text(stats: ReplyStats) -> str:
 
 def totals_table(totals, kernel: str = "") -> Table:
     """Session totals; `kernel`: the w4a8 kernel's code path, when a model runs on it."""
-    rows = [("replies", str(totals.replies)),
-            ("tokens", f"{totals.new_tokens} in {totals.wall_s:.1f} s · {totals.tokens_per_s:.1f} tok/s"),
-            ("acceptance", f"accepted {totals.accepted}/{totals.drafted} drafts ({totals.acceptance_rate:.0%})"
-                           f" · {totals.tokens_per_step:.2f} tok/step")]
+    rows = [
+        ("replies", str(totals.replies)),
+        ("tokens", f"{totals.new_tokens} in {totals.wall_s:.1f} s · {totals.tokens_per_s:.1f} tok/s"),
+        (
+            "acceptance",
+            f"accepted {totals.accepted}/{totals.drafted} drafts ({totals.acceptance_rate:.0%})"
+            f" · {totals.tokens_per_step:.2f} tok/step",
+        ),
+    ]
     if kernel:
         rows.append(("kernel", f"{kernel} (the w4a8 products' code path; runtime.kernel chooses)"))
     return as_table(rows, ("session", "total"))

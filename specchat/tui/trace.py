@@ -10,14 +10,15 @@ where a model did not score the token. The text is exact, every control characte
 (safe_text.json_text). The file is written 0600 and never over an existing one unless the command was
 `/trace!`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
-from specchat.spec.events import Origin
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatError, ChatSession, ReplyRecord
+from specchat.spec.events import Origin
 from specchat.tui.safe_text import json_text
 
 USAGE = "usage /trace PATH.jsonl (the last reply) or /trace all PATH.jsonl (the whole session)"
@@ -28,13 +29,30 @@ def record_lines(reply: int, record: ReplyRecord, tokenizer) -> Iterator[dict]:
     for token in record.tokens:
         rejection = refused.get(token.step) if token.origin == Origin.CORRECTED else None
         if rejection is not None:
-            yield {"reply": reply, "step": token.step, "pos": rejection.position, "id": rejection.drafted,
-                   "text": tokenizer.decode([rejection.drafted]), "origin": "rejected",
-                   "source": rejection.source or None, "p": rejection.p,
-                   "q": rejection.q, "accept_p": rejection.accept_p if rejection.accept_p is not None else 0.0}
-        yield {"reply": reply, "step": token.step, "pos": token.position, "id": token.id, "text": token.text,
-               "origin": token.origin.value, "source": token.source or None, "p": token.p, "q": token.q,
-               "accept_p": token.accept_p}
+            yield {
+                "reply": reply,
+                "step": token.step,
+                "pos": rejection.position,
+                "id": rejection.drafted,
+                "text": tokenizer.decode([rejection.drafted]),
+                "origin": "rejected",
+                "source": rejection.source or None,
+                "p": rejection.p,
+                "q": rejection.q,
+                "accept_p": rejection.accept_p if rejection.accept_p is not None else 0.0,
+            }
+        yield {
+            "reply": reply,
+            "step": token.step,
+            "pos": token.position,
+            "id": token.id,
+            "text": token.text,
+            "origin": token.origin.value,
+            "source": token.source or None,
+            "p": token.p,
+            "q": token.q,
+            "accept_p": token.accept_p,
+        }
 
 
 def parse_trace_arg(arg: str) -> tuple[bool, Path]:
@@ -56,8 +74,11 @@ def write_trace(session: ChatSession, arg: str, overwrite: bool = False) -> tupl
     if not session.records:
         raise ChatError("no reply yet")
     first = 0 if whole else len(session.records) - 1
-    lines = [json_text(line) for reply in range(first, len(session.records))
-             for line in record_lines(reply + 1, session.records[reply], session.tokenizer)]
+    lines = [
+        json_text(line)
+        for reply in range(first, len(session.records))
+        for line in record_lines(reply + 1, session.records[reply], session.tokenizer)
+    ]
     try:
         write_text_atomic(path, "".join(f"{line}\n" for line in lines), overwrite)
     except FileExistsError:

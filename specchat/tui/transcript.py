@@ -4,6 +4,7 @@ Markdown shows the text as the terminal does (safe_text.visible: control charact
 escapes); JSON keeps it exact, every control character escaped. The file is written 0600 and never
 over an existing one unless the command was `/save!`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from specchat.config import Config, ConfigError, as_flat_dict, from_wire, to_wire, with_value
-from specchat.spec.metrics import ReplyStats
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
+from specchat.spec.metrics import ReplyStats
 from specchat.tui.render import stats_line
 from specchat.tui.safe_text import json_text, visible
 
@@ -26,19 +27,41 @@ PASTE_LINES = 3  # a user message of this many line breaks or more is shown in t
 def transcript(session: ChatSession) -> dict[str, Any]:
     """The session as plain data: system prompt, settings, turns with stats, totals."""
     config = {k: list(v) if isinstance(v, tuple) else to_wire(k, v) for k, v in as_flat_dict(session.config).items()}
-    turns = [{"user": r.user, "reply": r.text, "cut": r.cut, "stop_reason": r.stop_reason,
-              "stats_line": stats_line(r.stats, r.stop_reason).strip(), "stats": r.stats.to_dict()}
-             for r in session.records]
-    return {"system": session.system_prompt, "config": config, "turns": turns,
-            "totals": dataclasses.asdict(session.totals)}
+    turns = [
+        {
+            "user": r.user,
+            "reply": r.text,
+            "cut": r.cut,
+            "stop_reason": r.stop_reason,
+            "stats_line": stats_line(r.stats, r.stop_reason).strip(),
+            "stats": r.stats.to_dict(),
+        }
+        for r in session.records
+    ]
+    return {
+        "system": session.system_prompt,
+        "config": config,
+        "turns": turns,
+        "totals": dataclasses.asdict(session.totals),
+    }
 
 
 def transcript_markdown(data: dict[str, Any]) -> str:
     lines = ["# specchat transcript", "", f"**system:** {visible(data['system'])}", ""]
     for turn in data["turns"]:
         reply = visible(turn["reply"]) + ("\n```" if turn["reply"].count("```") % 2 else "")  # close a cut-off fence
-        lines += ["## you", "", user_markdown(turn["user"]), "", "## assistant", "",
-                  reply + cut_suffix(turn), "", f"`{turn['stats_line']}`", ""]
+        lines += [
+            "## you",
+            "",
+            user_markdown(turn["user"]),
+            "",
+            "## assistant",
+            "",
+            reply + cut_suffix(turn),
+            "",
+            f"`{turn['stats_line']}`",
+            "",
+        ]
     return "\n".join(lines).rstrip()
 
 
@@ -73,8 +96,10 @@ def save_transcript(session: ChatSession, path_text: str, overwrite: bool = Fals
         raise ChatError(f"cannot save to '{path_text}': {err}") from None
     writers = {".md": transcript_markdown, ".txt": transcript_plain, ".json": lambda t: json_text(t, indent=2)}
     if path.suffix.lower() not in writers:
-        raise ChatError(f"cannot save to '{path}': the name must end in .md (Markdown), .txt (plain text) or .json "
-                        f"(exact, and /load reopens it)")
+        raise ChatError(
+            f"cannot save to '{path}': the name must end in .md (Markdown), .txt (plain text) or .json "
+            f"(exact, and /load reopens it)"
+        )
     try:
         write_text_atomic(path, writers[path.suffix.lower()](transcript(session)) + "\n", overwrite)
     except FileExistsError:
@@ -101,9 +126,14 @@ def load_transcript(session: ChatSession, path_text: str) -> int:
         raise ChatError(f"cannot load '{path_text}': not JSON ({err})") from None
     config, turns = loaded_parts(data, path_text, session.config)
     session.config = config
-    session.restore([m for turn in turns for m in ({"role": "user", "content": turn["user"]},
-                                                    {"role": "assistant", "content": turn["reply"]})],
-                    [loaded_record(turn) for turn in turns])
+    session.restore(
+        [
+            m
+            for turn in turns
+            for m in ({"role": "user", "content": turn["user"]}, {"role": "assistant", "content": turn["reply"]})
+        ],
+        [loaded_record(turn) for turn in turns],
+    )
     return len(turns)
 
 
@@ -112,8 +142,10 @@ def loaded_parts(data: Any, path_text: str, config: Config) -> tuple[Config, lis
     bad = f"cannot load '{path_text}': not a specchat transcript"
     if not isinstance(data, dict) or not isinstance(data.get("turns"), list) or not isinstance(data.get("system"), str):
         raise ChatError(f"{bad} (it needs system and turns)")
-    if not all(isinstance(t, dict) and isinstance(t.get("user"), str) and isinstance(t.get("reply"), str)
-               for t in data["turns"]):
+    if not all(
+        isinstance(t, dict) and isinstance(t.get("user"), str) and isinstance(t.get("reply"), str)
+        for t in data["turns"]
+    ):
         raise ChatError(f"{bad} (each turn needs user and reply text)")
     try:
         for key, value in dict(data.get("config") or {}).items():

@@ -4,13 +4,14 @@ p is the target's probability of the drafted token, q the drafter's, under the s
 (plain softmax in greedy mode, where the rule compares argmaxes and the logit margin says by how much
 the target preferred its own token); see spec/insight.py.
 """
+
 from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
 
-from specchat.spec.insight import Ranked, Rejection
 from specchat.session.chat import ChatSession
+from specchat.spec.insight import Ranked, Rejection
 from specchat.tui.render import as_table
 from specchat.tui.safe_text import json_text
 
@@ -26,8 +27,9 @@ def ranked_text(tokenizer, ranked: Ranked, separator: str = "  ") -> str:
 
 def source_words(rejection: Rejection) -> str:
     """What drafted it, in words: "by the model", "copied by lookup", "by the model as text"; "" when unknown."""
-    return {"model": "by the model", "lookup": "copied by lookup",
-            "text": "by the model as text"}.get(rejection.source, "")
+    return {"model": "by the model", "lookup": "copied by lookup", "text": "by the model as text"}.get(
+        rejection.source, ""
+    )
 
 
 def rule_text(rejection: Rejection) -> str:
@@ -45,24 +47,28 @@ def rejections_table(tokenizer, rejections: list[Rejection]) -> Table:
     table.add_column("rejection", overflow="fold")
     for number, r in enumerate(rejections, 1):
         source = f" ({source_words(r)})" if source_words(r) else ""
-        lines = (f"step {r.step + 1} · draft {r.position + 1}{source}: drafted {token_text(tokenizer, r.drafted)} "
-                 f"(q {r.q:.2f}, p {r.p:.2f}) · the target emitted {token_text(tokenizer, r.emitted)} · "
-                 f"{rule_text(r)}\n"
-                 f"  target : {ranked_text(tokenizer, r.target_top)}\n"
-                 f"  drafter: {ranked_text(tokenizer, r.drafter_top)}")
+        lines = (
+            f"step {r.step + 1} · draft {r.position + 1}{source}: drafted {token_text(tokenizer, r.drafted)} "
+            f"(q {r.q:.2f}, p {r.p:.2f}) · the target emitted {token_text(tokenizer, r.emitted)} · "
+            f"{rule_text(r)}\n"
+            f"  target : {ranked_text(tokenizer, r.target_top)}\n"
+            f"  drafter: {ranked_text(tokenizer, r.drafter_top)}"
+        )
         table.add_row(str(number), Text(lines))
     return table
 
 
 def rejection_detail(tokenizer, number: int, r: Rejection) -> Table:
-    rows = [("where", f"step {r.step + 1}, draft position {r.position + 1}"),
-            ("drafted", ", ".join(filter(None, [f"{token_text(tokenizer, r.drafted)} (id {r.drafted})", source_words(r)]))),
-            ("emitted", f"{token_text(tokenizer, r.emitted)} (id {r.emitted}), the target's token instead"),
-            ("q", f"{r.q:.4f}  the drafter's probability of the drafted token"),
-            ("p", f"{r.p:.4f}  the target's probability of it"),
-            ("rule", rule_text(r)),
-            (f"target top {len(r.target_top)}", ranked_text(tokenizer, r.target_top, "\n")),
-            (f"drafter top {len(r.drafter_top)}", ranked_text(tokenizer, r.drafter_top, "\n"))]
+    rows = [
+        ("where", f"step {r.step + 1}, draft position {r.position + 1}"),
+        ("drafted", ", ".join(filter(None, [f"{token_text(tokenizer, r.drafted)} (id {r.drafted})", source_words(r)]))),
+        ("emitted", f"{token_text(tokenizer, r.emitted)} (id {r.emitted}), the target's token instead"),
+        ("q", f"{r.q:.4f}  the drafter's probability of the drafted token"),
+        ("p", f"{r.p:.4f}  the target's probability of it"),
+        ("rule", rule_text(r)),
+        (f"target top {len(r.target_top)}", ranked_text(tokenizer, r.target_top, "\n")),
+        (f"drafter top {len(r.drafter_top)}", ranked_text(tokenizer, r.drafter_top, "\n")),
+    ]
     return as_table(rows, (f"rejection {number}", ""))
 
 
@@ -73,8 +79,9 @@ def why(session: ChatSession, arg: str) -> Table | str:
     rejections = session.records[-1].rejections
     if not rejections:
         drafted = session.records[-1].stats.drafted
-        return ("the last reply had no rejected drafts" +
-                (f" ({drafted} drafted, every one accepted)" if drafted else " (it drafted nothing)"))
+        return "the last reply had no rejected drafts" + (
+            f" ({drafted} drafted, every one accepted)" if drafted else " (it drafted nothing)"
+        )
     if not arg:
         return rejections_table(session.tokenizer, rejections)
     if not arg.isdigit() or not 1 <= int(arg) <= len(rejections):

@@ -1,23 +1,25 @@
 """The benchmark harness on tiny models: every method runs, greedy exactness is checked, files are written."""
+
 from __future__ import annotations
 
 import copy
-
 import json
 
 import matplotlib.pyplot as plt
 import pytest
 import torch
-
 from tiny_models import build_model
+
 from specchat.bench import suite as bench
 from specchat.bench.methods import Measurement, Method, Runner, default_methods
 from specchat.bench.report import markdown_table
 from specchat.config import AUTO, Config, ConfigError, with_value
 from specchat.loading.models import LoadedPair, ModelFacts
 
-PROMPTS = [{"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},
-           {"name": "chat", "kind": "chat", "messages": [{"role": "user", "content": "Hello, how are you"}]}]
+PROMPTS = [
+    {"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},
+    {"name": "chat", "kind": "chat", "messages": [{"role": "user", "content": "Hello, how are you"}]},
+]
 
 
 @pytest.fixture(autouse=True)
@@ -39,15 +41,23 @@ def tiny_pair(target, drafter, tokenizer) -> LoadedPair:
 # Slow (many seconds: every method, HF's too, both settings): the fast default checks run_bench's exactness
 # check on fewer rows below (another target's rows, the lookup and self-drafter rows, a reported mismatch).
 @pytest.mark.slow
-def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_drafter_model, int8_drafter_model,
-                                                            tokenizer, tmp_path):
+def test_bench_runs_every_method_and_checks_greedy_exactness(
+    target, similar_drafter_model, int8_drafter_model, tokenizer, tmp_path
+):
     cfg = with_value(with_value(Config(), "drafter.source", "tiny"), "drafter.quantization", "int8")
-    runner = Runner(tiny_pair(target, int8_drafter_model, tokenizer), default_methods(cfg), "",
-                    unquantized_drafter=similar_drafter_model)
+    runner = Runner(
+        tiny_pair(target, int8_drafter_model, tokenizer),
+        default_methods(cfg),
+        "",
+        unquantized_drafter=similar_drafter_model,
+    )
     labels = []
     rows = bench.run_bench(runner, PROMPTS, ["greedy", "sampled"], max_new=16, progress=labels.append)
-    assert labels[:3] == ["greedy · code · specchat target-only", "greedy · code · HF generate target-only",
-                          "greedy · code · HF assisted γ4"]
+    assert labels[:3] == [
+        "greedy · code · specchat target-only",
+        "greedy · code · HF generate target-only",
+        "greedy · code · HF assisted γ4",
+    ]
     assert len(labels) == 2 * len(PROMPTS) * len(runner.methods)
     summaries = [bench.summarise(r) for r in rows]
     greedy = {s["method"]: s for s in summaries if s["setting"] == "greedy"}
@@ -55,8 +65,9 @@ def test_bench_runs_every_method_and_checks_greedy_exactness(target, similar_dra
     assert all(s["exact"] for s in greedy.values()), [s["mismatched_prompts"] for s in greedy.values()]
     assert greedy["specchat target-only"]["vs_target"] == 1.0
     assert greedy["HF assisted γ4"]["alpha"] is None and greedy["HF assisted γ4"]["predicted"] is None
-    json_path, png_path = bench.write_results(summaries, runner.meta() | {"prompts": ["code", "chat"],
-                                                                         "max_new_tokens": 16}, tmp_path)
+    json_path, png_path = bench.write_results(
+        summaries, runner.meta() | {"prompts": ["code", "chat"], "max_new_tokens": 16}, tmp_path
+    )
     assert json.loads(json_path.read_text())["rows"] == json.loads(json.dumps(summaries))
     assert plt.imread(png_path).shape == (495, 1320, 4)  # one 6 × 4.5 in panel per setting at 110 dpi
 
@@ -74,25 +85,45 @@ TABLE = """\
 def test_the_report_table_from_known_measurements():
     """code: target-only 3 tok/s, HF 5, specchat 7.5, llama.cpp 10; chat: 4, 5, 8 and 8, where
     specchat's ids differ. llama.cpp rows are compared with llama.cpp's own target-only."""
-    methods = [Method("specchat target-only", "specchat", "target"), Method("HF assisted γ4", "hf", "assisted", 4),
-               Method("specchat γ4", "specchat", "spec", 4), Method("llama.cpp target-only", "llama.cpp", "target")]
+    methods = [
+        Method("specchat target-only", "specchat", "target"),
+        Method("HF assisted γ4", "hf", "assisted", 4),
+        Method("specchat γ4", "specchat", "spec", 4),
+        Method("llama.cpp target-only", "llama.cpp", "target"),
+    ]
     rows = {("greedy", m.name): bench.Row("greedy", m) for m in methods}
     same, other = (1, 2, 3), (1, 2, 4)
-    bench._add_prompt_results(rows, "greedy", PROMPTS[0], {
-        "specchat target-only": Measurement(same, 30, 10.0, tokens_per_step=1.0),
-        "HF assisted γ4": Measurement(same, 30, 6.0),
-        "specchat γ4": Measurement(same, 30, 4.0, 0.6, 2.5, 0.2, 4.0, 2.0),
-        "llama.cpp target-only": Measurement(other, 30, 3.0)}, greedy=True)
-    bench._add_prompt_results(rows, "greedy", PROMPTS[1], {
-        "specchat target-only": Measurement(same, 20, 5.0, tokens_per_step=1.0),
-        "HF assisted γ4": Measurement(same, 20, 4.0),
-        "specchat γ4": Measurement(other, 20, 2.5, 0.8, 3.5, 0.1, 4.0, 3.0),
-        "llama.cpp target-only": Measurement(other, 20, 2.5)}, greedy=True)
+    bench._add_prompt_results(
+        rows,
+        "greedy",
+        PROMPTS[0],
+        {
+            "specchat target-only": Measurement(same, 30, 10.0, tokens_per_step=1.0),
+            "HF assisted γ4": Measurement(same, 30, 6.0),
+            "specchat γ4": Measurement(same, 30, 4.0, 0.6, 2.5, 0.2, 4.0, 2.0),
+            "llama.cpp target-only": Measurement(other, 30, 3.0),
+        },
+        greedy=True,
+    )
+    bench._add_prompt_results(
+        rows,
+        "greedy",
+        PROMPTS[1],
+        {
+            "specchat target-only": Measurement(same, 20, 5.0, tokens_per_step=1.0),
+            "HF assisted γ4": Measurement(same, 20, 4.0),
+            "specchat γ4": Measurement(other, 20, 2.5, 0.8, 3.5, 0.1, 4.0, 3.0),
+            "llama.cpp target-only": Measurement(other, 20, 2.5),
+        },
+        greedy=True,
+    )
     assert markdown_table([bench.summarise(row) for row in rows.values()]) == TABLE.replace("\\\n", "")
 
 
 def test_a_greedy_mismatch_is_reported_not_hidden(tokenizer):
-    rows = {("greedy", name): bench.Row("greedy", Method(name, "hf", "target")) for name in ("specchat target-only", "x")}
+    rows = {
+        ("greedy", name): bench.Row("greedy", Method(name, "hf", "target")) for name in ("specchat target-only", "x")
+    }
     results = {"specchat target-only": Measurement((1, 2, 3), 3, 1.0), "x": Measurement((1, 2, 4), 3, 0.5)}
     bench._add_prompt_results(rows, "greedy", {"name": "p1", "kind": "code"}, results, greedy=True)
     summary = bench.summarise(rows[("greedy", "x")])
@@ -101,8 +132,10 @@ def test_a_greedy_mismatch_is_reported_not_hidden(tokenizer):
 
 
 def test_edit_prompts_have_their_own_ratio():
-    rows = {("greedy", name): bench.Row("greedy", Method(name, "specchat", mode)) for name, mode in
-            (("specchat target-only", "target"), ("specchat γ4", "spec"))}
+    rows = {
+        ("greedy", name): bench.Row("greedy", Method(name, "specchat", mode))
+        for name, mode in (("specchat target-only", "target"), ("specchat γ4", "spec"))
+    }
     for prompt, seconds in (({"name": "write", "kind": "code"}, 1.0), ({"name": "edit", "kind": "edit"}, 0.25)):
         results = {"specchat target-only": Measurement((1, 2), 2, 1.0), "specchat γ4": Measurement((1, 2), 2, seconds)}
         bench._add_prompt_results(rows, "greedy", prompt, results, greedy=True)
@@ -126,16 +159,20 @@ def test_bad_arguments_are_one_line_errors(capsys):
 
 def test_multi_turn_reuse_encodes_only_the_new_turn(target, similar_drafter_model, tokenizer):
     from specchat.bench.turns import compare_reuse
+
     with_reuse, without = compare_reuse(tiny_pair(target, similar_drafter_model, tokenizer), Config(), max_new=8)
     assert with_reuse.prompt_tokens == without.prompt_tokens
     assert without.reused_tokens == 0
     assert with_reuse.reused_tokens > with_reuse.prompt_tokens // 2
 
 
-def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(target, similar_drafter_model,
-                                                                           tokenizer, monkeypatch):
-    import specchat.bench.methods
+def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(
+    target, similar_drafter_model, tokenizer, monkeypatch
+):
     from conftest import CheapDrafterGamma
+
+    import specchat.bench.methods
+
     plans: list[list[int]] = []
 
     class Recording(CheapDrafterGamma):  # timing-free cost ratio: plans depend only on the drafts
@@ -147,6 +184,7 @@ def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(targe
             chosen = super().plan()
             plans[-1].append(chosen.gamma)
             return chosen
+
     monkeypatch.setattr(specchat.bench.methods, "AutoGamma", Recording)
     auto, fixed = Method("auto", "specchat", "spec", AUTO), Method("γ4", "specchat", "spec", 4)
     runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), [fixed, auto], "")
@@ -159,19 +197,23 @@ def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(targe
     assert alone and any(g > 1 for g in alone) and plans[-1] == alone
 
 
-def test_rows_on_another_target_are_checked_against_that_targets_own_target_only(target, similar_drafter_model,
-                                                                                 tokenizer):
+def test_rows_on_another_target_are_checked_against_that_targets_own_target_only(
+    target, similar_drafter_model, tokenizer
+):
     import copy
-    from specchat.runtime.attention import use_batch_invariant_attention
+
     from specchat.quant.w8a8 import quantize_w8a8
+    from specchat.runtime.attention import use_batch_invariant_attention
+
     w8a8_target = copy.deepcopy(target)
     quantize_w8a8(w8a8_target)
     use_batch_invariant_attention(w8a8_target)
     cfg = with_value(Config(), "drafter.source", "tiny")
     methods = [m for m in default_methods(cfg, ("w8a8",)) if m.kind == "specchat"]
     assert "specchat γ4 · w8a8 target" in {m.name for m in methods}
-    runner = Runner(tiny_pair(target, similar_drafter_model, tokenizer), methods, "",
-                    other_targets={"w8a8": w8a8_target})
+    runner = Runner(
+        tiny_pair(target, similar_drafter_model, tokenizer), methods, "", other_targets={"w8a8": w8a8_target}
+    )
     rows = {(r.setting, r.method.name): r for r in bench.run_bench(runner, PROMPTS, ["greedy"], 16, lambda _: None)}
     own = rows[("greedy", "specchat target-only · w8a8 target")].measurements
     other = rows[("greedy", "specchat target-only")].measurements
@@ -188,6 +230,7 @@ def test_bench_refuses_an_other_target_that_is_not_a_quantization(capsys):
 
 def test_target_fidelity_is_perfect_for_the_same_model_and_falls_for_another(target, tokenizer, monkeypatch):
     from specchat.bench import targets
+
     monkeypatch.setattr(targets, "CHUNK", 7)  # several chunks through the cache
     ids = tokenizer.encode("def reverse(lst):\n    return lst[::-1]\nThe quick brown fox")
     reference = targets.next_token_logprobs(target, ids)
@@ -200,18 +243,22 @@ def test_target_fidelity_is_perfect_for_the_same_model_and_falls_for_another(tar
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_the_kv_cache_comparison_measures_bfloat16_against_float32_on_one_model(tokenizer, kernel, monkeypatch, compiled):
+def test_the_kv_cache_comparison_measures_bfloat16_against_float32_on_one_model(
+    tokenizer, kernel, monkeypatch, compiled
+):
     from specchat.bench import targets
     from specchat.loading import models
     from specchat.quant.w4a8 import quantize_w4a8
     from specchat.runtime.lean import attach_lean
     from specchat.spec.model_io import runner
+
     model = build_model(len(tokenizer), seed=3, layers=2, hidden=128)
     quantize_w4a8(model, None, kernel)
 
     def load_model(mc, role, kv_cache):
         attach_lean(model, kernel.LeanLayers if compiled else None, kv_cache)
         return model, tokenizer, ModelFacts("tiny", "tiny", 0, "float32", "w4a8", "cpu", 0, 0.0, "", "lean")
+
     monkeypatch.setattr(models, "load_model", load_model)
     monkeypatch.setattr(targets, "CHUNK", 16)
     lines = []
@@ -232,8 +279,10 @@ def test_the_lookup_ablation_variant_differs_from_the_default_levers(target, sim
 
     def no_unquantized_drafter():
         raise AssertionError("only the drafter variant loads the unquantized drafter")
-    runners = variants(Config(), tiny_pair(target, similar_drafter_model, tokenizer), no_unquantized_drafter,
-                       ["lookup"])
+
+    runners = variants(
+        Config(), tiny_pair(target, similar_drafter_model, tokenizer), no_unquantized_drafter, ["lookup"]
+    )
     assert list(runners) == [BASELINE, "+ prompt lookup"]
     assert [r.speculation.prompt_lookup for r in runners.values()] == [False, True]
 
@@ -245,8 +294,9 @@ def test_only_picks_prompts_by_name_and_names_the_unknown_ones():
         bench.load_prompts(None, False, "linked-list,nope")
 
 
-def test_lookup_and_self_drafter_rows_run_exact_and_methods_filter_keeps_baselines(target, similar_drafter_model,
-                                                                                   tokenizer):
+def test_lookup_and_self_drafter_rows_run_exact_and_methods_filter_keeps_baselines(
+    target, similar_drafter_model, tokenizer
+):
     cfg = with_value(Config(), "drafter.source", "tiny")
     methods = bench.chosen_methods(default_methods(cfg, drafters=("lookup", "self:2")), "lookup,self:")
     assert [m.name for m in methods] == ["specchat target-only", "specchat lookup γ4", "specchat self:2 γ4"]

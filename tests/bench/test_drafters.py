@@ -1,5 +1,6 @@
 """The drafter comparison: agreement is perfect for the target itself, lower for a noisier drafter, and the
 sampled acceptance is Σ min(p, q) at each reply position."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,14 +34,15 @@ def test_the_target_agrees_with_itself_everywhere(target, tokenizer, replies):
 
 
 def test_a_noisier_drafter_agrees_less_and_its_acceptance_is_the_overlap_of_the_laws(
-        similar_drafter_model, unrelated_drafter_model, tokenizer, replies):
+    similar_drafter_model, unrelated_drafter_model, tokenizer, replies
+):
     width = len(tokenizer)
     similar = drafters.agreement(replies, similar_drafter_model, width, SAMPLED)
     unrelated = drafters.agreement(replies, unrelated_drafter_model, width, SAMPLED)
     assert unrelated[0] < similar[0] < 1 and unrelated[1] < similar[1] < 1
     overlap = 0.0  # Σ min(p, q) by hand, position by position
     for r in replies:
-        logits = similar_drafter_model(torch.tensor([r.prompt + r.reply[:-1]])).logits[0, -len(r.reply):, :width]
+        logits = similar_drafter_model(torch.tensor([r.prompt + r.reply[:-1]])).logits[0, -len(r.reply) :, :width]
         q = torch.softmax(logits.float() / 0.7, -1)
         kept = torch.where(q >= _nucleus_floor(q, 0.9), q, 0)
         q = kept / kept.sum(-1, True)
@@ -57,12 +59,17 @@ def _nucleus_floor(q: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def test_compare_loads_each_mode_and_reports_a_line(target, similar_drafter_model, tokenizer, replies, monkeypatch):
     from specchat.loading import models
+
     loaded = []
 
     def load_model(mc, progress, role, kv_cache):
         loaded.append((mc.quantization, role, kv_cache))
-        return similar_drafter_model, tokenizer, ModelFacts("tiny-drafter", "tiny", 0, "float32", mc.quantization,
-                                                            "cpu", 2_000_000, 0.0)
+        return (
+            similar_drafter_model,
+            tokenizer,
+            ModelFacts("tiny-drafter", "tiny", 0, "float32", mc.quantization, "cpu", 2_000_000, 0.0),
+        )
+
     monkeypatch.setattr(models, "load_model", load_model)
     lines = []
     results = drafters.compare(Config(), _target(target, tokenizer), ["none", "int8"], replies, SAMPLED, lines.append)
@@ -72,11 +79,14 @@ def test_compare_loads_each_mode_and_reports_a_line(target, similar_drafter_mode
     assert "greedy agreement" in lines[0] and "sampled acceptance" in lines[0] and "2 MB" in lines[0]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--modes", "w4a4"], "--modes takes quantizations"),
-    (["--top-p", "0"], "--top-p in (0, 1]"),
-    (["drafter.source="], "no drafter to compare"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--modes", "w4a4"], "--modes takes quantizations"),
+        (["--top-p", "0"], "--top-p in (0, 1]"),
+        (["drafter.source="], "no drafter to compare"),
+    ],
+)
 def test_bad_arguments_get_one_line_and_status_2(argv, message, capsys):
     assert drafters.main(argv) == 2
     err = capsys.readouterr().err

@@ -1,5 +1,6 @@
 """The GPU check's bench (specchat/bench/gpu.py) run on the CPU at the tiny shape: it builds its checkpoints,
 measures every method side by side, and its report says what it saw (the self pair accepts every draft)."""
+
 from __future__ import annotations
 
 import json
@@ -13,16 +14,37 @@ from specchat.bench.synthetic import SHAPES, checkpoint
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-bench")
-    status = gpu.main(["--out", str(out), "--device", "cpu", "--shapes", "tiny", "--variants", "float32",
-                       "--pairs", "small", "self", "--new-tokens", "10", "--prompts", "2", "--repeats", "2"])
+    status = gpu.main(
+        [
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--shapes",
+            "tiny",
+            "--variants",
+            "float32",
+            "--pairs",
+            "small",
+            "self",
+            "--new-tokens",
+            "10",
+            "--prompts",
+            "2",
+            "--repeats",
+            "2",
+        ]
+    )
     return status, json.loads((out / "gpu_bench.json").read_text()), (out / "gpu_bench.md").read_text()
 
 
 def test_every_pair_is_measured_by_every_method(report):
     status, data, _ = report
     assert status == 0
-    assert [(r["shape"], r["variant"], r["pair"]) for r in data["rows"]] == [("tiny", "float32", "small"),
-                                                                            ("tiny", "float32", "self")]
+    assert [(r["shape"], r["variant"], r["pair"]) for r in data["rows"]] == [
+        ("tiny", "float32", "small"),
+        ("tiny", "float32", "self"),
+    ]
     for row in data["rows"]:
         assert set(row["tok_s"]) == {m.name for m in gpu.METHODS}
         assert all(rate > 0 for rate in row["tok_s"].values())

@@ -1,6 +1,7 @@
 """llama.cpp as a bench peer: when its rows run, what they are compared with, and the greedy drafter
 that feeds llama-cpp-python's draft hook (tested on a fake context: llama-cpp-python is not a test
 dependency)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -30,8 +31,12 @@ def test_a_target_that_is_not_a_gguf_file_has_no_llama_cpp_rows(monkeypatch, tmp
 def test_llama_cpp_rows_are_compared_with_llama_cpp_target_only():
     methods = default_methods(load_config(None, []), llamacpp=True)
     rows = [m for m in methods if m.kind == "llama.cpp"]
-    assert [m.name for m in rows] == ["llama.cpp target-only", "llama.cpp speculative γ4", "llama.cpp speculative γ8",
-                                      "llama.cpp n-gram"]
+    assert [m.name for m in rows] == [
+        "llama.cpp target-only",
+        "llama.cpp speculative γ4",
+        "llama.cpp speculative γ8",
+        "llama.cpp n-gram",
+    ]
     assert {m.baseline for m in rows} == {"llama.cpp target-only"}
     assert all(m.baseline == "specchat target-only" for m in methods if m.kind != "llama.cpp" and not m.target)
 
@@ -57,7 +62,7 @@ class FakeLlama:
 
     def eval(self, tokens: list[int]) -> None:
         self.fed.append(list(tokens))
-        self.input_ids[self.n_tokens:self.n_tokens + len(tokens)] = tokens
+        self.input_ids[self.n_tokens : self.n_tokens + len(tokens)] = tokens
         self.n_tokens += len(tokens)
 
     def _logits(self):

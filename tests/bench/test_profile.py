@@ -1,4 +1,5 @@
 """The step profiler: time lands in the part that spent it, and the parts add up to the step."""
+
 from __future__ import annotations
 
 import copy
@@ -7,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_models import build_model
 from torch import nn
 
 from specchat.bench import part_timing, profile
-from tiny_models import build_model
+from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
 from specchat.spec import model_io
-from specchat.quant.w8a8 import quantize_w8a8
 
 
 class SleepyLinear(nn.Linear):
@@ -48,8 +49,8 @@ class Block(nn.Module):
 def test_projection_time_counts_as_matmuls_not_attention():
     block, x = Block(), torch.randn(1, 4)
     row = part_timing.split_forward([block], lambda: block(x), lambda: None, repeats=1)
-    assert row["matmuls"] >= 70      # the split is scaled onto the unhooked total: a little less
-    assert 8 <= row["attention"] < 60   # the 80 ms projection inside attention is not counted twice
+    assert row["matmuls"] >= 70  # the split is scaled onto the unhooked total: a little less
+    assert 8 <= row["attention"] < 60  # the 80 ms projection inside attention is not counted twice
     assert row["other"] >= 15
     assert abs(row["matmuls"] + row["attention"] + row["other"] - row["total"]) < 1e-6
 
@@ -75,14 +76,17 @@ def test_every_row_of_a_tiny_pair_splits_its_whole_step(target, similar_drafter_
         assert row["kernel"] == 0  # no w8a8 or w4a8 layer in these models
 
 
-@pytest.mark.parametrize("mode, forward", [("w8a8", "transformers"), ("w8a8", "lean"), ("w4a8", "transformers"),
-                                           ("w4a8", "lean"), ("w4a8", "lean compiled")])
+@pytest.mark.parametrize(
+    "mode, forward",
+    [("w8a8", "transformers"), ("w8a8", "lean"), ("w4a8", "transformers"), ("w4a8", "lean"), ("w4a8", "lean compiled")],
+)
 def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tokenizer, forward, mode, request):
     model = copy.deepcopy(target).float()
     if mode == "w8a8":
         quantize_w8a8(model)
     else:
         from specchat.quant.w4a8 import quantize_w4a8
+
         model = build_model(len(tokenizer), seed=1, layers=2, hidden=128)
         quantize_w4a8(model, None, request.getfixturevalue("kernel"))
     if forward == "lean":  # q/k/v and gate/up run through w8a8.same_input, not their modules
@@ -90,8 +94,7 @@ def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tok
     elif forward == "lean compiled":  # the layers run in one C++ call, timed inside it
         lean.attach_lean(model, request.getfixturevalue("kernel").LeanLayers)
     pair = SimpleNamespace(target=model, drafter=None, vocab_size=len(tokenizer), eos_ids={0})
-    rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0,
-                                repeats=2)
+    rows = profile.forward_rows(pair, tokenizer.encode("hello world, hello"), gamma=2, vocab_limit=0, repeats=2)
     assert all(0 < row["kernel"] < row["matmuls"] and row["attention"] > 0 for row in rows.values())
     if forward == "lean compiled":
         assert getattr(model, model_io.RUNNER).native_loop() is not None
@@ -100,6 +103,7 @@ def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tok
 
 def test_host_rows_time_greedy_and_sampled_verification(tokenizer):
     from specchat.spec.sampling import probs_from_logits
+
     pair = SimpleNamespace(vocab_size=len(tokenizer), probs=probs_from_logits)
     peaked = torch.full((9, len(tokenizer)), -30.0)
     peaked[:, 7] = 0.0  # a real reply's narrow nucleus
@@ -118,13 +122,16 @@ def test_bad_arguments_are_one_line_errors(capsys):
 def test_prefill_rows_read_each_models_prompt_in_chunks_and_split_the_time(tokenizer, kernel, monkeypatch):
     from specchat.bench import prefill
     from specchat.quant.w4a8 import quantize_w4a8
+
     models = [build_model(len(tokenizer), seed=seed, layers=2, hidden=128) for seed in (1, 2)]
     for model in models:
         quantize_w4a8(model, None, kernel)
         lean.attach_lean(model, kernel.LeanLayers)
     fed = []
     real_forward = model_io.forward
-    monkeypatch.setattr(model_io, "forward", lambda m, c, ids, keep: fed.append(len(ids)) or real_forward(m, c, ids, keep))
+    monkeypatch.setattr(
+        model_io, "forward", lambda m, c, ids, keep: fed.append(len(ids)) or real_forward(m, c, ids, keep)
+    )
     pair = SimpleNamespace(target=models[0], drafter=models[1])
     ids = prefill.prompt_ids(tokenizer, "def f(x):\n    return x\n", 70)
     assert len(ids) == 70
@@ -142,4 +149,3 @@ def test_prefill_arguments_are_checked(capsys):
     assert profile.main(["--prefill", "0"]) == 2
     assert "--prefill" in capsys.readouterr().err
     assert profile.main(["--prefill", "512", "--chunk", "0"]) == 2
-

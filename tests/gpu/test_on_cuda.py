@@ -5,17 +5,18 @@ scripts/gpu_check.sh runs them.
 GPU kernels are not batch-invariant in general (cuBLAS picks kernels by shape), so where greedy speculative output
 differs from target-only output, the first difference must be a near tie in the logits' dtype (compare.py).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from tiny_models import build_model, build_tokenizer
+
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig
-from specchat.spec.engine import Engine
-from specchat.spec.sampling import make_generator
 from specchat.loading.models import load_pair
 from specchat.session.compare import Comparer
+from specchat.spec.engine import Engine
+from specchat.spec.sampling import make_generator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -48,11 +49,13 @@ def dirs(tmp_path_factory, tok):
 
 def pair_on_cuda(dirs, target_keys=None, drafter_keys=None):
     target_dir, drafter_dir = dirs
-    return load_pair(Config(target=ModelConfig(source=target_dir, **{"device": "cuda", "dtype": "float32",
-                                                                     **(target_keys or {})}),
-                            drafter=ModelConfig(source=drafter_dir, **{"device": "cuda", "dtype": "float32",
-                                                                       **(drafter_keys or {})}),
-                            speculation=SpeculationConfig(mode="spec")))
+    return load_pair(
+        Config(
+            target=ModelConfig(source=target_dir, **{"device": "cuda", "dtype": "float32", **(target_keys or {})}),
+            drafter=ModelConfig(source=drafter_dir, **{"device": "cuda", "dtype": "float32", **(drafter_keys or {})}),
+            speculation=SpeculationConfig(mode="spec"),
+        )
+    )
 
 
 def reply(pair, mode: str, ids: list[int], sampling=GREEDY, gamma: int = 4) -> tuple[int, ...]:
@@ -94,8 +97,9 @@ def test_sampling_runs_on_the_device_and_repeats_with_its_seed(dirs, tok):
     assert reply(pair, "target", ids, sampling)  # target-only sampling on the device too
 
 
-@pytest.mark.parametrize("quantization, layer, dtype", [("4bit", "Linear4bit", "float32"),
-                                                        ("8bit", "Linear8bitLt", "float16")])
+@pytest.mark.parametrize(
+    "quantization, layer, dtype", [("4bit", "Linear4bit", "float32"), ("8bit", "Linear8bitLt", "float16")]
+)
 def test_bitsandbytes_targets_on_cuda(dirs, tok, quantization, layer, dtype):
     pair = pair_on_cuda(dirs, {"quantization": quantization, "dtype": "auto" if quantization == "8bit" else "float32"})
     assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == layer
@@ -108,8 +112,7 @@ def test_bitsandbytes_targets_on_cuda(dirs, tok, quantization, layer, dtype):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_device_map_auto_spreads_the_target_over_two_gpus(dirs, tok):
     size = build_model(len(tok), seed=1, layers=2).get_memory_footprint()
-    pair = pair_on_cuda(dirs, {"device_map": "auto", "max_memory": {"0": size // 2, "1": "1GiB"}},
-                        {"device": "cuda:0"})
+    pair = pair_on_cuda(dirs, {"device_map": "auto", "max_memory": {"0": size // 2, "1": "1GiB"}}, {"device": "cuda:0"})
     assert pair.target_facts.device == "cuda:0,cuda:1"
     assert_greedy_exact(pair, tok)
 
@@ -117,10 +120,14 @@ def test_device_map_auto_spreads_the_target_over_two_gpus(dirs, tok):
 def test_a_step_on_cuda_reads_the_device_once_or_twice(dirs, tok):
     """The explicit synchronize calls of the timed regions (spec/timing.py) are not counted: they are the cost ratio's."""
     from syncs import reads_per_step
+
     pair = pair_on_cuda(dirs)
     for gamma in (2, 8):
         for temperature in (0.0, 0.8):
-            steps = reads_per_step(Engine.for_pair(pair), tok.encode(PROMPTS[0]),
-                                   SamplingConfig(temperature=temperature, max_new_tokens=32, seed=1),
-                                   SpeculationConfig(gamma=gamma))
+            steps = reads_per_step(
+                Engine.for_pair(pair),
+                tok.encode(PROMPTS[0]),
+                SamplingConfig(temperature=temperature, max_new_tokens=32, seed=1),
+                SpeculationConfig(gamma=gamma),
+            )
             assert all(reads == 1 + (accepted < drafted) for reads, drafted, accepted in steps), (gamma, steps)

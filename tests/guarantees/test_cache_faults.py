@@ -16,6 +16,7 @@ permission); an unreadable file (EACCES as a user meets it) or a read that fails
 line naming it and is kept; blocks that do not fit their layer are rebuilt; every rename into the cache is
 fsynced. The kernel build: a dead builder's torch lock, a start killed while compiling, a read-only build.
 """
+
 from __future__ import annotations
 
 import errno
@@ -38,13 +39,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
+from model_files import later, logits, save_dir, tiny_qwen2, write_gguf
 from tiny_models import build_model, build_tokenizer
+
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading import assets, gguf_convert, quantized_cache, tensor_file
 from specchat.loading.models import load_model
-from model_files import later, logits, save_dir, tiny_qwen2, write_gguf
 
 TESTS = Path(__file__).resolve().parent
 DEAD_PID = 999_999_999  # above any pid_max: the writer of a leftover named with it is surely gone
@@ -72,8 +73,9 @@ class World:
     @cached_property
     def bundle(self) -> assets.BundledModel:
         data = self.gguf.read_bytes()
-        return assets.BundledModel("Tiny-Qwen-Faults", "fake-faults-part", "0", 3, len(data),
-                                   hashlib.sha256(data).hexdigest())
+        return assets.BundledModel(
+            "Tiny-Qwen-Faults", "fake-faults-part", "0", 3, len(data), hashlib.sha256(data).hexdigest()
+        )
 
     def make(self) -> World:
         tok = build_tokenizer()
@@ -135,7 +137,7 @@ GGUF, CONVERTED, QUANTIZED = Artefact("gguf"), Artefact("converted"), Artefact("
 class Kind:
     name: str
     artefacts: tuple[Artefact, ...]  # what its load builds; the first is the one under test
-    build_line: str                  # how the line saying it builds the artefact starts
+    build_line: str  # how the line saying it builds the artefact starts
 
     def config(self, world: World) -> ModelConfig:
         if self.name == "assembled":
@@ -149,9 +151,11 @@ class Kind:
         return self.artefacts[0]
 
 
-KINDS = {"assembled": Kind("assembled", (GGUF, CONVERTED), "assembling"),
-         "converted": Kind("converted", (CONVERTED,), "converting"),
-         "quantized": Kind("quantized", (QUANTIZED,), "quantizing")}
+KINDS = {
+    "assembled": Kind("assembled", (GGUF, CONVERTED), "assembling"),
+    "converted": Kind("converted", (CONVERTED,), "converting"),
+    "quantized": Kind("quantized", (QUANTIZED,), "quantizing"),
+}
 
 
 # ----- fixtures -----------------------------------------------------------------------------------------
@@ -172,8 +176,11 @@ def references(world, tmp_path_factory) -> dict:
             patch.setenv("SPECCHAT_CACHE", str(root))
             model, tokenizer, _ = load_model(kind.config(world))
             sizes = [path.stat().st_size for path in root.rglob("*") if path.is_file()]
-            refs[name] = (logits(model, tokenizer), {a.label: a.files(world) for a in kind.artefacts},
-                          (sum(sizes), max(sizes)))
+            refs[name] = (
+                logits(model, tokenizer),
+                {a.label: a.files(world) for a in kind.artefacts},
+                (sum(sizes), max(sizes)),
+            )
     return refs
 
 
@@ -192,8 +199,9 @@ def load(kind: Kind, world: World):
     return logits(model, tokenizer), seen
 
 
-def assert_nothing_wrong_taken_as_complete(kind: Kind, world: World, references: dict, cache: Path,
-                                           probe: Path, monkeypatch) -> None:
+def assert_nothing_wrong_taken_as_complete(
+    kind: Kind, world: World, references: dict, cache: Path, probe: Path, monkeypatch
+) -> None:
     """On a copy of the cache (mtimes kept; the checks may write stamps or drop damaged files), each
     artefact the cache's own checks accept equals the undamaged one."""
     if cache.exists():
@@ -274,8 +282,11 @@ def damage(kind: Kind, fault: str, world: World) -> None:
     elif fault == "missing file":
         (path / "model.safetensors").unlink() if path.is_dir() else path.unlink()
     elif fault == "missing record":  # the GGUF's .verified stamp, specchat.json, the quantized sidecar
-        record = {"assembled": path.with_name(path.name + ".verified"), "converted": path / gguf_convert.META,
-                  "quantized": path.with_name(path.name + ".json")}[kind.name]
+        record = {
+            "assembled": path.with_name(path.name + ".verified"),
+            "converted": path / gguf_convert.META,
+            "quantized": path.with_name(path.name + ".json"),
+        }[kind.name]
         record.unlink()
     elif fault == "leftover temporary":
         leave_temporary(path)
@@ -303,8 +314,9 @@ FAULTS = [  # (kind, fault, what the next load does)
 
 
 @pytest.mark.parametrize("kind_name, fault, expect", FAULTS, ids=[f"{k}-{f}" for k, f, _ in FAULTS])
-def test_a_damaged_artefact_heals_at_the_next_load(kind_name, fault, expect, world, references, cache,
-                                                   tmp_path, monkeypatch):
+def test_a_damaged_artefact_heals_at_the_next_load(
+    kind_name, fault, expect, world, references, cache, tmp_path, monkeypatch
+):
     kind = KINDS[kind_name]
     load(kind, world)
     damage(kind, fault, world)
@@ -331,14 +343,17 @@ def _replace_into(folder: str):
 
 def _safetensors():
     import safetensors.torch
+
     return safetensors.torch
 
 
 # (owner, attribute, "before"|"after" the call, which calls) or ("progress", which reports)
 POINTS = {
     "assembled": {
-        "half written": ("progress", lambda message, fraction: message.startswith("assembling")
-                         and fraction is not None and fraction >= 0.5),
+        "half written": (
+            "progress",
+            lambda message, fraction: message.startswith("assembling") and fraction is not None and fraction >= 0.5,
+        ),
         "written, before the rename": (lambda: os, "replace", "before", _replace_into("gguf")),
         "renamed, before its stamp": (lambda: os, "replace", "after", _replace_into("gguf")),
     },
@@ -375,9 +390,14 @@ KILLS = [  # (kind, point, damaged first so the worker is rebuilding, what the n
 ]
 
 
-LEAVE_A_TEMPORARY = {"half written", "written, before the rename", "weights written, tokenizer not yet",
-                     "files written, no record yet", "weights in the temporary file",
-                     "record written, before the rename"}
+LEAVE_A_TEMPORARY = {
+    "half written",
+    "written, before the rename",
+    "weights written, tokenizer not yet",
+    "files written, no record yet",
+    "weights in the temporary file",
+    "record written, before the rename",
+}
 
 
 def _pause() -> None:
@@ -404,6 +424,7 @@ def _arm(kind_name: str, point: str):
         if hit and when == "after":
             _pause()
         return result
+
     setattr(owner, name, hooked)
     return None
 
@@ -441,10 +462,15 @@ def fork_server() -> None:
 
 def child_env(**extra: str) -> dict:
     """The environment of a child process: this one's (the cache included), offline, one thread, tests importable."""
-    return dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                TRANSFORMERS_OFFLINE="1",
-                PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")])),
-                **extra)
+    return dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH")])),
+        **extra,
+    )
 
 
 class ForkServer:
@@ -453,8 +479,14 @@ class ForkServer:
         with log.open("w") as errors:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", "import test_cache_faults; test_cache_faults.fork_server()"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, bufsize=1,
-                cwd=TESTS.parents[1], env=child_env())
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                text=True,
+                bufsize=1,
+                cwd=TESTS.parents[1],
+                env=child_env(),
+            )
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -507,16 +539,24 @@ def server(tmp_path_factory):
 
 # The fast default (`pytest -m "not slow"`) kills one worker of each kind, one of them while it rebuilds and
 # one after the rename; the whole matrix is slow (it runs in a plain `pytest`).
-FAST_KILLS = {("assembled", "half written", False), ("converted", "weights written, tokenizer not yet", False),
-              ("quantized", "renamed into place", False), ("quantized", "record written, before the rename", True)}
-KILL_CASES = [pytest.param(k, p, r, e, id=f"{k}-{p}{'-rebuilding' if r else ''}",
-                           marks=() if (k, p, r) in FAST_KILLS else pytest.mark.slow) for k, p, r, e in KILLS]
+FAST_KILLS = {
+    ("assembled", "half written", False),
+    ("converted", "weights written, tokenizer not yet", False),
+    ("quantized", "renamed into place", False),
+    ("quantized", "record written, before the rename", True),
+}
+KILL_CASES = [
+    pytest.param(
+        k, p, r, e, id=f"{k}-{p}{'-rebuilding' if r else ''}", marks=() if (k, p, r) in FAST_KILLS else pytest.mark.slow
+    )
+    for k, p, r, e in KILLS
+]
 
 
 @pytest.mark.parametrize("kind_name, point, rebuilding, expect", KILL_CASES)
-def test_a_kill_during_the_work_leaves_nothing_taken_as_complete(kind_name, point, rebuilding, expect, world,
-                                                                 references, cache, server, tmp_path,
-                                                                 monkeypatch):
+def test_a_kill_during_the_work_leaves_nothing_taken_as_complete(
+    kind_name, point, rebuilding, expect, world, references, cache, server, tmp_path, monkeypatch
+):
     kind = KINDS[kind_name]
     if rebuilding:
         load(kind, world)
@@ -556,8 +596,16 @@ def child_main() -> None:
     except ModelLoadError as err:
         print(json.dumps({"error": str(err)}), flush=True)
         sys.exit(ERROR_EXIT)
-    print(json.dumps({"logits": _digest(out), "seen": seen, "leftovers": leftovers(kind, world),
-                      "files": {artefact.label: artefact.files(world) for artefact in kind.artefacts}}))
+    print(
+        json.dumps(
+            {
+                "logits": _digest(out),
+                "seen": seen,
+                "leftovers": leftovers(kind, world),
+                "files": {artefact.label: artefact.files(world) for artefact in kind.artefacts},
+            }
+        )
+    )
 
 
 @dataclass
@@ -578,8 +626,15 @@ def outcome_of(rc: int, stdout: str, stderr: str) -> Outcome:
 
 
 def run_child(job: dict, prefix: list[str] = (), timeout: float = 300, **popen) -> Outcome:
-    done = subprocess.run(child_command(job, prefix), capture_output=True, text=True, timeout=timeout,
-                          cwd=TESTS.parents[1], env=popen.pop("env", child_env()), **popen)
+    done = subprocess.run(
+        child_command(job, prefix),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=TESTS.parents[1],
+        env=popen.pop("env", child_env()),
+        **popen,
+    )
     return outcome_of(done.returncode, done.stdout, done.stderr)
 
 
@@ -598,12 +653,20 @@ class Namespace:
         self.starts += 1
 
     def outcomes(self) -> list[Outcome]:
-        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(self.lines)],
-                              capture_output=True, text=True, timeout=600, cwd=TESTS.parents[1], env=child_env())
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(self.lines)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=TESTS.parents[1],
+            env=child_env(),
+        )
         assert done.returncode == 0, done.stderr
         bases = [self.folder / f"start-{n}" for n in range(self.starts)]
-        return [outcome_of(int(Path(f"{b}.rc").read_text()), Path(f"{b}.out").read_text(), Path(f"{b}.err").read_text())
-                for b in bases]
+        return [
+            outcome_of(int(Path(f"{b}.rc").read_text()), Path(f"{b}.out").read_text(), Path(f"{b}.err").read_text())
+            for b in bases
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -613,8 +676,9 @@ def mounts(tmp_path_factory) -> None:
     if shutil.which("unshare") is None:
         pytest.skip("no unshare (util-linux) to mount a small tmpfs or a read-only folder in a namespace")
     script = f"mount -t tmpfs -o size=64k,mode=0700 tmpfs {where} && mount -o remount,size=128k {where}"
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script], capture_output=True, text=True
+    )
     if done.returncode:
         pytest.skip(f"no mount namespace here (needs root or CAP_SYS_ADMIN): {done.stderr.strip()[:200]}")
 
@@ -656,8 +720,11 @@ def assert_started(outcome: Outcome, kind: Kind, references: dict, expect: str |
 
 def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every file under root but the `.verified` stamps (a read may add one)."""
-    return {str(path.relative_to(root)): _sha(path) for path in sorted(root.rglob("*"))
-            if path.is_file() and path.suffix != ".verified"}
+    return {
+        str(path.relative_to(root)): _sha(path)
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.suffix != ".verified"
+    }
 
 
 def set_tree_writable(root: Path, writable: bool) -> None:
@@ -668,8 +735,9 @@ def set_tree_writable(root: Path, writable: bool) -> None:
 
 
 @pytest.mark.parametrize("kind_name", KIND_CASES)
-def test_a_full_disk_at_the_first_start_ends_in_one_line_and_the_next_start_heals(kind_name, world, references,
-                                                                                   cache, mounts, tmp_path):
+def test_a_full_disk_at_the_first_start_ends_in_one_line_and_the_next_start_heals(
+    kind_name, world, references, cache, mounts, tmp_path
+):
     """The cache on a tmpfs half the size it needs (ENOSPC); then the tmpfs grows, as when space is freed."""
     kind, total = KINDS[kind_name], references[kind_name][2][0]
     cache.mkdir(mode=0o700)
@@ -684,14 +752,16 @@ def test_a_full_disk_at_the_first_start_ends_in_one_line_and_the_next_start_heal
 
 
 @pytest.mark.parametrize("kind_name", KIND_CASES)
-def test_a_file_size_limit_at_the_first_start_ends_in_one_line_and_the_next_start_heals(kind_name, world,
-                                                                                         references, cache):
+def test_a_file_size_limit_at_the_first_start_ends_in_one_line_and_the_next_start_heals(
+    kind_name, world, references, cache
+):
     """RLIMIT_FSIZE at half the largest file the cache needs (EFBIG, as a full disk but needing no mount)."""
     limit = references[kind_name][2][1] // 2
 
     def limited():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
     job = {"kind": kind_name, "world": str(world.root)}
     assert_one_line_error(run_child(job, preexec_fn=limited), "EFBIG", str(cache))
     out, seen = load(KINDS[kind_name], world)
@@ -701,8 +771,7 @@ def test_a_file_size_limit_at_the_first_start_ends_in_one_line_and_the_next_star
 
 @pytest.mark.parametrize("how", ["read-only mount", "no write permission"])
 @pytest.mark.parametrize("kind_name", KIND_CASES)
-def test_a_read_only_cache_that_holds_everything_starts(kind_name, how, world, references, cache, tmp_path,
-                                                        request):
+def test_a_read_only_cache_that_holds_everything_starts(kind_name, how, world, references, cache, tmp_path, request):
     """Built by a first start, then read-only: the next start neither writes (a stamp) nor deletes, and runs."""
     kind = KINDS[kind_name]
     load(kind, world)
@@ -728,13 +797,16 @@ def test_a_read_only_cache_that_holds_everything_starts(kind_name, how, world, r
     assert tree_digest(cache) == before
 
 
-UNREADABLE = {"quantized": lambda world: QUANTIZED.path(world),  # the file itself
-              "converted": lambda world: CONVERTED.path(world) / gguf_convert.META}  # its record
+UNREADABLE = {
+    "quantized": lambda world: QUANTIZED.path(world),  # the file itself
+    "converted": lambda world: CONVERTED.path(world) / gguf_convert.META,
+}  # its record
 
 
 @pytest.mark.parametrize("kind_name", ["quantized", pytest.param("converted", marks=pytest.mark.slow)])
-def test_an_unreadable_cache_file_ends_in_one_line_naming_it_and_is_kept(kind_name, world, references, cache,
-                                                                        unprivileged):
+def test_an_unreadable_cache_file_ends_in_one_line_naming_it_and_is_kept(
+    kind_name, world, references, cache, unprivileged
+):
     """EACCES as a user meets it: one line naming the file and the errno, and the file stays as it was."""
     kind = KINDS[kind_name]
     load(kind, world)
@@ -750,13 +822,17 @@ def test_an_unreadable_cache_file_ends_in_one_line_naming_it_and_is_kept(kind_na
     assert_healed(kind, world, references, "kept")
 
 
-IO_ERRORS = {"EIO": lambda: OSError(errno.EIO, os.strerror(errno.EIO)), "ENOMEM": MemoryError,
-             "ENOSPC": lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))}
+IO_ERRORS = {
+    "EIO": lambda: OSError(errno.EIO, os.strerror(errno.EIO)),
+    "ENOMEM": MemoryError,
+    "ENOSPC": lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+}
 READS = {"quantized": (lambda: tensor_file, "read_tensors"), "converted": (lambda: gguf_convert, "read_meta")}
 
 
-@pytest.mark.parametrize("kind_name, code", [("quantized", "EIO"), ("quantized", "ENOMEM"), ("quantized", "ENOSPC"),
-                                             ("converted", "EIO")])
+@pytest.mark.parametrize(
+    "kind_name, code", [("quantized", "EIO"), ("quantized", "ENOMEM"), ("quantized", "ENOSPC"), ("converted", "EIO")]
+)
 def test_an_io_error_while_reading_keeps_a_good_file(kind_name, code, world, references, cache, monkeypatch):
     """A read that fails (a failing disk, too little memory while copying the tensors) names the file and the
     errno in one line; the good file is not deleted, and the next start uses it as it is."""
@@ -767,6 +843,7 @@ def test_an_io_error_while_reading_keeps_a_good_file(kind_name, code, world, ref
 
     def failing(*args, **kwargs):
         raise IO_ERRORS[code]()
+
     with monkeypatch.context() as patch:
         patch.setattr(owner(), name, failing)
         with pytest.raises(ModelLoadError) as raised:
@@ -825,6 +902,7 @@ def _log_fsyncs_and_renames(patch: pytest.MonkeyPatch, cache: Path) -> list[tupl
             inside = [src, *Path(src).rglob("*")] if Path(src).is_dir() else [src]
             events.append(("replace", str(dst), {str(path) for path in inside}))
         real_replace(src, dst, *args, **kwargs)
+
     patch.setattr(os, "fsync", fsync)
     patch.setattr(os, "replace", replace)
     return events
@@ -864,6 +942,7 @@ exec {compiler} "$@"
 
 def _child_kernel(job: dict) -> None:
     from specchat.kernels import build
+
     build.kernel_sources = lambda: [Path(job["source"])]
     module = build.build_kernel(job["build_dir"], "tinyext")
     print(json.dumps({"answer": module.answer()}), flush=True)
@@ -894,11 +973,20 @@ def test_a_dead_builders_torch_lock_does_not_hold_up_the_kernel_build(tiny_kerne
 def test_a_start_killed_while_compiling_the_kernel_does_not_hold_up_the_next(tiny_kernel, tmp_path):
     build_dir, started = Path(tiny_kernel["build_dir"]), tmp_path / "compiling"
     compiler = tmp_path / "slow-c++"
-    compiler.write_text(SLOW_COMPILER.format(started=shlex.quote(str(started)),
-                                             compiler=shlex.quote(shutil.which(os.environ.get("CXX", "c++")))))
+    compiler.write_text(
+        SLOW_COMPILER.format(
+            started=shlex.quote(str(started)), compiler=shlex.quote(shutil.which(os.environ.get("CXX", "c++")))
+        )
+    )
     compiler.chmod(0o755)
-    first = subprocess.Popen(child_command(tiny_kernel), cwd=TESTS.parents[1], env=child_env(CXX=str(compiler)),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = subprocess.Popen(
+        child_command(tiny_kernel),
+        cwd=TESTS.parents[1],
+        env=child_env(CXX=str(compiler)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 240
     while not (started.exists() and (build_dir / "lock").exists()) and first.poll() is None:
         assert time.monotonic() < deadline, "the first start never began compiling"

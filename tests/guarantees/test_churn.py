@@ -47,6 +47,7 @@ What must hold:
 Sampled replies are not compared with anything (the statistical tests cover their law); they must
 complete with the same cache invariants.
 """
+
 from __future__ import annotations
 
 import copy
@@ -56,29 +57,58 @@ from collections import Counter
 
 import pytest
 import torch
-
 from conftest import CheapDrafterGamma, make_engine
+
 from specchat.config import AUTO, Config, SamplingConfig
-from specchat.runtime import lean
-from specchat.spec import model_io
-from specchat.spec.events import ReplyDone, StepDone, Token
-from specchat.runtime.lean import LeanCache
 from specchat.loading.models import LoadedPair, ModelFacts
+from specchat.runtime import lean
+from specchat.runtime.lean import LeanCache
 from specchat.session.chat import ChatSession, Notice
 from specchat.session.compare import Comparer, CompareReport
+from specchat.spec import model_io
+from specchat.spec.events import ReplyDone, StepDone, Token
 from specchat.tui.commands import build_registry
 
-STEPS = 130          # per session; two sessions (260 steps)
-EOS = 2              # <|im_end|> in the tiny tokenizer
+STEPS = 130  # per session; two sessions (260 steps)
+EOS = 2  # <|im_end|> in the tiny tokenizer
 CONTEXT_LIMIT = 200  # small enough that long sessions drop their oldest turns
-USER_TEXTS = ["hi", "reverse a list", "The quick brown fox", "for i in range", "why?", "def f(x):",
-              "日本 é", "Hello, how are you", "and the dog?", "again", "print it\n twice"]
+USER_TEXTS = [
+    "hi",
+    "reverse a list",
+    "The quick brown fox",
+    "for i in range",
+    "why?",
+    "def f(x):",
+    "日本 é",
+    "Hello, how are you",
+    "and the dog?",
+    "again",
+    "print it\n twice",
+]
 SYSTEM_TEXTS = ["You are terse.", "Answer in code.", "Be kind.", "日本語で", "You are a helpful assistant."]
-BAD_COMMANDS = ["/gamma 17", "/gamma -2", "/gamma many", "/mode fast", "/top_p 0", "/temp 9", "/top_k -1",
-                "/compare maybe", "/max -1"]
+BAD_COMMANDS = [
+    "/gamma 17",
+    "/gamma -2",
+    "/gamma many",
+    "/mode fast",
+    "/top_p 0",
+    "/temp 9",
+    "/top_k -1",
+    "/compare maybe",
+    "/max -1",
+]
 ACTIONS = {  # kind -> how often it comes in each round of ROUND steps, the round in a random order
-    "turn": 5, "gamma": 2, "mode": 2, "greedy_or_sample": 2, "top_k_or_p": 1, "reset": 1, "system": 1,
-    "compare": 1, "max": 1, "drafter_option": 1, "bad_command": 1,
+    "turn": 5,
+    "gamma": 2,
+    "mode": 2,
+    "greedy_or_sample": 2,
+    "top_k_or_p": 1,
+    "reset": 1,
+    "system": 1,
+    "compare": 1,
+    "max": 1,
+    "drafter_option": 1,
+    "bad_command": 1,
 }
 ROUND = sum(ACTIONS.values())
 
@@ -180,10 +210,18 @@ class Churn:
         self.command(f"/max {self.rng.randint(6, 12)}")
 
     def drafter_option(self) -> None:
-        self.command(self.rng.choice(["/set speculation.prompt_lookup on", "/set speculation.prompt_lookup off",
-                                      "/set speculation.drafter_vocab 256", "/set speculation.drafter_vocab 0",
-                                      "/set speculation.draft_confidence 0.2",
-                                      "/set speculation.draft_confidence 0"]))
+        self.command(
+            self.rng.choice(
+                [
+                    "/set speculation.prompt_lookup on",
+                    "/set speculation.prompt_lookup off",
+                    "/set speculation.drafter_vocab 256",
+                    "/set speculation.drafter_vocab 0",
+                    "/set speculation.draft_confidence 0.2",
+                    "/set speculation.draft_confidence 0",
+                ]
+            )
+        )
 
     def bad_command(self) -> None:
         config, messages = self.session.config, copy.deepcopy(self.session.messages)
@@ -246,8 +284,7 @@ class Churn:
     def fresh_reply(self, config: Config) -> list[int]:
         """The same prompt on a new engine: target-only (drafter-only for a drafter-mode reply)."""
         drafter_mode = config.speculation.mode == "drafter"
-        engine = make_engine(self.target, self.drafter_model if drafter_mode else None, self.tokenizer,
-                             eos_ids={EOS})
+        engine = make_engine(self.target, self.drafter_model if drafter_mode else None, self.tokenizer, eos_ids={EOS})
         speculation = dataclasses.replace(config.speculation, mode="drafter" if drafter_mode else "target")
         *_, done = engine.stream(self.session.last_prompt_ids, config.sampling, speculation)
         return list(done.ids)
@@ -275,8 +312,9 @@ def lean_copies(*models):
 # Seed 8 on the lean forward (what the chat runs) is in the fast default; seed 4 on transformers' forward
 # is slow (it runs in a plain `pytest`).
 @pytest.mark.parametrize("seed,forward", [pytest.param(4, "transformers", marks=pytest.mark.slow), (8, "lean")])
-def test_a_long_random_session_stays_exact_and_keeps_its_caches(target, similar_drafter_model, tokenizer,
-                                                                seed, forward):
+def test_a_long_random_session_stays_exact_and_keeps_its_caches(
+    target, similar_drafter_model, tokenizer, seed, forward
+):
     models = (target, similar_drafter_model)
     if forward == "lean":
         models = lean_copies(*models)

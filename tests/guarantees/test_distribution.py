@@ -15,6 +15,7 @@ caught only at RUNS (test_sampling.py checks the residual in the fast default).
 The tiny models run on one thread here: on two threads shared with anything else, each forward
 costs ten times as much.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,10 +23,10 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import CheapDrafterGamma, make_engine, prompt_ids, reference_probs
 
 import specchat.spec.engine
 import specchat.spec.step
-from conftest import CheapDrafterGamma, make_engine, prompt_ids, reference_probs
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.events import ReplyEnd
 from specchat.spec.sampling import sample
@@ -71,6 +72,7 @@ def engine_replies(engine, ids, gamma=0, drafter_vocab=0, drafter="model", sampl
         end = items[-1]
         assert isinstance(end, ReplyEnd)
         return end.ids, end.stats, [s for s in items if isinstance(s, StepResult)]
+
     return reply
 
 
@@ -91,8 +93,12 @@ def empirical_first_two(reply, gamma, runs=RUNS) -> Counter:
     drafts gamma tokens (a 2-token reply caps the draft at 1): rejections at every draft position, and
     second tokens that follow a rollback, are all counted."""
     drafted_at = Counter()
-    counts = sampled(reply, runs, max(2, gamma + 1),
-                     observe=lambda stats, _: drafted_at.update(dict(enumerate(stats.per_position_drafted, 1))))
+    counts = sampled(
+        reply,
+        runs,
+        max(2, gamma + 1),
+        observe=lambda stats, _: drafted_at.update(dict(enumerate(stats.per_position_drafted, 1))),
+    )
     assert max(drafted_at) == gamma and drafted_at[gamma] >= runs // 2  # the drafts ran to gamma
     return counts
 
@@ -123,7 +129,7 @@ def broken_verify_sampled(drafts, q, p, generator):
     u = torch.rand(gamma, generator=generator)
     rejected = (u * q[rows, drafts] > p[rows, drafts]).tolist()
     accepted = rejected.index(True) if True in rejected else gamma
-    return Verdict(accepted, int(sample(p[accepted:accepted + 1], generator)))
+    return Verdict(accepted, int(sample(p[accepted : accepted + 1], generator)))
 
 
 @pytest.fixture(scope="module")
@@ -133,12 +139,18 @@ def setting(target, similar_drafter_model, tokenizer):
 
 
 @pytest.mark.parametrize("runs", SIZES)
-@pytest.mark.parametrize("gamma,drafter_vocab,drafter", [(1, 0, "similar_drafter_model"),
-                                                         (3, 0, "similar_drafter_model"),
-                                                         (2, 300, "similar_drafter_model"),
-                                                         (2, 300, "int8_drafter_model")])
-def test_sampled_speculative_matches_target_distribution(setting, target, tokenizer, gamma, drafter_vocab,
-                                                         drafter, runs, request):
+@pytest.mark.parametrize(
+    "gamma,drafter_vocab,drafter",
+    [
+        (1, 0, "similar_drafter_model"),
+        (3, 0, "similar_drafter_model"),
+        (2, 300, "similar_drafter_model"),
+        (2, 300, "int8_drafter_model"),
+    ],
+)
+def test_sampled_speculative_matches_target_distribution(
+    setting, target, tokenizer, gamma, drafter_vocab, drafter, runs, request
+):
     ids, joint = setting
     assert 4 <= len(joint) <= 36  # top-k/top-p really cut the support
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
@@ -149,8 +161,9 @@ def test_sampled_speculative_matches_target_distribution(setting, target, tokeni
 # A subtle bug: RUNS replies catch it, FAST_RUNS do not (worst deviation 0.81; 200 runs 0.87), so it is
 # slow with the RUNS cases it vouches for. The fast default checks the residual in test_sampling.py.
 @pytest.mark.slow
-def test_the_check_catches_a_verifier_without_residual_resampling(setting, target, similar_drafter_model,
-                                                                  tokenizer, monkeypatch):
+def test_the_check_catches_a_verifier_without_residual_resampling(
+    setting, target, similar_drafter_model, tokenizer, monkeypatch
+):
     ids, joint = setting
     monkeypatch.setattr(specchat.spec.step, "verify_sampled", broken_verify_sampled)
     engine = make_engine(target, similar_drafter_model, tokenizer)
@@ -161,8 +174,10 @@ def test_the_check_catches_a_verifier_without_residual_resampling(setting, targe
 @pytest.fixture(scope="module")
 def w8a8_pair(target, similar_drafter_model):
     import copy
-    from specchat.runtime.attention import use_batch_invariant_attention
+
     from specchat.quant.w8a8 import quantize_w8a8
+    from specchat.runtime.attention import use_batch_invariant_attention
+
     pair = []
     for model in (target, similar_drafter_model):
         quantized = copy.deepcopy(model)
@@ -183,16 +198,28 @@ def test_sampled_speculative_with_a_w8a8_pair_matches_the_w8a8_targets_distribut
 
 
 @pytest.mark.parametrize("runs", SIZES)
-def test_sampled_output_of_the_public_function_matches_the_target_distribution(setting, target,
-                                                                               similar_drafter_model, runs):
+def test_sampled_output_of_the_public_function_matches_the_target_distribution(
+    setting, target, similar_drafter_model, runs
+):
     import specchat
+
     ids, joint = setting
 
     def reply(seed, n):
-        result = specchat.speculative_generate(ids, similar_drafter_model, target, gamma=3, seed=seed,
-                                               temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
-                                               top_p=SAMPLING.top_p, max_new_tokens=n, eos_token_ids=[])
+        result = specchat.speculative_generate(
+            ids,
+            similar_drafter_model,
+            target,
+            gamma=3,
+            seed=seed,
+            temperature=SAMPLING.temperature,
+            top_k=SAMPLING.top_k,
+            top_p=SAMPLING.top_p,
+            max_new_tokens=n,
+            eos_token_ids=[],
+        )
         return result.ids, result.stats, []
+
     assert check(joint, empirical_first_two(reply, 3, runs), "speculative_generate, gamma 3") <= 1.0
 
 
@@ -230,8 +257,9 @@ def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution
 
 
 @pytest.mark.parametrize("runs", SIZES)
-def test_sampled_speculation_with_the_auto_drafter_matches_target_distribution(target, similar_drafter_model,
-                                                                              tokenizer, runs):
+def test_sampled_speculation_with_the_auto_drafter_matches_target_distribution(
+    target, similar_drafter_model, tokenizer, runs
+):
     """drafter auto: a copy (one-hot q) where the newest 3 tokens occurred before, the model's draft (its
     own q) elsewhere, both within one reply; the first two tokens keep the target's law."""
     ids = lookup_prompt(target, tokenizer)
@@ -240,6 +268,7 @@ def test_sampled_speculation_with_the_auto_drafter_matches_target_distribution(t
 
     def observe(stats, steps):
         sources.update("copy" if not s.draft.by_plan else "model" for s in steps if s.draft and len(s.draft.tokens))
+
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, drafter="auto"), runs, 4, observe=observe)
     assert sources["copy"] >= runs // 10 and sources["model"] >= runs // 10
@@ -271,6 +300,7 @@ def test_the_joint_of_three_tokens_at_gamma_1(setting, target, similar_drafter_m
     def observe(stats, steps):
         seen["rejections"] += stats.rejections
         seen["drafting steps after a rejection"] += any(s.drafted for s in steps[1:]) and bool(steps[0].rejected)
+
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 1, sampling=THREE), runs, 3, k=3, observe=observe)
     assert seen["drafting steps after a rejection"] >= runs // 10
@@ -278,8 +308,9 @@ def test_the_joint_of_three_tokens_at_gamma_1(setting, target, similar_drafter_m
 
 
 @pytest.mark.parametrize("runs", SIZES)
-def test_auto_gamma_with_a_cheap_drafter_matches_target_distribution(setting, target, similar_drafter_model,
-                                                                      tokenizer, runs):
+def test_auto_gamma_with_a_cheap_drafter_matches_target_distribution(
+    setting, target, similar_drafter_model, tokenizer, runs
+):
     """Auto gamma that takes the drafter to be cheap really drafts, several tokens a step, and its drafts
     end by the path floor (the policy learns across the runs, as it does across a chat's replies)."""
     ids, joint = setting
@@ -290,6 +321,7 @@ def test_auto_gamma_with_a_cheap_drafter_matches_target_distribution(setting, ta
         seen["drafted"] += stats.drafted
         seen["rejections"] += stats.rejections
         seen["long drafts"] += sum(s.drafted >= 2 for s in steps)
+
     counts = sampled(engine_replies(engine, ids, AUTO), runs, 6, observe=observe)
     assert seen["drafted"] > 0 and seen["rejections"] > 0 and seen["long drafts"] >= runs // 4
     assert check(joint, counts, "auto gamma, cheap drafter") <= 1.0
@@ -302,15 +334,18 @@ def test_draft_confidence_matches_target_distribution(setting, target, similar_d
     ids, joint = setting
     lengths = Counter()
     engine = make_engine(target, similar_drafter_model, tokenizer)
-    counts = sampled(engine_replies(engine, ids, 3, draft_confidence=0.25), runs, 4,
-                     observe=lambda stats, steps: lengths.update([steps[0].drafted]))
+    counts = sampled(
+        engine_replies(engine, ids, 3, draft_confidence=0.25),
+        runs,
+        4,
+        observe=lambda stats, steps: lengths.update([steps[0].drafted]),
+    )
     assert set(lengths) == {1, 2, 3} and min(lengths.values()) >= runs // 20
     assert check(joint, counts, "draft_confidence 0.25, gamma 3") <= 1.0
 
 
 @pytest.mark.parametrize("runs", SIZES)
-def test_prompt_lookup_on_the_model_drafter_matches_target_distribution(target, similar_drafter_model,
-                                                                        tokenizer, runs):
+def test_prompt_lookup_on_the_model_drafter_matches_target_distribution(target, similar_drafter_model, tokenizer, runs):
     """prompt_lookup on the model drafter, with a prompt that repeats: the drafter feeds the guessed
     continuation with its current token and drafts from the guess's rows while they match."""
     ids = lookup_prompt(target, tokenizer)
@@ -319,6 +354,7 @@ def test_prompt_lookup_on_the_model_drafter_matches_target_distribution(target, 
 
     def observe(stats, steps):  # a draft of more tokens than drafter forwards used a guess's row
         guessed["steps"] += sum(len(s.draft.tokens) > len(s.draft.forwards) for s in steps if s.draft)
+
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, prompt_lookup=True), runs, 4, observe=observe)
     assert guessed["steps"] >= runs // 10
@@ -342,17 +378,18 @@ def follow_up_replies(engine, first, second_text, tokenizer, gamma=3):
         if not second:
             second["prompt"] = first + list(ids) + prompt_ids(tokenizer, second_text)
             second["reply"] = engine_replies(engine, second["prompt"], gamma)
-        assert first + list(ids) == second["prompt"][:len(first) + 4]  # the same first reply every run
+        assert first + list(ids) == second["prompt"][: len(first) + 4]  # the same first reply every run
         out = second["reply"](seed, n)
         assert out[1].reused_tokens >= len(first) + 3 and out[1].prefill_tokens >= 2
         return out
+
     return reply, second
 
 
 @pytest.mark.parametrize("runs", SIZES)
-def test_a_follow_up_turn_that_reuses_the_caches_matches_target_distribution(setting, target,
-                                                                              similar_drafter_model, tokenizer,
-                                                                              runs):
+def test_a_follow_up_turn_that_reuses_the_caches_matches_target_distribution(
+    setting, target, similar_drafter_model, tokenizer, runs
+):
     ids, _ = setting
     engine = make_engine(target, similar_drafter_model, tokenizer)
     reply, second = follow_up_replies(engine, ids, " over the lazy", tokenizer)
@@ -384,11 +421,17 @@ def forward_numbering_from_zero(model, cache, new_ids, keep):
     """Wrong on purpose: feeds new_ids at positions 0, 1, ... whatever the cache already holds (a
     prompt read after a reused prefix gets the positions of the conversation's start)."""
     from specchat.runtime import lean
+
     if isinstance(cache, lean.LeanCache):
         raise NotImplementedError("the mutant is written for transformers' cache")
     positions = torch.arange(len(new_ids)).unsqueeze(0)
-    out = model(input_ids=torch.tensor([new_ids]), position_ids=positions, past_key_values=cache,
-                use_cache=True, logits_to_keep=keep)
+    out = model(
+        input_ids=torch.tensor([new_ids]),
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=keep,
+    )
     return out.logits[0, -keep:]
 
 
@@ -396,40 +439,51 @@ def prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, t
     """Only a follow-up turn reads a prompt after a reused cache: a single-turn reply reads from
     position 0, where the mutant is right, so the other cases cannot see it."""
     import types
+
     from specchat.spec import model_io
+
     ids, _ = setting
     mutant = types.SimpleNamespace(**{**vars(model_io), "forward": forward_numbering_from_zero})
     monkeypatch.setattr(specchat.spec.engine, "model_io", mutant)  # the engine's prompt reading only
     engine = make_engine(target, similar_drafter_model, tokenizer)
     reply, second = follow_up_replies(engine, ids, " over the lazy", tokenizer)
     counts = empirical_first_two(reply, 3, runs)
-    return check(exact_first_two(target, second["prompt"], SAMPLING), counts,
-                 f"mutant: prompt at position 0, {runs} runs")
+    return check(
+        exact_first_two(target, second["prompt"], SAMPLING), counts, f"mutant: prompt at position 0, {runs} runs"
+    )
 
 
 @pytest.mark.slow
-def test_the_follow_up_check_catches_a_prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model,
-                                                                          tokenizer, monkeypatch):
-    assert prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, tokenizer, monkeypatch,
-                                              FAST_RUNS) > 1.0
+def test_the_follow_up_check_catches_a_prompt_read_at_the_wrong_positions(
+    setting, target, similar_drafter_model, tokenizer, monkeypatch
+):
+    assert (
+        prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, tokenizer, monkeypatch, FAST_RUNS)
+        > 1.0
+    )
 
 
-def test_the_quick_follow_up_check_catches_a_prompt_read_at_the_wrong_positions(setting, target,
-                                                                                similar_drafter_model, tokenizer,
-                                                                                monkeypatch):
-    assert prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, tokenizer, monkeypatch,
-                                              QUICK_RUNS) > 1.0
+def test_the_quick_follow_up_check_catches_a_prompt_read_at_the_wrong_positions(
+    setting, target, similar_drafter_model, tokenizer, monkeypatch
+):
+    assert (
+        prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, tokenizer, monkeypatch, QUICK_RUNS)
+        > 1.0
+    )
 
 
-def drafter_ignoring_the_sampling_settings(setting, target, unrelated_drafter_model, tokenizer, monkeypatch,
-                                            runs) -> float:
+def drafter_ignoring_the_sampling_settings(
+    setting, target, unrelated_drafter_model, tokenizer, monkeypatch, runs
+) -> float:
     """Drafter-only replies drawn from the drafter's plain softmax (temperature 1, no top-k or top-p)."""
     ids, _ = setting
     real_drafter_step = specchat.spec.engine.drafter_step
 
     def plain_drafter_step(drafter, committed, sampling, generator, *probs):
-        return real_drafter_step(drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator,
-                                 *probs)
+        return real_drafter_step(
+            drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator, *probs
+        )
+
     monkeypatch.setattr(specchat.spec.engine, "drafter_step", plain_drafter_step)
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, mode="drafter"), runs, 2)
@@ -437,12 +491,22 @@ def drafter_ignoring_the_sampling_settings(setting, target, unrelated_drafter_mo
 
 
 def test_the_drafter_only_check_catches_a_drafter_that_ignores_the_sampling_settings(
-        setting, target, unrelated_drafter_model, tokenizer, monkeypatch):
-    assert drafter_ignoring_the_sampling_settings(setting, target, unrelated_drafter_model, tokenizer, monkeypatch,
-                                                  FAST_RUNS) > 1.0
+    setting, target, unrelated_drafter_model, tokenizer, monkeypatch
+):
+    assert (
+        drafter_ignoring_the_sampling_settings(
+            setting, target, unrelated_drafter_model, tokenizer, monkeypatch, FAST_RUNS
+        )
+        > 1.0
+    )
 
 
 def test_the_quick_drafter_only_check_catches_a_drafter_that_ignores_the_sampling_settings(
-        setting, target, unrelated_drafter_model, tokenizer, monkeypatch):
-    assert drafter_ignoring_the_sampling_settings(setting, target, unrelated_drafter_model, tokenizer, monkeypatch,
-                                                  QUICK_RUNS) > 1.0
+    setting, target, unrelated_drafter_model, tokenizer, monkeypatch
+):
+    assert (
+        drafter_ignoring_the_sampling_settings(
+            setting, target, unrelated_drafter_model, tokenizer, monkeypatch, QUICK_RUNS
+        )
+        > 1.0
+    )

@@ -1,9 +1,10 @@
 """The engine's exactness: greedy speculative == greedy target-only == transformers generate()."""
+
 from __future__ import annotations
 
 import pytest
-
 from conftest import GREEDY, CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
+
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.events import Origin, Rejected, StepDone, Token
 from specchat.spec.step import StepResult
@@ -27,14 +28,18 @@ def greedy_cases() -> list:
     """Every drafter × prompt × gamma (36 cases). The fast default runs 12: each drafter at every gamma,
     the prompt turning with the gamma, so every pair of drafter, prompt and gamma meets; the rest are slow."""
     drafters = ["unrelated_drafter_model", "similar_drafter_model", "int8_drafter_model"]
-    return [pytest.param(drafter, text, gamma, marks=() if (d + g) % len(PROMPTS) == p else pytest.mark.slow)
-            for d, drafter in enumerate(drafters) for p, text in enumerate(PROMPTS)
-            for g, gamma in enumerate([1, 2, 4, 8])]
+    return [
+        pytest.param(drafter, text, gamma, marks=() if (d + g) % len(PROMPTS) == p else pytest.mark.slow)
+        for d, drafter in enumerate(drafters)
+        for p, text in enumerate(PROMPTS)
+        for g, gamma in enumerate([1, 2, 4, 8])
+    ]
 
 
 @pytest.mark.parametrize("drafter, text, gamma", greedy_cases())
-def test_greedy_speculative_equals_target_only_and_transformers(target, drafter, tokenizer, gamma,
-                                                                 text, greedy_replies, request):
+def test_greedy_speculative_equals_target_only_and_transformers(
+    target, drafter, tokenizer, gamma, text, greedy_replies, request
+):
     reference, target_only = greedy_replies[text]
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer)
     _, spec = run_reply(engine, prompt_ids(tokenizer, text), gamma=gamma)
@@ -60,6 +65,7 @@ def test_greedy_exact_for_other_seeds_and_auto_gamma(tokenizer, seed):
     """Auto gamma on other random pairs, with the drafter taken to be cheap so that auto really drafts
     (on the tiny models' measured costs it would draft nothing, and the test would check target-only)."""
     from tiny_models import build_model
+
     target = build_model(len(tokenizer), seed=10 + seed, layers=2)
     drafter = build_model(len(tokenizer), seed=20 + seed, layers=1, hidden=32)
     ids = prompt_ids(tokenizer, PROMPTS[seed])
@@ -88,7 +94,7 @@ def test_a_drafter_restricted_to_low_ids_stays_exact(target, similar_drafter_mod
             if token >= limit and token not in prefix:
                 first_high.setdefault(token, origin)
             prefix.append(token)
-    assert prefix[len(ids):] == hf_greedy(target, ids, GREEDY.max_new_tokens)
+    assert prefix[len(ids) :] == hf_greedy(target, ids, GREEDY.max_new_tokens)
     assert drafted and len(first_high) >= 5  # high ids the prompt lacks really appear in the reply
     assert Origin.DRAFTED not in first_high.values()  # each written by the target when first needed
 
@@ -131,8 +137,9 @@ def test_auto_gamma_ends_drafts_by_the_path_floor_and_stays_exact(target, tokeni
     ids = prompt_ids(tokenizer, PROMPTS[0])
     policy = CheapDrafterGamma()
     engine = make_engine(target, request.getfixturevalue(drafter), tokenizer, policy=policy)
-    events = list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=120),
-                                SpeculationConfig(gamma=AUTO)))
+    events = list(
+        engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=120), SpeculationConfig(gamma=AUTO))
+    )
     drafted = [s.drafted for s in events if isinstance(s, StepDone)]
     assert list(events[-1].ids) == hf_greedy(target, ids, 120)
     assert any(1 < d < policy.max_draft for d in drafted[:-2])  # ended by the floor, not the cap

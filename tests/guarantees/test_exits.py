@@ -1,5 +1,6 @@
 """SIGTERM and SIGHUP leave the chat the way Ctrl-D does: no traceback, history kept, the conventional
 exit status, and files the chat writes are never left half-written."""
+
 from __future__ import annotations
 
 import os
@@ -15,18 +16,34 @@ from specchat.tui.exits import Terminated, leave_on_signals
 ROOT = Path(__file__).resolve().parents[2]
 
 # The tiny pair, with a target forward slowed to 50 ms so a reply is still streaming when the signal lands.
-DRIVER = ("import sys, time; sys.path.insert(0, 'tests'); from tinypair import tiny_pair, loader; "
-          "from specchat.tui.cli import main; pair = tiny_pair(); "
-          "pair.target.register_forward_pre_hook(lambda module, args: time.sleep(0.05)); "
-          "raise SystemExit(main(sys.argv[1:], load=loader(pair)))")
+DRIVER = (
+    "import sys, time; sys.path.insert(0, 'tests'); from tinypair import tiny_pair, loader; "
+    "from specchat.tui.cli import main; pair = tiny_pair(); "
+    "pair.target.register_forward_pre_hook(lambda module, args: time.sleep(0.05)); "
+    "raise SystemExit(main(sys.argv[1:], load=loader(pair)))"
+)
 
 
 def spawn_chat(tmp_path):
     pexpect = pytest.importorskip("pexpect")
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="120", LINES="40",
-               NO_COLOR="1", TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1")
-    child = pexpect.spawn(sys.executable, ["-c", DRIVER, "sampling.max_new_tokens=600"], cwd=str(ROOT),
-                          env=env, encoding="utf-8", timeout=120, dimensions=(40, 120))
+    env = dict(
+        os.environ,
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        COLUMNS="120",
+        LINES="40",
+        NO_COLOR="1",
+        TERM="xterm",
+        PROMPT_TOOLKIT_NO_CPR="1",
+    )
+    child = pexpect.spawn(
+        sys.executable,
+        ["-c", DRIVER, "sampling.max_new_tokens=600"],
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(40, 120),
+    )
     child.expect("you>")
     return pexpect, child
 
@@ -80,6 +97,7 @@ def test_an_interrupted_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, mo
 
     def signalled_before_the_rename(fd):
         raise Terminated(signal.SIGTERM)
+
     monkeypatch.setattr(os, "fsync", signalled_before_the_rename)
     with pytest.raises(Terminated):
         write_text_atomic(path, "the new transcript\n" * 1000)

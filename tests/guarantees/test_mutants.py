@@ -9,21 +9,22 @@ A mutant counts as caught only when a check's comparison fails (it returns False
 draft. A mutant that makes the engine raise while everything so far is right is not caught by the checks:
 the exception goes on and its test fails, so a bug that merely crashes can never pass for one the checks see.
 """
+
 from __future__ import annotations
 
 import types
 
 import pytest
 import torch
+from conftest import hf_greedy, make_engine, prompt_ids
 
 import specchat.spec.drafters.model
 import specchat.spec.engine
 import specchat.spec.step
-from conftest import hf_greedy, make_engine, prompt_ids
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec import model_io
-from specchat.spec.events import Token
 from specchat.spec.drafters.vocab import DraftVocab
+from specchat.spec.events import Token
 from specchat.spec.step import StepResult
 from specchat.spec.verify import Verdict, verify_greedy
 
@@ -43,7 +44,7 @@ def greedy_is_exact(target, drafter_model, tokenizer, speculation=SpeculationCon
         for last in engine.stream(ids, GREEDY, speculation):
             if isinstance(last, Token):
                 streamed.append(last.id)
-                if streamed != expected[:len(streamed)]:
+                if streamed != expected[: len(streamed)]:
                     return False
         if list(last.ids) != expected:
             return False
@@ -62,7 +63,7 @@ def drafters_own_greedy(drafter_model, prefix: list[int], n: int, limit: int = 0
             allowed[:limit], allowed[prefix] = True, True
             logits = logits.masked_fill(~allowed, float("-inf"))
         seq.append(int(logits.argmax()))
-    return seq[len(prefix):]
+    return seq[len(prefix) :]
 
 
 def drafts_follow_the_drafter(target, drafter_model, tokenizer, speculation=SpeculationConfig(gamma=4)) -> bool:
@@ -107,13 +108,16 @@ def test_a_mutant_that_only_crashes_is_not_counted_as_caught(target, similar_dra
 
 def _shifted_crop(shift: int):
     """A stand-in for `module.model_io` whose crop_to keeps `shift` more tokens than asked (when it can)."""
+
     def crop_to(cache, length):
         model_io.crop_to(cache, min(model_io.cache_length(cache), length + shift))
+
     return types.SimpleNamespace(**{**vars(model_io), "crop_to": crop_to})
 
 
-def test_a_target_crop_that_keeps_a_rejected_draft_breaks_exactness(target, similar_drafter_model, tokenizer,
-                                                                   monkeypatch):
+def test_a_target_crop_that_keeps_a_rejected_draft_breaks_exactness(
+    target, similar_drafter_model, tokenizer, monkeypatch
+):
     monkeypatch.setattr(specchat.spec.engine, "model_io", _shifted_crop(1))
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
@@ -128,33 +132,39 @@ def reads_the_refused_draft(propose):
         if "draft" in last:
             start, drafts = last["draft"]
             accepted = len(ids) - 1 - start
-            if 0 <= accepted < len(drafts) and list(ids[start:start + accepted]) == drafts[:accepted]:
+            if 0 <= accepted < len(drafts) and list(ids[start : start + accepted]) == drafts[:accepted]:
                 ids = [*ids[:-1], drafts[accepted]]
         draft = propose(self, ids, plan, sampling, generator)
         last["draft"] = (len(ids), draft.tokens.tolist())
         return draft
+
     return wrapped
 
 
-def test_a_drafter_that_keeps_a_refused_draft_is_caught_by_the_drafter_check(target, similar_drafter_model,
-                                                                             tokenizer, monkeypatch):
-    monkeypatch.setattr(specchat.spec.drafters.model.ModelDrafter, "propose",
-                        reads_the_refused_draft(specchat.spec.drafters.model.ModelDrafter.propose))
+def test_a_drafter_that_keeps_a_refused_draft_is_caught_by_the_drafter_check(
+    target, similar_drafter_model, tokenizer, monkeypatch
+):
+    monkeypatch.setattr(
+        specchat.spec.drafters.model.ModelDrafter,
+        "propose",
+        reads_the_refused_draft(specchat.spec.drafters.model.ModelDrafter.propose),
+    )
     assert greedy_is_exact(target, similar_drafter_model, tokenizer)  # verification hides it...
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)  # ...this does not
 
 
 def test_a_drafter_that_counts_a_token_fewer_than_it_holds_is_caught_by_the_drafter_check(
-        target, similar_drafter_model, tokenizer, monkeypatch):
+    target, similar_drafter_model, tokenizer, monkeypatch
+):
     """Wrong on purpose: the drafter's count of the ids its cache stands for is one short, so it reads a
     committed token a second time, one place later than it stands."""
-    monkeypatch.setattr(specchat.spec.drafters.model.ModelDrafter, "seen",
-                        property(lambda self: max(0, self.gap.seen(self.cached) - 1)))
+    monkeypatch.setattr(
+        specchat.spec.drafters.model.ModelDrafter, "seen", property(lambda self: max(0, self.gap.seen(self.cached) - 1))
+    )
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 
-def test_a_draft_vocab_id_shift_is_caught_by_the_drafter_check(target, similar_drafter_model, tokenizer,
-                                                              monkeypatch):
+def test_a_draft_vocab_id_shift_is_caught_by_the_drafter_check(target, similar_drafter_model, tokenizer, monkeypatch):
     speculation = SpeculationConfig(gamma=4, drafter_vocab=300)
     assert drafts_follow_the_drafter(target, similar_drafter_model, tokenizer, speculation)
     original = DraftVocab.to_ids
@@ -183,8 +193,7 @@ def drafts_checked_one_row_late(drafts, target_logits) -> Verdict:
     return verify_greedy(drafts, shifted)
 
 
-def test_drafts_verified_against_the_next_row_break_exactness(target, similar_drafter_model, tokenizer,
-                                                              monkeypatch):
+def test_drafts_verified_against_the_next_row_break_exactness(target, similar_drafter_model, tokenizer, monkeypatch):
     monkeypatch.setattr(specchat.spec.step, "verify_greedy", drafts_checked_one_row_late)
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 

@@ -11,6 +11,7 @@ so that a crash is a failed run, not a dead test session:
 prints one JSON line: the cases run, those that raised as they should, per family, and each one that did not
 (returned, or raised another type). Before each case its name goes to stderr, so a crash names the case.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,8 @@ import json
 import random
 import sys
 from collections import Counter
-from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
+from functools import cache
 
 import torch
 
@@ -33,7 +34,7 @@ META = torch.device("meta")  # a tensor with no memory on the CPU: where the dev
 Case = Callable[[], object]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _weight(outs: int, inputs: int, bits: int, seed: int) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(seed)
     return Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, inputs, generator=generator) * 0.1, bits)).tensors()
@@ -44,13 +45,22 @@ def weight(outs: int, inputs: int, bits: int = 4, seed: int = 0) -> list[torch.T
     return [t.clone() for t in _weight(outs, inputs, bits, seed)]
 
 
-def raw_weight(tiles: int, groups: int, blocks: int, qs_bytes: int = 256, m_pairs: int | None = None) -> list[torch.Tensor]:
+def raw_weight(
+    tiles: int, groups: int, blocks: int, qs_bytes: int = 256, m_pairs: int | None = None
+) -> list[torch.Tensor]:
     """Weight tensors of the given sizes filled with random bytes (the kernel reads any values)."""
+
     def noise(*shape):
         return torch.randint(0, 256, shape, dtype=torch.uint8)
+
     m_pairs = groups // 2 if m_pairs is None else m_pairs
-    return [noise(tiles, groups, qs_bytes), noise(tiles, groups, 16), noise(tiles, m_pairs, 32),
-            torch.rand(tiles, blocks, 16), torch.rand(tiles, blocks, 16)]
+    return [
+        noise(tiles, groups, qs_bytes),
+        noise(tiles, groups, 16),
+        noise(tiles, m_pairs, 32),
+        torch.rand(tiles, blocks, 16),
+        torch.rand(tiles, blocks, 16),
+    ]
 
 
 def non_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -61,8 +71,17 @@ def non_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def other_dtype(t: torch.Tensor, rng: random.Random) -> torch.Tensor:
-    choices = [torch.int8, torch.int16, torch.int32, torch.float16, torch.float64, torch.bfloat16, torch.uint8,
-               torch.float32, torch.bool]
+    choices = [
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.float16,
+        torch.float64,
+        torch.bfloat16,
+        torch.uint8,
+        torch.float32,
+        torch.bool,
+    ]
     return t.to(rng.choice([d for d in choices if d != t.dtype]))
 
 
@@ -93,11 +112,18 @@ def spoiled(t: torch.Tensor, rng: random.Random, kinds: tuple[str, ...] = ALL) -
 
 # ----- the w4a8 product: q4_linear, q4_linear_parts -----
 
+
 def q4_groups_per_block(kernel, rng):
     """Blocks of more than 8 32-groups (past the 256-input blocks the 256-bit paths' stack room holds), an
     odd number, none, or groups that do not split into the blocks."""
-    per_block, blocks = rng.choice([(rng.choice([10, 12, 16, 24, 32, 64]), rng.choice([1, 2, 3])),
-                                    (rng.choice([1, 3, 5, 7]), rng.choice([1, 2])), (None, 0), (None, 3)])
+    per_block, blocks = rng.choice(
+        [
+            (rng.choice([10, 12, 16, 24, 32, 64]), rng.choice([1, 2, 3])),
+            (rng.choice([1, 3, 5, 7]), rng.choice([1, 2])),
+            (None, 0),
+            (None, 3),
+        ]
+    )
     groups = per_block * blocks if per_block else rng.choice([4, 8, 16]) if blocks else 8
     if per_block is None and blocks == 3:
         groups = rng.choice([4, 8, 10])  # not a multiple of 3
@@ -161,7 +187,11 @@ def q4_consistent_but_not_a_layout(kernel, rng):
     if kind == "m":
         w[2] = torch.zeros(tiles, groups, 16, dtype=torch.uint8)
     if kind == "rows":
-        w = [t[..., :8].contiguous() for t in w[:2]] + [w[2][..., :16].contiguous()] + [t[..., :8].contiguous() for t in w[3:]]
+        w = (
+            [t[..., :8].contiguous() for t in w[:2]]
+            + [w[2][..., :16].contiguous()]
+            + [t[..., :8].contiguous() for t in w[3:]]
+        )
     x = torch.randn(rng.randint(1, 20), groups * 32)
     return f"{kind} tiles={tiles} groups={groups}", lambda: kernel.q4_linear(x, *w)
 
@@ -170,7 +200,7 @@ def q4_outs(kernel, rng):
     tiles = rng.randint(1, 4)
     w = weight(16 * tiles, 256)
     padded = 16 * tiles
-    outs = rng.choice([padded + 1, padded + 17, 2 ** 40, padded - 16, padded - 16 - rng.randint(1, 9), 0])
+    outs = rng.choice([padded + 1, padded + 17, 2**40, padded - 16, padded - 16 - rng.randint(1, 9), 0])
     if outs < 0:
         outs = 0 if padded > 16 else padded + 1
     x = torch.randn(rng.randint(1, 8), 256)
@@ -200,6 +230,7 @@ def q4_parts(kernel, rng):
 
 # ----- sampling's probabilities: top_p_probs -----
 
+
 def sampling_shape(kernel, rng):
     kind = rng.choice(["empty", "spoiled"])
     if kind == "empty":
@@ -207,7 +238,9 @@ def sampling_shape(kernel, rng):
     else:
         kind, logits = spoiled(torch.randn(rng.randint(1, 4), rng.randint(1, 300)), rng, COPIED)
     top_p = rng.choice([1.0, 0.9, 0.5])
-    return f"{kind} {logits.dtype} {tuple(logits.shape)} top_p={top_p}", lambda: kernel.top_p_probs(logits, 0.7, 0, top_p)
+    return f"{kind} {logits.dtype} {tuple(logits.shape)} top_p={top_p}", lambda: kernel.top_p_probs(
+        logits, 0.7, 0, top_p
+    )
 
 
 def sampling_settings(kernel, rng):
@@ -217,7 +250,7 @@ def sampling_settings(kernel, rng):
     if which == "temperature":
         temperature = rng.choice([0.0, -1.0, nan, inf, -inf, -1e-30])
     elif which == "top_k":
-        top_k = rng.choice([-1, -100, -2 ** 40])
+        top_k = rng.choice([-1, -100, -(2**40)])
     else:
         top_p = rng.choice([0.0, -0.1, 1.5, nan, inf, -inf])
     logits = torch.randn(rng.randint(1, 4), rng.randint(1, 300))
@@ -225,6 +258,7 @@ def sampling_settings(kernel, rng):
 
 
 # ----- the layer loop: LeanLayers -----
+
 
 class Model:
     """Two valid layers' arguments for add_layer and a valid forward's, each a fresh copy to spoil."""
@@ -241,14 +275,24 @@ class Model:
     @staticmethod
     def layer(rng: random.Random, seed: int) -> dict:
         bias = rng.random() < 0.5
-        return {"input_norm": torch.ones(WIDTH), "post_norm": torch.ones(WIDTH), "eps": 1e-6,
-                "qkv": [weight(HEADS * HEAD_DIM, WIDTH, seed=seed), weight(KV_HEADS * HEAD_DIM, WIDTH, seed=seed + 1),
-                        weight(KV_HEADS * HEAD_DIM, WIDTH, seed=seed + 2)],
-                "qkv_bias": torch.zeros(QKV_WIDTH) if bias else None,
-                "out": weight(WIDTH, HEADS * HEAD_DIM, seed=seed + 3), "out_bias": torch.zeros(WIDTH) if bias else None,
-                "gate_up": [weight(GATE, WIDTH, seed=seed + 4), weight(GATE, WIDTH, seed=seed + 5)],
-                "gate_up_bias": torch.zeros(2 * GATE) if bias else None, "gate_width": GATE,
-                "down": weight(WIDTH, GATE, seed=seed + 6), "down_bias": torch.zeros(WIDTH) if bias else None}
+        return {
+            "input_norm": torch.ones(WIDTH),
+            "post_norm": torch.ones(WIDTH),
+            "eps": 1e-6,
+            "qkv": [
+                weight(HEADS * HEAD_DIM, WIDTH, seed=seed),
+                weight(KV_HEADS * HEAD_DIM, WIDTH, seed=seed + 1),
+                weight(KV_HEADS * HEAD_DIM, WIDTH, seed=seed + 2),
+            ],
+            "qkv_bias": torch.zeros(QKV_WIDTH) if bias else None,
+            "out": weight(WIDTH, HEADS * HEAD_DIM, seed=seed + 3),
+            "out_bias": torch.zeros(WIDTH) if bias else None,
+            "gate_up": [weight(GATE, WIDTH, seed=seed + 4), weight(GATE, WIDTH, seed=seed + 5)],
+            "gate_up_bias": torch.zeros(2 * GATE) if bias else None,
+            "gate_width": GATE,
+            "down": weight(WIDTH, GATE, seed=seed + 6),
+            "down_bias": torch.zeros(WIDTH) if bias else None,
+        }
 
     def build(self, kernel, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM):
         native = kernel.LeanLayers(heads, kv_heads, head_dim, 0.25)
@@ -264,8 +308,21 @@ class Model:
 
 
 def lean_constructor(kernel, rng):
-    heads, kv_heads, head_dim = rng.choice([(0, 1, 16), (4, 3, 16), (4, 0, 16), (-4, -2, 16), (4, 2, 0), (4, 2, -16),
-                                            (4, 2, 8), (4, 2, 24), (2 ** 40, 1, 16), (4, 2, 2 ** 40), (4, 8, 16)])
+    heads, kv_heads, head_dim = rng.choice(
+        [
+            (0, 1, 16),
+            (4, 3, 16),
+            (4, 0, 16),
+            (-4, -2, 16),
+            (4, 2, 0),
+            (4, 2, -16),
+            (4, 2, 8),
+            (4, 2, 24),
+            (2**40, 1, 16),
+            (4, 2, 2**40),
+            (4, 8, 16),
+        ]
+    )
     return f"heads={heads} kv={kv_heads} dim={head_dim}", lambda: kernel.LeanLayers(heads, kv_heads, head_dim, 0.25)
 
 
@@ -288,8 +345,12 @@ def lean_projection_width(kernel, rng):
     index = rng.randrange(2)
     layer = model.layers[index]
     which = rng.choice(["out", "down", "qkv", "gate_up"])
-    outs, inputs = {"out": (WIDTH, HEADS * HEAD_DIM), "down": (WIDTH, GATE), "qkv": (KV_HEADS * HEAD_DIM, WIDTH),
-                    "gate_up": (GATE, WIDTH)}[which]
+    outs, inputs = {
+        "out": (WIDTH, HEADS * HEAD_DIM),
+        "down": (WIDTH, GATE),
+        "qkv": (KV_HEADS * HEAD_DIM, WIDTH),
+        "gate_up": (GATE, WIDTH),
+    }[which]
     if rng.random() < 0.6:
         outs = rng.choice([o for o in (16, 32, 48, 80, 96, 128) if o != outs])
     else:
@@ -306,7 +367,7 @@ def lean_projection_width(kernel, rng):
 def lean_gate_width(kernel, rng):
     model = Model(rng)
     index = rng.randrange(2)
-    model.layers[index]["gate_width"] = rng.choice([0, -8, 60, 32, 128, 63, 2 ** 40])
+    model.layers[index]["gate_width"] = rng.choice([0, -8, 60, 32, 128, 63, 2**40])
     return f"layer {index} gate_width {model.layers[index]['gate_width']}", lambda: model.run(kernel)
 
 
@@ -352,13 +413,25 @@ def lean_weight_lists(kernel, rng):
 def lean_forward_inputs(kernel, rng):
     """forward's hidden rows, caches, rotary tables and start, each wrong in turn."""
     model = Model(rng)
-    kind = rng.choice(["hidden", "hidden width", "cache list", "cache", "cache shape", "cache dtypes", "table",
-                       "table shape", "start"])
+    kind = rng.choice(
+        [
+            "hidden",
+            "hidden width",
+            "cache list",
+            "cache",
+            "cache shape",
+            "cache dtypes",
+            "table",
+            "table shape",
+            "start",
+        ]
+    )
     if kind == "hidden":
         kind, model.hidden = spoiled(model.hidden, rng, COPIED)
     elif kind == "hidden width":
-        model.hidden = torch.randn(rng.choice([(1, model.fed, 56), (1, model.fed, 128), (2, model.fed, WIDTH),
-                                               (1, model.fed, 72)]))
+        model.hidden = torch.randn(
+            rng.choice([(1, model.fed, 56), (1, model.fed, 128), (2, model.fed, WIDTH), (1, model.fed, 72)])
+        )
     elif kind == "cache list":
         chosen = rng.choice([model.keys, model.values])
         chosen.pop() if rng.random() < 0.5 else chosen.append(chosen[0].clone())
@@ -369,8 +442,15 @@ def lean_forward_inputs(kernel, rng):
     elif kind == "cache shape":
         chosen = rng.choice([model.keys, model.values])
         index = rng.randrange(len(chosen))
-        shape = rng.choice([(KV_HEADS + 1, 16, HEAD_DIM), (1, 16, HEAD_DIM), (KV_HEADS, 16, 32), (KV_HEADS, 16, 8),
-                            (KV_HEADS, model.start + model.fed - 1, HEAD_DIM)])
+        shape = rng.choice(
+            [
+                (KV_HEADS + 1, 16, HEAD_DIM),
+                (1, 16, HEAD_DIM),
+                (KV_HEADS, 16, 32),
+                (KV_HEADS, 16, 8),
+                (KV_HEADS, model.start + model.fed - 1, HEAD_DIM),
+            ]
+        )
         chosen[index] = torch.zeros(shape)
     elif kind == "cache dtypes":
         model.values = [v.to(rng.choice([torch.float16, torch.bfloat16])) for v in model.values]
@@ -382,8 +462,9 @@ def lean_forward_inputs(kernel, rng):
         which = rng.choice(["cos", "sin"])
         setattr(model, which, torch.rand(rng.choice([(model.fed + 1, HEAD_DIM), (model.fed, 8), (model.fed, 32)])))
     else:
-        model.start = rng.choice([-1, -2 ** 40, model.capacity, model.capacity - model.fed + 1, 2 ** 62, 2 ** 63 - 1,
-                                  2 ** 63 - model.fed])
+        model.start = rng.choice(
+            [-1, -(2**40), model.capacity, model.capacity - model.fed + 1, 2**62, 2**63 - 1, 2**63 - model.fed]
+        )
     return kind, lambda: model.run(kernel, tail=rng.random() < 0.5)
 
 
@@ -426,35 +507,58 @@ def lean_final_norm(kernel, rng):
             _, model.final_norm = spoiled(torch.ones(WIDTH), rng)  # 1-dimensional: another rank has 2 or more
         return kind, lambda: model.run(kernel)
     if kind == "keep":
-        keep = rng.choice([0, -1, -2 ** 40])
+        keep = rng.choice([0, -1, -(2**40)])
         return kind, lambda: model.build(kernel).forward_tail(*arguments, keep)
     if kind == "unset":
+
         def unset():
             native = kernel.LeanLayers(HEADS, KV_HEADS, HEAD_DIM, 0.25)
             for layer in model.layers:
                 native.add_layer(*layer.values())
             return native.forward_tail(*arguments, 1)
+
         return kind, unset
     if kind == "layers after":
+
         def layers_after():
             native = kernel.LeanLayers(HEADS, KV_HEADS, HEAD_DIM, 0.25)
             native.set_final_norm(torch.ones(WIDTH + 64), 1e-6)
             for layer in model.layers:
                 native.add_layer(*layer.values())
             return native.forward_tail(*arguments, 1)
+
         return kind, layers_after
 
     def no_layers():
         native = kernel.LeanLayers(HEADS, KV_HEADS, HEAD_DIM, 0.25)
         native.set_final_norm(torch.ones(rng.choice([8, 32, 56])), 1e-6)
         return native.forward_tail(model.hidden, [], [], model.cos, model.sin, 0, 1)
+
     return kind, no_layers
 
 
-FAMILIES = [q4_groups_per_block, q4_no_groups, q4_x_width, q4_bad_x, q4_spoiled_tensor, q4_wrong_size,
-            q4_consistent_but_not_a_layout, q4_outs, q4_parts, sampling_shape, sampling_settings, lean_constructor,
-            lean_norm, lean_projection_width, lean_gate_width, lean_bias, lean_weight_lists, lean_forward_inputs,
-            lean_resized_after_adding, lean_final_norm]
+FAMILIES = [
+    q4_groups_per_block,
+    q4_no_groups,
+    q4_x_width,
+    q4_bad_x,
+    q4_spoiled_tensor,
+    q4_wrong_size,
+    q4_consistent_but_not_a_layout,
+    q4_outs,
+    q4_parts,
+    sampling_shape,
+    sampling_settings,
+    lean_constructor,
+    lean_norm,
+    lean_projection_width,
+    lean_gate_width,
+    lean_bias,
+    lean_weight_lists,
+    lean_forward_inputs,
+    lean_resized_after_adding,
+    lean_final_norm,
+]
 
 
 def controls(kernel, rng: random.Random) -> None:
@@ -495,7 +599,7 @@ def run(kernel, cases: int, seed: int) -> dict:
             raised += 1 if str(err).strip() else 0
             if not str(err).strip():
                 failures.append(f"{name}: {type(err).__name__} without a message")
-        except Exception as err:  # noqa: BLE001 - any other type is a failure of the case, reported
+        except Exception as err:
             failures.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
         else:
             failures.append(f"{name}: returned without an error")
@@ -508,6 +612,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     from specchat.kernels.build import q4_kernel
+
     print(json.dumps(run(q4_kernel(), args.cases, args.seed)))
 
 

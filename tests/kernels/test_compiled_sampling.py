@@ -1,5 +1,6 @@
 """kernels/sampling.cpp: the compiled sampling probabilities against spec/sampling.py's torch code, on rows as
 wide as the bundled vocabulary (the definitions themselves: tests/spec/test_sampling.py, on both codes)."""
+
 from __future__ import annotations
 
 import pytest

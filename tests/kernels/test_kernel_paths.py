@@ -2,18 +2,24 @@
 path gives bitwise the portable path's products, a row's result never depends on its batch, and the
 layer loop and the bundled pair's greedy tokens are the same on every path. A path this CPU lacks is
 skipped with the instruction set it needs."""
+
 from __future__ import annotations
 
 import contextlib
 
 import pytest
 import torch
-
 from tiny_models import build_model
+
 from specchat.quant.w4a8 import Q4Block, Q4Tiles, quantize_w4a8, run_kernel
 
-PATHS = {"portable": "", "avx2": "AVX2 and FMA", "avx-vnni": "AVX-VNNI", "avx512-vnni": "AVX-512 F/BW/VL/VNNI",
-         "amx": "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles"}
+PATHS = {
+    "portable": "",
+    "avx2": "AVX2 and FMA",
+    "avx-vnni": "AVX-VNNI",
+    "avx512-vnni": "AVX-512 F/BW/VL/VNNI",
+    "amx": "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles",
+}
 
 
 @contextlib.contextmanager
@@ -42,7 +48,9 @@ def test_the_fastest_path_this_cpu_has_runs_and_the_portable_one_is_always_there
     available = kernel.kernel_paths()
     assert available[-1] == "portable" and kernel.kernel_path() == available[0]
     assert list(available) == [name for name in PATHS if name in available][::-1]
-    with pytest.raises(RuntimeError, match="unknown kernel path fastest .known: amx, avx512-vnni, avx-vnni, avx2, portable"):
+    with pytest.raises(
+        RuntimeError, match="unknown kernel path fastest .known: amx, avx512-vnni, avx-vnni, avx2, portable"
+    ):
         kernel.set_kernel_path("fastest")
     missing = [name for name in PATHS if name not in available]
     for name in missing:
@@ -91,8 +99,10 @@ def test_every_path_maps_activations_onto_levels_as_the_portable_path(kernel, pa
 def test_several_weights_in_one_call_give_each_weights_own_bits_side_by_side(kernel, rows):
     """q4_linear_parts (q/k/v, gate/up in the layer loop): x quantized once, one loop over every part's tiles."""
     torch.manual_seed(rows)
-    parts = [Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, 512) * 0.1, bits)) for outs, bits in
-             [(64, 4), (16, 6), (48, 7), (32, 4)]]
+    parts = [
+        Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, 512) * 0.1, bits))
+        for outs, bits in [(64, 4), (16, 6), (48, 7), (32, 4)]
+    ]
     x = torch.randn(rows, 512)
     x[-1, 7] = float("nan")  # a row with a NaN is NaN in every part, the others untouched
     together = kernel.q4_linear_parts(x, [list(p.tensors()) for p in parts])
@@ -128,7 +138,7 @@ def test_a_long_prompts_rows_get_the_bits_each_row_gets_alone(kernel, path, bits
     tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(48, width) * 0.1, bits))
     x = torch.randn(512, width)
     x[:, 5] *= 30  # an outlier channel
-    alone = torch.cat([products(kernel, path, x[r:r + 1], tiles) for r in range(512)])
+    alone = torch.cat([products(kernel, path, x[r : r + 1], tiles) for r in range(512)])
     for rows in (7, 128, 512):
         assert torch.equal(products(kernel, path, x[:rows], tiles), alone[:rows]), f"{rows} rows"
 
@@ -152,6 +162,7 @@ def test_the_tiles_hold_the_weights_a_row_after_a_row_held(kernel):
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
 def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, tokenizer, path):
     from specchat.runtime.lean import LeanCache, LeanForward
+
     path_or_skip(kernel, path)
     model = build_model(len(tokenizer), seed=4, layers=2, hidden=256)
     quantize_w4a8(model, None, kernel)
@@ -163,14 +174,16 @@ def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, toke
         cache = LeanCache(lean)
         with on_path(kernel, name):
             return [lean(cache, ids[:, :35], keep=35), lean(cache, ids[:, 35:40], keep=5)]
+
     assert all(torch.equal(a, b) for a, b in zip(logits(path), logits("portable")))
 
 
 @pytest.mark.slow
 def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, tokenizer, tmp_path, monkeypatch):
     """The layer loop's plain-C++ float steps (simd.h without AVX2) round as its AVX2 ones do."""
-    from specchat.runtime.lean import LeanCache, LeanForward
     from specchat.kernels import build as kernels
+    from specchat.runtime.lean import LeanCache, LeanForward
+
     if "avx2" not in kernel.kernel_paths():
         pytest.skip("the AVX2 build needs AVX2 and FMA, which this CPU lacks")
     monkeypatch.setattr(kernels, "_has_avx2", lambda: False)
@@ -196,10 +209,12 @@ def test_the_bundled_pair_gives_the_same_tokens_on_the_portable_path_and_stays_e
 
     from specchat.config import load_config
     from specchat.loading.models import load_pair
+
     pair = load_pair(load_config(None, []))
     messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
-    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                             return_dict=True)["input_ids"]
+    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
     fastest = greedy_reply(pair, "target", ids, n=12)
     with on_path(kernel, "portable"):
         assert greedy_reply(pair, "target", ids, n=12) == fastest

@@ -1,12 +1,13 @@
 """The bundled GGUF files: found through package metadata, assembled once, sha256-checked."""
+
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
 
 import pytest
-
 from model_files import later
+
 from specchat.loading import assets
 from specchat.loading.models import ModelLoadError
 
@@ -27,8 +28,7 @@ def fake(tmp_path, monkeypatch):
         parts.append(tmp_path / f"part{i:02d}.bin")
         parts[-1].write_bytes(chunk)
     data = b"".join(chunks)
-    model = assets.BundledModel("Fake-Model", "fake-model-part", "1.0", 3, len(data),
-                                hashlib.sha256(data).hexdigest())
+    model = assets.BundledModel("Fake-Model", "fake-model-part", "1.0", 3, len(data), hashlib.sha256(data).hexdigest())
     monkeypatch.setitem(assets.BUNDLED, "fake", model)
     monkeypatch.setattr(assets, "find_parts", lambda m: parts)
     return model, parts, data
@@ -88,6 +88,7 @@ def test_interrupted_assembly_leaves_nothing_behind(fake, cache, monkeypatch):
     def interrupt(message, fraction):
         if fraction and fraction > 0.5:
             raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         assets.bundled_gguf_path("fake", progress=interrupt)
     assert list((cache / "gguf").iterdir()) == []
@@ -105,8 +106,11 @@ def test_missing_part_packages_say_how_to_install(monkeypatch, cache):
 
 
 def test_unknown_bundled_name_lists_the_known_ones():
-    with pytest.raises(ModelLoadError, match="unknown bundled model 'nope'; bundled models are "
-                                             "qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct"):
+    with pytest.raises(
+        ModelLoadError,
+        match="unknown bundled model 'nope'; bundled models are "
+        "qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct",
+    ):
         assets.bundled_gguf_path("nope")
 
 

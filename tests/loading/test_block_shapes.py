@@ -1,5 +1,6 @@
 """What a cached block must look like to replace a layer (loading/block_shapes.py): the rules agree with the
 quantizers' own output for every kind and shape they make, and any other dtype, shape or row count is named."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,18 +1,19 @@
 """The architectures users' own GGUF files have, each written small by the gguf package's writer (random
 weights, the tiny tokenizer) and loaded as a user loads them: tied output heads (Llama-3.2, small Qwen2/Qwen3
 files), Qwen3's q/k norms and head size, and the architectures the lean forward leaves to transformers."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from model_files import greedy_reply, logits, tiny_model, vocab_size, write_gguf
 from tiny_models import build_tokenizer
+
 from specchat.config import load_config
 from specchat.errors import ModelLoadError
 from specchat.loading import devices
-from specchat.loading.gguf_config import file_config, set_head_size
 from specchat.loading import models as model_loading
+from specchat.loading.gguf_config import file_config, set_head_size
 from specchat.loading.models import load_pair
 
 
@@ -36,8 +37,11 @@ def gguf_pair(folder, tok, architecture: str, tied: bool, **shape):
     """(target file, its model, drafter file) of one architecture."""
     target = tiny_model(architecture, vocab_size(tok, architecture), seed=1, tied=tied, **shape)
     drafter = tiny_model(architecture, vocab_size(tok, architecture), seed=2, tied=tied, **shape)
-    return (write_gguf(folder / "target.gguf", target, tok, architecture=architecture), target,
-            write_gguf(folder / "drafter.gguf", drafter, tok, architecture=architecture))
+    return (
+        write_gguf(folder / "target.gguf", target, tok, architecture=architecture),
+        target,
+        write_gguf(folder / "drafter.gguf", drafter, tok, architecture=architecture),
+    )
 
 
 def default_pair(target, drafter, *overrides: str, progress=None):
@@ -46,14 +50,16 @@ def default_pair(target, drafter, *overrides: str, progress=None):
 
 
 def prompt_ids(tok) -> list[int]:
-    text = tok.apply_chat_template([{"role": "user", "content": "def reverse(lst):"}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "def reverse(lst):"}], tokenize=False, add_generation_prompt=True
+    )
     return tok.encode(text)
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
-def test_a_tied_file_loads_with_the_default_config_on_the_compiled_layers_and_stays_exact(tmp_path, tok, kernel,
-                                                                                         architecture):
+def test_a_tied_file_loads_with_the_default_config_on_the_compiled_layers_and_stays_exact(
+    tmp_path, tok, kernel, architecture
+):
     target, _, drafter = gguf_pair(tmp_path, tok, architecture, tied=True)
     pair = default_pair(target, drafter)
     assert pair.target_facts.backend == "lean (compiled layers)" == pair.drafter_facts.backend
@@ -86,11 +92,12 @@ def test_a_tied_w4a8_head_is_the_file_embeddings_quantized(tmp_path, tok, kernel
     assert (quantized - wanted).abs().max() < 0.1 * wanted.abs().max()
 
 
-@pytest.mark.parametrize("architecture, tied, need", [("phi3", False, "fused qkv_proj"),
-                                                     ("gemma2", True, "sliding-window attention")])
-def test_an_architecture_the_lean_forward_lacks_runs_on_transformers_with_one_notice_line(tmp_path, tok, kernel,
-                                                                                         recwarn, architecture, tied,
-                                                                                         need):
+@pytest.mark.parametrize(
+    "architecture, tied, need", [("phi3", False, "fused qkv_proj"), ("gemma2", True, "sliding-window attention")]
+)
+def test_an_architecture_the_lean_forward_lacks_runs_on_transformers_with_one_notice_line(
+    tmp_path, tok, kernel, recwarn, architecture, tied, need
+):
     """Loaded with the default config: one line a model names the slower path and why; no FutureWarning from
     transformers' forward (its past_key_values renamed) while the reply runs; still exact."""
     target, _, drafter = gguf_pair(tmp_path, tok, architecture, tied=tied)
@@ -122,4 +129,3 @@ def test_the_file_config_takes_the_head_size_the_file_states(tmp_path, tok):
     assert config.head_dim == 32 and config.num_attention_heads * config.head_dim != config.hidden_size
     with pytest.raises(ModelLoadError, match="states a head size of 3; an even number up to 4096"):
         set_head_size(config, 3, path)
-

@@ -1,5 +1,6 @@
 """A GGUF's Q4_K tensors become w4a8 blocks bit for bit (loading/gguf_blocks.py), checked against
 gguf-py's own dequantizer, not against specchat's."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
-
 from tiny_models import build_model
+
 from specchat.loading.gguf_blocks import decode_q4_k, matching_blocks, module_name, q4_k_blocks
 
 
@@ -43,7 +44,8 @@ def tiny_gguf(tmp_path, tokenizer):
     q_raw, up_raw = random_q4_k(256, 256, seed=1), random_q4_k(512, 256, seed=2)
     with torch.no_grad():
         model.model.layers[0].self_attn.q_proj.weight.copy_(
-            torch.from_numpy(dequantize(q_raw, GGMLQuantizationType.Q4_K).astype(np.float32)))
+            torch.from_numpy(dequantize(q_raw, GGMLQuantizationType.Q4_K).astype(np.float32))
+        )
     writer = GGUFWriter(str(tmp_path / "tiny.gguf"), "llama")
     writer.add_tensor("blk.0.attn_q.weight", q_raw, raw_dtype=GGMLQuantizationType.Q4_K)
     writer.add_tensor("blk.0.ffn_up.weight", up_raw, raw_dtype=GGMLQuantizationType.Q4_K)
@@ -64,13 +66,16 @@ def test_only_q4_k_layers_that_decode_to_the_loaded_weights_are_taken(tiny_gguf)
 
 
 def test_a_w4a8_model_from_a_gguf_runs_its_q4_k_layers_on_the_files_blocks(tiny_gguf, tmp_path):
-    from specchat.quant.w4a8 import Q4Linear
     from specchat.loading import quantized_cache
+    from specchat.quant.w4a8 import Q4Linear
+
     path, model = tiny_gguf
     cache = tmp_path / "tiny-float32-w4a8.safetensors"
     quantized_cache.quantize_with_cache(model, cache, "tiny", "w4a8", gguf=lambda: path)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, Q4Linear)
-    assert torch.equal(layer.self_attn.q_proj.tiles.to_block().qs, decode_q4_k(torch.from_numpy(random_q4_k(256, 256, 1))).qs)
+    assert torch.equal(
+        layer.self_attn.q_proj.tiles.to_block().qs, decode_q4_k(torch.from_numpy(random_q4_k(256, 256, 1))).qs
+    )
     assert layer.mlp.up_proj.tiles.bits == 6  # not Q4_K in the model: 6-bit levels, four in three bytes
     assert layer.mlp.down_proj.tiles.to_block().qs.shape[1] * 4 == layer.mlp.down_proj.in_features * 3 == 512 * 3

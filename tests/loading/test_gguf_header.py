@@ -1,6 +1,7 @@
 """An untrusted GGUF file (loading/gguf_header.py, gguf_tensors.py, gguf_blocks.py, gguf_convert.py): each kind of
 truncation or malformed field is one ModelLoadError line naming the file, found before anything is read or allocated
 for it, and 1,000 seeded random truncations and mutations of a real small file give nothing else (issue 48, item 6)."""
+
 from __future__ import annotations
 
 import collections
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-
 from model_files import tiny_qwen2, write_gguf
 from tiny_models import build_tokenizer
+
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.gguf_blocks import decode_q4_k
@@ -81,7 +82,7 @@ def as_alignment(data: bytes, spots: dict, value: int) -> bytes:
     """The file with its u32 general.file_type renamed general.alignment (the same length) and set to `value`."""
     at = spots["key:general.file_type"][0]
     out = bytearray(data)
-    out[at + 8:at + 25] = b"general.alignment"
+    out[at + 8 : at + 25] = b"general.alignment"
     struct.pack_into("<I", out, at + 29, value)
     return bytes(out)
 
@@ -102,36 +103,57 @@ def _offset(spots, i):
 CASES = {  # name: (the damaged file from (bytes, spots), what the line says)
     "empty": (lambda d, s: b"", "0 bytes long, shorter than a GGUF header"),
     "cut in the header": (lambda d, s: d[:100], "runs past the end of the file|more than the rest of the file"),
-    "cut in the tensor data": (lambda d, s: d[:len(d) - 1000], r"tensor \S+ \(\d+ bytes at byte \d+\) runs past the end"),
+    "cut in the tensor data": (
+        lambda d, s: d[: len(d) - 1000],
+        r"tensor \S+ \(\d+ bytes at byte \d+\) runs past the end",
+    ),
     "no magic": (lambda d, s: b"GGML" + d[4:], "no GGUF magic"),
     "version 1": (lambda d, s: patched(d, 4, "<I", 1), "GGUF version 1; versions 2 and 3"),
     "huge tensor count": (lambda d, s: patched(d, 8, "<Q", 2**62), "the tensor count is 4611686018427387904, more"),
     "huge key count": (lambda d, s: patched(d, 16, "<Q", 2**40), "the metadata key count is 1099511627776, more"),
-    "huge key length": (lambda d, s: patched(d, s["length"][2], "<Q", 2**63),
-                        "metadata key 0 is 9223372036854775808 bytes long; at most 65535"),
-    "huge string length": (lambda d, s: patched(d, s["key:general.name"][0] + 8 + 12 + 4, "<Q", 2**64 - 1),
-                           "general.name .* runs past the end of the file"),
-    "huge array count": (lambda d, s: patched(d, s["key:tokenizer.ggml.tokens"][0] + 8 + 21 + 8, "<Q", 2**62),
-                         "the item count of tokenizer.ggml.tokens is 4611686018427387904, more than"),
-    "value type 13": (lambda d, s: patched(d, s["key:general.name"][0] + 8 + 12, "<I", 13),
-                      "general.name has value type 13, which GGUF does not define"),
-    "array item type 99": (lambda d, s: patched(d, s["key:tokenizer.ggml.tokens"][0] + 8 + 21 + 4, "<I", 99),
-                           "tokenizer.ggml.tokens is an array of value type 99"),
-    "architecture not a string": (lambda d, s: patched(d, s["key:general.architecture"][0] + 8 + 20, "<I", 4),
-                                  "general.architecture has value type 4, not a string"),
+    "huge key length": (
+        lambda d, s: patched(d, s["length"][2], "<Q", 2**63),
+        "metadata key 0 is 9223372036854775808 bytes long; at most 65535",
+    ),
+    "huge string length": (
+        lambda d, s: patched(d, s["key:general.name"][0] + 8 + 12 + 4, "<Q", 2**64 - 1),
+        "general.name .* runs past the end of the file",
+    ),
+    "huge array count": (
+        lambda d, s: patched(d, s["key:tokenizer.ggml.tokens"][0] + 8 + 21 + 8, "<Q", 2**62),
+        "the item count of tokenizer.ggml.tokens is 4611686018427387904, more than",
+    ),
+    "value type 13": (
+        lambda d, s: patched(d, s["key:general.name"][0] + 8 + 12, "<I", 13),
+        "general.name has value type 13, which GGUF does not define",
+    ),
+    "array item type 99": (
+        lambda d, s: patched(d, s["key:tokenizer.ggml.tokens"][0] + 8 + 21 + 4, "<I", 99),
+        "tokenizer.ggml.tokens is an array of value type 99",
+    ),
+    "architecture not a string": (
+        lambda d, s: patched(d, s["key:general.architecture"][0] + 8 + 20, "<I", 4),
+        "general.architecture has value type 4, not a string",
+    ),
     "5 dimensions": (lambda d, s: patched(d, s["n_dims"][0], "<I", 5), "has 5 dimensions; 1 to 4 are allowed"),
     "2**32-1 dimensions": (lambda d, s: patched(d, s["n_dims"][0], "<I", 2**32 - 1), "4294967295 dimensions"),
     "a dimension of 0": (lambda d, s: patched(d, s["dim"][0], "<Q", 0), "has a dimension of 0"),
     "a huge dimension": (lambda d, s: patched(d, s["dim"][0], "<Q", 2**63), "more than the whole file"),
     "unknown tensor type": (lambda d, s: patched(d, s["tensor_type"][0], "<I", 4), "has type 4, which this gguf"),
-    "rows not whole blocks": (lambda d, s: patched(d, s["dim"][0], "<Q", 48),  # token_embd is Q8_0: 32-value blocks
-                              "token_embd.weight is Q8_0 with rows of 48 values, not a whole number of its 32-value"),
+    "rows not whole blocks": (
+        lambda d, s: patched(d, s["dim"][0], "<Q", 48),  # token_embd is Q8_0: 32-value blocks
+        "token_embd.weight is Q8_0 with rows of 48 values, not a whole number of its 32-value",
+    ),
     "offset past the end": (lambda d, s: patched(d, _offset(s, 3), "<Q", len(d)), "runs past the end of the file"),
     "offset 2**64-32": (lambda d, s: patched(d, _offset(s, 3), "<Q", 2**64 - 32), "runs past the end of the file"),
-    "offset not aligned": (lambda d, s: patched(d, _offset(s, 3), "<Q", struct.unpack_from("<Q", d, _offset(s, 3))[0] + 4),
-                           "not a multiple of the alignment \\(32\\)"),
-    "overlapping tensors": (lambda d, s: patched(d, _offset(s, 3), "<Q", struct.unpack_from("<Q", d, _offset(s, 2))[0]),
-                            "tensors .* and .* overlap"),
+    "offset not aligned": (
+        lambda d, s: patched(d, _offset(s, 3), "<Q", struct.unpack_from("<Q", d, _offset(s, 3))[0] + 4),
+        "not a multiple of the alignment \\(32\\)",
+    ),
+    "overlapping tensors": (
+        lambda d, s: patched(d, _offset(s, 3), "<Q", struct.unpack_from("<Q", d, _offset(s, 2))[0]),
+        "tensors .* and .* overlap",
+    ),
     "a name given twice": (lambda d, s: _same_name(d, s), "tensor blk.0.attn_q.weight appears twice"),
     "a name of 2**20 bytes": (lambda d, s: patched(d, s["name"][0], "<Q", 2**20), "is 1048576 bytes long; at most 64"),
     "alignment 0": (lambda d, s: as_alignment(d, s, 0), "general.alignment is 0, not a power of two"),
@@ -143,14 +165,21 @@ CASES = {  # name: (the damaged file from (bytes, spots), what the line says)
 def _same_name(data: bytes, spots: dict) -> bytes:
     """blk.0.attn_k.weight renamed blk.0.attn_q.weight (the same length)."""
     at = data.index(b"blk.0.attn_k.weight", 24, spots["header_end"][0])
-    return data[:at] + b"blk.0.attn_q.weight" + data[at + 19:]
+    return data[:at] + b"blk.0.attn_q.weight" + data[at + 19 :]
 
 
 def _nested(depth: int) -> bytes:
     """A GGUF of no tensors and one key whose value is an array of arrays of arrays ... `depth` deep."""
     key = b"x"
-    return (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<I", 9)
-            + struct.pack("<IQ", 9, 1) * depth + struct.pack("<IQ", 0, 0))
+    return (
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 1)
+        + struct.pack("<Q", len(key))
+        + key
+        + struct.pack("<I", 9)
+        + struct.pack("<IQ", 9, 1) * depth
+        + struct.pack("<IQ", 0, 0)
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -174,7 +203,7 @@ def test_a_file_cut_short_after_its_header_was_read_is_one_line(real, tmp_path):
     path = tmp_path / "shrinking.gguf"
     path.write_bytes(real[0])
     _, tensors = read_tensors(path)
-    path.write_bytes(real[0][:tensors[-1].start + 10])
+    path.write_bytes(real[0][: tensors[-1].start + 10])
     with pytest.raises(ModelLoadError, match=f"{tensors[-1].name} needs {tensors[-1].nbytes} bytes .* holds 10 of"):
         _ = tensors[-1].data
 
@@ -185,9 +214,9 @@ def mutation(data: bytes, spots: dict, rng: random.Random) -> tuple[str, bytes]:
     header_end = spots["header_end"][0]
     kind = rng.choice(["truncate", "truncate-header", "flip", "length", "type", "tensor", "offset", "alignment"])
     if kind == "truncate":
-        return kind, data[:rng.randrange(len(data))]
+        return kind, data[: rng.randrange(len(data))]
     if kind == "truncate-header":
-        return kind, data[:rng.randrange(header_end)]
+        return kind, data[: rng.randrange(header_end)]
     if kind == "flip":
         out = bytearray(data)
         for _ in range(rng.randint(1, 8)):
@@ -196,7 +225,9 @@ def mutation(data: bytes, spots: dict, rng: random.Random) -> tuple[str, bytes]:
     if kind == "length":
         return kind, patched(data, rng.choice(spots["length"]), "<Q", rng.choice(HUGE + (rng.randrange(2**64),)))
     if kind == "type":
-        return kind, patched(data, rng.choice(spots["type"]), "<I", rng.choice((13, 255, 2**32 - 1, rng.randrange(2**32))))
+        return kind, patched(
+            data, rng.choice(spots["type"]), "<I", rng.choice((13, 255, 2**32 - 1, rng.randrange(2**32)))
+        )
     if kind == "tensor":
         field = rng.choice(["n_dims", "dim", "tensor_type"])
         fmt = "<Q" if field == "dim" else "<I"
@@ -242,8 +273,10 @@ def test_a_thousand_random_truncations_and_mutations_are_each_one_line_or_a_whol
             worst = max(worst, peak / max(len(damaged), 1))
     finally:
         tracemalloc.stop()
-    print(f"\nGGUF header fuzz: {FUZZ_CASES} cases, {sum(v for (k, r), v in counts.items() if r == 'refused')} refused "
-          f"in one line, the rest read whole; by kind: {dict(sorted(counts.items()))}")
+    print(
+        f"\nGGUF header fuzz: {FUZZ_CASES} cases, {sum(v for (k, r), v in counts.items() if r == 'refused')} refused "
+        f"in one line, the rest read whole; by kind: {dict(sorted(counts.items()))}"
+    )
     assert sum(counts.values()) == FUZZ_CASES
     assert sum(v for (k, r), v in counts.items() if r == "refused") >= FUZZ_CASES // 2  # the fuzz bites
 
@@ -253,8 +286,11 @@ def test_a_tensor_that_contradicts_the_files_own_config_is_one_line_before_any_r
     path = tmp_path / "whole.gguf"
     path.write_bytes(real[0])
     other = tiny_qwen2(len(tok) + 32, seed=7)  # the config a damaged vocabulary size would make
-    with pytest.raises(ModelLoadError, match=r"contradicts itself: tensor token_embd.weight is \[384, 64\], but its "
-                                             r"own config makes model.embed_tokens.weight \[416, 64\]"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"contradicts itself: tensor token_embd.weight is \[384, 64\], but its "
+        r"own config makes model.embed_tokens.weight \[416, 64\]",
+    ):
         GGUFTensors(path, other)
 
 
@@ -277,17 +313,28 @@ def test_a_damaged_gguf_source_is_one_line_at_load_and_at_the_cli(real, tmp_path
     conversion, the others convert through transformers) and the CLI, one line, no traceback."""
     from specchat.loading import models
     from specchat.tui.cli import main
+
     if quantization == "w4a8":
         request.getfixturevalue("kernel")  # built (once) in the real cache, not again in this test's
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(models, "resolve_device", lambda device: "cpu")
     path = tmp_path / "cut.gguf"
-    path.write_bytes(real[0][:len(real[0]) // 2])
+    path.write_bytes(real[0][: len(real[0]) // 2])
     with pytest.raises(ModelLoadError, match=f"{path} is not a readable GGUF file: tensor .* runs past the end"):
         models.load_model(ModelConfig(source=str(path), dtype="float32", quantization=quantization))
     err = io.StringIO()
-    status = main(["--prompt", "hi", f"target.source={path}", f"drafter.source={path}",
-                   f"target.quantization={quantization}", f"drafter.quantization={quantization}"],
-                  stdin=io.StringIO(), stdout=io.StringIO(), stderr=err)
+    status = main(
+        [
+            "--prompt",
+            "hi",
+            f"target.source={path}",
+            f"drafter.source={path}",
+            f"target.quantization={quantization}",
+            f"drafter.quantization={quantization}",
+        ],
+        stdin=io.StringIO(),
+        stdout=io.StringIO(),
+        stderr=err,
+    )
     assert status == 1 and err.getvalue().count("\n") == 1 and "Traceback" not in err.getvalue()
     assert err.getvalue().startswith(f"specchat: error: {path} is not a readable GGUF file: tensor ")

@@ -1,5 +1,6 @@
 """Model loading: every offline source kind, the converted-GGUF cache, bitsandbytes on the CPU,
 placement arguments, pair checks and one-line errors. One slow test loads the real bundled pair."""
+
 from __future__ import annotations
 
 import json
@@ -7,18 +8,17 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from model_files import PROMPT, greedy_reply, logits, save_dir, tiny_qwen2, write_gguf
 from tiny_models import CHATML, build_model, build_tokenizer
-from specchat.loading import assets, devices, gguf_convert
+
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.engine import Engine
-from specchat.spec.sampling import probs_from_logits
+from specchat.loading import assets, devices, gguf_convert
 from specchat.loading import models as model_loading
 from specchat.loading.models import ModelFacts, ModelLoadError, load_model, load_pair
 from specchat.loading.shared_tokenizer import tokenizer_digest
-
+from specchat.spec.drafters.model import ModelDrafter
+from specchat.spec.engine import Engine
+from specchat.spec.sampling import probs_from_logits
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +26,7 @@ def on_the_cpu(monkeypatch):
     """These tests mean the CPU (they feed CPU ids, expect CPU kernels): device "auto" resolves to it even where
     torch sees a GPU. tests/gpu/ runs a pair on CUDA."""
     from specchat.loading import models as loading
+
     resolve = devices.resolve_device
     monkeypatch.setattr(loading, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
 
@@ -56,9 +57,11 @@ def drafter_dir(tmp_path_factory, tok):
 
 
 def local_cfg(target: str, drafter: str = "", **model_keys) -> Config:
-    return Config(target=ModelConfig(source=target, dtype="float32", **model_keys),
-                  drafter=ModelConfig(source=drafter, dtype="float32"),
-                  speculation=SpeculationConfig(mode="spec" if drafter else "target"))
+    return Config(
+        target=ModelConfig(source=target, dtype="float32", **model_keys),
+        drafter=ModelConfig(source=drafter, dtype="float32"),
+        speculation=SpeculationConfig(mode="spec" if drafter else "target"),
+    )
 
 
 # ----- local directories -------------------------------------------------------------------------
@@ -114,8 +117,11 @@ def test_the_tokenizer_digest_follows_the_tokenizer_files_and_model_type_only(tm
 
 
 def test_context_limit_override_and_extra_eos(target_dir, tok):
-    cfg = replace(local_cfg(str(target_dir[0])), ui=UIConfig(context_limit=300),
-                  speculation=SpeculationConfig(mode="target", extra_eos=("def",)))
+    cfg = replace(
+        local_cfg(str(target_dir[0])),
+        ui=UIConfig(context_limit=300),
+        speculation=SpeculationConfig(mode="target", extra_eos=("def",)),
+    )
     pair = load_pair(cfg)
     assert pair.context_limit == 300 and pair.drafter is None and pair.drafter_facts is None
     assert tok.convert_tokens_to_ids("def") in pair.eos_ids
@@ -127,24 +133,30 @@ def test_extra_eos_stops_a_reply(target_dir, drafter_dir, tok, mode):
     reply without it writes later on (and, in spec mode, possibly inside a step's accepted drafts)."""
     ids = tok.encode(PROMPT)
     plain = greedy_reply(load_pair(local_cfg(str(target_dir[0]), str(drafter_dir[0]))), mode, ids)
-    stop_at = next(i for i, t in enumerate(plain) if i >= 3 and t not in plain[:i]
-                   and tok.encode(tok.decode([t]), add_special_tokens=False) == [t])
+    stop_at = next(
+        i
+        for i, t in enumerate(plain)
+        if i >= 3 and t not in plain[:i] and tok.encode(tok.decode([t]), add_special_tokens=False) == [t]
+    )
     text = tok.decode([plain[stop_at]])
-    cfg = replace(local_cfg(str(target_dir[0]), str(drafter_dir[0])),
-                  speculation=SpeculationConfig(mode=mode, extra_eos=(text,)))
+    cfg = replace(
+        local_cfg(str(target_dir[0]), str(drafter_dir[0])), speculation=SpeculationConfig(mode=mode, extra_eos=(text,))
+    )
     pair = load_pair(cfg)
     assert plain[stop_at] in pair.eos_ids
     drafter = ModelDrafter(pair.drafter, pair.vocab_size)
     engine = Engine(pair.target, pair.tokenizer, drafter, eos_ids=pair.eos_ids, vocab_size=pair.vocab_size)
-    done = list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=24),
-                              SpeculationConfig(gamma=4, mode=mode)))[-1]
-    assert list(done.ids) == plain[:stop_at + 1] and done.stop_reason == "eos"
+    done = list(
+        engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=24), SpeculationConfig(gamma=4, mode=mode))
+    )[-1]
+    assert list(done.ids) == plain[: stop_at + 1] and done.stop_reason == "eos"
     assert done.text.endswith(text)
 
 
 def test_multi_token_extra_eos_is_a_one_line_error(target_dir):
-    cfg = replace(local_cfg(str(target_dir[0])),
-                  speculation=SpeculationConfig(mode="target", extra_eos=("reverse the list",)))
+    cfg = replace(
+        local_cfg(str(target_dir[0])), speculation=SpeculationConfig(mode="target", extra_eos=("reverse the list",))
+    )
     with pytest.raises(ModelLoadError, match=r"extra_eos: 'reverse the list' is \d+ tokens"):
         load_pair(cfg)
 
@@ -161,8 +173,9 @@ def test_tokenizer_without_chat_template_gets_the_plain_one(tmp_path, tok):
     path = save_dir(tmp_path / "base", build_model(len(tok), seed=3), bare)
     _, tokenizer, facts = load_model(ModelConfig(source=str(path), dtype="float32"))
     assert facts.template == "plain"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert text == "User: hi\nAssistant:"
 
 
@@ -186,6 +199,7 @@ def test_gguf_file_converts_once_and_loads_from_the_cache(gguf_file, tok, cache,
 
     def no_conversion(*args):
         raise AssertionError("converted again although the cache holds the checkpoint")
+
     monkeypatch.setattr(gguf_convert, "convert_gguf", no_conversion)
     monkeypatch.setattr(gguf_convert, "file_sha256", no_conversion)  # the digest is remembered too
     again, _, _ = load_model(ModelConfig(source=str(path), dtype="float32"))
@@ -213,14 +227,16 @@ def test_gguf_without_chat_template_fails_clearly(tmp_path, tok, cache):
 def test_interrupted_conversion_leaves_no_cache_entry(gguf_file, cache, monkeypatch):
     def killed(*args):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(gguf_convert, "save_checkpoint", killed)
     with pytest.raises(KeyboardInterrupt):
         load_model(ModelConfig(source=str(gguf_file[0]), dtype="float32"))
     assert list((cache / "converted").iterdir()) == []
 
 
-@pytest.mark.parametrize("damage", ["truncated", "flipped byte", "missing file", "unreadable record",
-                                    "legacy record, truncated"])
+@pytest.mark.parametrize(
+    "damage", ["truncated", "flipped byte", "missing file", "unreadable record", "legacy record, truncated"]
+)
 def test_a_damaged_conversion_is_rebuilt_with_one_notice(gguf_file, tok, cache, damage):
     path, original = gguf_file
     load_model(ModelConfig(source=str(path), dtype="float32"))
@@ -242,8 +258,9 @@ def test_a_damaged_conversion_is_rebuilt_with_one_notice(gguf_file, tok, cache, 
         meta.write_text(json.dumps({k: v for k, v in record.items() if k != "files"}))
         weights.write_bytes(weights.read_bytes()[:-100])
     seen = []
-    model, tokenizer, _ = load_model(ModelConfig(source=str(path), dtype="float32"),
-                                     progress=lambda message, fraction: seen.append(message))
+    model, tokenizer, _ = load_model(
+        ModelConfig(source=str(path), dtype="float32"), progress=lambda message, fraction: seen.append(message)
+    )
     notices = [m for m in seen if m.startswith("rebuilding the converted checkpoint")]
     assert len(notices) == 1, seen
     assert torch.equal(logits(model, tokenizer), logits(original, tok))
@@ -265,6 +282,7 @@ def test_a_whole_conversion_is_not_rebuilt_and_records_the_gguf_relative_to_the_
 def test_two_cold_starts_at_once_convert_once_and_the_second_waits_saying_so(gguf_file, tok, cache, monkeypatch):
     import threading
     import time
+
     path, original = gguf_file
     calls, converting = [], threading.Event()
     real = gguf_convert.convert_gguf
@@ -274,12 +292,16 @@ def test_two_cold_starts_at_once_convert_once_and_the_second_waits_saying_so(ggu
         converting.set()
         time.sleep(0.5)
         real(*args)
+
     monkeypatch.setattr(gguf_convert, "convert_gguf", slow_convert)
     messages, loaded = ([], []), {}
 
     def start(i):
-        loaded[i] = load_model(ModelConfig(source=str(path), dtype="float32"),
-                               progress=lambda message, fraction: messages[i].append(message))
+        loaded[i] = load_model(
+            ModelConfig(source=str(path), dtype="float32"),
+            progress=lambda message, fraction: messages[i].append(message),
+        )
+
     first = threading.Thread(target=start, args=(0,))
     first.start()
     assert converting.wait(60)
@@ -299,13 +321,16 @@ def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache
     for i, chunk in enumerate((data[:1000], data[1000:5000], data[5000:]), start=1):
         parts.append(tmp_path / f"part{i:02d}.bin")
         parts[-1].write_bytes(chunk)
-    fake = assets.BundledModel("Tiny-Qwen-Bundled", "fake-part", "0", 3, len(data),
-                               gguf_convert.hashlib.sha256(data).hexdigest())
+    fake = assets.BundledModel(
+        "Tiny-Qwen-Bundled", "fake-part", "0", 3, len(data), gguf_convert.hashlib.sha256(data).hexdigest()
+    )
     monkeypatch.setitem(assets.BUNDLED, "tiny-qwen", fake)
     monkeypatch.setattr(assets, "find_parts", lambda model: parts)
     seen = []
-    model, tokenizer, facts = load_model(ModelConfig(source="bundled:tiny-qwen", dtype="float32"),
-                                         progress=lambda message, fraction: seen.append((message, fraction)))
+    model, tokenizer, facts = load_model(
+        ModelConfig(source="bundled:tiny-qwen", dtype="float32"),
+        progress=lambda message, fraction: seen.append((message, fraction)),
+    )
     assert torch.equal(logits(model, tokenizer), logits(original, tok))
     assert facts.name == "Tiny-Qwen-Bundled" and facts.quantization == "ALL_F32"
     assert (cache / "gguf" / fake.filename).read_bytes() == data
@@ -318,10 +343,10 @@ def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache
 
 
 # ----- bitsandbytes on the CPU ---------------------------------------------------------------------
-@pytest.mark.parametrize("quantization, layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt"),
-                                                 ("int8", "Int8Linear")])
-def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_dir, tok, cache,
-                                                            quantization, layer):
+@pytest.mark.parametrize(
+    "quantization, layer", [("4bit", "Linear4bit"), ("8bit", "Linear8bitLt"), ("int8", "Int8Linear")]
+)
+def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_dir, tok, cache, quantization, layer):
     cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]), quantization=quantization)
     pair = load_pair(cfg)
     assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == layer
@@ -335,8 +360,9 @@ def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_
 
 
 @pytest.mark.parametrize("quantization, head, passes", [("int8", "Int8Linear", None), ("w8a8-fast", "W8A8Linear", {1})])
-def test_quantized_drafters_keep_greedy_speculation_exact(target_dir, drafter_dir, tok, cache, quantization, head,
-                                                          passes):
+def test_quantized_drafters_keep_greedy_speculation_exact(
+    target_dir, drafter_dir, tok, cache, quantization, head, passes
+):
     cfg = local_cfg(str(target_dir[0]), str(drafter_dir[0]))
     pair = load_pair(replace(cfg, drafter=replace(cfg.drafter, quantization=quantization)))
     assert type(pair.drafter.lm_head).__name__ == head
@@ -349,8 +375,7 @@ def test_quantized_drafters_keep_greedy_speculation_exact(target_dir, drafter_di
 
 
 def test_gguf_source_can_be_quantized_again_by_bitsandbytes(gguf_file, cache):
-    model, _, facts = load_model(ModelConfig(source=str(gguf_file[0]), dtype="float32",
-                                             quantization="4bit"))
+    model, _, facts = load_model(ModelConfig(source=str(gguf_file[0]), dtype="float32", quantization="4bit"))
     assert type(model.model.layers[0].mlp.up_proj).__name__ == "Linear4bit"
     assert facts.quantization == "ALL_F32→4bit"
 
@@ -368,22 +393,30 @@ def test_bitsandbytes_configs_are_nf4_double_quant_with_compute_dtype():
 def test_placement_for_one_device_and_for_device_map_auto():
     one = devices.placement_kwargs(ModelConfig(), "drafter", "cpu", torch.float32)
     assert one == {"dtype": torch.float32, "device_map": {"": "cpu"}}
-    spread = ModelConfig(device_map="auto", max_memory={"0": "20GiB", "1": 2**34, "cpu": "64GiB"},
-                         quantization="4bit")
+    spread = ModelConfig(device_map="auto", max_memory={"0": "20GiB", "1": 2**34, "cpu": "64GiB"}, quantization="4bit")
     kwargs = devices.placement_kwargs(spread, "target", "cuda", torch.bfloat16)
     assert kwargs["device_map"] == "auto"
     assert kwargs["max_memory"] == {0: "20GiB", 1: 2**34, "cpu": "64GiB"}
     assert kwargs["quantization_config"].load_in_4bit and kwargs["dtype"] == torch.bfloat16
 
 
-@pytest.mark.parametrize("mc, role, message", [
-    (ModelConfig(device_map="auto"), "drafter", "drafter.device_map must be empty"),
-    (ModelConfig(device_map="auto", max_memory={"gpu0": "8GiB"}), "target",
-     "max_memory key 'gpu0' must be a GPU index"),
-    (ModelConfig(device_map="auto", max_memory={"0": 8.5}), "target",
-     r"max_memory\[0\] must be a size such as \"20GiB\" or a byte count, got 8.5"),
-    (ModelConfig(max_memory={"0": "8GiB"}), "target", "target.max_memory needs target.device_map"),
-])
+@pytest.mark.parametrize(
+    "mc, role, message",
+    [
+        (ModelConfig(device_map="auto"), "drafter", "drafter.device_map must be empty"),
+        (
+            ModelConfig(device_map="auto", max_memory={"gpu0": "8GiB"}),
+            "target",
+            "max_memory key 'gpu0' must be a GPU index",
+        ),
+        (
+            ModelConfig(device_map="auto", max_memory={"0": 8.5}),
+            "target",
+            r"max_memory\[0\] must be a size such as \"20GiB\" or a byte count, got 8.5",
+        ),
+        (ModelConfig(max_memory={"0": "8GiB"}), "target", "target.max_memory needs target.device_map"),
+    ],
+)
 def test_placement_errors(mc, role, message):
     with pytest.raises(ModelLoadError, match=message):
         devices.placement_kwargs(mc, role, "cpu", torch.float32)
@@ -421,6 +454,7 @@ def test_a_pair_split_over_device_types_is_refused_before_loading(monkeypatch):
     assert "\n" not in str(err.value)
     monkeypatch.setattr(devices, "resolve_device", lambda device: device)
     import specchat.loading.models as models
+
     monkeypatch.setattr(models, "resolve_device", lambda device: device)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded before the check"))
     cfg = Config(target=ModelConfig(source="t", device="cuda"), drafter=ModelConfig(source="d", device="cpu"))
@@ -436,13 +470,16 @@ def test_missing_gpu_is_a_one_line_error(monkeypatch):
 
 
 # ----- sources and their errors ---------------------------------------------------------------------
-@pytest.mark.parametrize("source, message", [
-    ("", "the model source is empty"),
-    ("/nonexistent/model.gguf", "does not exist"),
-    ("./no/such/dir", "does not exist"),
-    ("bundled:qwen9-huge", "unknown bundled model 'qwen9-huge'; bundled models are qwen2.5-coder-1.5b"),
-    ("what is this?", "neither a hub id"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("", "the model source is empty"),
+        ("/nonexistent/model.gguf", "does not exist"),
+        ("./no/such/dir", "does not exist"),
+        ("bundled:qwen9-huge", "unknown bundled model 'qwen9-huge'; bundled models are qwen2.5-coder-1.5b"),
+        ("what is this?", "neither a hub id"),
+    ],
+)
 def test_bad_sources_are_one_line_errors(source, message):
     with pytest.raises(ModelLoadError, match=message) as err:
         load_model(ModelConfig(source=source))
@@ -470,6 +507,7 @@ def test_revision_only_for_hub_ids(target_dir):
 
 def test_hub_id_without_network_says_how_to_work_offline(monkeypatch, tmp_path):
     import huggingface_hub.constants
+
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # never touch the network
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError) as err:
@@ -484,8 +522,11 @@ def test_hub_id_without_network_says_how_to_work_offline(monkeypatch, tmp_path):
 def test_bundled_pair_greedy_speculation_equals_target_only():
     """Assembles and converts on the first run (minutes, float32 cache), then loads in seconds."""
     from specchat.config import load_config
-    cfg = load_config(None, ["target.dtype=float32", "drafter.dtype=float32", "target.quantization=none",
-                             "target.backend=transformers"])
+
+    cfg = load_config(
+        None,
+        ["target.dtype=float32", "drafter.dtype=float32", "target.quantization=none", "target.backend=transformers"],
+    )
     pair = load_pair(cfg)
     assert pair.target_facts.name == "Qwen2.5-Coder-1.5B-Instruct"
     assert pair.drafter_facts.name == "Qwen2.5-Coder-0.5B-Instruct"
@@ -493,10 +534,13 @@ def test_bundled_pair_greedy_speculation_equals_target_only():
     assert pair.target_facts.template == pair.drafter_facts.template == "own"  # from the GGUF
     assert pair.tokenizer.convert_tokens_to_ids("<|im_end|>") in pair.eos_ids
     assert pair.context_limit == 32768 and pair.vocab_size == len(pair.tokenizer)
-    messages = [{"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": "Write a Python function that reverses a string."}]
-    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                             return_dict=True)["input_ids"]
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Write a Python function that reverses a string."},
+    ]
+    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
     spec = greedy_reply(pair, "spec", ids, n=24)
     assert len(spec) == 24
     assert spec == greedy_reply(pair, "target", ids, n=24)
@@ -508,19 +552,25 @@ def test_bundled_pair_as_the_chat_loads_it_is_exact_in_its_own_dtype():
     """The default config (w4a8 target on the GGUF's own Q4_K blocks, w4a8-fast drafter, lean forwards):
     speculative == target-only for gamma 1, 4 and 8 over a longer reply, in the dtype the chat runs."""
     from specchat.config import load_config
+
     pair = load_pair(load_config(None, []))
     assert pair.target_facts.backend == pair.drafter_facts.backend == "lean (compiled layers)"
-    messages = [{"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": "Explain what a Python generator is, with an example."}]
-    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                             return_dict=True)["input_ids"]
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Explain what a Python generator is, with an example."},
+    ]
+    ids = pair.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
     target_only = greedy_reply(pair, "target", ids, n=48)
     assert all(greedy_reply(pair, "spec", ids, n=48, gamma=g) == target_only for g in (1, 4, 8))
 
 
 def test_unknown_context_length_asks_for_ui_context_limit():
     from types import SimpleNamespace
+
     from specchat.loading.models import context_limit
+
     target = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: SimpleNamespace()))
     endless = SimpleNamespace(model_max_length=int(1e30))
     with pytest.raises(ModelLoadError, match="set ui.context_limit"):
@@ -531,6 +581,7 @@ def test_unknown_context_length_asks_for_ui_context_limit():
 
 def test_one_line_keeps_the_first_meaningful_line():
     from specchat.errors import one_line
+
     assert one_line(OSError("\n  first problem  \nTraceback (most recent call last):\n ...")) == "first problem"
     assert one_line(ValueError()) == "ValueError"
     assert len(one_line(RuntimeError("x" * 1000))) == 240
@@ -553,9 +604,11 @@ def test_broken_local_checkpoints_are_one_line_errors(tmp_path, tok):
 def test_w8a8_off_the_cpu_loads_unquantized_with_one_notice(mode):
     from specchat.config import ModelConfig
     from specchat.loading.models import runnable_quantization
+
     notices = []
     mc = ModelConfig(source="bundled:x", quantization=mode)
     on_gpu = runnable_quantization(mc, "cuda:0", "target", lambda m, f: notices.append(m))
     assert on_gpu.quantization == "none" and notices == [
-        f"target: quantization {mode} runs on the CPU only; loading it unquantized on cuda:0"]
+        f"target: quantization {mode} runs on the CPU only; loading it unquantized on cuda:0"
+    ]
     assert runnable_quantization(mc, "cpu", "target") is mc  # as resolve_device names devices

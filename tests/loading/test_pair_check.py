@@ -1,12 +1,13 @@
 """The pair check: one tokenizer, vocabularies padded apart (at most 128 ids), or different tokenizers (the drafter
 drafts text); BOS/EOS and the chat template said; a verdict in one line, and the loaded pair drafting as it says."""
+
 from __future__ import annotations
 
 import pytest
-
 from model_files import save_dir
 from text_pairs import OTHER_CORPUS, narrowed_model, padded_tokenizer, text_tokenizer
 from tiny_models import build_model, build_tokenizer
+
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair
@@ -22,6 +23,7 @@ from specchat.tui.render import banner
 def on_the_cpu(monkeypatch):
     """device "auto" means the CPU here, as in test_models.py."""
     from specchat.loading import models
+
     monkeypatch.setattr(models, "resolve_device", lambda device: "cpu" if device in ("auto", "cpu") else device)
 
 
@@ -52,8 +54,10 @@ def test_a_vocabulary_longer_by_a_few_ids_is_padded_apart(tok):
 def test_a_drafter_head_narrower_by_at_most_128_ids_is_padded_apart(tok, drafter):
     verdict = judge_pair(tok, tok, narrowed_model(drafter, len(tok) - 10), "d")
     assert verdict.kind == "padded"
-    assert "vocabularies padded apart (target 384 ids, drafter 384, its head 374; target ids past 374 never " \
-           "drafted)" in verdict.line()
+    assert (
+        "vocabularies padded apart (target 384 ids, drafter 384, its head 374; target ids past 374 never "
+        "drafted)" in verdict.line()
+    )
     assert judge_pair(tok, tok, narrowed_model(drafter, len(tok) - PAD_LIMIT), "d").kind == "padded"
 
 
@@ -76,21 +80,26 @@ def test_another_tokenizer_is_drafted_as_text_and_what_differs_is_said(tok):
 
 
 def test_a_drafter_whose_head_is_far_narrower_than_its_own_tokenizer_is_refused(tok, drafter):
-    with pytest.raises(ModelLoadError, match="drafter d scores 200 token ids but its tokenizer has 384; the "
-                                             "checkpoint is inconsistent"):
+    with pytest.raises(
+        ModelLoadError, match="drafter d scores 200 token ids but its tokenizer has 384; the checkpoint is inconsistent"
+    ):
         judge_pair(tok, tok, narrowed_model(drafter, 200), "d")
 
 
 # ----- loaded pairs ----------------------------------------------------------------------------------
 def local_cfg(target: str, drafter: str) -> Config:
-    return Config(target=ModelConfig(source=target, dtype="float32"),
-                  drafter=ModelConfig(source=drafter, dtype="float32"), speculation=SpeculationConfig(gamma=3))
+    return Config(
+        target=ModelConfig(source=target, dtype="float32"),
+        drafter=ModelConfig(source=drafter, dtype="float32"),
+        speculation=SpeculationConfig(gamma=3),
+    )
 
 
 def greedy(pair, mode: str, ids: list[int]):
     engine = Engine.for_pair(pair, with_drafter=mode == "spec")
-    return list(engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=24),
-                              SpeculationConfig(gamma=3, mode=mode)))[-1], engine
+    return list(
+        engine.stream(ids, SamplingConfig(temperature=0.0, max_new_tokens=24), SpeculationConfig(gamma=3, mode=mode))
+    )[-1], engine
 
 
 def test_a_loaded_pair_of_two_tokenizers_drafts_text_and_stays_exact(tmp_path, monkeypatch):

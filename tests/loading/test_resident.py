@@ -1,4 +1,5 @@
 """loading/resident.py: mapped weights made resident at load, values untouched."""
+
 from __future__ import annotations
 
 import sys
@@ -29,7 +30,9 @@ def test_populate_does_nothing_where_madvise_is_missing(monkeypatch):
 
 def test_model_tensors_include_the_w4a8_blocks(tokenizer, kernel):
     from tiny_models import build_model
+
     from specchat.quant.w4a8 import Q4Linear, quantize_w4a8
+
     model = build_model(len(tokenizer), seed=0, layers=1, hidden=128)
     quantize_w4a8(model, None, kernel)
     tensors = {tensor.data_ptr() for tensor in resident.model_tensors(model)}
@@ -40,8 +43,10 @@ def test_model_tensors_include_the_w4a8_blocks(tokenizer, kernel):
 
 def test_loading_a_model_populates_its_tensors(tokenizer, tmp_path, monkeypatch):
     from tiny_models import build_model
+
     from specchat.config import ModelConfig
     from specchat.loading import models
+
     path = tmp_path / "tiny"
     build_model(len(tokenizer), seed=3, layers=1, hidden=128).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -54,7 +59,9 @@ def test_loading_a_model_populates_its_tensors(tokenizer, tmp_path, monkeypatch)
 def test_an_embedding_table_in_blocks_is_not_read_whole(tokenizer):
     """A chat reads a few hundred of the table's rows: it stays mapped, the rest of it on disk."""
     from tiny_models import build_model
+
     from specchat.quant.block_embedding import BlockEmbedding
+
     model = build_model(len(tokenizer), seed=0, layers=1, hidden=128)
     model.set_input_embeddings(BlockEmbedding(torch.zeros(len(tokenizer), 34 * 4, dtype=torch.uint8), "Q8_0", 128))
     tensors = resident.model_tensors(model)

@@ -1,6 +1,7 @@
 """A GGUF loaded for w4a8 keeps no float copy of its weights (loading/slim.py, gguf_tensors.py, gguf_header.py,
 quant/block_embedding.py): the cache holds a slim checkpoint, the model equals the one a full conversion
 gives, bit for bit, and a `none` start still makes the full conversion."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,12 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
-from safetensors import safe_open
-
 from model_files import logits, tiny_qwen2, write_gguf
+from safetensors import safe_open
 from tiny_models import build_tokenizer
+
 from specchat.config import ModelConfig
-from specchat.loading import devices, gguf_tensors
+from specchat.loading import assets, devices, gguf_tensors
 from specchat.loading import models as model_loading
 from specchat.loading.gguf_header import read_tensors
 from specchat.loading.models import load_model
@@ -46,7 +47,9 @@ def tok():
 def q8_gguf(tmp_path_factory, tok):
     """A tiny qwen2 GGUF with its embeddings in Q8_0 blocks and its first q_proj in Q5_0 (the rest float32)."""
     stored = {"token_embd.weight": GGMLQuantizationType.Q8_0, "blk.0.attn_q.weight": GGMLQuantizationType.Q5_0}
-    return write_gguf(tmp_path_factory.mktemp("gguf") / "tiny-q8.gguf", tiny_qwen2(len(tok), seed=7), tok, stored=stored)
+    return write_gguf(
+        tmp_path_factory.mktemp("gguf") / "tiny-q8.gguf", tiny_qwen2(len(tok), seed=7), tok, stored=stored
+    )
 
 
 def w4a8_config(path) -> ModelConfig:
@@ -106,15 +109,18 @@ def test_the_header_reader_finds_what_gguf_py_finds(q8_gguf):
     facts, mine = read_tensors(q8_gguf)
     theirs = GGUFReader(str(q8_gguf)).tensors
     assert facts["general.architecture"] == "qwen2"
-    assert [(t.name, t.tensor_type, tuple(int(d) for d in t.shape)) for t in theirs] == \
-        [(t.name, t.tensor_type, t.shape) for t in mine]
+    assert [(t.name, t.tensor_type, tuple(int(d) for d in t.shape)) for t in theirs] == [
+        (t.name, t.tensor_type, t.shape) for t in mine
+    ]
     for a, b in zip(theirs, mine):
         assert np.array_equal(np.asarray(a.data), b.data), a.name
 
 
 def test_dequantizing_in_row_chunks_equals_the_whole(q8_gguf, monkeypatch, tok):
-    from specchat.loading.slim import empty_model
     from transformers import AutoConfig
+
+    from specchat.loading.slim import empty_model
+
     model = empty_model(AutoConfig.from_pretrained(str(q8_gguf.parent), gguf_file=q8_gguf.name))
     whole = gguf_tensors.GGUFTensors(q8_gguf, model).float("model.embed_tokens.weight")
     monkeypatch.setattr(gguf_tensors, "CHUNK_ROWS", 7)
@@ -139,10 +145,12 @@ def test_the_slim_conversion_is_recorded_as_such(q8_gguf, cache, kernel):
     assert meta["slim"] is True and "model.safetensors" in meta["files"]
 
 
-def fake_bundled(path, tmp_path, monkeypatch) -> "assets.BundledModel":
+def fake_bundled(path, tmp_path, monkeypatch) -> assets.BundledModel:
     """`bundled:tiny-q8` made of three parts of the GGUF at `path`."""
     import hashlib
+
     from specchat.loading import assets
+
     data = path.read_bytes()
     parts = []
     for index, chunk in enumerate((data[:1000], data[1000:5000], data[5000:]), start=1):
@@ -154,9 +162,11 @@ def fake_bundled(path, tmp_path, monkeypatch) -> "assets.BundledModel":
     return fake
 
 
-def test_a_bundled_w4a8_start_drops_the_assembled_gguf_and_later_starts_need_none(q8_gguf, cache, kernel,
-                                                                                   monkeypatch, tmp_path):
+def test_a_bundled_w4a8_start_drops_the_assembled_gguf_and_later_starts_need_none(
+    q8_gguf, cache, kernel, monkeypatch, tmp_path
+):
     from specchat.loading import assets
+
     fake = fake_bundled(q8_gguf, tmp_path, monkeypatch)
     first, tokenizer, _ = load_model(w4a8_config("bundled:tiny-q8"))
     assert not (cache / "gguf" / fake.filename).exists()

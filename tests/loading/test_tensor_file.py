@@ -1,6 +1,7 @@
 """The quantized cache's file format (loading/tensor_file.py): plain safetensors, written and read with plain
 file I/O. Damage of any kind is DamagedFile, never another exception and never an allocation larger than the
 file; an I/O failure is an OSError with its errno; tensors come back equal and 64-byte aligned."""
+
 from __future__ import annotations
 
 import errno
@@ -18,10 +19,14 @@ from specchat.loading.tensor_file import read_tensors, write_tensors
 
 def _tensors() -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(3)
-    return {"layer.weight": torch.randint(-127, 128, (17, 64), dtype=torch.int8, generator=generator),
-            "layer.scale": torch.rand(17, generator=generator), "layer.outs": torch.tensor(17),
-            "head.qs": torch.randint(0, 256, (2, 4, 256), dtype=torch.uint8, generator=generator),
-            "half": torch.rand(3, 5, generator=generator).to(torch.bfloat16), "empty": torch.zeros(0, 4)}
+    return {
+        "layer.weight": torch.randint(-127, 128, (17, 64), dtype=torch.int8, generator=generator),
+        "layer.scale": torch.rand(17, generator=generator),
+        "layer.outs": torch.tensor(17),
+        "head.qs": torch.randint(0, 256, (2, 4, 256), dtype=torch.uint8, generator=generator),
+        "half": torch.rand(3, 5, generator=generator).to(torch.bfloat16),
+        "empty": torch.zeros(0, 4),
+    }
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -46,6 +51,7 @@ def test_a_missing_or_unreadable_file_is_an_os_error_with_its_errno(tmp_path, mo
 
     def failing(src, tensor):
         raise OSError(errno.EIO, "Input/output error")
+
     monkeypatch.setattr(tensor_file, "_read_into", failing)
     with pytest.raises(OSError) as failed:
         read_tensors(tmp_path / "w.safetensors")

@@ -1,4 +1,5 @@
 """An embedding table kept in GGML blocks: the rows it gives, from its recent rows or freshly dequantized."""
+
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, dequantize, quantize

@@ -1,15 +1,15 @@
 """Weight-only int8 layers: close to the float layer, every Linear replaced, embeddings untouched."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-
 from tiny_models import build_model
-from specchat.spec.drafters.vocab import DraftVocab
+
 from specchat.quant.int8_weights import Int8Linear, quantize_linears
-from specchat.spec.drafters.vocab import head_rows
+from specchat.spec.drafters.vocab import DraftVocab, head_rows
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,19 +1,19 @@
 """w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (quant/w4a8.py, kernels/q4_kernel.cpp).
 The code paths side by side: test_kernel_paths.py."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-
 from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
 from tiny_models import build_model
-from specchat.config import AUTO
-from specchat.runtime.attention import use_batch_invariant_attention
-from specchat.quant.w4a8 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
-from specchat.loading import quantized_cache
 
+from specchat.config import AUTO
+from specchat.loading import quantized_cache
+from specchat.quant.w4a8 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
+from specchat.runtime.attention import use_batch_invariant_attention
 
 
 def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
@@ -23,14 +23,14 @@ def integer_reference(x: torch.Tensor, block: Q4Block) -> torch.Tensor:
     outs, blocks = block.d.shape
     per_block = width // blocks // 32
     xb = x.double().view(rows, blocks, width // blocks)
-    act_scale = xb.abs().amax(dim=2) / 127                                          # [M, blocks]
+    act_scale = xb.abs().amax(dim=2) / 127  # [M, blocks]
     acts = torch.round(xb / act_scale.clamp(min=1e-300)[..., None]).view(rows, width // 32, 32)
-    levels = LEVEL_BITS[block.bits][1](block.qs)                                    # [out, in/32, 32]
-    dots = torch.einsum("ngk,mgk->mng", levels.double(), acts)                      # [M, out, in/32]
-    sums = acts.sum(dim=2)                                                          # [M, in/32]
+    levels = LEVEL_BITS[block.bits][1](block.qs)  # [out, in/32, 32]
+    dots = torch.einsum("ngk,mgk->mng", levels.double(), acts)  # [M, out, in/32]
+    sums = acts.sum(dim=2)  # [M, in/32]
     step = block.d.double().repeat_interleave(per_block, dim=1) * block.sc.double()  # [out, in/32]
     offset = block.dmin.double().repeat_interleave(per_block, dim=1) * block.m.double()
-    scale_of_group = act_scale.repeat_interleave(per_block, dim=1)                  # [M, in/32]
+    scale_of_group = act_scale.repeat_interleave(per_block, dim=1)  # [M, in/32]
     return ((dots * step - sums[:, None, :] * offset) * scale_of_group[:, None, :]).sum(dim=2)
 
 
@@ -52,7 +52,15 @@ def test_the_kernel_equals_an_integer_reference_and_is_close_to_the_float_produc
 
 def test_weights_already_on_a_4bit_grid_come_back_exactly():
     torch.manual_seed(1)
-    levels = torch.randint(0, 16, (8, 256, ), dtype=torch.int64).view(8, 8, 32)
+    levels = torch.randint(
+        0,
+        16,
+        (
+            8,
+            256,
+        ),
+        dtype=torch.int64,
+    ).view(8, 8, 32)
     levels[:, :, 0], levels[:, :, 1] = 0, 15  # each group spans its whole range
     step = torch.tensor([255, 128, 64, 32]).repeat(8, 2) / 256  # [8, 8]: whole multiples of the block's unit
     weight = (levels * step[..., None] - 4 * step[..., None]).view(8, 256)
@@ -82,8 +90,8 @@ def test_quantizing_keeps_levels_in_range_and_a_gaussian_weight_close():
 
 @pytest.mark.parametrize("bits", [4, 6, 7])
 def test_levels_packed_for_the_kernel_unpack_to_themselves(bits):
-    levels = torch.randint(0, 2 ** bits, (3, 12, 32), dtype=torch.uint8)
-    levels[0, 0] = 2 ** bits - 1  # every bit set somewhere
+    levels = torch.randint(0, 2**bits, (3, 12, 32), dtype=torch.uint8)
+    levels[0, 0] = 2**bits - 1  # every bit set somewhere
     pack, unpack = LEVEL_BITS[bits]
     assert torch.equal(unpack(pack(levels)), levels)
 
@@ -95,7 +103,7 @@ def test_six_bit_levels_keep_their_top_bits_where_the_kernel_reads_them():
     assert packed.shape == (48,) and int(packed[21]) == 0xF0  # level 21 of the second group: low nibble 15
     tops = packed[32:]
     assert int(tops[3]) == 1 << 4 | 2 << 6  # the first group's levels 3 (bits 4-5) and 19 (bits 6-7)
-    assert int(tops[5]) == 3 | 1 << 2       # the second group's levels 5 (bits 0-1) and 21 (bits 2-3)
+    assert int(tops[5]) == 3 | 1 << 2  # the second group's levels 5 (bits 0-1) and 21 (bits 2-3)
     assert int(tops.sum()) - int(tops[3]) - int(tops[5]) == 0
 
 
@@ -163,8 +171,15 @@ def test_writing_a_cache_entry_deletes_that_entry_in_older_formats_and_nothing_e
     path = tmp_path / path.name  # ...-float32-w4a8-v<current>.safetensors
     stem = path.name.rpartition("-v")[0]
     older = [tmp_path / f"{stem}-v{n}.safetensors{suffix}" for n in (1, 3) for suffix in ("", ".json", ".verified")]
-    kept = [tmp_path / name for name in (f"{stem}-fast-v3.safetensors", f"{'cd' * 8}-float32-w4a8-v3.safetensors",
-                                         f"{stem.replace('float32', 'bfloat16')}-v3.safetensors", "notes.txt")]
+    kept = [
+        tmp_path / name
+        for name in (
+            f"{stem}-fast-v3.safetensors",
+            f"{'cd' * 8}-float32-w4a8-v3.safetensors",
+            f"{stem.replace('float32', 'bfloat16')}-v3.safetensors",
+            "notes.txt",
+        )
+    ]
     for file in older + kept:
         file.write_bytes(b"x")
     model = build_model(len(tokenizer), seed=1, layers=1, hidden=128)
@@ -179,6 +194,7 @@ def test_writing_a_cache_entry_deletes_that_entry_in_older_formats_and_nothing_e
 def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(kernel, tokenizer, monkeypatch):
     from specchat.quant import w4a8
     from specchat.runtime import lean
+
     model = build_model(len(tokenizer), seed=2, layers=1, hidden=256)
     quantize_w4a8(model, None, kernel)
     attention = model.model.layers[0].self_attn
@@ -187,8 +203,13 @@ def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(ke
     x = torch.randn(1, 5, 256)
     alone = [layer(x) for layer in layers]  # each layer's own kernel call on its view of the fused rows
     calls = []
-    monkeypatch.setattr(w4a8.Q4Group, "products", lambda self, rows: calls.append(1) or
-                        list(w4a8.run_kernel(self.product, rows, self.fused).split(self.widths, dim=1)))
+    monkeypatch.setattr(
+        w4a8.Q4Group,
+        "products",
+        lambda self, rows: (
+            calls.append(1) or list(w4a8.run_kernel(self.product, rows, self.fused).split(self.widths, dim=1))
+        ),
+    )
     together = lean.same_input(layers, x)
     assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(alone, together))
     mlp = model.model.layers[0].mlp
@@ -198,6 +219,7 @@ def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(ke
 @pytest.mark.parametrize("gamma", [4, AUTO])
 def test_greedy_speculative_equals_target_only_on_the_lean_forward_with_w4a8(tokenizer, kernel, gamma):
     from specchat.runtime.lean import attach_lean
+
     target = build_model(len(tokenizer), seed=1, layers=3, hidden=256)
     drafter = noisy_head_copy(target)
     target, drafter = w4a8_model(target, kernel, torch.float32), w4a8_model(drafter, kernel, torch.float32)
@@ -227,6 +249,7 @@ def test_the_kernel_refuses_weights_that_do_not_match_in_one_line(kernel):
 
 def test_the_compiled_layers_refuse_a_negative_start_and_a_wrong_width_in_one_line(kernel, tokenizer):
     from specchat.runtime.lean import LeanForward
+
     model = build_model(len(tokenizer), seed=2, layers=1, hidden=128)
     quantize_w4a8(model, None, kernel)
     native = LeanForward(model, kernel.LeanLayers).native_loop()
@@ -250,7 +273,9 @@ def test_a_nan_or_an_infinity_in_a_row_makes_that_rows_outputs_nan_and_no_other(
 
 def test_each_version_of_the_kernel_source_builds_into_a_folder_of_its_own(monkeypatch):
     import torch as torch_module
+
     from specchat.kernels import build as kernels
+
     first = kernels.q4_build_dir()
     assert first.name.startswith("q4-") and first.parent.name == "kernels"
     for name, value in [("BASE_FLAGS", [*kernels.BASE_FLAGS, "-DOTHER"]), ("compiler_version", lambda: "other 1.0")]:

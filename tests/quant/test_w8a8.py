@@ -1,4 +1,5 @@
 """int8×int8 (w8a8) targets: bitwise batch invariance, greedy exactness in bf16, the weights cache."""
+
 from __future__ import annotations
 
 import copy
@@ -6,18 +7,17 @@ import json
 
 import pytest
 import torch
-from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
-
 from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
 from tiny_models import build_model
+from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
 from specchat.config import AUTO
-from specchat.runtime.attention import use_batch_invariant_attention
-from specchat.spec.model_io import crop_to
+from specchat.loading import quantized_cache
 from specchat.quant import shared, w8a8
 from specchat.quant.int8_weights import Int8Block, Int8Linear
 from specchat.quant.w8a8 import W8A8Linear, quantize_w8a8
-from specchat.loading import quantized_cache
-
+from specchat.runtime.attention import use_batch_invariant_attention
+from specchat.spec.model_io import crop_to
 
 
 def w8a8_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -38,7 +38,7 @@ def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int], crop
         crop_to(cache, prefix)
     out, start = [], prefix
     for size in pieces:
-        piece = torch.tensor([ids[start:start + size]])
+        piece = torch.tensor([ids[start : start + size]])
         out.append(model(input_ids=piece, past_key_values=cache, use_cache=True).logits[0])
         start += size
     return torch.cat(out)
@@ -47,8 +47,10 @@ def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int], crop
 def feeding_orders_agree(model, vocab: int) -> bool:
     ids = torch.randint(0, vocab, (40,), generator=torch.Generator().manual_seed(3)).tolist()
     one_by_one = logits_in_pieces(model, ids, 31, [1] * 9)
-    return all(torch.equal(one_by_one, logits_in_pieces(model, ids, 31, pieces, crop))
-               for pieces, crop in (([9], 0), ([5, 4], 0), ([2, 3, 4], 0), ([9], 6)))
+    return all(
+        torch.equal(one_by_one, logits_in_pieces(model, ids, 31, pieces, crop))
+        for pieces, crop in (([9], 0), ([5, 4], 0), ([2, 3, 4], 0), ([9], 6))
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -60,8 +62,15 @@ def test_a_w8a8_model_scores_a_row_the_same_alone_in_a_batch_or_after_a_crop(tok
 
 def test_one_decoder_layer_of_the_bundled_targets_shape_is_batch_invariant():
     """Qwen2.5-Coder-1.5B's layer shapes (1536 wide, 8960 MLP, 12 heads over 2 KV heads), random weights."""
-    config = Qwen2Config(vocab_size=512, hidden_size=1536, intermediate_size=8960, num_hidden_layers=1,
-                         num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=256)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=1,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = w8a8_model(Qwen2ForCausalLM(config).eval(), torch.bfloat16)
     assert feeding_orders_agree(model, 512)
@@ -74,19 +83,23 @@ def test_a_w8a8_linear_is_batch_invariant_and_close_to_the_float_product(passes)
     layer = W8A8Linear.from_weight(weight, bias, passes)
     x = torch.randn(9, 256, generator=generator) * torch.logspace(-2, 1, 256)  # heavy-tailed channels
     together = layer(x)
-    assert all(torch.equal(layer(x[i:i + 1])[0], together[i]) for i in range(9))
+    assert all(torch.equal(layer(x[i : i + 1])[0], together[i]) for i in range(9))
     exact = torch.nn.functional.linear(x, weight, bias)
     relative = ((together - exact).norm() / exact.norm()).item()
     from specchat.quant.w8a8 import _REDUCE_RANGE  # 7-bit activations without VNNI: twice the step
+
     assert relative < (0.02 if passes == 1 else 0.01) * (2 if _REDUCE_RANGE else 1)
 
 
 @pytest.mark.parametrize("passes", [1, 2])
 def test_layers_reading_one_input_share_its_mapping_bitwise(passes):
     from specchat.quant.w8a8 import same_input
+
     generator = torch.Generator().manual_seed(4)
-    layers = [W8A8Linear.from_weight(torch.randn(out, 96, generator=generator), torch.randn(out, generator=generator),
-                                     passes) for out in (96, 32, 32)]
+    layers = [
+        W8A8Linear.from_weight(torch.randn(out, 96, generator=generator), torch.randn(out, generator=generator), passes)
+        for out in (96, 32, 32)
+    ]
     x = torch.randn(1, 5, 96, generator=generator)
     assert all(torch.equal(shared, layer(x)) for shared, layer in zip(same_input(layers, x), layers))
     mixed = [layers[0], torch.nn.Linear(96, 8)]  # not all w8a8: each layer on its own
@@ -97,6 +110,7 @@ def test_both_passes_in_one_kernel_call_equal_one_call_per_pass_bitwise():
     """The passes share a kernel call (the weights are read once); the reference calls the kernel once
     per pass, each with its own +1/−1 rows, and undoes each pass's map by hand."""
     from specchat.quant.w8a8 import _bounds, _int8_product, map_rows
+
     generator = torch.Generator().manual_seed(7)
     layer = W8A8Linear.from_weight(torch.randn(200, 128, generator=generator), None, passes=2)
     x = torch.randn(5, 128, generator=generator) * torch.logspace(-2, 2, 128)
@@ -104,7 +118,7 @@ def test_both_passes_in_one_kernel_call_equal_one_call_per_pass_bitwise():
     assert mapped.rows.shape == (12, 128) and mapped.passes == 2
     reference = None
     for index in range(2):
-        rows = torch.cat([mapped.rows[index * 5:(index + 1) * 5], _bounds(128)])
+        rows = torch.cat([mapped.rows[index * 5 : (index + 1) * 5], _bounds(128)])
         product = _int8_product(rows, layer._product._packs[0])[:-2]
         part = torch.addcmul(mapped.centres[index] * layer.block.row_sums, product, mapped.scales[index])
         reference = part if reference is None else reference + part
@@ -117,8 +131,16 @@ def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_ap
     Qwen2 model (attention biases), through the lean forward and through transformers' modules."""
     from specchat.runtime import lean
     from specchat.spec import model_io
-    config = Qwen2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+
+    config = Qwen2Config(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(2)
     model = Qwen2ForCausalLM(config).eval()
     packed_together = w8a8_model(model, torch.float32)
@@ -134,15 +156,23 @@ def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_ap
         if lean:
             assert lean.attach_lean(model) == ""
         cache = model_io.new_cache(model)
-        logits.append(torch.cat([model_io.forward_tensor(model, cache, ids[:, :9], keep=9),
-                                 model_io.forward_tensor(model, cache, ids[:, 9:], keep=3)]))
+        logits.append(
+            torch.cat(
+                [
+                    model_io.forward_tensor(model, cache, ids[:, :9], keep=9),
+                    model_io.forward_tensor(model, cache, ids[:, 9:], keep=3),
+                ]
+            )
+        )
     assert torch.equal(logits[0], logits[1])
 
 
 def test_a_packed_layer_called_alone_takes_its_part_and_the_parts_are_let_go():
     from specchat.quant.w8a8 import same_input
-    layers = torch.nn.ModuleDict({"q_proj": torch.nn.Linear(64, 64), "k_proj": torch.nn.Linear(64, 16),
-                                  "v_proj": torch.nn.Linear(64, 16)})
+
+    layers = torch.nn.ModuleDict(
+        {"q_proj": torch.nn.Linear(64, 64), "k_proj": torch.nn.Linear(64, 16), "v_proj": torch.nn.Linear(64, 16)}
+    )
     quantize_w8a8(layers)
     q, k, v = layers["q_proj"], layers["k_proj"], layers["v_proj"]
     group = q.group
@@ -176,8 +206,11 @@ def bf16_cases() -> list:
     """Both prompts × every gamma (8 cases). The fast default runs 4: every gamma once, the prompts taking
     turns; the rest are slow."""
     texts = ["def reverse(lst):", "The quick brown"]
-    return [pytest.param(text, gamma, marks=() if g % len(texts) == t else pytest.mark.slow)
-            for t, text in enumerate(texts) for g, gamma in enumerate([1, 4, 8, AUTO])]
+    return [
+        pytest.param(text, gamma, marks=() if g % len(texts) == t else pytest.mark.slow)
+        for t, text in enumerate(texts)
+        for g, gamma in enumerate([1, 4, 8, AUTO])
+    ]
 
 
 @pytest.mark.parametrize("text, gamma", bf16_cases())
@@ -212,8 +245,7 @@ def test_weights_read_from_the_cache_are_aligned_for_the_int8_kernel(tmp_path, t
     path = tmp_path / "int8.safetensors"
     quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=2), path, "tiny", "int8")
     blocks, _ = quantized_cache._read(path, None)
-    assert blocks and all(t.data_ptr() % 64 == 0 for b in blocks.values()
-                          for t in (b.weight, b.scale, b.row_sums))
+    assert blocks and all(t.data_ptr() % 64 == 0 for b in blocks.values() for t in (b.weight, b.scale, b.row_sums))
     again = build_model(len(tokenizer), seed=1, layers=2)
     quantized_cache.quantize_with_cache(again, path, "tiny", "int8")
     assert again(torch.tensor([list(range(3, 40))])).logits.isfinite().all()
@@ -259,7 +291,9 @@ def test_weight_only_int8_weights_are_cached_too(tmp_path, tokenizer, monkeypatc
 
 def test_w8a8_fast_reads_the_same_weights_file_as_w8a8():
     """Both modes quantize the weights the same way; only the activation passes differ."""
-    assert quantized_cache.cache_path("ab" * 16, "float32", "w8a8-fast") == \
-        quantized_cache.cache_path("ab" * 16, "float32", "w8a8")
-    assert quantized_cache.cache_path("ab" * 16, "float32", "int8") != \
-        quantized_cache.cache_path("ab" * 16, "float32", "w8a8")
+    assert quantized_cache.cache_path("ab" * 16, "float32", "w8a8-fast") == quantized_cache.cache_path(
+        "ab" * 16, "float32", "w8a8"
+    )
+    assert quantized_cache.cache_path("ab" * 16, "float32", "int8") != quantized_cache.cache_path(
+        "ab" * 16, "float32", "w8a8"
+    )

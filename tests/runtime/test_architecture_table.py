@@ -1,26 +1,29 @@
 """The architecture table (runtime/architectures.py): each architecture's needs read from its config, the lean
 forward run on every architecture whose needs it covers (logits within float rounding of transformers' forward,
 greedy speculative == target-only), and the others left to transformers with the need named."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-from transformers import DynamicCache
-
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from model_files import tiny_model
 from test_lean import logits_in_pieces as pieces_after_a_crop
+from transformers import DynamicCache
+
 from specchat.runtime import architectures, lean
 from specchat.spec import model_io
 
 IDS = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(1)).tolist()
 LEAN = {"llama": {}, "mistral": {"sliding_window": None}, "qwen2": {}, "qwen3": {}, "qwen3 head 32": {"head_dim": 32}}
-TRANSFORMERS = {"phi3": "needs fused qkv_proj and gate_up_proj,",
-                "gemma2": "needs sliding-window attention, soft-capping, 1 + w norms and 4 more,",
-                "gemma3": "needs sliding-window attention, 1 + w norms, norms after attention and MLP and 3 more,",
-                "mistral": "needs sliding-window attention,"}
+TRANSFORMERS = {
+    "phi3": "needs fused qkv_proj and gate_up_proj,",
+    "gemma2": "needs sliding-window attention, soft-capping, 1 + w norms and 4 more,",
+    "gemma3": "needs sliding-window attention, 1 + w norms, norms after attention and MLP and 3 more,",
+    "mistral": "needs sliding-window attention,",
+}
 
 
 def built(name: str, **extra):
@@ -54,8 +57,9 @@ def test_qwen3_q_and_k_norms_are_applied_per_head():
     skipped = lean_copy(model)
     for layer in skipped.model.layers:
         del layer.self_attn.q_norm, layer.self_attn.k_norm
-    assert not torch.allclose(logits_in_pieces(skipped, IDS, 20, [5]), logits_in_pieces(model, IDS, 20, [5]),
-                              atol=1e-3, rtol=0)
+    assert not torch.allclose(
+        logits_in_pieces(skipped, IDS, 20, [5]), logits_in_pieces(model, IDS, 20, [5]), atol=1e-3, rtol=0
+    )
 
 
 @pytest.mark.parametrize("name", ["qwen3 head 32", "mistral"])
@@ -69,8 +73,14 @@ def test_greedy_speculative_equals_target_only_on_the_lean_forward(tokenizer, na
 def test_llama3_rope_scaling_runs_on_the_lean_forward_as_on_transformers():
     """Llama-3's rope scaling (rope_type llama3) comes from the model's own rotary module: the lean forward's
     positions past the original context get it too, and it changes the logits (the test can fail)."""
-    scaled = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    scaled = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
     model = built("llama", rope_parameters=scaled)
     plain = built("llama")
     ours = logits_in_pieces(lean_copy(model), IDS, 20, [1, 4, 7])

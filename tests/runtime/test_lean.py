@@ -1,21 +1,22 @@
 """The lean forward: the same logits and tokens as transformers' forward, a static cache that rolls
 back and grows, batch invariance kept with a w8a8 model, and a fallback for other architectures."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
-
 from conftest import CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
 from tiny_models import build_model
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
 from specchat.config import AUTO, SamplingConfig
+from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
-from specchat.spec import model_io
 from specchat.runtime.attention import use_batch_invariant_attention
 from specchat.runtime.lean import LeanCache
-from specchat.quant.w8a8 import quantize_w8a8
+from specchat.spec import model_io
 
 TEXT = "def reverse(lst):\n    return lst[::-1]\n" * 4
 
@@ -33,11 +34,11 @@ def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int], crop
     cache = model_io.new_cache(model)
     model_io.forward(model, cache, ids[:prefix], keep=1)
     if crop_first:
-        model_io.forward(model, cache, ids[prefix:prefix + crop_first][::-1], keep=1)
+        model_io.forward(model, cache, ids[prefix : prefix + crop_first][::-1], keep=1)
         model_io.crop_to(cache, prefix)
     out, start = [], prefix
     for size in pieces:
-        out.append(model_io.forward(model, cache, ids[start:start + size], keep=size))
+        out.append(model_io.forward(model, cache, ids[start : start + size], keep=size))
         start += size
     return torch.cat(out)
 
@@ -91,11 +92,11 @@ def test_the_lean_cache_grows_past_its_first_capacity(target, tokenizer, monkeyp
 
 
 @pytest.mark.parametrize("gamma", [1, 4, 8, AUTO])
-def test_greedy_speculative_on_lean_models_equals_transformers_generate(target, similar_drafter_model,
-                                                                         tokenizer, gamma):
+def test_greedy_speculative_on_lean_models_equals_transformers_generate(
+    target, similar_drafter_model, tokenizer, gamma
+):
     ids = prompt_ids(tokenizer, "The quick brown")
-    engine = make_engine(lean_copy(target), lean_copy(similar_drafter_model), tokenizer,
-                         policy=CheapDrafterGamma())
+    engine = make_engine(lean_copy(target), lean_copy(similar_drafter_model), tokenizer, policy=CheapDrafterGamma())
     _, done = run_reply(engine, ids, gamma=gamma)
     assert list(done.ids) == hf_greedy(target, ids, 40)
     assert done.stats.drafted > 0 and done.stats.acceptance_rate < 0.95
@@ -114,9 +115,10 @@ def test_a_lean_multi_turn_reply_reuses_the_cache_and_stays_exact(target, simila
 def test_sampled_replies_are_the_same_with_either_forward(target, similar_drafter_model, tokenizer):
     sampling = SamplingConfig(temperature=0.8, top_p=0.95, seed=3, max_new_tokens=30)
     ids = prompt_ids(tokenizer, "for i in range(10):")
-    replies = [run_reply(make_engine(t, d, tokenizer), ids, sampling, gamma=3)[1].ids
-               for t, d in ((target, similar_drafter_model),
-                            (lean_copy(target), lean_copy(similar_drafter_model)))]
+    replies = [
+        run_reply(make_engine(t, d, tokenizer), ids, sampling, gamma=3)[1].ids
+        for t, d in ((target, similar_drafter_model), (lean_copy(target), lean_copy(similar_drafter_model)))
+    ]
     assert replies[0] == replies[1]
 
 
@@ -133,8 +135,15 @@ def test_a_lean_w8a8_model_scores_a_row_the_same_alone_in_a_batch_or_after_a_cro
 
 
 def test_a_qwen2_model_runs_lean_with_its_attention_biases():
-    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():

@@ -1,30 +1,39 @@
 """The lean forward's compiled layer loop (runtime/lean_native.py, kernels/lean_layers.cpp): the Python
 loop's values within rounding, batch-invariant bitwise, used wherever it can run, and said why not
 where it cannot."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
-
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from model_files import tiny_model as architecture_model
 from tiny_models import build_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
 from specchat.config import AUTO
-from specchat.runtime import lean
-from specchat.spec import model_io
-from specchat.runtime.lean import LeanCache, LeanForward
 from specchat.quant.w4a8 import Q4Block, quantize_w4a8
+from specchat.runtime import lean
+from specchat.runtime.lean import LeanCache, LeanForward
+from specchat.spec import model_io
 
 
 def qwen2_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
     """A tiny Qwen2: biases on q/k/v, as the bundled pair has."""
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.2, tie_word_embeddings=False)
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.2,
+        tie_word_embeddings=False,
+    )
     model = Qwen2ForCausalLM(config).eval().float()
     for layer in model.model.layers:  # random biases, so that adding them in the wrong place shows
         for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -35,8 +44,11 @@ def qwen2_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:
 def w4a8(model, kernel, finer: tuple[str, ...] = ()):
     """model quantized to w4a8; layers whose names end in `finer` get 6-bit levels, so they are not
     fused with their 4-bit neighbours (as the GGUF's Q6_K attn_v and ffn_down are)."""
-    blocks = {name: Q4Block.quantize(module.weight, 6 if name.endswith(finer) and finer else 4)
-              for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    blocks = {
+        name: Q4Block.quantize(module.weight, 6 if name.endswith(finer) and finer else 4)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)
+    }
     quantize_w4a8(model, blocks, kernel)
     return model
 
@@ -62,8 +74,11 @@ def qwen3_model(vocab_size: int, seed: int):
 
 
 def tiny_model(build: str, vocab_size: int):
-    builds = {"llama": lambda: build_model(vocab_size, seed=3, layers=2, hidden=256),
-              "qwen2": lambda: qwen2_model(vocab_size, seed=3), "qwen3": lambda: qwen3_model(vocab_size, seed=3)}
+    builds = {
+        "llama": lambda: build_model(vocab_size, seed=3, layers=2, hidden=256),
+        "qwen2": lambda: qwen2_model(vocab_size, seed=3),
+        "qwen3": lambda: qwen3_model(vocab_size, seed=3),
+    }
     return builds[build]()
 
 
@@ -100,7 +115,10 @@ def test_a_16_bit_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kern
     """Keys and values rounded to 16 bits move the logits far less than the weights' quantization does."""
     unquantized = LeanForward(tiny_model(build, len(tokenizer)))
     model = w4a8(tiny_model(build, len(tokenizer)), kernel, finer)
-    half, full = LeanForward(model, kernel.LeanLayers, kv_cache), LeanForward(model, kernel.LeanLayers, kv_cache="float32")
+    half, full = (
+        LeanForward(model, kernel.LeanLayers, kv_cache),
+        LeanForward(model, kernel.LeanLayers, kv_cache="float32"),
+    )
     dtype = getattr(torch, kv_cache)
     assert (half.kv_dtype, full.kv_dtype, LeanForward(model).kv_dtype) == (dtype, torch.float32, torch.float32)
     assert LeanForward(model, kernel.LeanLayers).kv_dtype == torch.bfloat16  # the default
@@ -108,12 +126,14 @@ def test_a_16_bit_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kern
     rounded, exact, reference = run_steps(half, ids), run_steps(full, ids), run_steps(unquantized, ids)
     for index, (a, b, c) in enumerate(zip(rounded, exact, reference)):
         error, noise = (a - b).abs().mean().item(), (b - c).abs().mean().item()
-        assert 0 < error < 0.15 * noise, f"forward {index}: {error} from float32 keys and values (quantization: {noise})"
+        assert 0 < error < 0.15 * noise, (
+            f"forward {index}: {error} from float32 keys and values (quantization: {noise})"
+        )
     top_1 = torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(rounded, exact)])
     assert top_1.float().mean() >= 0.9
-    caches = [LeanCache(lean) for lean in (half, full)]
-    for lean, cache in zip((half, full), caches):
-        lean(cache, torch.tensor([ids[:5]]), keep=1)
+    caches = [LeanCache(forward) for forward in (half, full)]
+    for forward, cache in zip((half, full), caches):
+        forward(cache, torch.tensor([ids[:5]]), keep=1)
     assert caches[0].nbytes * 2 == caches[1].nbytes
     for stored, kept in ((caches[0].keys[0], caches[1].keys[0]), (caches[0].values[0], caches[1].values[0])):
         assert torch.equal(stored[:, :5], kept[:, :5].to(dtype))  # layer 0: rounded as torch rounds
@@ -129,11 +149,14 @@ def test_the_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, toke
     for prompt in (7, 30):
         batched, single = LeanCache(lean), LeanCache(lean)
         for cache in (batched, single):
-            lean(cache, torch.tensor([ids[:prompt + 3]]), keep=1)
+            lean(cache, torch.tensor([ids[: prompt + 3]]), keep=1)
             cache.crop_to(prompt)  # a rollback: the next rows overwrite cached ones
-        rows = lean(batched, torch.tensor([ids[prompt:prompt + 5]]), keep=5)
-        for offset, token in enumerate(ids[prompt:prompt + 5]):
-            assert torch.equal(rows[offset:offset + 1], lean(single, torch.tensor([[token]]), keep=1)), (prompt, offset)
+        rows = lean(batched, torch.tensor([ids[prompt : prompt + 5]]), keep=5)
+        for offset, token in enumerate(ids[prompt : prompt + 5]):
+            assert torch.equal(rows[offset : offset + 1], lean(single, torch.tensor([[token]]), keep=1)), (
+                prompt,
+                offset,
+            )
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python loop"])
@@ -216,6 +239,7 @@ def test_part_times_add_up_within_the_whole(kernel, tokenizer):
 def test_the_banner_says_when_the_compiled_layers_run(kernel, tokenizer, tmp_path, monkeypatch, mode, label):
     from specchat.config import ModelConfig
     from specchat.loading.models import load_model
+
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))  # the kernel is loaded already
     path = tmp_path / "tiny"
     build_model(len(tokenizer), seed=3, layers=1, hidden=128).save_pretrained(path)

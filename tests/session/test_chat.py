@@ -1,4 +1,5 @@
 """ChatSession: chat template, history, KV reuse across turns, context trimming, cancel, compare hook."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,12 +7,12 @@ import json
 import threading
 
 import pytest
-
 from conftest import make_engine
-from specchat.session.chat import ChatError, ChatSession, Notice
-from specchat.tui.transcript import save_transcript
+
 from specchat.config import Config, SamplingConfig, with_value
+from specchat.session.chat import ChatError, ChatSession, Notice
 from specchat.spec.events import ReplyDone, Token
+from specchat.tui.transcript import save_transcript
 
 CONFIG = Config(sampling=SamplingConfig(max_new_tokens=8))
 
@@ -32,7 +33,9 @@ def test_prompt_is_the_chat_template_with_system_prompt(session, tokenizer):
     reply(session, "hello")
     expected = tokenizer.apply_chat_template(
         [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "hello"}],
-        add_generation_prompt=True, tokenize=False)
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert session.last_prompt_ids == tokenizer.encode(expected, add_special_tokens=False)
     assert tokenizer.decode(session.last_prompt_ids).endswith("<|im_start|>assistant\n")
 
@@ -42,21 +45,30 @@ GEMMA_LIKE = (  # gemma's template: no system role, user/model turns
     "{{ raise_exception('System role not supported') }}{% endif %}"
     "<start_of_turn>{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
     "{{ message['content'] }}<end_of_turn>\n{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 
 
 def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user_turn(tokenizer):
     import copy
+
     from specchat.session.chat import render_prompt
+
     gemma_like = copy.deepcopy(tokenizer)
     gemma_like.chat_template = GEMMA_LIKE
-    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"},
-                {"role": "user", "content": "again"}]
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+        {"role": "user", "content": "again"},
+    ]
     ids = render_prompt(gemma_like, "Be brief.", messages)
-    assert gemma_like.decode(ids) == ("<start_of_turn>user\nBe brief.\n\nhello<end_of_turn>\n<start_of_turn>model\n"
-                                      "hi<end_of_turn>\n<start_of_turn>user\nagain<end_of_turn>\n<start_of_turn>model\n")
+    assert gemma_like.decode(ids) == (
+        "<start_of_turn>user\nBe brief.\n\nhello<end_of_turn>\n<start_of_turn>model\n"
+        "hi<end_of_turn>\n<start_of_turn>user\nagain<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert messages[0]["content"] == "hello"  # the history itself is untouched
     from jinja2 import TemplateError
+
     broken = copy.deepcopy(tokenizer)
     broken.chat_template = "{{ raise_exception('broken') }}"
     with pytest.raises(TemplateError):  # a template that fails for another reason still says so
@@ -69,7 +81,7 @@ def test_history_grows_and_the_next_prompt_extends_the_last(session):
     _, second = reply(session, "and again")
     assert [m["role"] for m in session.messages] == ["user", "assistant", "user", "assistant"]
     assert session.messages[1]["content"] == first.text
-    assert session.last_prompt_ids[:len(first_prompt)] == first_prompt
+    assert session.last_prompt_ids[: len(first_prompt)] == first_prompt
     assert second.stats.reused_tokens >= len(first_prompt) - 1  # the engine kept the first turn's KV
     assert session.context_used == len(session.last_prompt_ids) + second.stats.new_tokens
 
@@ -89,8 +101,7 @@ def test_oldest_turns_are_dropped_when_the_context_would_overflow(session):
     events, _ = reply(session, "third")
     notices = [e for e in events if isinstance(e, Notice)]
     assert len(notices) == 1 and notices[0].text.startswith("context full: dropped the oldest turn to fit")
-    assert [m["content"] for m in session.messages if m["role"] == "user"] == [
-        "second question about dogs", "third"]
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["second question about dogs", "third"]
     assert len(session.last_prompt_ids) + CONFIG.sampling.max_new_tokens <= session.context_limit
 
 
@@ -156,6 +167,7 @@ def test_compare_hook_runs_only_when_compare_is_on(session):
     def compare_fn(chat, prompt_ids, done, cancel):
         calls.append((list(prompt_ids), done.text))
         yield "side by side"
+
     session.compare_fn = compare_fn
     events, _ = reply(session, "one")
     assert calls == [] and "side by side" not in events
@@ -196,6 +208,7 @@ def test_a_system_prompt_changed_mid_conversation_gives_an_exact_reply(session, 
     """The new system prompt changes the conversation's first tokens: the engine must drop the cached
     turns after the change instead of reusing them, and the greedy reply equals transformers' own."""
     from conftest import hf_greedy
+
     reply(session, "first question about foxes")
     session.config = with_value(session.config, "ui.system_prompt", "You are terse.")
     _, done = reply(session, "and about dogs?")
@@ -218,15 +231,16 @@ def test_dropping_two_turns_says_how_many(session):
     events, _ = reply(session, "fourth")
     notices = [e.text for e in events if isinstance(e, Notice)]
     assert len(notices) == 1 and notices[0].startswith("context full: dropped the oldest 2 turns to fit ")
-    assert [m["content"] for m in session.messages if m["role"] == "user"] == [
-        "third question about cats", "fourth"]
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["third question about cats", "fourth"]
 
 
-def test_with_no_cap_a_reply_runs_to_the_context_window_and_is_marked_cut(target, unrelated_drafter_model, tokenizer,
-                                                                         tmp_path):
+def test_with_no_cap_a_reply_runs_to_the_context_window_and_is_marked_cut(
+    target, unrelated_drafter_model, tokenizer, tmp_path
+):
     """max_new_tokens 0 (the default): the tiny random model never ends its turn, so the reply fills the window,
     stops there as context_full, and the stream's mark, /history's record and the saved .md say it was cut."""
     from specchat.session.chat import CUT_MARKS
+
     assert Config().sampling.max_new_tokens == 0
     session = ChatSession(make_engine(target, unrelated_drafter_model, tokenizer), tokenizer, Config(), 1024)
     prompt = session.render([{"role": "user", "content": "hello"}])
@@ -246,10 +260,15 @@ def test_a_capped_reply_is_cut_at_the_cap(session):
 
 def test_a_pasted_file_sits_in_a_code_fence_in_the_saved_markdown(session, tmp_path):
     from specchat.tui.transcript import transcript_markdown
+
     paste = "fix this:\ndef f():\n    return 1\n```inner```"
     reply(session, paste)
-    text = transcript_markdown({"system": "", "turns": [{"user": paste, "reply": "ok", "cut": False,
-                                                          "stop_reason": "eos", "stats_line": "1 tok"}]})
+    text = transcript_markdown(
+        {
+            "system": "",
+            "turns": [{"user": paste, "reply": "ok", "cut": False, "stop_reason": "eos", "stats_line": "1 tok"}],
+        }
+    )
     assert "## you\n\n````\nfix this:\ndef f():\n    return 1\n```inner```\n````\n" in text
     save_transcript(session, str(tmp_path / "t.md"))
     assert "````\nfix this:" in (tmp_path / "t.md").read_text()

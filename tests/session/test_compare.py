@@ -1,18 +1,19 @@
 """Comparison mode: target-only reruns beside the reply, without touching the chat's state."""
+
 from __future__ import annotations
 
 import dataclasses
 import io
 
 import torch
+from conftest import make_engine
 from rich.console import Console
 
-from conftest import make_engine
+from specchat.config import RANDOM, Config, with_value
+from specchat.loading.models import LoadedPair, ModelFacts
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer, CompareReport
 from specchat.tui.compare_view import CompareView, view_compare_fn
-from specchat.config import RANDOM, Config, with_value
-from specchat.loading.models import LoadedPair, ModelFacts
 
 
 def session_with_compare(target, drafter, tokenizer, compare="on", temperature=0.0):
@@ -21,8 +22,9 @@ def session_with_compare(target, drafter, tokenizer, compare="on", temperature=0
     cfg = with_value(cfg, "sampling.temperature", temperature)
     facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
     comparer = Comparer(LoadedPair(target, drafter, tokenizer, {2}, len(tokenizer), 1024, facts, facts))
-    session = ChatSession(make_engine(target, drafter, tokenizer, eos_ids={2}), tokenizer, cfg, 1024,
-                          compare_fn=comparer)
+    session = ChatSession(
+        make_engine(target, drafter, tokenizer, eos_ids={2}), tokenizer, cfg, 1024, compare_fn=comparer
+    )
     return session, comparer
 
 
@@ -59,15 +61,16 @@ def test_sampled_compare_uses_the_same_seed(target, similar_drafter_model, token
     assert first.target.ids == second.target.ids and first.spec.ids == second.spec.ids
 
 
-def test_with_a_random_seed_the_rerun_uses_the_replys_own_seed(target, similar_drafter_model, tokenizer,
-                                                               monkeypatch):
+def test_with_a_random_seed_the_rerun_uses_the_replys_own_seed(target, similar_drafter_model, tokenizer, monkeypatch):
     import specchat.spec.engine
+
     session, _ = session_with_compare(target, similar_drafter_model, tokenizer, temperature=0.9)
     session.config = with_value(session.config, "sampling.seed", RANDOM)
     seeds = []
     real = specchat.spec.engine.make_generator
-    monkeypatch.setattr(specchat.spec.engine, "make_generator", lambda seed, device: seeds.append(seed) or
-                        real(seed, device))
+    monkeypatch.setattr(
+        specchat.spec.engine, "make_generator", lambda seed, device: seeds.append(seed) or real(seed, device)
+    )
     events = list(session.reply("The quick brown"))
     [report] = reports(events)
     done = [e for e in events if type(e).__name__ == "ReplyDone"][0]
@@ -88,7 +91,8 @@ def test_a_greedy_difference_is_explained_with_the_target_margin(target, similar
 
 def test_a_near_tie_is_judged_by_the_logits_dtype():
     from specchat.session.compare import Divergence, tie_threshold
-    assert tie_threshold(20.0, torch.bfloat16) == 0.25      # bf16 holds a logit near 20 only to 0.125
+
+    assert tie_threshold(20.0, torch.bfloat16) == 0.25  # bf16 holds a logit near 20 only to 0.125
     assert tie_threshold(20.0, torch.float32) == 0.05
     assert tie_threshold(0.0, torch.bfloat16) == 0.05
     in_bf16 = Divergence(3, "a", "b", margin=0.1, tie_below=tie_threshold(20.0, torch.bfloat16))
@@ -112,16 +116,21 @@ def test_view_is_side_by_side_when_wide_and_stacked_when_narrow(target, similar_
     assert "spec" in header  # both labels on one line: columns
     assert "── spec ──" in narrow and "── target-only ──" in narrow
     assert "texts identical" in wide and "speedup" in wide
-    diverged = dataclasses.replace(report, divergence=comparer.explain(session.last_prompt_ids, (40,), (41,)),
-                                   others=(dataclasses.replace(report.target, ids=(41,)),))
+    diverged = dataclasses.replace(
+        report,
+        divergence=comparer.explain(session.last_prompt_ids, (40,), (41,)),
+        others=(dataclasses.replace(report.target, ids=(41,)),),
+    )
     assert "texts differ from token 0" in render(diverged, 140)
 
 
-def test_a_compare_cancelled_mid_rerun_shows_nothing_and_keeps_the_reply(target, similar_drafter_model, tokenizer,
-                                                                         monkeypatch):
+def test_a_compare_cancelled_mid_rerun_shows_nothing_and_keeps_the_reply(
+    target, similar_drafter_model, tokenizer, monkeypatch
+):
     """Ctrl-C while the target-only rerun runs: no report (nothing fair to show), the chat's reply is
     recorded, and the next reply's compare is whole and identical."""
     import threading
+
     session, comparer = session_with_compare(target, similar_drafter_model, tokenizer)
     cancel = threading.Event()
     real_steps = comparer.target_engine.steps
@@ -131,6 +140,7 @@ def test_a_compare_cancelled_mid_rerun_shows_nothing_and_keeps_the_reply(target,
             if n == 1:
                 cancel.set()
             yield item
+
     monkeypatch.setattr(comparer.target_engine, "steps", cancelled_after_one_step)
     events = list(session.reply("Hello, how are you", cancel))
     assert cancel.is_set() and reports(events) == []
@@ -140,20 +150,23 @@ def test_a_compare_cancelled_mid_rerun_shows_nothing_and_keeps_the_reply(target,
     assert report.identical
 
 
-def test_the_speedup_compares_generation_not_the_reruns_reading_of_the_conversation(target, similar_drafter_model,
-                                                                                   tokenizer, monkeypatch):
+def test_the_speedup_compares_generation_not_the_reruns_reading_of_the_conversation(
+    target, similar_drafter_model, tokenizer, monkeypatch
+):
     """Compare turned on late: the target-only rerun reads the whole conversation (19 s here) while the reply
     reused its cache. The speedup is generation against generation (1.11×, not the 22× the wall times give),
     each side's reading is shown apart, and the rerun's first token is timed from the end of its reading."""
     from specchat.spec.events import ReplyEnd
     from specchat.spec.metrics import ReplyStats
     from specchat.tui.compare_view import run_summary, verdict_line
+
     session, comparer = session_with_compare(target, similar_drafter_model, tokenizer)
     rerun = ReplyStats(mode="target", new_tokens=21, wall_s=20.0, ttft_s=19.1, prefill_tokens=1440, prefill_s=19.0)
 
     def long_read(prompt_ids, sampling, speculation, cancel=None):
         real = list(comparer_steps(prompt_ids, sampling, speculation, cancel))[-1]
         yield ReplyEnd(rerun, real.ids, real.stop_reason, real.seed)
+
     comparer_steps = comparer.target_engine.steps
     monkeypatch.setattr(comparer.target_engine, "steps", long_read)
     events = list(session.reply("Hello, how are you"))
@@ -162,5 +175,6 @@ def test_the_speedup_compares_generation_not_the_reruns_reading_of_the_conversat
     [report] = reports(events)
     assert abs(report.speedup - (21 / 0.9) / 21.0) < 1e-9  # 1.11×; the wall times' ratio is 22×
     assert "speedup 1.11× vs target-only (generation rates, prompt reading apart)" in verdict_line(report)
-    assert run_summary(report.target) == ("21 tok · 21.0 tok/s generating · first token 0.10 s after the prompt · "
-                                          "prompt 1,440 tok read in 19.00 s")
+    assert run_summary(report.target) == (
+        "21 tok · 21.0 tok/s generating · first token 0.10 s after the prompt · prompt 1,440 tok read in 19.00 s"
+    )

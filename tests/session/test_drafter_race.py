@@ -1,10 +1,12 @@
 """/compare drafters: each drafter (and none) in repeated short runs on fresh caches; a winner only beyond the spread."""
+
 from __future__ import annotations
 
 import io
 import threading
 
 from conftest import make_engine
+
 from specchat.config import Config, SamplingConfig, SpeculationConfig
 from specchat.session.chat import ChatSession
 from specchat.session.drafter_race import RACE_RUNS, RaceRun, race, winner
@@ -25,8 +27,19 @@ def session_on(target, drafter_model, tokenizer):
 def contender(name: str, rates: list[float], accepted: int = 10) -> RaceRun:
     """A contender whose runs wrote 40 tokens at `rates` tok/s (no prompt reading)."""
     drafted = 20 if name != "none" else 0
-    return RaceRun(name, tuple(ReplyStats(new_tokens=40, wall_s=40 / rate, drafted=drafted,
-                                          accepted=accepted if drafted else 0, target_forwards=20) for rate in rates))
+    return RaceRun(
+        name,
+        tuple(
+            ReplyStats(
+                new_tokens=40,
+                wall_s=40 / rate,
+                drafted=drafted,
+                accepted=accepted if drafted else 0,
+                target_forwards=20,
+            )
+            for rate in rates
+        ),
+    )
 
 
 def screen(runs, current="model") -> str:
@@ -35,19 +48,24 @@ def screen(runs, current="model") -> str:
     return out.getvalue()
 
 
-def test_the_race_runs_each_drafter_three_times_and_leaves_the_chat_untouched(target, similar_drafter_model,
-                                                                             tokenizer):
+def test_the_race_runs_each_drafter_three_times_and_leaves_the_chat_untouched(target, similar_drafter_model, tokenizer):
     registry = build_registry()
     session = session_on(target, similar_drafter_model, tokenizer)
     assert registry.run(session, "/compare drafters").error  # no reply yet
     list(session.reply(REPEATING))
     engine = session.engine
-    before = (list(session.messages), list(engine.ids), cache_length(engine.cache), engine.drafter.seen,
-              len(session.records), session.config)
+    before = (
+        list(session.messages),
+        list(engine.ids),
+        cache_length(engine.cache),
+        engine.drafter.seen,
+        len(session.records),
+        session.config,
+    )
     items = list(race(session, threading.Event()))
     results = [item for item in items if isinstance(item, RaceRun)]
     names = ["none", "model", "lookup", "auto", "self:1"]  # self: a quarter of 3 layers
-    assert [name for name, _stats in items[:-len(results)]] == names * RACE_RUNS  # taken in turns
+    assert [name for name, _stats in items[: -len(results)]] == names * RACE_RUNS  # taken in turns
     assert [run.drafter for run in results] == names and all(len(run.runs) == RACE_RUNS for run in results)
     assert all(run.stats.new_tokens == session.records[-1].stats.new_tokens for run in results)  # greedy: one reply
     assert results[0].stats.drafted == 0 and results[1].stats.drafted > 0
@@ -58,14 +76,23 @@ def test_the_race_runs_each_drafter_three_times_and_leaves_the_chat_untouched(ta
     cancelled = threading.Event()
     cancelled.set()
     assert list(outcome.work(cancelled)) == ["/compare drafters: cancelled; nothing changed"]
-    after = (list(session.messages), list(engine.ids), cache_length(engine.cache), engine.drafter.seen,
-             len(session.records), session.config)
+    after = (
+        list(session.messages),
+        list(engine.ids),
+        cache_length(engine.cache),
+        engine.drafter.seen,
+        len(session.records),
+        session.config,
+    )
     assert after == before
 
 
 def test_overlapping_spreads_are_a_tie_with_no_fastest_and_no_advice():
-    runs = [contender("none", [10.0, 11.0, 12.0]), contender("model", [11.5, 12.5, 13.0]),
-            contender("lookup", [9.0, 10.0, 11.0])]
+    runs = [
+        contender("none", [10.0, 11.0, 12.0]),
+        contender("model", [11.5, 12.5, 13.0]),
+        contender("lookup", [9.0, 10.0, 11.0]),
+    ]
     assert winner(runs) is None
     text = screen(runs)
     assert "◀ fastest" not in text and "/drafter" not in text
@@ -83,8 +110,11 @@ def test_a_drafter_that_accepted_nothing_never_wins_over_the_target_alone():
 
 
 def test_a_winner_beyond_the_spread_is_named_with_the_switch():
-    runs = [contender("none", [10.0, 10.5, 11.0]), contender("model", [14.0, 15.0, 15.5]),
-            contender("lookup", [18.0, 19.0, 20.0])]
+    runs = [
+        contender("none", [10.0, 10.5, 11.0]),
+        contender("model", [14.0, 15.0, 15.5]),
+        contender("lookup", [18.0, 19.0, 20.0]),
+    ]
     text = screen(runs, current="model")
     assert [line.split()[0] for line in text.splitlines() if "◀ fastest" in line] == ["lookup"]
     assert "fastest: lookup — switch with /drafter lookup" in text
@@ -95,14 +125,22 @@ def test_compare_drafters_runs_in_the_repl_with_progress(target, similar_drafter
     from prompt_toolkit.history import InMemoryHistory
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
+
     from specchat.tui.render import Renderer
     from specchat.tui.repl import Repl
+
     session = session_on(target, similar_drafter_model, tokenizer)
     out = io.StringIO()
     with create_pipe_input() as pipe:
         pipe.send_text("def add(a, b): return a + b; def add(a, b):\r/compare drafters\r/quit\r")
-        Repl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(), pt_input=pipe,
-             pt_output=DummyOutput()).run()
+        Repl(
+            session,
+            build_registry(),
+            Renderer(make_console(False, out)),
+            InMemoryHistory(),
+            pt_input=pipe,
+            pt_output=DummyOutput(),
+        ).run()
     text = out.getvalue()
     assert "racing 5 ways" in text and "15/15 self:1" in text and "min–max" in text
     assert len(session.records) == 1

@@ -1,4 +1,5 @@
 """The counts a stats line adds up: accepted drafts never outnumber the tokens a reply produced."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -7,8 +8,15 @@ from specchat.spec.metrics import StatsRecorder
 
 
 def step(drafted: int, accepted: int):
-    return SimpleNamespace(drafted=drafted, accepted=accepted, draft=None, target_fed=True, target_seconds=0.1,
-                           target_timed=True, drafter_forwards=lambda: [])
+    return SimpleNamespace(
+        drafted=drafted,
+        accepted=accepted,
+        draft=None,
+        target_fed=True,
+        target_seconds=0.1,
+        target_timed=True,
+        drafter_forwards=lambda: [],
+    )
 
 
 def test_a_step_cut_at_an_accepted_end_of_turn_counts_only_the_drafts_it_kept():

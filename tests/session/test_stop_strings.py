@@ -1,22 +1,34 @@
 """Stop strings: a base model chatting in specchat's plain User:/Assistant: template
 stops where it starts writing the user's next turn ("\\nUser:"), and nothing of that turn is shown."""
+
 from __future__ import annotations
 
 import pytest
-
 from conftest import ScriptedEngine, hf_greedy, make_engine, scripted_reply
+from tinypair import tiny_pair
+
 from specchat.config import Config, SamplingConfig, SpeculationConfig
-from specchat.spec.events import Origin, ReplyDone, Token
-from specchat.spec.metrics import ReplyStats
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer, CompareReport
 from specchat.session.stop_strings import STOP_STRING, StopFilter, held_length
+from specchat.spec.events import Origin, ReplyDone, Token
+from specchat.spec.metrics import ReplyStats
 from specchat.tui.cli import start_session
-from tinypair import tiny_pair
 
 B, D = Origin.BONUS, Origin.DRAFTED
-FAKE_TURN = [("Sure", B), (",", D), (" here", B), ("\n", B), ("Us", D), ("ually", B), (" fine.", B),
-             ("\n", D), ("User", D), (": and", B), (" more", B)]  # the model writes the user's next turn
+FAKE_TURN = [
+    ("Sure", B),
+    (",", D),
+    (" here", B),
+    ("\n", B),
+    ("Us", D),
+    ("ually", B),
+    (" fine.", B),
+    ("\n", D),
+    ("User", D),
+    (": and", B),
+    (" more", B),
+]  # the model writes the user's next turn
 SHOWN = "Sure, here\nUsually fine."
 
 
@@ -53,11 +65,18 @@ def shown_reply(session: ChatSession, text: str, log: list) -> ReplyDone:
 
 
 @pytest.mark.parametrize("template", ["plain", "own"])
-def test_only_the_plain_template_cuts_a_reply_at_the_next_user_turn(template, tokenizer, target,
-                                                                    unrelated_drafter_model):
+def test_only_the_plain_template_cuts_a_reply_at_the_next_user_turn(
+    template, tokenizer, target, unrelated_drafter_model
+):
     log: list = []
-    session = chat_on(template, [scripted_reply(FAKE_TURN, ReplyStats(), "max_tokens")], tokenizer, target,
-                      unrelated_drafter_model, log)
+    session = chat_on(
+        template,
+        [scripted_reply(FAKE_TURN, ReplyStats(), "max_tokens")],
+        tokenizer,
+        target,
+        unrelated_drafter_model,
+        log,
+    )
     done = shown_reply(session, "hi", log)
     shown = "".join(text for kind, text in log if kind == "shown")
     whole = "".join(text for text, _origin in FAKE_TURN)
@@ -71,11 +90,16 @@ def test_only_the_plain_template_cuts_a_reply_at_the_next_user_turn(template, to
     assert done.ids == tuple(t.id for t in session.records[-1].tokens) == tuple(range(100, 107))
 
 
-def test_text_that_may_begin_the_stop_string_is_held_back_until_it_is_not(tokenizer, target,
-                                                                           unrelated_drafter_model):
+def test_text_that_may_begin_the_stop_string_is_held_back_until_it_is_not(tokenizer, target, unrelated_drafter_model):
     log: list = []
-    session = chat_on("plain", [scripted_reply(FAKE_TURN, ReplyStats(), "max_tokens")], tokenizer, target,
-                      unrelated_drafter_model, log)
+    session = chat_on(
+        "plain",
+        [scripted_reply(FAKE_TURN, ReplyStats(), "max_tokens")],
+        tokenizer,
+        target,
+        unrelated_drafter_model,
+        log,
+    )
     shown_reply(session, "hi", log)
     assert log.index(("shown", "\n")) > log.index(("sent", "ually"))  # "\n", "\nUs" were held back
     assert log.index(("shown", "Us")) > log.index(("sent", "ually"))
@@ -87,8 +111,9 @@ def test_text_that_may_begin_the_stop_string_is_held_back_until_it_is_not(tokeni
 def test_a_reply_ending_in_a_held_back_tail_shows_it_at_the_end(tokenizer, target, unrelated_drafter_model):
     log: list = []
     pieces = [("Done", B), ("\n", D), ("Us", B)]  # max_tokens hit in what might have become "\nUser:"
-    session = chat_on("plain", [scripted_reply(pieces, ReplyStats(), "max_tokens")], tokenizer, target,
-                      unrelated_drafter_model, log)
+    session = chat_on(
+        "plain", [scripted_reply(pieces, ReplyStats(), "max_tokens")], tokenizer, target, unrelated_drafter_model, log
+    )
     done = shown_reply(session, "hi", log)
     assert [text for kind, text in log if kind == "shown"] == ["Done", "\n", "Us"]
     assert done.text == session.messages[-1]["content"] == "Done\nUs" and done.stop_reason == "max_tokens"
@@ -102,8 +127,9 @@ def test_a_stop_string_beginning_inside_a_token_keeps_the_tokens_part_before_it(
     assert held_length("a\nUse", ("\nUser:",)) == 4 and held_length("a\nUsa", ("\nUser:",)) == 0
 
 
-GREEDY_SPEC = Config(sampling=SamplingConfig(temperature=0.0, max_new_tokens=24),
-                     speculation=SpeculationConfig(gamma=4))
+GREEDY_SPEC = Config(
+    sampling=SamplingConfig(temperature=0.0, max_new_tokens=24), speculation=SpeculationConfig(gamma=4)
+)
 
 
 def free_reply(target, drafter, tokenizer, cfg=GREEDY_SPEC):
@@ -121,8 +147,8 @@ def free_reply(target, drafter, tokenizer, cfg=GREEDY_SPEC):
 def stop_inside_a_token(text: str, starts: set[int]) -> tuple[str, int]:
     """A 3-character stop string first found in `text` early on, beginning inside a token."""
     for at in range(len(text) // 4, len(text) - 3):
-        if at not in starts and text.find(text[at:at + 3]) == at:
-            return text[at:at + 3], at
+        if at not in starts and text.find(text[at : at + 3]) == at:
+            return text[at : at + 3], at
     raise AssertionError(f"no usable stop string in {text!r}")
 
 
@@ -132,27 +158,35 @@ def test_a_cut_reply_leaves_the_engine_exact_for_the_next_turn(target, similar_d
     transformers' greedy continuation of it."""
     text, starts = free_reply(target, similar_drafter_model, tokenizer)
     stop, at = stop_inside_a_token(text, starts)
-    session = ChatSession(make_engine(target, similar_drafter_model, tokenizer), tokenizer, GREEDY_SPEC, 1024,
-                          stop_strings=(stop,))
+    session = ChatSession(
+        make_engine(target, similar_drafter_model, tokenizer), tokenizer, GREEDY_SPEC, 1024, stop_strings=(stop,)
+    )
     done = [e for e in session.reply("Hello, how are you") if isinstance(e, ReplyDone)][0]
     assert done.text == session.messages[-1]["content"] == text[:at] and done.stop_reason == STOP_STRING
     assert done.stats.new_tokens < GREEDY_SPEC.sampling.max_new_tokens  # halted, not run to the end
     assert len(session.engine.ids) > len(session.last_prompt_ids) + len(done.ids)  # it wrote past the cut
     second = [e for e in session.reply("and then?") if isinstance(e, ReplyDone)][0]
     prompt = session.last_prompt_ids
-    assert text[:at] in tokenizer.decode(prompt) and text[:at + 3] not in tokenizer.decode(prompt)
+    assert text[:at] in tokenizer.decode(prompt) and text[: at + 3] not in tokenizer.decode(prompt)
     assert list(second.ids) == hf_greedy(target, prompt, len(second.ids))
     assert session.engine.ids == prompt + list(second.ids)
 
 
 def test_compare_of_a_cut_reply_compares_as_far_as_the_reply_went(target, similar_drafter_model, tokenizer):
     from dataclasses import replace
+
     text, starts = free_reply(target, similar_drafter_model, tokenizer)
     stop, at = stop_inside_a_token(text, starts)
     cfg = replace(GREEDY_SPEC, speculation=replace(GREEDY_SPEC.speculation, compare="on"))
     comparer = Comparer(tiny_pair(tokenizer, target, similar_drafter_model))
-    session = ChatSession(make_engine(target, similar_drafter_model, tokenizer), tokenizer, cfg, 1024,
-                          compare_fn=comparer, stop_strings=(stop,))
+    session = ChatSession(
+        make_engine(target, similar_drafter_model, tokenizer),
+        tokenizer,
+        cfg,
+        1024,
+        compare_fn=comparer,
+        stop_strings=(stop,),
+    )
     [report] = [e for e in session.reply("Hello, how are you") if isinstance(e, CompareReport)]
     assert report.identical and report.divergence is None
     assert report.spec.text == text[:at] and report.target.ids == report.spec.ids
@@ -160,8 +194,11 @@ def test_compare_of_a_cut_reply_compares_as_far_as_the_reply_went(target, simila
 
 def test_stats_say_why_a_cut_reply_stopped():
     import io
+
     from rich.console import Console
+
     from specchat.tui.stats_view import reply_summary
+
     console = Console(file=io.StringIO(), width=200, color_system=None)
     console.print(reply_summary(ReplyStats(), STOP_STRING))
     assert "the model began the next User: turn (cut there)" in console.file.getvalue()

@@ -1,5 +1,6 @@
 """/why and /trace: the p and q they report are the models' own probabilities at those positions
 (recomputed here with plain full forwards), and min(1, p/q) agrees with what the verifier decided."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,11 +8,11 @@ import json
 
 import pytest
 import torch
-
 from conftest import make_engine, reference_probs
+
 from specchat.config import Config, SamplingConfig, SpeculationConfig, with_value
-from specchat.spec.events import Origin
 from specchat.session.chat import ChatSession
+from specchat.spec.events import Origin
 from specchat.tui.commands import build_registry
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=24)
@@ -133,10 +134,11 @@ def test_why_and_trace_commands(target, similar_drafter_model, tokenizer, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.jsonl"]
 
 
-
 def test_why_says_what_drafted_a_refused_token(target, similar_drafter_model, tokenizer):
-    from specchat.tui.why_view import rejection_detail, rejections_table
     from rich.console import Console
+
+    from specchat.tui.why_view import rejection_detail, rejections_table
+
     session = chat(target, similar_drafter_model, tokenizer, GREEDY)
     record = answer(session, "hello")
     assert record.rejections and {r.source for r in record.rejections} == {"model"}

@@ -1,5 +1,6 @@
 """Streaming detokenization: the deltas of a reply concatenate to decode(ids), on long multi-byte
 replies, with the tiny byte-level tokenizer and the bundled Qwen tokenizer, in linear time."""
+
 from __future__ import annotations
 
 import random
@@ -9,13 +10,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from specchat.spec.detok import REPLACEMENT, Detokenizer
 from specchat.loading.assets import BUNDLED, cache_dir
 from specchat.loading.gguf_convert import converted_dir, is_converted
+from specchat.spec.detok import REPLACEMENT, Detokenizer
 
-PARAGRAPH = ("Café crème, naïve façade, Ångström, smørrebrød, Straße, ñandú, Dvořák. "
-             "日本語のテキストと中文文本，한국어 텍스트. 🙂 👩‍💻 🇯🇵 🧑🏽‍🚀 ✓ → ∑ ≠ ∞. "
-             "def reverse(lst):\n    return lst[::-1]  # « quoted » — dash … ellipsis\n")
+PARAGRAPH = (
+    "Café crème, naïve façade, Ångström, smørrebrød, Straße, ñandú, Dvořák. "
+    "日本語のテキストと中文文本，한국어 텍스트. 🙂 👩‍💻 🇯🇵 🧑🏽‍🚀 ✓ → ∑ ≠ ∞. "
+    "def reverse(lst):\n    return lst[::-1]  # « quoted » — dash … ellipsis\n"
+)
 LONG_REPLY = PARAGRAPH * 40  # about 6000 characters
 
 
@@ -61,8 +64,9 @@ def test_random_ids_stream_exactly_what_decode_gives(any_tokenizer):
     single_bytes = [any_tokenizer.convert_tokens_to_ids(chr(b)) for b in range(0xA1, 0x100) if b != 0xAD]
     rng = random.Random(7)
     for _ in range(20):
-        ids = [rng.choice(single_bytes) if rng.random() < 0.8 else rng.randrange(len(any_tokenizer))
-               for _ in range(300)]
+        ids = [
+            rng.choice(single_bytes) if rng.random() < 0.8 else rng.randrange(len(any_tokenizer)) for _ in range(300)
+        ]
         assert "".join(streamed(any_tokenizer, ids)) == any_tokenizer.decode(ids, skip_special_tokens=True)
 
 

@@ -1,11 +1,12 @@
 """Caches, stop rules, cancel, multi-turn reuse and streamed text."""
+
 from __future__ import annotations
 
 import threading
 
 import pytest
-
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids, run_reply
+
 from specchat.config import RANDOM, SamplingConfig, SpeculationConfig
 from specchat.spec.events import Origin, ReplyDone, StepDone, Token
 
@@ -51,7 +52,7 @@ def test_eos_stops_and_drops_tokens_after_it(target, tokenizer):
     engine = make_engine(target, target, tokenizer, eos_ids={eos})
     events, done = run_reply(engine, ids, gamma=8)
     tokens = [e for e in events if isinstance(e, Token)]
-    assert list(done.ids) == reference[:first + 1] and done.stop_reason == "eos"
+    assert list(done.ids) == reference[: first + 1] and done.stop_reason == "eos"
     assert tokens[-1].id == eos and tokens[-1].origin == Origin.DRAFTED  # nothing follows it
     step = next(e for e in events if isinstance(e, StepDone))
     assert step.accepted == step.drafted == 8 > len(tokens)  # the run went on past the EOS and was cut
@@ -59,7 +60,7 @@ def test_eos_stops_and_drops_tokens_after_it(target, tokenizer):
     follow_up = ids + list(done.ids) + prompt_ids(tokenizer, " and the fox?")
     _, again = run_reply(engine, follow_up, gamma=8)
     expected = hf_greedy(target, follow_up, GREEDY.max_new_tokens)
-    assert list(again.ids) == (expected[:expected.index(eos) + 1] if eos in expected else expected)
+    assert list(again.ids) == (expected[: expected.index(eos) + 1] if eos in expected else expected)
 
 
 def test_cancel_stops_within_a_step_and_the_next_reply_is_exact(target, unrelated_drafter_model, tokenizer):
@@ -74,7 +75,7 @@ def test_cancel_stops_within_a_step_and_the_next_reply_is_exact(target, unrelate
         if isinstance(event, ReplyDone):
             done = event
     assert done.stop_reason == "cancelled" and steps_after_cancel == 0
-    assert list(done.ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)[:len(done.ids)]
+    assert list(done.ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)[: len(done.ids)]
     assert engine.target_seen == len(engine.ids) - 1
     other = prompt_ids(tokenizer, "The quick brown fox")
     _, again = run_reply(engine, other, gamma=4)
@@ -105,17 +106,28 @@ def test_streamed_text_equals_decode_of_the_reply(target, unrelated_drafter_mode
 
 
 @pytest.mark.parametrize("mode,gamma", [("spec", 3), ("target", 0)])
-def test_a_prompt_gets_a_target_forward_of_its_own_before_any_draft(target, similar_drafter_model, tokenizer,
-                                                                   monkeypatch, mode, gamma):
+def test_a_prompt_gets_a_target_forward_of_its_own_before_any_draft(
+    target, similar_drafter_model, tokenizer, monkeypatch, mode, gamma
+):
     """The prompt's rows never share a forward with drafts, so a batch-invariant target caches the
     prompt bitwise the same in speculative and target-only decoding, however long the prompt is."""
     import specchat.spec.step as step
+
     fed, original = [], step.model_io.forward_tensor
-    monkeypatch.setattr(step.model_io, "forward_tensor", lambda model, cache, ids, keep: (
-        fed.append(ids.shape[1]) if model is target else None) or original(model, cache, ids, keep))
+    monkeypatch.setattr(
+        step.model_io,
+        "forward_tensor",
+        lambda model, cache, ids, keep: (
+            (fed.append(ids.shape[1]) if model is target else None) or original(model, cache, ids, keep)
+        ),
+    )
     engine = make_engine(target, similar_drafter_model, tokenizer)
     ids = prompt_ids(tokenizer, "for i in range(10):\n    print(i")
-    history = ids + list(run_reply(engine, ids, gamma=gamma, mode=mode)[1].ids) + prompt_ids(tokenizer, " The quick brown fox jumps")
+    history = (
+        ids
+        + list(run_reply(engine, ids, gamma=gamma, mode=mode)[1].ids)
+        + prompt_ids(tokenizer, " The quick brown fox jumps")
+    )
     assert fed[:2] == [len(ids) - 1, 1 + gamma]  # the prompt but its last token, then that token + drafts
     fed.clear()
     new_turn = len(history) - engine.target_seen
@@ -127,14 +139,23 @@ def test_sampling_greedy_on_overrides_a_temperature(target, unrelated_drafter_mo
     """sampling.greedy = true with temperature 0.9: the reply is greedy (transformers' own), whatever the seed."""
     ids = prompt_ids(tokenizer, "The quick brown")
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
-    replies = {tuple(run_reply(engine, ids, SamplingConfig(temperature=0.9, top_k=50, greedy=True, seed=seed,
-                                                           max_new_tokens=20), gamma=4)[1].ids)
-               for seed in (0, 1, 2)}
+    replies = {
+        tuple(
+            run_reply(
+                engine,
+                ids,
+                SamplingConfig(temperature=0.9, top_k=50, greedy=True, seed=seed, max_new_tokens=20),
+                gamma=4,
+            )[1].ids
+        )
+        for seed in (0, 1, 2)
+    }
     assert replies == {tuple(hf_greedy(target, ids, 20))}
 
 
-def test_an_exception_mid_reply_resets_the_engine_and_the_next_reply_is_exact(target, unrelated_drafter_model,
-                                                                             tokenizer):
+def test_an_exception_mid_reply_resets_the_engine_and_the_next_reply_is_exact(
+    target, unrelated_drafter_model, tokenizer
+):
     """A forward that raises mid-reply (after the engine cached some of it) leaves both caches empty, not
     half-updated, and the next reply on the same engine is exact."""
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
@@ -144,6 +165,7 @@ def test_an_exception_mid_reply_resets_the_engine_and_the_next_reply_is_exact(ta
         calls.append(1)
         if len(calls) == 4:
             raise RuntimeError("out of memory (planted)")
+
     handle = target.register_forward_pre_hook(fail_on_the_fourth_forward)
     try:
         ids = prompt_ids(tokenizer, "def reverse(lst):")
@@ -170,11 +192,11 @@ def test_seed_random_draws_a_fresh_seed_each_reply_and_reports_it(target, unrela
     assert again.ids == replies[1].ids and again.seed == seeds[1]
 
 
-def test_a_fork_runs_on_the_same_models_with_caches_and_a_policy_of_its_own(target, unrelated_drafter_model,
-                                                                             tokenizer):
+def test_a_fork_runs_on_the_same_models_with_caches_and_a_policy_of_its_own(target, unrelated_drafter_model, tokenizer):
     """What the drafter race reruns on: the chat's engine and its caches untouched, the same reply as the chat's."""
     from specchat.spec.engine import run_to_end
     from specchat.spec.gamma import AutoGamma
+
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     ids = prompt_ids(tokenizer, "for i in range")
     spec = SpeculationConfig(gamma=3)

@@ -1,4 +1,5 @@
 """Auto gamma knows that verifying gamma drafts feeds the target gamma+1 rows, and what rows cost."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,7 +44,7 @@ def test_costly_rows_make_auto_gamma_draft_less_or_not_at_all():
 def test_the_cost_ratio_shown_to_the_user_is_unchanged():
     """c in /stats stays drafter forward ÷ the target forwards actually timed."""
     costly = settled(AutoGamma(), drafter_s=0.024, one_row_s=0.077, per_row_s=0.014, alpha=0.8)
-    mean_target = (costly.target_s / costly.target_n)
+    mean_target = costly.target_s / costly.target_n
     assert costly.cost_ratio == pytest.approx(0.024 / mean_target)
 
 

@@ -1,5 +1,6 @@
 """spec/insight.py's record of a rejection for /why: each model's most likely tokens there, none the sampling
 settings exclude (a top-p nucleus of 2 tokens lists 2, not 3 more at probability 0)."""
+
 from __future__ import annotations
 
 import pytest

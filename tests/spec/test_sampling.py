@@ -1,12 +1,13 @@
 """Sampling transforms, the verifier's rules, the metrics and auto gamma."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specchat.spec.gamma import AutoGamma
-from specchat.spec.drafters.base import DraftPlan
 from specchat.config import SamplingConfig
+from specchat.spec.drafters.base import DraftPlan
+from specchat.spec.gamma import AutoGamma
 from specchat.spec.metrics import StatsRecorder, leviathan_speedup
 from specchat.spec.sampling import compiled_probs, make_generator, probs_from_logits, sample
 from specchat.spec.verify import residual, verify_greedy, verify_sampled
@@ -76,6 +77,7 @@ def nucleus_by_sorting(logits: torch.Tensor, top_p: float) -> list[set[int]]:
 @pytest.mark.parametrize("spread", [8.0, 0.05])  # a peaked nucleus, and one wider than the first candidates
 def test_top_p_keeps_the_nucleus_a_full_sort_finds(spread, monkeypatch, probs_fn):
     import specchat.spec.sampling as sampling
+
     monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 16)
     logits = torch.randn(3, 500, generator=torch.Generator().manual_seed(2)) * spread
     probs = probs_fn(logits, SamplingConfig(temperature=1.0, top_p=0.8))
@@ -120,7 +122,7 @@ def test_residual_is_normalised_positive_part():
 def test_leviathan_bound():
     assert leviathan_speedup(0.0, 4, 0.0) == 1.0
     assert leviathan_speedup(1.0, 4, 0.0) == 5.0
-    assert leviathan_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.4))
+    assert leviathan_speedup(0.8, 4, 0.1) == pytest.approx((1 - 0.8**5) / (0.2 * 1.4))
 
 
 def test_recorder_counts_positions_and_histogram():
@@ -168,8 +170,8 @@ def test_auto_plan_drafts_long_and_ends_by_a_floor_that_rises_with_cost():
 def test_the_confidence_scale_follows_how_often_confident_tokens_pass():
     overconfident, underconfident = AutoGamma(), AutoGamma()
     for _ in range(40):
-        overconfident.observe_confidences([0.99] * 8, accepted=2)   # 3 judged, 2.97 said, 2 passed
-        underconfident.observe_confidences([0.2] * 8, accepted=8)   # 8 judged, 1.6 said, 8 passed
+        overconfident.observe_confidences([0.99] * 8, accepted=2)  # 3 judged, 2.97 said, 2 passed
+        underconfident.observe_confidences([0.2] * 8, accepted=8)  # 8 judged, 1.6 said, 8 passed
     assert 0.6 < overconfident.calibration < 0.75
     assert underconfident.calibration > 4
     assert overconfident.plan().confidence_scale == overconfident.calibration
@@ -183,12 +185,15 @@ def test_probing_and_off_plans_have_no_floor():
     assert DraftPlan(0, 0.0, 1.0) in plans and DraftPlan(1, 0.0, 1.0) in plans
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.9),
-                                                       (1.3, 12, 0.75), (0.5, 3, 0.5), (2.0, 40, 0.95)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.9), (1.3, 12, 0.75), (0.5, 3, 0.5), (2.0, 40, 0.95)],
+)
 def test_probs_from_logits_follow_the_written_definitions_ties_included(temperature, top_k, top_p, probs_fn):
     """Against helpers.reference_probs (plain Python from the definitions, not the code under test),
     on random logits, half of them rounded so that ties sit at the top-k and top-p cuts."""
     from conftest import reference_probs
+
     generator = torch.Generator().manual_seed(11)
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     for row in range(40):
@@ -216,7 +221,7 @@ def test_sample_draws_each_id_at_its_probability_and_never_a_zero_one():
 
 def test_sample_at_the_top_of_the_unit_interval_still_avoids_zero_probability_ids(monkeypatch):
     probs = torch.tensor([[0.3, 0.7, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
-    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.full(shape, 1.0 - 2 ** -53, dtype=torch.float64))
+    monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.full(shape, 1.0 - 2**-53, dtype=torch.float64))
     assert sample(probs, make_generator(0)).tolist() == [1, 3]
     monkeypatch.setattr(torch, "rand", lambda shape, **kwargs: torch.zeros(shape, dtype=torch.float64))
     assert sample(probs, make_generator(0)).tolist() == [0, 3]
@@ -228,18 +233,22 @@ def test_a_target_whose_logits_are_not_finite_stops_the_reply_with_one_error(tok
     """+inf or NaN logits give NaN probabilities (the torch code and the compiled one alike): the step refuses
     them once it reads its p back, instead of drawing some token; nothing is emitted from them."""
     import copy
+
     from conftest import make_engine
+    from tiny_models import build_model
+
     from specchat.config import SpeculationConfig
     from specchat.spec.events import Token
     from specchat.spec.sampling import NoLawError
-    from tiny_models import build_model
+
     target = build_model(len(tokenizer), seed=1, layers=2)
     with torch.no_grad():
         target.lm_head.weight[7] = float("inf") if row == "+inf" else float("nan")
     engine = make_engine(target, copy.deepcopy(target), tokenizer)
     events = []
     with pytest.raises(NoLawError, match="not a distribution"):
-        for event in engine.stream([5, 6, 7], SamplingConfig(temperature=0.7, max_new_tokens=8),
-                                   SpeculationConfig(gamma=gamma, mode=mode)):
+        for event in engine.stream(
+            [5, 6, 7], SamplingConfig(temperature=0.7, max_new_tokens=8), SpeculationConfig(gamma=gamma, mode=mode)
+        ):
             events.append(event)
     assert not [e for e in events if isinstance(e, Token)]

@@ -1,4 +1,5 @@
 """The command line: one-shot text and --json output, stdin prompts, one-line errors, and a real pty session."""
+
 from __future__ import annotations
 
 import io
@@ -10,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from specchat.tui.cli import main
-from specchat.errors import ModelLoadError
 from tinypair import loader, tiny_pair
+
+from specchat.errors import ModelLoadError
+from specchat.tui.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 ESCAPE = re.compile(r"\x1b\[")
@@ -32,8 +33,9 @@ def pair(tokenizer, target, unrelated_drafter_model):
 
 def run_cli(argv, pair, stdin_text="", stdin=None, load=None):
     out, err = io.StringIO(), io.StringIO()
-    status = main(argv, load=load or loader(pair), compare=None,
-                  stdin=stdin or io.StringIO(stdin_text), stdout=out, stderr=err)
+    status = main(
+        argv, load=load or loader(pair), compare=None, stdin=stdin or io.StringIO(stdin_text), stdout=out, stderr=err
+    )
     return status, out.getvalue(), err.getvalue()
 
 
@@ -41,22 +43,26 @@ def test_one_shot_prints_reply_and_stats_line(pair):
     status, out, err = run_cli(["--prompt", "hello there", "sampling.max_new_tokens=6", "speculation.gamma=4"], pair)
     assert status == 0, err
     reply, stats, rest = out.split("\n", 2) if out.count("\n") >= 2 else (*out.split("\n", 1), "")
-    assert re.fullmatch(r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s \([\d,]+ tok/s\) · "
-                        r"accepted \d+/\d+ drafts \(\d+%\) · "
-                        r"[\d.]+ tok/step · γ 4 · hit max tokens \(/max\)", stats), out
+    assert re.fullmatch(
+        r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s \([\d,]+ tok/s\) · "
+        r"accepted \d+/\d+ drafts \(\d+%\) · "
+        r"[\d.]+ tok/step · γ 4 · hit max tokens \(/max\)",
+        stats,
+    ), out
     assert not ESCAPE.search(out)  # stdout is not a terminal: plain text
     assert pair.progress_calls[-1].sampling.max_new_tokens == 6
 
 
 def test_json_output_is_one_object_with_the_exact_prompt_ids(pair, tokenizer):
-    status, out, err = run_cli(["--prompt", "hi", "--json", "sampling.max_new_tokens=5", "speculation.gamma=2"],
-                               pair)
+    status, out, err = run_cli(["--prompt", "hi", "--json", "sampling.max_new_tokens=5", "speculation.gamma=2"], pair)
     assert status == 0, err
     data = json.loads(out)
     assert set(data) >= {"prompt_ids", "text", "tokens", "stats"}
     rendered = tokenizer.apply_chat_template(
         [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "hi"}],
-        add_generation_prompt=True, tokenize=False)
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert data["prompt_ids"] == tokenizer.encode(rendered, add_special_tokens=False)
     assert len(data["tokens"]) == 5 == data["stats"]["new_tokens"]
     assert "".join(t["text"] for t in data["tokens"]) == data["text"]
@@ -66,8 +72,9 @@ def test_json_output_is_one_object_with_the_exact_prompt_ids(pair, tokenizer):
 
 
 def test_prompt_from_stdin_when_it_is_not_a_terminal(pair):
-    status, out, _ = run_cli(["--json", "sampling.max_new_tokens=3", "speculation.mode=target"], pair,
-                             stdin_text="  from a pipe \n")
+    status, out, _ = run_cli(
+        ["--json", "sampling.max_new_tokens=3", "speculation.mode=target"], pair, stdin_text="  from a pipe \n"
+    )
     assert status == 0
     data = json.loads(out)
     assert data["stats"]["mode"] == "target"
@@ -81,14 +88,21 @@ def test_target_only_pair_works_in_target_mode(tokenizer, target):
     assert "target only" in out
 
 
-@pytest.mark.parametrize("argv, message, code", [
-    (["--prompt", "x", "sampling.tempx=1"], "specchat: error: unknown key 'sampling.tempx'", 2),
-    (["--prompt", "x", "speculation.gamma=99"], "specchat: error: speculation.gamma must be an integer from 0 to 16", 2),
-    (["--prompt", "x", "gamma"], "specchat: error: override 'gamma' must look like section.key=value", 2),
-    (["--bogus"], "specchat: error: unrecognized arguments: --bogus (try --help)", 2),
-    (["--config", "nowhere.toml"], "specchat: error: config file nowhere.toml not found", 2),
-    (["--prompt", "   "], "specchat: error: the prompt is empty", 2),
-])
+@pytest.mark.parametrize(
+    "argv, message, code",
+    [
+        (["--prompt", "x", "sampling.tempx=1"], "specchat: error: unknown key 'sampling.tempx'", 2),
+        (
+            ["--prompt", "x", "speculation.gamma=99"],
+            "specchat: error: speculation.gamma must be an integer from 0 to 16",
+            2,
+        ),
+        (["--prompt", "x", "gamma"], "specchat: error: override 'gamma' must look like section.key=value", 2),
+        (["--bogus"], "specchat: error: unrecognized arguments: --bogus (try --help)", 2),
+        (["--config", "nowhere.toml"], "specchat: error: config file nowhere.toml not found", 2),
+        (["--prompt", "   "], "specchat: error: the prompt is empty", 2),
+    ],
+)
 def test_errors_are_one_line_and_non_zero(pair, argv, message, code):
     status, out, err = run_cli(argv, pair)
     assert status == code
@@ -97,8 +111,9 @@ def test_errors_are_one_line_and_non_zero(pair, argv, message, code):
 
 
 def test_overrides_may_stand_before_and_after_options(pair):
-    status, out, err = run_cli(["speculation.mode=target", "--prompt", "x", "sampling.max_new_tokens=3", "--json"],
-                               pair)
+    status, out, err = run_cli(
+        ["speculation.mode=target", "--prompt", "x", "sampling.max_new_tokens=3", "--json"], pair
+    )
     assert status == 0, err
     result = json.loads(out)
     assert result["stats"]["mode"] == "target" and len(result["tokens"]) <= 3
@@ -114,6 +129,7 @@ def test_json_without_a_prompt_is_refused(pair):
 def test_model_load_error_is_one_line(pair):
     def failing(cfg, progress=None):
         raise ModelLoadError("target bundled:nothing is not a bundled model; bundled: a, b")
+
     status, out, err = run_cli(["--prompt", "x"], pair, load=failing)
     assert status == 1
     assert err == "specchat: error: target bundled:nothing is not a bundled model; bundled: a, b\n"
@@ -130,35 +146,70 @@ def test_too_long_prompt_is_refused_in_one_line(tokenizer, target, unrelated_dra
 
 def test_no_color_env_and_flag_keep_a_terminal_plain(pair, monkeypatch):
     out, err = Tty(), io.StringIO()
-    assert main(["--prompt", "hi", "sampling.max_new_tokens=3"], load=loader(pair), compare=None,
-                stdin=io.StringIO(), stdout=out, stderr=err) == 0
+    assert (
+        main(
+            ["--prompt", "hi", "sampling.max_new_tokens=3"],
+            load=loader(pair),
+            compare=None,
+            stdin=io.StringIO(),
+            stdout=out,
+            stderr=err,
+        )
+        == 0
+    )
     assert ESCAPE.search(out.getvalue())  # a terminal gets colour
     for argv, env in ((["--no-color"], {}), ([], {"NO_COLOR": "1"})):
         for key, value in env.items():
             monkeypatch.setenv(key, value)
         out = Tty()
-        assert main(argv + ["--prompt", "hi", "sampling.max_new_tokens=3"], load=loader(pair), compare=None,
-                    stdin=io.StringIO(), stdout=out, stderr=io.StringIO()) == 0
+        assert (
+            main(
+                argv + ["--prompt", "hi", "sampling.max_new_tokens=3"],
+                load=loader(pair),
+                compare=None,
+                stdin=io.StringIO(),
+                stdout=out,
+                stderr=io.StringIO(),
+            )
+            == 0
+        )
         assert not ESCAPE.search(out.getvalue()) and " tok/s " in out.getvalue()
 
 
 # The tiny pair, with the first reply's third target forward held until Ctrl-C arrives (it creates the
 # file $HELD_FLAG then): no race.
-DRIVER = ("import os, sys; sys.path.insert(0, 'tests'); "
-          "from tinypair import tiny_pair, loader, hold_the_first_reply_until_ctrl_c; "
-          "from specchat.tui.cli import main; pair = tiny_pair(); "
-          "hold_the_first_reply_until_ctrl_c(pair.target, os.environ.get('HELD_FLAG', '')); "
-          "raise SystemExit(main(sys.argv[1:], load=loader(pair)))")
+DRIVER = (
+    "import os, sys; sys.path.insert(0, 'tests'); "
+    "from tinypair import tiny_pair, loader, hold_the_first_reply_until_ctrl_c; "
+    "from specchat.tui.cli import main; pair = tiny_pair(); "
+    "hold_the_first_reply_until_ctrl_c(pair.target, os.environ.get('HELD_FLAG', '')); "
+    "raise SystemExit(main(sys.argv[1:], load=loader(pair)))"
+)
 
 
 def test_interactive_session_in_a_real_terminal(tmp_path):
     """pexpect drives the real CLI in a pty: banner, a reply, a command, Ctrl-C mid-reply, /quit."""
     pexpect = pytest.importorskip("pexpect")
     held = tmp_path / "held"
-    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="120", LINES="40",
-               NO_COLOR="1", TERM="xterm", PROMPT_TOOLKIT_NO_CPR="1", HELD_FLAG=str(held))
-    child = pexpect.spawn(sys.executable, ["-c", DRIVER, "sampling.max_new_tokens=400", "ui.context_limit=1024"],
-                          cwd=str(ROOT), env=env, encoding="utf-8", timeout=120, dimensions=(40, 120))
+    env = dict(
+        os.environ,
+        XDG_STATE_HOME=str(tmp_path / "state"),
+        COLUMNS="120",
+        LINES="40",
+        NO_COLOR="1",
+        TERM="xterm",
+        PROMPT_TOOLKIT_NO_CPR="1",
+        HELD_FLAG=str(held),
+    )
+    child = pexpect.spawn(
+        sys.executable,
+        ["-c", DRIVER, "sampling.max_new_tokens=400", "ui.context_limit=1024"],
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(40, 120),
+    )
     try:
         child.expect("specchat · target tiny-target")
         child.expect("legend: ⟦drafted\\+accepted⟧")  # NO_COLOR: the origins in brackets
@@ -195,8 +246,9 @@ def test_json_output_says_why_the_reply_stopped(pair):
     assert status == 0, err
     assert json.loads(out)["stop_reason"] == "max_tokens"
     eos = next(iter(pair.eos_ids))
-    status, out, err = run_cli(["--prompt", "hi", "--json", "sampling.max_new_tokens=3"],
-                               tiny_pair_stopping_at_once(pair, eos))
+    status, out, err = run_cli(
+        ["--prompt", "hi", "--json", "sampling.max_new_tokens=3"], tiny_pair_stopping_at_once(pair, eos)
+    )
     assert status == 0, err
     data = json.loads(out)
     assert data["stop_reason"] == "eos" and [t["id"] for t in data["tokens"]][-1:] == [eos]
@@ -205,7 +257,9 @@ def test_json_output_says_why_the_reply_stopped(pair):
 def tiny_pair_stopping_at_once(pair, eos):
     """The pair with a target whose head always favours `eos`: every reply is that one token."""
     import copy
+
     import torch
+
     target = copy.deepcopy(pair.target)
     with torch.no_grad():
         target.lm_head.weight[eos] = target.lm_head.weight[eos] * 0 + 10 * target.lm_head.weight.abs().max()
@@ -217,6 +271,7 @@ def test_ctrl_c_while_the_models_load_exits_130_in_one_line(pair):
     def load(cfg, progress=None):
         progress("reading weights", 0.3)
         raise KeyboardInterrupt
+
     status, out, err = run_cli(["--prompt", "hello"], pair, load=load)
     assert status == 130 and out == "" and "Traceback" not in err
     assert err.splitlines() == ["reading weights", "specchat: interrupted"]  # the progress so far, then one line
@@ -233,6 +288,7 @@ def run_specchat_script(option: str):
     """The installed `specchat` script (pyproject's [project.scripts]) run with one option; each run starts
     a Python that imports torch and transformers (seconds)."""
     import subprocess
+
     script = Path(sys.executable).with_name("specchat")
     if not script.exists():
         pytest.skip(f"no specchat script next to {sys.executable}: the package is not installed in this venv")
@@ -294,7 +350,7 @@ def test_every_tokens_origin_can_be_read_back_from_the_text_without_colour(token
     tokens = json.loads(out)["tokens"]
     status, out, err = run_cli([*args, "--no-color"], pair)
     assert status == 0, err
-    reply = out[:out.rindex("\n", 0, len(out) - 1)].removesuffix(" ✂ [cut: /max reached]")  # less the stats line
+    reply = out[: out.rindex("\n", 0, len(out) - 1)].removesuffix(" ✂ [cut: /max reached]")  # less the stats line
     assert len({t["origin"] for t in tokens}) >= 3, tokens  # drafted and two of corrected, bonus, target
     expected = [(char, t["origin"]) for t in tokens for char in t["text"]]
     assert origins_from_marks(reply) == expected
@@ -304,7 +360,9 @@ def test_every_tokens_origin_can_be_read_back_from_the_text_without_colour(token
 def test_the_loading_bar_names_each_step_and_keeps_the_slow_ones():
     """A bar per step, named by the step's message; a step of 2 s or more stays on screen with its time."""
     from rich.console import Console
+
     from specchat.tui import cli
+
     # each step's start and end: starting 0.1 s, assembling 3.0, compiling 56.5, quantizing 1.0, warming up 0.5
     clock = iter([0.0, 0.1, 0.1, 3.1, 3.1, 59.6, 59.6, 60.6, 60.6, 61.1])
     out = io.StringIO()
@@ -312,17 +370,26 @@ def test_the_loading_bar_names_each_step_and_keeps_the_slow_ones():
     seen = []
 
     def work(report):
-        for message, fraction in (("assembling qwen.gguf", 0.5), ("compiling the w4a8 kernel", None),
-                                  ("quantizing target layer 1 of 28", 1 / 28), ("warming up the models", None)):
+        for message, fraction in (
+            ("assembling qwen.gguf", 0.5),
+            ("compiling the w4a8 kernel", None),
+            ("quantizing target layer 1 of 28", 1 / 28),
+            ("warming up the models", None),
+        ):
             report(message, fraction)
             seen.append([task.description for task in progress_of(report).tasks])
         return "pair"
 
     def progress_of(report):
         return report.__self__.progress
+
     assert cli.with_progress(console, work, clock=lambda: next(clock)) == "pair"
-    assert seen == [["assembling qwen.gguf"], ["compiling the w4a8 kernel"], ["quantizing target layer 1 of 28"],
-                    ["warming up the models"]]  # one step at a time, each its own task (own bar and time)
+    assert seen == [
+        ["assembling qwen.gguf"],
+        ["compiling the w4a8 kernel"],
+        ["quantizing target layer 1 of 28"],
+        ["warming up the models"],
+    ]  # one step at a time, each its own task (own bar and time)
     lines = [ESCAPE_SEQUENCE.sub("", line).strip() for line in out.getvalue().splitlines() if "✓" in line]
     assert lines == ["✓ assembling qwen.gguf · 3.0 s", "✓ compiling the w4a8 kernel · 56.5 s"]
 

@@ -1,19 +1,20 @@
 """Slash-commands: parsing, validation (bad values change nothing), help and completion from the registry."""
+
 from __future__ import annotations
 
 import io
 
 import pytest
+from conftest import ScriptedEngine, make_engine, scripted_reply
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from rich.console import Console
 
-from conftest import ScriptedEngine, make_engine, scripted_reply
-from specchat.session.chat import ChatSession, Notice
-from specchat.tui.commands import Command, Outcome, Registry, build_registry
 from specchat.config import AUTO, RANDOM, Config, SamplingConfig, UIConfig, all_keys
+from specchat.session.chat import ChatSession, Notice
 from specchat.spec.events import Origin
 from specchat.spec.metrics import ReplyStats
+from specchat.tui.commands import Command, Outcome, Registry, build_registry
 from specchat.tui.safe_text import visible
 
 
@@ -34,29 +35,32 @@ def plain(renderable) -> str:
     return out.getvalue()
 
 
-@pytest.mark.parametrize("line, key, value", [
-    ("/gamma 6", "speculation.gamma", 6),
-    ("/gamma auto", "speculation.gamma", AUTO),
-    ("/gamma 0", "speculation.gamma", 0),
-    ("/temp 0.7", "sampling.temperature", 0.7),
-    ("/top_k 40", "sampling.top_k", 40),
-    ("/top_p 0.9", "sampling.top_p", 0.9),
-    ("/max 64", "sampling.max_new_tokens", 64),
-    ("/max off", "sampling.max_new_tokens", 0),
-    ("/seed 7", "sampling.seed", 7),
-    ("/seed random", "sampling.seed", RANDOM),
-    ("/mode target", "speculation.mode", "target"),
-    ("/mode drafter", "speculation.mode", "drafter"),
-    ("/compare on", "speculation.compare", "on"),
-    ("/compare drafter", "speculation.compare", "drafter"),
-    ("/show rejected on", "ui.show_rejected", True),
-    ("/system You are terse.", "ui.system_prompt", "You are terse."),
-    ("/set sampling.top_k 5", "sampling.top_k", 5),
-    ("/set sampling.top_k=6", "sampling.top_k", 6),
-    ("/set ui.context_limit 512", "ui.context_limit", 512),
-    ("/set speculation.compare on", "speculation.compare", "on"),
-    ("/GAMMA 3", "speculation.gamma", 3),
-])
+@pytest.mark.parametrize(
+    "line, key, value",
+    [
+        ("/gamma 6", "speculation.gamma", 6),
+        ("/gamma auto", "speculation.gamma", AUTO),
+        ("/gamma 0", "speculation.gamma", 0),
+        ("/temp 0.7", "sampling.temperature", 0.7),
+        ("/top_k 40", "sampling.top_k", 40),
+        ("/top_p 0.9", "sampling.top_p", 0.9),
+        ("/max 64", "sampling.max_new_tokens", 64),
+        ("/max off", "sampling.max_new_tokens", 0),
+        ("/seed 7", "sampling.seed", 7),
+        ("/seed random", "sampling.seed", RANDOM),
+        ("/mode target", "speculation.mode", "target"),
+        ("/mode drafter", "speculation.mode", "drafter"),
+        ("/compare on", "speculation.compare", "on"),
+        ("/compare drafter", "speculation.compare", "drafter"),
+        ("/show rejected on", "ui.show_rejected", True),
+        ("/system You are terse.", "ui.system_prompt", "You are terse."),
+        ("/set sampling.top_k 5", "sampling.top_k", 5),
+        ("/set sampling.top_k=6", "sampling.top_k", 6),
+        ("/set ui.context_limit 512", "ui.context_limit", 512),
+        ("/set speculation.compare on", "speculation.compare", "on"),
+        ("/GAMMA 3", "speculation.gamma", 3),
+    ],
+)
 def test_good_values_are_applied(session, registry, line, key, value):
     outcome = registry.run(session, line)
     assert not outcome.error, outcome.message
@@ -64,33 +68,42 @@ def test_good_values_are_applied(session, registry, line, key, value):
     assert getattr(getattr(session.config, section), name) == value
 
 
-@pytest.mark.parametrize("line, message", [
-    ("/gamma 17", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got 17"),
-    ("/gamma many", "/gamma: speculation.gamma must be an integer from 0 to 16 or auto, got 'many'"),
-    ("/gamma -2", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got -2"),
-    ("/temp -1", "/temp: sampling.temperature must be a number from 0 to 5 (0 = greedy), got -1.0"),
-    ("/temp hot", "/temp: sampling.temperature must be a number, got 'hot'"),
-    ("/top_k -3", "/top_k: sampling.top_k must be an integer from 0 to 1000000, got -3"),
-    ("/top_p 1.5", "/top_p: sampling.top_p must be a number in (0, 1], got 1.5"),
-    ("/max -1", "/max: sampling.max_new_tokens must be 0 (no cap: to the end of the turn or the context window) "
-                "or a number of tokens up to 1000000, got -1"),
-    ("/seed soon", "/seed: sampling.seed must be an integer or random, got 'soon'"),
-    ("/mode fast", "/mode: speculation.mode must be one of spec, target, drafter, got 'fast'"),
-    ("/compare maybe", "/compare: speculation.compare must be one of off, on, drafter, got 'maybe'"),
-    ("/show rejected maybe", "/show rejected: must be on or off, got 'maybe'"),
-    ("/show accepted on", "/show: usage /show rejected on|off"),
-    ("/set sampling.tempature 1", "/set: unknown key 'sampling.tempature' (did you mean 'temperature'?)"),
-    ("/set nothing", "/set: usage /set section.key VALUE"),
-    ("/set target.dtype float32", "/set: target.dtype is read once, when the models load; restart with"),
-    ("/set speculation.extra_eos </s>", "/set: speculation.extra_eos is read once, when the models load"),
-    ("/set speculation.mode fast", "/set: speculation.mode must be one of spec, target, drafter, got 'fast'"),
-    ("/save notes.doc", "/save: cannot save to 'notes.doc': the name must end in .md (Markdown), .txt (plain text) "
-                        "or .json (exact, and /load reopens it)"),
-    ("/save", "/save: usage /save PATH.md, PATH.txt or PATH.json (/save! PATH replaces an existing file)"),
-    ("/seed banana", "/seed: sampling.seed must be an integer or random, got 'banana'"),
-    ("/gama 3", "unknown command /gama — did you mean /gamma? (/help lists every command)"),
-    ("/xyzzy", "unknown command /xyzzy (/help lists every command)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("/gamma 17", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got 17"),
+        ("/gamma many", "/gamma: speculation.gamma must be an integer from 0 to 16 or auto, got 'many'"),
+        ("/gamma -2", "/gamma: speculation.gamma must be an integer from 0 to 16, or auto, got -2"),
+        ("/temp -1", "/temp: sampling.temperature must be a number from 0 to 5 (0 = greedy), got -1.0"),
+        ("/temp hot", "/temp: sampling.temperature must be a number, got 'hot'"),
+        ("/top_k -3", "/top_k: sampling.top_k must be an integer from 0 to 1000000, got -3"),
+        ("/top_p 1.5", "/top_p: sampling.top_p must be a number in (0, 1], got 1.5"),
+        (
+            "/max -1",
+            "/max: sampling.max_new_tokens must be 0 (no cap: to the end of the turn or the context window) "
+            "or a number of tokens up to 1000000, got -1",
+        ),
+        ("/seed soon", "/seed: sampling.seed must be an integer or random, got 'soon'"),
+        ("/mode fast", "/mode: speculation.mode must be one of spec, target, drafter, got 'fast'"),
+        ("/compare maybe", "/compare: speculation.compare must be one of off, on, drafter, got 'maybe'"),
+        ("/show rejected maybe", "/show rejected: must be on or off, got 'maybe'"),
+        ("/show accepted on", "/show: usage /show rejected on|off"),
+        ("/set sampling.tempature 1", "/set: unknown key 'sampling.tempature' (did you mean 'temperature'?)"),
+        ("/set nothing", "/set: usage /set section.key VALUE"),
+        ("/set target.dtype float32", "/set: target.dtype is read once, when the models load; restart with"),
+        ("/set speculation.extra_eos </s>", "/set: speculation.extra_eos is read once, when the models load"),
+        ("/set speculation.mode fast", "/set: speculation.mode must be one of spec, target, drafter, got 'fast'"),
+        (
+            "/save notes.doc",
+            "/save: cannot save to 'notes.doc': the name must end in .md (Markdown), .txt (plain text) "
+            "or .json (exact, and /load reopens it)",
+        ),
+        ("/save", "/save: usage /save PATH.md, PATH.txt or PATH.json (/save! PATH replaces an existing file)"),
+        ("/seed banana", "/seed: sampling.seed must be an integer or random, got 'banana'"),
+        ("/gama 3", "unknown command /gama — did you mean /gamma? (/help lists every command)"),
+        ("/xyzzy", "unknown command /xyzzy (/help lists every command)"),
+    ],
+)
 def test_bad_input_gets_one_line_and_changes_nothing(session, registry, line, message):
     before = session.config
     outcome = registry.run(session, line)
@@ -149,6 +162,7 @@ def test_help_lists_every_registered_command(session, registry):
 def test_help_and_completion_follow_the_registry(session):
     def greet(session, arg):
         return Outcome(f"hello {arg}")
+
     registry = Registry([Command("greet", "NAME", "say hello", greet, {"world": None}, aliases=("hi",))])
     assert registry.run(session, "/hi you").message == "hello you"
     assert "/greet, /hi NAME" in plain(registry.help_table())
@@ -165,6 +179,7 @@ def test_builtin_completion_values(registry):
 
     def complete(text):
         return [c.text for c in completer.get_completions(Document(text), CompleteEvent())]
+
     assert complete("/mo") == ["/mode"]
     assert complete("/mode ") == ["spec", "target", "drafter"]
     assert complete("/show rejected ") == ["on", "off"]
@@ -189,7 +204,8 @@ def test_stats_history_reset_and_save(session, registry, tmp_path):
     assert f"{visible(session.records[-1].text)} ✂ [cut]" in plain(registry.run(session, "/history").message)
     session.records[-1].stop_reason = "max_tokens"  # the /max cap cut it: marked too, here and in the saved file
     assert f"{visible(session.records[-1].text)} ✂ [cut: /max reached]" in plain(
-        registry.run(session, "/history").message)
+        registry.run(session, "/history").message
+    )
     path = tmp_path / "t.md"
     assert registry.run(session, f"/save {path}").message == f"saved 1 replies to {path}"
     text = path.read_text()
@@ -203,8 +219,10 @@ def test_stats_history_reset_and_save(session, registry, tmp_path):
 
 def test_history_marks_the_cut_reply_after_older_turns_were_dropped(tokenizer, registry):
     turns = (("one", "first answer", "eos"), ("two", "second answer", "cancelled"), ("three", "third answer", "eos"))
-    replies = [scripted_reply([(answer, Origin.TARGET)], ReplyStats(mode="target", new_tokens=1), stop)
-               for _, answer, stop in turns]
+    replies = [
+        scripted_reply([(answer, Origin.TARGET)], ReplyStats(mode="target", new_tokens=1), stop)
+        for _, answer, stop in turns
+    ]
     # 100 tokens minus 16 for the reply: two turns fit (82 prompt tokens), three (114) do not
     config = Config(sampling=SamplingConfig(max_new_tokens=16), ui=UIConfig(context_limit=100))
     session = ChatSession(ScriptedEngine(replies), tokenizer, config, model_context_limit=1024)
@@ -233,12 +251,15 @@ def test_mode_change_shows_the_new_legend(session, registry):
     assert "legend: drafter-only" in plain(registry.run(session, "/mode drafter").message)
 
 
-@pytest.mark.parametrize("on, off, key, values", [
-    ("/compare on", "/compare off", "speculation.compare", ("on", "off")),
-    ("/compare drafter", "/compare off", "speculation.compare", ("drafter", "off")),
-    ("/show rejected on", "/show rejected off", "ui.show_rejected", (True, False)),
-    ("/seed 7", "/seed random", "sampling.seed", (7, RANDOM)),
-])
+@pytest.mark.parametrize(
+    "on, off, key, values",
+    [
+        ("/compare on", "/compare off", "speculation.compare", ("on", "off")),
+        ("/compare drafter", "/compare off", "speculation.compare", ("drafter", "off")),
+        ("/show rejected on", "/show rejected off", "ui.show_rejected", (True, False)),
+        ("/seed 7", "/seed random", "sampling.seed", (7, RANDOM)),
+    ],
+)
 def test_switching_off_undoes_switching_on(session, registry, on, off, key, values):
     section, name = key.split(".")
     for line, value in zip((on, off), values):
@@ -250,9 +271,9 @@ def test_switching_off_undoes_switching_on(session, registry, on, off, key, valu
 def typos(word: str) -> set[str]:
     """Every one-letter deletion, transposition and substitution of `word`."""
     letters = "abcdefghijklmnopqrstuvwxyz"
-    out = {word[:i] + word[i + 1:] for i in range(len(word))}
-    out |= {word[:i] + word[i + 1] + word[i] + word[i + 2:] for i in range(len(word) - 1)}
-    out |= {word[:i] + c + word[i + 1:] for i in range(len(word)) for c in letters}
+    out = {word[:i] + word[i + 1 :] for i in range(len(word))}
+    out |= {word[:i] + word[i + 1] + word[i] + word[i + 2 :] for i in range(len(word) - 1)}
+    out |= {word[:i] + c + word[i + 1 :] for i in range(len(word)) for c in letters}
     return out - {word}
 
 
@@ -264,12 +285,18 @@ def test_did_you_mean_never_guesses_a_command_that_discards_state(registry):
             assert registry.suggest(word) not in destructive, word
 
 
-@pytest.mark.parametrize("line, message", [
-    ("/clear", "unknown command /clear; to forget the conversation: /reset, which cannot be undone "
-               "(/help lists every command)"),
-    ("/rest", "unknown command /rest (/help lists every command)"),
-    ("/comapre on", "unknown command /comapre — did you mean /compare? (/help lists every command)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        (
+            "/clear",
+            "unknown command /clear; to forget the conversation: /reset, which cannot be undone "
+            "(/help lists every command)",
+        ),
+        ("/rest", "unknown command /rest (/help lists every command)"),
+        ("/comapre on", "unknown command /comapre — did you mean /compare? (/help lists every command)"),
+    ],
+)
 def test_unknown_commands_get_a_harmless_guess_or_none(session, registry, line, message):
     outcome = registry.run(session, line)
     assert outcome.error and outcome.message == message

@@ -1,4 +1,5 @@
 """Rendering captured from rich Consoles: each origin's style, rejected drafts, plain mode, stats text."""
+
 from __future__ import annotations
 
 import io
@@ -7,11 +8,11 @@ import re
 import pytest
 from rich.console import Console
 
-from specchat.tui import render, stats_view
-from specchat.session.chat import ReplyRecord, SessionTotals
 from specchat.config import AUTO
+from specchat.session.chat import ReplyRecord, SessionTotals
 from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token
 from specchat.spec.metrics import ReplyStats
+from specchat.tui import render, stats_view
 
 ESCAPE = re.compile(r"\x1b\[")
 
@@ -22,23 +23,42 @@ def color_console() -> tuple[Console, io.StringIO]:
 
 
 def sample_stats(**changes) -> ReplyStats:
-    stats = ReplyStats(mode="spec", gamma=4, prompt_tokens=30, new_tokens=96, drafted=88, accepted=71,
-                       draft_steps=22, rejections=5, target_forwards=28, drafter_forwards=88, wall_s=9.8, ttft_s=0.31,
-                       target_time_s=2.0, drafter_time_s=0.8, target_timed=20, drafter_timed=80,
-                       per_position_drafted=[22, 22, 22, 22], per_position_accepted=[20, 18, 17, 16],
-                       accepted_histogram={0: 2, 2: 3, 4: 17})
+    stats = ReplyStats(
+        mode="spec",
+        gamma=4,
+        prompt_tokens=30,
+        new_tokens=96,
+        drafted=88,
+        accepted=71,
+        draft_steps=22,
+        rejections=5,
+        target_forwards=28,
+        drafter_forwards=88,
+        wall_s=9.8,
+        ttft_s=0.31,
+        target_time_s=2.0,
+        drafter_time_s=0.8,
+        target_timed=20,
+        drafter_timed=80,
+        per_position_drafted=[22, 22, 22, 22],
+        per_position_accepted=[20, 18, 17, 16],
+        accepted_histogram={0: 2, 2: 3, 4: 17},
+    )
     for key, value in changes.items():
         setattr(stats, key, value)
     return stats
 
 
-@pytest.mark.parametrize("origin, ansi", [
-    (Origin.DRAFTED, "\x1b[32m"),     # green
-    (Origin.CORRECTED, "\x1b[1;31m"),  # bold red
-    (Origin.BONUS, "\x1b[1;36m"),      # bold cyan
-    (Origin.TARGET, "\x1b[35m"),      # magenta
-    (Origin.DRAFTER, "\x1b[33m"),     # yellow
-])
+@pytest.mark.parametrize(
+    "origin, ansi",
+    [
+        (Origin.DRAFTED, "\x1b[32m"),  # green
+        (Origin.CORRECTED, "\x1b[1;31m"),  # bold red
+        (Origin.BONUS, "\x1b[1;36m"),  # bold cyan
+        (Origin.TARGET, "\x1b[35m"),  # magenta
+        (Origin.DRAFTER, "\x1b[33m"),  # yellow
+    ],
+)
 def test_each_origin_is_drawn_in_its_own_colour(origin, ansi):
     console, out = color_console()
     render.Renderer(console).event(Token(1, "word", origin))
@@ -68,15 +88,23 @@ def test_plain_mode_writes_no_escape_codes():
     text = out.getvalue()
     assert not ESCAPE.search(text)
     assert text.startswith("⟦drafted ⟧⟨corrected ⟩⦃bonus ⦄target drafter ~~bad~~ ✂ [cut]\n 96 tok")
-    assert "an error" in text and "legend: ⟦drafted+accepted⟧  ⟨target-corrected⟩  ⦃target-bonus⦄  " \
-                                  "target-only step (unmarked)" in text
+    assert (
+        "an error" in text
+        and "legend: ⟦drafted+accepted⟧  ⟨target-corrected⟩  ⦃target-bonus⦄  target-only step (unmarked)" in text
+    )
 
 
 def test_plain_mode_brackets_runs_of_each_origin_and_closes_them_before_anything_else():
     out = io.StringIO()
     renderer = render.Renderer(render.make_console(False, out), show_rejected=True)
-    pieces = [("de", Origin.DRAFTED), ("f x", Origin.DRAFTED), ("", Origin.CORRECTED), ("(", Origin.CORRECTED),
-              ("y", Origin.TARGET), (")", Origin.DRAFTED)]
+    pieces = [
+        ("de", Origin.DRAFTED),
+        ("f x", Origin.DRAFTED),
+        ("", Origin.CORRECTED),
+        ("(", Origin.CORRECTED),
+        ("y", Origin.TARGET),
+        (")", Origin.DRAFTED),
+    ]
     for text, origin in pieces:
         renderer.event(Token(1, text, origin))
     renderer.event(Rejected((2,), "bad"))
@@ -103,6 +131,7 @@ def test_color_wanted_respects_flag_tty_and_no_color():
     class Tty(io.StringIO):
         def isatty(self):
             return True
+
     assert render.color_wanted(True, Tty(), environ={})
     assert not render.color_wanted(True, Tty(), environ={"NO_COLOR": "1"})
     assert not render.color_wanted(False, Tty(), environ={})
@@ -131,9 +160,11 @@ def test_stats_line_says_the_metrics_as_defined():
 
 def test_legend_lists_the_origins_of_the_mode():
     assert render.legend("spec", True).plain.startswith(
-        "legend: drafted+accepted  target-corrected  target-bonus  target-only step")
+        "legend: drafted+accepted  target-corrected  target-bonus  target-only step"
+    )
     assert render.legend("spec", False).plain.startswith(
-        "legend: ⟦drafted+accepted⟧  ⟨target-corrected⟩  ⦃target-bonus⦄  target-only step (unmarked)")
+        "legend: ⟦drafted+accepted⟧  ⟨target-corrected⟩  ⦃target-bonus⦄  target-only step (unmarked)"
+    )
     assert "target-only" in render.legend("target", False).plain
     assert "drafter-only" in render.legend("drafter", False).plain
 
@@ -179,7 +210,8 @@ def test_stats_detail_shows_exactly_this_screen():
     totals.add(stats)
     out = io.StringIO()
     Console(file=out, width=140, color_system=None).print(
-        stats_view.stats_detail(ReplyRecord("q", "a", stats, "eos"), totals))
+        stats_view.stats_detail(ReplyRecord("q", "a", stats, "eos"), totals)
+    )
     assert "\n".join(line.rstrip() for line in out.getvalue().splitlines()) == STATS_SCREEN
 
 
@@ -192,10 +224,13 @@ def test_banner_names_both_models():
 
     class Pair:
         target_facts, drafter_facts = Facts("Big", "Q4_K_M"), Facts("Small", "Q4_K_M→int8")
+
     text = render.banner(Pair()).plain
     assert "target Big (1.54B params, Q4_K_M→bfloat16, cpu, lean forward, 3.00 GiB, loaded in 12.5 s)" in text
-    assert ("drafter Small (1.54B params, Q4_K_M→int8 weights, bfloat16 compute, cpu, "
-            "transformers (GPTNeoX is not supported) forward") in text
+    assert (
+        "drafter Small (1.54B params, Q4_K_M→int8 weights, bfloat16 compute, cpu, "
+        "transformers (GPTNeoX is not supported) forward"
+    ) in text
 
 
 def test_thinking_marker_is_erased_by_the_first_token():
@@ -232,9 +267,23 @@ def test_a_word_that_would_cross_the_right_margin_starts_a_new_line_on_a_termina
     """Streamed a token at a time, words are not cut where the terminal wraps: a piece that starts a word past the
     margin starts the next line; piped output stays the exact text."""
     import io
+
     from rich.console import Console
-    pieces = ["Speculative", " decoding", " drafts", " tokens", " with", " a", " small", " model", " and",
-              " verifies", " them", "."]
+
+    pieces = [
+        "Speculative",
+        " decoding",
+        " drafts",
+        " tokens",
+        " with",
+        " a",
+        " small",
+        " model",
+        " and",
+        " verifies",
+        " them",
+        ".",
+    ]
     out = io.StringIO()
     renderer = render.Renderer(Console(file=out, force_terminal=True, color_system=None, width=24), origin_marks=False)
     for piece in pieces:

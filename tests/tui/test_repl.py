@@ -1,4 +1,5 @@
 """A scripted REPL session with prompt_toolkit pipe input: prompt, commands, errors, cancel, /save, /quit."""
+
 from __future__ import annotations
 
 import io
@@ -7,16 +8,16 @@ import os
 import signal
 
 import pytest
+from conftest import ScriptedEngine, make_engine, scripted_reply
 from prompt_toolkit.history import InMemoryHistory
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import ScriptedEngine, make_engine, scripted_reply
-from specchat.session.chat import ChatSession
-from specchat.tui.commands import build_registry
 from specchat.config import RANDOM, Config, SamplingConfig, with_value
+from specchat.session.chat import ChatSession
 from specchat.spec.events import Origin, Rejected, Token
 from specchat.spec.metrics import ReplyStats
+from specchat.tui.commands import build_registry
 from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import QUIT_HINT, Repl, open_history, toggle_compare, toolbar_text
 
@@ -56,26 +57,27 @@ def run_script(session, keys: str, renderer_factory=None):
     renderer = renderer_factory(console) if renderer_factory else Renderer(console)
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
-        repl = Repl(session, build_registry(), renderer, InMemoryHistory(), pt_input=pipe,
-                    pt_output=DummyOutput())
+        repl = Repl(session, build_registry(), renderer, InMemoryHistory(), pt_input=pipe, pt_output=DummyOutput())
         status = repl.run()
     return status, out.getvalue()
 
 
 def test_scripted_session(session, tmp_path):
     saved = tmp_path / "chat.json"
-    keys = ("hello there\r"
-            "/gamma 2\r"
-            "/gama 3\r"
-            "/temp 9\r"
-            "/top_k 40\r"
-            "/mode sideways\r"
-            "/show rejected on\r"
-            "write a loop\r"
-            "/stats\r"
-            f"/save {saved}\r"
-            "/quit\r"
-            "never reached\r")
+    keys = (
+        "hello there\r"
+        "/gamma 2\r"
+        "/gama 3\r"
+        "/temp 9\r"
+        "/top_k 40\r"
+        "/mode sideways\r"
+        "/show rejected on\r"
+        "write a loop\r"
+        "/stats\r"
+        f"/save {saved}\r"
+        "/quit\r"
+        "never reached\r"
+    )
     status, text = run_script(session, keys, lambda c: CancellingRenderer(c, cancel_on_reply=2))
     assert status == 0
     assert "speculation.gamma = 2" in text
@@ -115,8 +117,14 @@ def screen_of(session, keys: str) -> str:
     out = io.StringIO()
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
-        repl = EchoingRepl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(),
-                           pt_input=pipe, pt_output=DummyOutput())
+        repl = EchoingRepl(
+            session,
+            build_registry(),
+            Renderer(make_console(False, out)),
+            InMemoryHistory(),
+            pt_input=pipe,
+            pt_output=DummyOutput(),
+        )
         assert repl.run() == 0
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines())
 
@@ -143,13 +151,19 @@ you> /quit"""
 
 
 def test_a_scripted_session_shows_exactly_this_screen(tokenizer):
-    first = scripted_reply([("Hello", Origin.DRAFTED), (" there", Origin.DRAFTED), Rejected((7, 8), " pal"),
-                            ("!", Origin.CORRECTED)],
-                           ReplyStats(gamma=4, new_tokens=3, drafted=4, accepted=2, draft_steps=1,
-                                      target_forwards=1, wall_s=0.5, ttft_s=0.25))
-    second = scripted_reply([("Sure", Origin.DRAFTED), Rejected((9,), ","), (":", Origin.CORRECTED)],
-                            ReplyStats(gamma=2, new_tokens=2, drafted=2, accepted=1, draft_steps=1,
-                                       target_forwards=1, wall_s=0.4, ttft_s=0.2), stop_reason="cancelled")
+    first = scripted_reply(
+        [("Hello", Origin.DRAFTED), (" there", Origin.DRAFTED), Rejected((7, 8), " pal"), ("!", Origin.CORRECTED)],
+        ReplyStats(
+            gamma=4, new_tokens=3, drafted=4, accepted=2, draft_steps=1, target_forwards=1, wall_s=0.5, ttft_s=0.25
+        ),
+    )
+    second = scripted_reply(
+        [("Sure", Origin.DRAFTED), Rejected((9,), ","), (":", Origin.CORRECTED)],
+        ReplyStats(
+            gamma=2, new_tokens=2, drafted=2, accepted=1, draft_steps=1, target_forwards=1, wall_s=0.4, ttft_s=0.2
+        ),
+        stop_reason="cancelled",
+    )
     engine = ScriptedEngine([first, second])
     session = ChatSession(engine, tokenizer, CONFIG, model_context_limit=1024)
     keys = "hi\r/gamma 2\r/show rejected on\rlist them\r/history\r/quit\rnever read\r"
@@ -158,7 +172,8 @@ def test_a_scripted_session_shows_exactly_this_screen(tokenizer):
     assert tokenizer.decode(engine.prompts[1]) == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
         "<|im_start|>assistant\nHello there!<|im_end|>\n<|im_start|>user\nlist them<|im_end|>\n"
-        "<|im_start|>assistant\n")
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_ctrl_d_quits_and_ctrl_c_on_empty_prompt_hints(session):
@@ -229,16 +244,25 @@ def test_f2_and_ctrl_t_toggle_compare_at_the_prompt(session):
 
 
 def short_replies(n: int) -> list:
-    return [scripted_reply([(f"answer {i}", Origin.TARGET)], ReplyStats(mode="target", new_tokens=1, wall_s=0.1))
-            for i in range(n)]
+    return [
+        scripted_reply([(f"answer {i}", Origin.TARGET)], ReplyStats(mode="target", new_tokens=1, wall_s=0.1))
+        for i in range(n)
+    ]
 
 
 def piped_repl(session, keys: str, offer_save: bool) -> str:
     out = io.StringIO()
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
-        repl = Repl(session, build_registry(), Renderer(make_console(False, out)), InMemoryHistory(),
-                    pt_input=pipe, pt_output=DummyOutput(), offer_save=offer_save)
+        repl = Repl(
+            session,
+            build_registry(),
+            Renderer(make_console(False, out)),
+            InMemoryHistory(),
+            pt_input=pipe,
+            pt_output=DummyOutput(),
+            offer_save=offer_save,
+        )
         assert repl.run() == 0
     return out.getvalue()
 
@@ -251,9 +275,14 @@ def test_ctrl_d_after_a_longer_chat_offers_to_save_it(tokenizer, tmp_path, monke
     assert f"saved 4 replies to {saved.name}" in text and "## you\n\nfour" in saved.read_text()
 
 
-@pytest.mark.parametrize("keys, offer", [("one\rtwo\rthree\r\x04", True),            # three replies: no question
-                                         ("one\rtwo\rthree\rfour\r\x04", False),     # not a terminal: never asks
-                                         ("one\rtwo\rthree\rfour\r\x04n\r", True)])  # asked, and no
+@pytest.mark.parametrize(
+    "keys, offer",
+    [
+        ("one\rtwo\rthree\r\x04", True),  # three replies: no question
+        ("one\rtwo\rthree\rfour\r\x04", False),  # not a terminal: never asks
+        ("one\rtwo\rthree\rfour\r\x04n\r", True),
+    ],
+)  # asked, and no
 def test_ctrl_d_leaves_without_saving_when_short_piped_or_declined(tokenizer, tmp_path, monkeypatch, keys, offer):
     monkeypatch.chdir(tmp_path)
     session = ChatSession(ScriptedEngine(short_replies(4)), tokenizer, CONFIG, model_context_limit=1024)
@@ -291,8 +320,12 @@ def test_undo_drops_the_last_exchange_and_retry_answers_again_with_a_fresh_seed(
 
 def test_load_reopens_a_saved_transcript_with_its_settings(tokenizer, tmp_path):
     saved = tmp_path / "chat.json"
-    first = ChatSession(ScriptedEngine([text_reply("Hello!")]), tokenizer,
-                        with_value(CONFIG, "sampling.temperature", 0.7), model_context_limit=1024)
+    first = ChatSession(
+        ScriptedEngine([text_reply("Hello!")]),
+        tokenizer,
+        with_value(CONFIG, "sampling.temperature", 0.7),
+        model_context_limit=1024,
+    )
     screen_of(first, f"/system Be brief.\rhi\r/save {saved}\r/quit\r")
     session = ChatSession(ScriptedEngine([text_reply("Again.")]), tokenizer, CONFIG, model_context_limit=1024)
     screen = screen_of(session, f"/load {saved}\r/history\rmore\r/quit\r")
@@ -300,11 +333,13 @@ def test_load_reopens_a_saved_transcript_with_its_settings(tokenizer, tmp_path):
     assert "system     Be brief.\nuser       hi\nassistant  Hello!" in screen
     assert session.config.sampling.temperature == 0.7 and session.system_prompt == "Be brief."
     assert tokenizer.decode(session.engine.prompts[0]).startswith(
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!")
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!"
+    )
     broken = tmp_path / "broken.json"
     broken.write_text('{"turns": 3}')
-    assert (f"/load: cannot load '{broken}': not a specchat transcript (it needs system and turns)"
-            in " ".join(screen_of(session, f"/load {broken}\r/quit\r").split()))
+    assert f"/load: cannot load '{broken}': not a specchat transcript (it needs system and turns)" in " ".join(
+        screen_of(session, f"/load {broken}\r/quit\r").split()
+    )
     assert len(session.records) == 2  # a bad file changed nothing
 
 
@@ -312,10 +347,13 @@ CODE_REPLY = "Here:\n```python\ndef add(a, b):\n    return a + b\n```\nand\n```s
 
 
 def test_view_markdown_draws_the_reply_without_fences_and_view_origin_with_brackets(tokenizer):
-    pieces = [("Here:\n```python\ndef add(a, b):\n", Origin.DRAFTED), ("    return a + b\n```\nand\n```sh\nls\n```\n",
-                                                                          Origin.CORRECTED)]
-    engine = ScriptedEngine([scripted_reply(pieces, ReplyStats(new_tokens=2, wall_s=0.1)),
-                             text_reply("**bold** answer")])
+    pieces = [
+        ("Here:\n```python\ndef add(a, b):\n", Origin.DRAFTED),
+        ("    return a + b\n```\nand\n```sh\nls\n```\n", Origin.CORRECTED),
+    ]
+    engine = ScriptedEngine(
+        [scripted_reply(pieces, ReplyStats(new_tokens=2, wall_s=0.1)), text_reply("**bold** answer")]
+    )
     session = ChatSession(engine, tokenizer, CONFIG, model_context_limit=1024)
     screen = screen_of(session, "hi\r/view markdown\r/view origin\r/view markdown\rmore\r/quit\r")
     as_markdown = screen.split("ui.view = markdown; the last reply:")[1].split("you> /view origin")[0]
@@ -329,7 +367,9 @@ def test_view_markdown_draws_the_reply_without_fences_and_view_origin_with_brack
 
 def test_copy_sends_the_chosen_block_by_osc52_at_a_terminal_else_writes_a_file(tokenizer, tmp_path, monkeypatch):
     import base64
+
     from rich.console import Console
+
     monkeypatch.chdir(tmp_path)
     session = ChatSession(ScriptedEngine([text_reply(CODE_REPLY)]), tokenizer, CONFIG, model_context_limit=1024)
     screen = screen_of(session, "hi\r/copy 2\r/copy\r/copy 3\r/copy 1 add.py\r/quit\r")
@@ -341,16 +381,24 @@ def test_copy_sends_the_chosen_block_by_osc52_at_a_terminal_else_writes_a_file(t
     out = io.StringIO()
     with create_pipe_input() as pipe:
         pipe.send_text("/copy 1\r/quit\r")
-        Repl(session, build_registry(), Renderer(Console(file=out, force_terminal=True, color_system=None)),
-             InMemoryHistory(), pt_input=pipe, pt_output=DummyOutput()).run()
+        Repl(
+            session,
+            build_registry(),
+            Renderer(Console(file=out, force_terminal=True, color_system=None)),
+            InMemoryHistory(),
+            pt_input=pipe,
+            pt_output=DummyOutput(),
+        ).run()
     encoded = base64.b64encode(b"def add(a, b):\n    return a + b").decode()
     assert f"\x1b]52;c;{encoded}\x07" in out.getvalue() and "copied code block 1 of 2 (2 lines)" in out.getvalue()
 
 
 def test_a_code_block_a_cut_reply_left_open_can_be_copied_too():
     from specchat.tui.reply_view import code_blocks
+
     assert [b.code for b in code_blocks("Fixed:\n```python\ndef get(self, key):\n    raise KeyError(key")] == [
-        "def get(self, key):\n    raise KeyError(key"]
+        "def get(self, key):\n    raise KeyError(key"
+    ]
     assert [(b.language, b.extension) for b in code_blocks(CODE_REPLY)] == [("python", "py"), ("sh", "sh")]
 
 
@@ -358,11 +406,13 @@ def test_auto_gamma_and_a_random_seed_save_as_minus_one_and_load_back(tokenizer,
     """The serialised form of the word settings stays -1 (as transcripts and --json wrote it before gamma and the
     seed had types: a transcript saved before reads the same), and /load reads it back as AUTO and RANDOM."""
     from specchat.config import AUTO
+
     saved = tmp_path / "chat.json"
     config = with_value(with_value(CONFIG, "speculation.gamma", AUTO), "sampling.seed", RANDOM)
     reply = scripted_reply([("Hello!", Origin.TARGET)], ReplyStats(mode="spec", gamma=AUTO, new_tokens=1, wall_s=0.1))
-    screen_of(ChatSession(ScriptedEngine([reply]), tokenizer, config, model_context_limit=1024),
-              f"hi\r/save {saved}\r/quit\r")
+    screen_of(
+        ChatSession(ScriptedEngine([reply]), tokenizer, config, model_context_limit=1024), f"hi\r/save {saved}\r/quit\r"
+    )
     data = json.loads(saved.read_text())
     assert data["config"]["speculation.gamma"] == -1 and data["config"]["sampling.seed"] == -1
     assert data["turns"][0]["stats"]["gamma"] == -1 and "γ auto" in data["turns"][0]["stats_line"]

@@ -12,6 +12,7 @@ conversation, the records and the config as they were; only /reset changes the c
 commands; only /quit (or /exit) asks to leave. At the end the session still answers exactly: its greedy
 reply equals the target-only greedy reply of a fresh engine to the same prompt.
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,11 +21,11 @@ import random
 
 import pytest
 import torch
+from conftest import make_engine, run_reply
 from prompt_toolkit.history import InMemoryHistory
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import make_engine, run_reply
 from specchat.config import Config, SamplingConfig, all_keys, get_value, with_value
 from specchat.loading.models import LoadedPair, ModelFacts
 from specchat.session.chat import ChatSession
@@ -35,31 +36,168 @@ from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import Repl
 
 SEED = 13
-LINES = 600           # lines handled directly by Repl.handle (slow: it runs in a plain `pytest`)
-QUICK_LINES = 150     # the same fuzz on fewer lines, in the fast default (`pytest -m "not slow"`), with
-QUICK_SEED = 0        # a seed whose 150 lines include a /save that goes through (SEED's and seed 1's do not)
-PIPE_LINES = 60       # of those, printable ones typed again through prompt_toolkit
-REPLY_TOKENS = 6      # a text line's reply is capped at this many tokens, to keep the test fast
-CONTEXT = 256         # the tiny models' context limit here: short prompts stay cheap, a long paste cannot fit
+LINES = 600  # lines handled directly by Repl.handle (slow: it runs in a plain `pytest`)
+QUICK_LINES = 150  # the same fuzz on fewer lines, in the fast default (`pytest -m "not slow"`), with
+QUICK_SEED = 0  # a seed whose 150 lines include a /save that goes through (SEED's and seed 1's do not)
+PIPE_LINES = 60  # of those, printable ones typed again through prompt_toolkit
+REPLY_TOKENS = 6  # a text line's reply is capped at this many tokens, to keep the test fast
+CONTEXT = 256  # the tiny models' context limit here: short prompts stay cheap, a long paste cannot fit
 EOS = {2}
 NO_SUCH_USER = "nosuchuser_specchat_fuzz"
 
-NUMBERS = ["0", "-0", "1", "-1", "2", "3", "4", "16", "17", "-17", "0.5", "-0.5", "1.0", "5", "5.0001", "1e3",
-           "1e-320", "1e309", "-1e309", "nan", "NaN", "-nan", "inf", "-inf", "Infinity", "+4", ".5", "3.",
-           "1_000", "0x10", "0b11", "2**63", str(2**63), str(2**63 - 1), str(-2**63), "9" * 60, "9" * 5000,
-           "٣", "１２", "Ⅻ", "1,5", "1 000", "+", "-", "."]
-WORDS = ["on", "off", "auto", "random", "spec", "target", "drafter", "rejected", "true", "no", "yes", "AUTO",
-         "Spec", "gamma", "help", "sampling.top_k", "ui.color", "foo", "x=y", "=", "==", "a=b=c", "'", '"',
-         "`", "\\", "{}", "[]", "%s", "{0}", "$HOME", "*", "--help", "-", "?", ";", "&&", "|", "<script>"]
-UNICODE = ["🦜", "👩‍💻", "🏳️‍🌈", "مرحبا بالعالم", "שלום", "\u202ereversed\u202c", "\u200f", "e\u0301",
-           "Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇", "日本語のテキスト", "\u200b", "\ufeff", "\u00a0", "\u3000", "\u2028", "\u2029",
-           "ﷺ", "𝕏", "\U0010ffff", "\udcff", "a\udc80b"]  # lone surrogates: undecodable input bytes
-CONTROL = ["\x00", "\x01", "\x03", "\x04", "\x07", "\x08", "\t", "\n", "\r", "\x0b", "\x0c", "\x1a", "\x1b",
-           "\x7f", "\x85", "\x9b", "\x1b[31m", "\x1b[0m", "\x1b[2J", "\x1b[H", "\x1b[6n", "\x1b]0;title\x07",
-           "\x1b[200~", "\x1b[201~", "\x1bOP", "\x1b[A", "\r\n"]
+NUMBERS = [
+    "0",
+    "-0",
+    "1",
+    "-1",
+    "2",
+    "3",
+    "4",
+    "16",
+    "17",
+    "-17",
+    "0.5",
+    "-0.5",
+    "1.0",
+    "5",
+    "5.0001",
+    "1e3",
+    "1e-320",
+    "1e309",
+    "-1e309",
+    "nan",
+    "NaN",
+    "-nan",
+    "inf",
+    "-inf",
+    "Infinity",
+    "+4",
+    ".5",
+    "3.",
+    "1_000",
+    "0x10",
+    "0b11",
+    "2**63",
+    str(2**63),
+    str(2**63 - 1),
+    str(-(2**63)),
+    "9" * 60,
+    "9" * 5000,
+    "٣",
+    "１２",
+    "Ⅻ",
+    "1,5",
+    "1 000",
+    "+",
+    "-",
+    ".",
+]
+WORDS = [
+    "on",
+    "off",
+    "auto",
+    "random",
+    "spec",
+    "target",
+    "drafter",
+    "rejected",
+    "true",
+    "no",
+    "yes",
+    "AUTO",
+    "Spec",
+    "gamma",
+    "help",
+    "sampling.top_k",
+    "ui.color",
+    "foo",
+    "x=y",
+    "=",
+    "==",
+    "a=b=c",
+    "'",
+    '"',
+    "`",
+    "\\",
+    "{}",
+    "[]",
+    "%s",
+    "{0}",
+    "$HOME",
+    "*",
+    "--help",
+    "-",
+    "?",
+    ";",
+    "&&",
+    "|",
+    "<script>",
+]
+UNICODE = [
+    "🦜",
+    "👩‍💻",
+    "🏳️‍🌈",
+    "مرحبا بالعالم",
+    "שלום",
+    "\u202ereversed\u202c",
+    "\u200f",
+    "e\u0301",
+    "Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇",
+    "日本語のテキスト",
+    "\u200b",
+    "\ufeff",
+    "\u00a0",
+    "\u3000",
+    "\u2028",
+    "\u2029",
+    "ﷺ",
+    "𝕏",
+    "\U0010ffff",
+    "\udcff",
+    "a\udc80b",
+]  # lone surrogates: undecodable input bytes
+CONTROL = [
+    "\x00",
+    "\x01",
+    "\x03",
+    "\x04",
+    "\x07",
+    "\x08",
+    "\t",
+    "\n",
+    "\r",
+    "\x0b",
+    "\x0c",
+    "\x1a",
+    "\x1b",
+    "\x7f",
+    "\x85",
+    "\x9b",
+    "\x1b[31m",
+    "\x1b[0m",
+    "\x1b[2J",
+    "\x1b[H",
+    "\x1b[6n",
+    "\x1b]0;title\x07",
+    "\x1b[200~",
+    "\x1b[201~",
+    "\x1bOP",
+    "\x1b[A",
+    "\r\n",
+]
 BLANK = ["", " ", "  ", "\t", " \t \n ", "\n", "\r", "\x0b\x0c", "\u3000", "\u00a0 \u2003", "\u2028"]
-PROMPTS = ["hello there", "write a loop", "what is 2+2?", "héllo wörld 🦜", "مرحبا", "def f(x):\n    return x",
-           "a\x1b[31mred\x1b[0m word", "tab\tseparated\tcells", "nul\x00inside", "   padded   "]
+PROMPTS = [
+    "hello there",
+    "write a loop",
+    "what is 2+2?",
+    "héllo wörld 🦜",
+    "مرحبا",
+    "def f(x):\n    return x",
+    "a\x1b[31mred\x1b[0m word",
+    "tab\tseparated\tcells",
+    "nul\x00inside",
+    "   padded   ",
+]
 
 
 def valid_values(command) -> list[str]:
@@ -121,8 +259,21 @@ def save_argument(rng: random.Random) -> str:
     junk = "".join(junk_word(rng) for _ in range(rng.randint(0, 3)))
     junk = junk.replace("/", "_").replace("..", "_").replace("~", "_")
     stem = "f" + junk
-    return rng.choice([f"{stem}.md", f"{stem}.json", f"{stem}.MD", f"{stem}.txt", stem, f"nodir/{stem}.md",
-                       f"{'x' * 300}.md", f"~{NO_SUCH_USER}/{stem}.md", f"{stem}\x00.md", "", f"a b {stem}.json"])
+    return rng.choice(
+        [
+            f"{stem}.md",
+            f"{stem}.json",
+            f"{stem}.MD",
+            f"{stem}.txt",
+            stem,
+            f"nodir/{stem}.md",
+            f"{'x' * 300}.md",
+            f"~{NO_SUCH_USER}/{stem}.md",
+            f"{stem}\x00.md",
+            "",
+            f"a b {stem}.json",
+        ]
+    )
 
 
 def long_text(rng: random.Random) -> str:
@@ -212,7 +363,9 @@ class CheckedRepl(Repl):
         if text and not is_command and not new_errors:
             self.replies += 1
             assert len(session.records) == records + 1 and session.messages[-2:] == [
-                {"role": "user", "content": text}, {"role": "assistant", "content": session.records[-1].text}]
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": session.records[-1].text},
+            ]
         return keep
 
 
@@ -233,14 +386,25 @@ def session(target, similar_drafter_model, tokenizer, tmp_path, monkeypatch, one
     facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
     pair = LoadedPair(target, similar_drafter_model, tokenizer, EOS, len(tokenizer), CONTEXT, facts, facts)
     config = with_value(Config(), "sampling.max_new_tokens", REPLY_TOKENS)
-    return ChatSession(make_engine(target, similar_drafter_model, tokenizer, eos_ids=EOS), tokenizer, config,
-                       CONTEXT, compare_fn=view_compare_fn(Comparer(pair)))
+    return ChatSession(
+        make_engine(target, similar_drafter_model, tokenizer, eos_ids=EOS),
+        tokenizer,
+        config,
+        CONTEXT,
+        compare_fn=view_compare_fn(Comparer(pair)),
+    )
 
 
 def assert_answers_exactly(repl: CheckedRepl, target, tokenizer) -> None:
     """Sane settings by commands, then a greedy reply equal to a fresh target-only engine's."""
-    for line in ("/greedy", "/mode spec", "/gamma 4", f"/max {REPLY_TOKENS}", "/set ui.context_limit 0",
-                 "/system You are terse."):
+    for line in (
+        "/greedy",
+        "/mode spec",
+        "/gamma 4",
+        f"/max {REPLY_TOKENS}",
+        "/set ui.context_limit 0",
+        "/system You are terse.",
+    ):
         errors = len(repl.renderer.errors)
         assert repl.handle(line) and len(repl.renderer.errors) == errors, repl.renderer.errors[errors:]
     records = len(repl.session.records)
@@ -286,7 +450,7 @@ def test_fewer_random_lines_never_break_the_chat(session, target, tokenizer, tmp
 
 def typeable(line: str) -> bool:
     """Lines prompt_toolkit takes as plain text: no control keys, no quit, not too long to type quickly."""
-    if any(ord(c) < 32 or 0x7f <= ord(c) < 0xa0 or 0xd800 <= ord(c) < 0xe000 for c in line) or len(line) > 2000:
+    if any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 or 0xD800 <= ord(c) < 0xE000 for c in line) or len(line) > 2000:
         return False
     registry = build_registry()
     command = registry.find(line.strip().partition(" ")[0]) if line.strip().startswith("/") else None
@@ -328,8 +492,9 @@ def test_a_message_with_undecodable_bytes_is_refused_and_sends_nothing(session):
     renderer = RecordingRenderer(make_console(False, terminal_stream()))
     repl = CheckedRepl(session, build_registry(), renderer)
     assert repl.handle(UNDECODABLE)
-    assert renderer.errors == ["the message has a byte that is not UTF-8 at character 4 (the terminal could not "
-                               "decode it); nothing was sent"]
+    assert renderer.errors == [
+        "the message has a byte that is not UTF-8 at character 4 (the terminal could not decode it); nothing was sent"
+    ]
     assert session.messages == [] and session.records == []
 
 
@@ -351,8 +516,10 @@ def test_an_echoed_undecodable_byte_prints_as_a_replacement_character():
     assert "got 'caf\ufffd au lait'" in out.buffer.getvalue().decode()
 
 
-@pytest.mark.parametrize("name, why", [("chat\x00.md", "embedded null byte"),
-                                       (f"~{NO_SUCH_USER}/chat.md", "Could not determine home directory")])
+@pytest.mark.parametrize(
+    "name, why",
+    [("chat\x00.md", "embedded null byte"), (f"~{NO_SUCH_USER}/chat.md", "Could not determine home directory")],
+)
 def test_save_to_an_impossible_name_is_refused_in_one_line(session, name, why):
     """ValueError (a NUL in the name) and RuntimeError (~user for no such user) escaped /save."""
     renderer = RecordingRenderer(make_console(False, terminal_stream()))

@@ -1,16 +1,17 @@
 """The chat survives any exception: a command or a reply that raises something nobody foresaw prints one
 `error:` line (the traceback only under SPECCHAT_DEBUG=1), keeps the conversation, resets the caches, and the
 next reply is exact."""
+
 from __future__ import annotations
 
 import io
 
 import pytest
+from conftest import make_engine, run_reply
 from prompt_toolkit.history import InMemoryHistory
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import make_engine, run_reply
 from specchat.config import Config, SamplingConfig
 from specchat.session.chat import ChatSession
 from specchat.spec.events import Token
@@ -58,8 +59,14 @@ def chat(session, keys: str) -> str:
     out = io.StringIO()
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
-        repl = Repl(session, registry_with_a_crashing_command(), Renderer(make_console(False, out)),
-                    InMemoryHistory(), pt_input=pipe, pt_output=DummyOutput())
+        repl = Repl(
+            session,
+            registry_with_a_crashing_command(),
+            Renderer(make_console(False, out)),
+            InMemoryHistory(),
+            pt_input=pipe,
+            pt_output=DummyOutput(),
+        )
         assert repl.run() == 0
     return out.getvalue()
 
@@ -72,13 +79,15 @@ def test_a_reply_and_a_command_that_raise_leave_the_chat_going(session, target, 
         "error: RuntimeError: the device went away (the conversation is kept and the caches were reset; "
         "SPECCHAT_DEBUG=1 shows the traceback)",
         "error: ZeroDivisionError: division by zero (the conversation is kept and the caches were reset; "
-        "SPECCHAT_DEBUG=1 shows the traceback)"]
+        "SPECCHAT_DEBUG=1 shows the traceback)",
+    ]
     assert "Traceback" not in screen and "second line of the message" not in screen
     assert [r.user for r in session.records] == ["hello there", "write a loop"]  # the failed reply left no trace
     assert [m["content"] for m in session.messages[::2]] == ["hello there", "write a loop"]
     fresh = make_engine(target, None, tokenizer)
-    _, done = run_reply(fresh, session.last_prompt_ids, SamplingConfig(temperature=0.0, max_new_tokens=MAX_TOKENS),
-                        mode="target")
+    _, done = run_reply(
+        fresh, session.last_prompt_ids, SamplingConfig(temperature=0.0, max_new_tokens=MAX_TOKENS), mode="target"
+    )
     assert tuple(t.id for t in session.records[-1].tokens) == done.ids  # the reply after the failures is exact
     assert session.records[-1].stats.reused_tokens == 0  # it read its whole prompt again: the caches were reset
 

@@ -2,6 +2,7 @@
 OSC 8 link, a one-character C1 CSI, BEL, DEL) reaches the screen through every view as visible escapes, so
 the only escape codes written are specchat's own styling. Files: /save .md shows the same visible form;
 /save .json, /trace and --json keep the exact text, every control character JSON-escaped."""
+
 from __future__ import annotations
 
 import io
@@ -9,12 +10,12 @@ import json
 import re
 
 import pytest
+from conftest import ScriptedEngine, scripted_reply
 from prompt_toolkit.history import InMemoryHistory
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
-from conftest import ScriptedEngine, scripted_reply
 from specchat.config import Config
 from specchat.session.chat import ChatSession
 from specchat.session.compare import CompareReport, Divergence, Run
@@ -29,18 +30,25 @@ from specchat.tui.repl import Repl
 from specchat.tui.safe_text import json_text, visible
 
 CLEAR = "\x1b[2J"
-OSC52 = "\x1b]52;c;aGk=\x07"                                  # write "hi" to the clipboard
+OSC52 = "\x1b]52;c;aGk=\x07"  # write "hi" to the clipboard
 OSC8 = "\x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\"  # a link whose target is hidden
-C1_CSI = "\x9b2J"                                             # CSI as one C1 character
+C1_CSI = "\x9b2J"  # CSI as one C1 character
 BELL_DEL = "\x07\x7f"
 PIECES = ["\x1b", "[2J", OSC52, OSC8, C1_CSI, BELL_DEL, "[bold]not markup[/bold]"]  # token i decodes to PIECES[i]
 REPLY = "".join(PIECES)
-SHOWN = ["^[[2J", "^[]52;c;aGk=^G", "^[]8;;https://evil.example^[\\click^[]8;;^[\\", "\\x9b2J", "^G^?",
-         "[bold]not markup[/bold]"]
+SHOWN = [
+    "^[[2J",
+    "^[]52;c;aGk=^G",
+    "^[]8;;https://evil.example^[\\click^[]8;;^[\\",
+    "\\x9b2J",
+    "^G^?",
+    "[bold]not markup[/bold]",
+]
 OWN_ESCAPES = re.compile(r"\x1b\[(?:[0-9;]*m|2K|\d*G)")  # rich's styling, and 'thinking…' erased in place
 RAW_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what a terminal would act on (newline, tab aside)
-STATS = ReplyStats(gamma=4, new_tokens=6, drafted=4, accepted=2, draft_steps=1, target_forwards=2, wall_s=0.5,
-                   ttft_s=0.1)
+STATS = ReplyStats(
+    gamma=4, new_tokens=6, drafted=4, accepted=2, draft_steps=1, target_forwards=2, wall_s=0.5, ttft_s=0.1
+)
 
 
 class PieceTokenizer:
@@ -55,14 +63,30 @@ class PieceTokenizer:
 
 def rejection() -> Rejection:
     ranked = tuple((i, 0.1) for i in range(5))
-    return Rejection(step=0, position=0, drafted=0, emitted=2, p=0.1, q=0.9, accept_p=None, target_top=ranked,
-                     drafter_top=ranked, margin=0.5)
+    return Rejection(
+        step=0,
+        position=0,
+        drafted=0,
+        emitted=2,
+        p=0.1,
+        q=0.9,
+        accept_p=None,
+        target_top=ranked,
+        drafter_top=ranked,
+        margin=0.5,
+    )
 
 
 def injecting_reply() -> list:
-    pieces = [("\x1b", Origin.DRAFTED), ("[2J", Origin.DRAFTED), Rejected((0, 1), CLEAR + OSC52, rejection()),
-              (OSC52, Origin.CORRECTED), (OSC8, Origin.DRAFTED), (C1_CSI + BELL_DEL, Origin.BONUS),
-              ("[bold]not markup[/bold]", Origin.BONUS)]
+    pieces = [
+        ("\x1b", Origin.DRAFTED),
+        ("[2J", Origin.DRAFTED),
+        Rejected((0, 1), CLEAR + OSC52, rejection()),
+        (OSC52, Origin.CORRECTED),
+        (OSC8, Origin.DRAFTED),
+        (C1_CSI + BELL_DEL, Origin.BONUS),
+        ("[bold]not markup[/bold]", Origin.BONUS),
+    ]
     return scripted_reply(pieces, STATS)
 
 
@@ -74,15 +98,22 @@ def injecting_compare(session, prompt_ids, done, cancel):
 
 
 def session_with_injections() -> ChatSession:
-    return ChatSession(ScriptedEngine([injecting_reply()]), PieceTokenizer(), Config(), 1024,
-                       compare_fn=injecting_compare)
+    return ChatSession(
+        ScriptedEngine([injecting_reply()]), PieceTokenizer(), Config(), 1024, compare_fn=injecting_compare
+    )
 
 
 def screen_after(console: Console, out: io.StringIO, keys: str) -> str:
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
-        repl = Repl(session_with_injections(), build_registry(), Renderer(console), InMemoryHistory(),
-                    pt_input=pipe, pt_output=DummyOutput())
+        repl = Repl(
+            session_with_injections(),
+            build_registry(),
+            Renderer(console),
+            InMemoryHistory(),
+            pt_input=pipe,
+            pt_output=DummyOutput(),
+        )
         assert repl.run() == 0
     return out.getvalue()
 
@@ -93,8 +124,9 @@ def console_for(name: str) -> tuple[Console, io.StringIO]:
     if name == "plain":
         return make_console(False, out), out
     width = int(name.split("-")[1])
-    return Console(file=out, force_terminal=True, color_system="truecolor", width=width, highlight=False,
-                   emoji=False), out
+    return Console(
+        file=out, force_terminal=True, color_system="truecolor", width=width, highlight=False, emoji=False
+    ), out
 
 
 @pytest.mark.parametrize("name", ["colour-160", "colour-60", "plain"])
@@ -131,9 +163,22 @@ def test_files_and_json_output_keep_the_exact_text_every_control_escaped(tmp_pat
     assert "".join(r["text"] for r in records if r["origin"] != "rejected") == REPLY
 
 
-@pytest.mark.parametrize("char, shown", [("\x1b", "^["), ("\x00", "^@"), ("\x07", "^G"), ("\r", "^M"),
-                                         ("\x1f", "^_"), ("\x7f", "^?"), ("\x80", "\\x80"), ("\x9b", "\\x9b"),
-                                         ("\x9f", "\\x9f"), ("\udcff", "\ufffd"), ("\ud800", "\ufffd")])
+@pytest.mark.parametrize(
+    "char, shown",
+    [
+        ("\x1b", "^["),
+        ("\x00", "^@"),
+        ("\x07", "^G"),
+        ("\r", "^M"),
+        ("\x1f", "^_"),
+        ("\x7f", "^?"),
+        ("\x80", "\\x80"),
+        ("\x9b", "\\x9b"),
+        ("\x9f", "\\x9f"),
+        ("\udcff", "\ufffd"),
+        ("\ud800", "\ufffd"),
+    ],
+)
 def test_each_control_character_has_one_visible_form(char, shown):
     assert visible(f"a{char}b") == f"a{shown}b"
 

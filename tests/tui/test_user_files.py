@@ -2,6 +2,7 @@
 are written 0600 through mkstemp (a planted symlink is never followed) and refuse an existing file unless
 the command is /save! or /trace!; the input history is 0600 in a 0700 folder and stores a line with a byte
 the terminal could not decode as typed, in one whole record."""
+
 from __future__ import annotations
 
 import io
@@ -10,12 +11,12 @@ import os
 import stat
 
 import pytest
+from conftest import ScriptedEngine, scripted_reply
 from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from conftest import ScriptedEngine, scripted_reply
 from specchat.config import Config
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatSession
@@ -39,8 +40,9 @@ class OneTokenTemplate:
 
 
 def answered_session(replies: int = 1) -> ChatSession:
-    canned = [scripted_reply([("Hello", Origin.TARGET)], ReplyStats(mode="target", new_tokens=1))
-              for _ in range(replies + 1)]
+    canned = [
+        scripted_reply([("Hello", Origin.TARGET)], ReplyStats(mode="target", new_tokens=1)) for _ in range(replies + 1)
+    ]
     session = ChatSession(ScriptedEngine(canned), OneTokenTemplate(), Config(), 1024)
     for _ in range(replies):
         list(session.reply("hi"))
@@ -59,8 +61,9 @@ def mode_of(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@pytest.mark.parametrize("line, name", [("/save chat.md", "chat.md"), ("/save chat.json", "chat.json"),
-                                        ("/trace t.jsonl", "t.jsonl")])
+@pytest.mark.parametrize(
+    "line, name", [("/save chat.md", "chat.md"), ("/save chat.json", "chat.json"), ("/trace t.jsonl", "t.jsonl")]
+)
 def test_transcripts_and_traces_are_written_0600(line, name, tmp_path, monkeypatch, umask_022):
     monkeypatch.chdir(tmp_path)
     assert not build_registry().run(answered_session(), line).error
@@ -92,16 +95,16 @@ def test_write_text_atomic_refuses_an_existing_path_unless_told(tmp_path):
     assert path.read_text() == "two\n"
 
 
-@pytest.mark.parametrize("command, name", [("save", "chat.md"), ("save", "chat.json"), ("trace", "t.jsonl"),
-                                           ("trace", "all t.jsonl")])
+@pytest.mark.parametrize(
+    "command, name", [("save", "chat.md"), ("save", "chat.json"), ("trace", "t.jsonl"), ("trace", "all t.jsonl")]
+)
 def test_an_existing_file_is_refused_then_replaced_with_the_bang_form(command, name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / name.split()[-1]
     path.write_text("the user's own file\n")
     registry, session = build_registry(), answered_session()
     refused = registry.run(session, f"/{command} {name}")
-    assert refused.error and refused.message == (
-        f"/{command}: {path.name} exists; use /{command}! {name} to overwrite")
+    assert refused.error and refused.message == (f"/{command}: {path.name} exists; use /{command}! {name} to overwrite")
     assert path.read_text() == "the user's own file\n"
     replaced = registry.run(session, f"/{command}! {name}")
     assert not replaced.error and path.read_text() != "the user's own file\n"
@@ -120,8 +123,15 @@ def test_a_symlink_at_the_target_is_refused_and_replaced_not_followed_with_the_b
     assert victim.read_text() == "precious\n" and not (tmp_path / "chat.md").is_symlink()
 
 
-@pytest.mark.parametrize("line", [f"/trace ~{NO_SUCH_USER}/x.jsonl", f"/trace! all ~{NO_SUCH_USER}/x.jsonl",
-                                  f"/save ~{NO_SUCH_USER}/x.md", f"/save! ~{NO_SUCH_USER}/x.json"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"/trace ~{NO_SUCH_USER}/x.jsonl",
+        f"/trace! all ~{NO_SUCH_USER}/x.jsonl",
+        f"/save ~{NO_SUCH_USER}/x.md",
+        f"/save! ~{NO_SUCH_USER}/x.json",
+    ],
+)
 def test_a_home_folder_of_no_such_user_is_one_line(line):
     """The expanduser of /trace sat outside its try: RuntimeError ended the chat in a traceback."""
     outcome = build_registry().run(answered_session(), line)
@@ -137,6 +147,7 @@ def test_the_bang_forms_have_help_completion_and_suggestions(tmp_path, monkeypat
 
     def complete(text):
         return [c.text for c in completer.get_completions(Document(text), CompleteEvent())]
+
     assert complete("/sav") == ["/save", "/save!"] and complete("/tra") == ["/trace", "/trace!"]
     assert complete("/save! ch") == ["at.md"] and complete("/trace! ch") == ["at.md"]
     # the bang forms replace files: never a guess; the plain forms, which refuse to, are
@@ -164,8 +175,14 @@ def test_an_undecodable_byte_typed_at_the_prompt_is_stored_as_typed_in_one_recor
     session = answered_session(replies=0)
     with create_pipe_input() as pipe:
         pipe.send_bytes(b"caf\xe9 au lait\rhello\r/quit\r")
-        repl = Repl(session, build_registry(), Renderer(make_console(False, out)), history, pt_input=pipe,
-                    pt_output=DummyOutput())
+        repl = Repl(
+            session,
+            build_registry(),
+            Renderer(make_console(False, out)),
+            history,
+            pt_input=pipe,
+            pt_output=DummyOutput(),
+        )
         assert repl.run() == 0
     stored = path.read_bytes()
     assert b"\n+caf\xe9 au lait\n" in stored and b"\n+hello\n" in stored and b"\n+/quit\n" in stored

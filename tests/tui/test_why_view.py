@@ -1,4 +1,5 @@
 """tui/why_view.py: /why's detail of one rejection names as many top tokens as it lists."""
+
 from __future__ import annotations
 
 import torch

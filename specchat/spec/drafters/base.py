@@ -4,6 +4,7 @@ Every drafter follows the `Drafter` protocol: `configure` (the drafter-specific 
 `propose(ids, plan, sampling, generator) -> Draft`, `rollback(committed_len)` and `reset()`.
 A drafter keeps its own state (e.g. a KV cache) in step with the committed sequence `ids`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,12 +23,13 @@ class DraftPlan:
     """One step's drafting: at most `gamma` tokens. The draft ends early after a token whose drafter
     probability is below `min_confidence`, or once the estimated chance that all its tokens are
     accepted (the product of min(1, confidence_scale * confidence)) is below `path_floor`."""
+
     gamma: int
-    path_floor: float = 0.0        # 0: no early end by the path
+    path_floor: float = 0.0  # 0: no early end by the path
     confidence_scale: float = 1.0
-    min_confidence: float = 0.0    # 0: no early end by one doubtful token
-    room: int = 1 << 30            # tokens the reply has left after the target's own: no draft goes past it
-    verified: bool = False         # the target verifies the draft (drafter-only mode: no): a drafter whose q is
+    min_confidence: float = 0.0  # 0: no early end by one doubtful token
+    room: int = 1 << 30  # tokens the reply has left after the target's own: no draft goes past it
+    verified: bool = False  # the target verifies the draft (drafter-only mode: no): a drafter whose q is
     #                                one-hot then proposes its most likely tokens, which p accepts most often
     probs: ProbsFn = probs_from_logits  # what computes q: the engine's, the one its step computes p with
 
@@ -38,7 +40,7 @@ class DraftPlan:
 
 @dataclass
 class Draft:
-    tokens: torch.Tensor          # [k] int64, on the drafter's device
+    tokens: torch.Tensor  # [k] int64, on the drafter's device
     q_probs: torch.Tensor | None  # [k, vocab] drafter probabilities (None when greedy)
     forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
     confidences: list[float] = field(default_factory=list)  # per token: the drafter's q of it (see `sure`)
@@ -50,8 +52,9 @@ class Draft:
     source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation) |
     #                        text (a drafter model of another tokenizer, its text re-tokenized: text.py)
 
-    def top_at(self, position: int, sampling: SamplingConfig,
-               probs: ProbsFn = probs_from_logits) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def top_at(
+        self, position: int, sampling: SamplingConfig, probs: ProbsFn = probs_from_logits
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
         on the device; None for a drafter without a distribution (prompt lookup: q is one-hot)."""
         if not self.rows:
@@ -64,8 +67,9 @@ class Draft:
 class Drafter(Protocol):
     def configure(self, vocab_limit: int, always_ids, lookup: bool, context: int = 0) -> None: ...
 
-    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft: ...
+    def propose(
+        self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator
+    ) -> Draft: ...
 
     def rollback(self, committed_len: int) -> None: ...
 

@@ -8,6 +8,7 @@ first N/4 tokens and its last 3N/4, with one gap between them; later turns add t
 one that brings more than N new tokens (another paste) has the drafter read the chat's start and end anew.
 Only the drafter's proposals change; the target verifies them as ever, so the reply stays exactly the target's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ MIN_GAP = 64  # a gap shorter than this saves too little to be worth a drafter t
 @dataclass
 class ContextGap:
     """ids[start:start + count] are not in the drafter's cache (count 0: no gap)."""
+
     start: int = 0
     count: int = 0
 

@@ -7,15 +7,16 @@ change what is drafted (up to the rounding of a batched forward), only how many 
 takes (speculation.prompt_lookup). Measured neutral on the bench prompts of an earlier release; on with the
 auto drafter's doubling copies in the bundled config since they measured ahead together (mixed.py).
 """
+
 from __future__ import annotations
 
 from typing import Protocol
 
-MIN_NGRAM = 3      # the newest tokens must have occurred before at least this long
-MAX_NGRAM = 8      # a match this long is taken at once
-WINDOW = 4096      # how far back to look
-MAX_GUESS = 3      # guessed tokens per drafter forward: on a CPU a forward over 4 tokens costs about
-                   # one over 1 token (int8 0.5B drafter: 39 vs 36 ms), over 7 tokens almost two
+MIN_NGRAM = 3  # the newest tokens must have occurred before at least this long
+MAX_NGRAM = 8  # a match this long is taken at once
+WINDOW = 4096  # how far back to look
+MAX_GUESS = 3  # guessed tokens per drafter forward: on a CPU a forward over 4 tokens costs about
+# one over 1 token (int8 0.5B drafter: 39 vs 36 ms), over 7 tokens almost two
 
 
 def match_length(ids: list[int], end: int, limit: int) -> int:
@@ -26,8 +27,9 @@ def match_length(ids: list[int], end: int, limit: int) -> int:
     return n
 
 
-def continuation(ids: list[int], k: int, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM,
-                 window: int = WINDOW) -> list[int]:
+def continuation(
+    ids: list[int], k: int, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM, window: int = WINDOW
+) -> list[int]:
     """Up to k tokens that followed the longest (then latest) earlier match of ids' newest tokens."""
     if k <= 0 or len(ids) <= min_ngram:
         return []
@@ -43,7 +45,7 @@ def continuation(ids: list[int], k: int, min_ngram: int = MIN_NGRAM, max_ngram: 
                 break
     if best_n < min_ngram:
         return []
-    return ids[best_end + 1:best_end + 1 + k]
+    return ids[best_end + 1 : best_end + 1 + k]
 
 
 class Guesser(Protocol):

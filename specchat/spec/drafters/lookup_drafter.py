@@ -4,6 +4,7 @@ matching n-gram earlier in the conversation (lookup.py; the idea behind transfor
 copy with probability p(x) and, on a rejection, resamples from p without x: still exact. Where
 nothing matches it drafts nothing and the step is the target's alone.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,7 @@ class LookupDrafter:
     def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
         return None  # the model drafter's options (vocabulary limit, guesses, context) mean nothing here
 
-    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft:
+    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         return self.copy_draft(continuation(ids[-WINDOW:], plan.gamma), sampling)
 
     def copy_draft(self, tokens: list[int], sampling: SamplingConfig) -> Draft:

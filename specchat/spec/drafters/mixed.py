@@ -7,6 +7,7 @@ one source only, and its Draft carries that source's own q (one-hot for a copy, 
 otherwise), so the rejection rule stays exact whichever drafts. The model's cache is not fed copied
 tokens: it catches up on the committed ones when it next drafts, as after any step.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,13 +15,13 @@ import dataclasses
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.spec.drafters.base import Draft, DraftPlan, Drafter
+from specchat.spec.drafters.base import Draft, Drafter, DraftPlan
 from specchat.spec.drafters.lookup import MIN_NGRAM, WINDOW, continuation
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
 
 COPY_MATCH = MIN_NGRAM  # copy where prompt lookup finds a match at all (the newest 3 tokens occurred before)
-COPY_TOKENS = 4         # tokens a first copy drafts
-MAX_COPY = 16           # a copy taken whole doubles the next one, up to this; one that is not starts again at 4.
+COPY_TOKENS = 4  # tokens a first copy drafts
+MAX_COPY = 16  # a copy taken whole doubles the next one, up to this; one that is not starts again at 4.
 # Measured with speculation.prompt_lookup on (the bundled config's), two runs of the bench's 4 edit and 4 fresh
 # prompts each (Intel Xeon, avx512-vnni/amx, where 9 verified rows cost 1.75 one-row steps and 17 cost 2.8):
 # 1.73x / 1.76x and 1.70x / 1.86x target-only (greedy / sampled), against 1.61x / 1.65x and 1.64x / 1.60x with
@@ -52,19 +53,20 @@ class MixedDrafter:
         if self.drafter is not None:
             self.drafter.configure(vocab_limit, always_ids, lookup, context)
 
-    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft:
+    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         self.copy_tokens = self._next_copy_tokens(ids)
         copy = continuation(ids[-WINDOW:], min(self.copy_tokens, plan.room), min_ngram=COPY_MATCH)
         self.last_copy = (len(ids), copy)
         if not copy and self.drafter is not None:
             return self.drafter.propose(ids, plan, sampling, generator)
-        return dataclasses.replace(self.lookup.copy_draft(copy, sampling), by_plan=not copy)  # empty: no match, no model
+        return dataclasses.replace(
+            self.lookup.copy_draft(copy, sampling), by_plan=not copy
+        )  # empty: no match, no model
 
     def _next_copy_tokens(self, ids: list[int]) -> int:
         """Twice the last copy's length if the target took it whole (it now stands in ids), else COPY_TOKENS."""
         start, last = self.last_copy
-        taken_whole = bool(last) and ids[start:start + len(last)] == last
+        taken_whole = bool(last) and ids[start : start + len(last)] == last
         return min(MAX_COPY, 2 * self.copy_tokens) if taken_whole else COPY_TOKENS
 
     def rollback(self, committed_len: int) -> None:

@@ -1,6 +1,7 @@
 """The model drafter: a small model proposes tokens from its own KV cache, kept in step with the
 committed sequence (the middle of a long one left out: context.py); it can score a subset of its
 vocabulary (vocab.py) and try prompt lookup first."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,8 @@ from specchat.config import SamplingConfig
 from specchat.spec import model_io
 from specchat.spec.drafters.base import Draft, DraftPlan
 from specchat.spec.drafters.context import MIN_GAP, ContextGap
-from specchat.spec.drafters.vocab import DraftVocab, head_width
 from specchat.spec.drafters.lookup import Guesser, NoGuess, PromptLookup
+from specchat.spec.drafters.vocab import DraftVocab, head_width
 from specchat.spec.readback import read_back
 from specchat.spec.sampling import pick
 from specchat.spec.timing import clock
@@ -35,10 +36,10 @@ class ModelDrafter:
         self.width = min(vocab_size, head_width(model.get_output_embeddings()))
         self.cache = model_io.new_cache(model)
         self.device = model_io.input_device(model)
-        self.vocab_limit = 0          # 0: score the whole vocabulary; see spec/drafters/vocab.py
+        self.vocab_limit = 0  # 0: score the whole vocabulary; see spec/drafters/vocab.py
         self.always_ids: frozenset[int] = frozenset()
         self.guesser: Guesser = NoGuess()  # prompt-lookup tokens checked in the same forward
-        self.context_limit = 0        # 0: the whole conversation in the cache; else see context.py
+        self.context_limit = 0  # 0: the whole conversation in the cache; else see context.py
         self.gap = ContextGap()
         self._vocab: DraftVocab | None = None
 
@@ -53,7 +54,7 @@ class ModelDrafter:
         self.vocab_limit, self.always_ids, self.context_limit = vocab_limit, frozenset(always_ids), context
         self.guesser = PromptLookup() if lookup else NoGuess()
 
-    def fresh(self) -> "ModelDrafter":
+    def fresh(self) -> ModelDrafter:
         """A drafter on the same model with a cache of its own."""
         return ModelDrafter(self.model, self.vocab_size)
 
@@ -91,9 +92,9 @@ class ModelDrafter:
             self.reset()  # a second long stretch (another paste): the chat's start and end read anew, not all of it
         self.gap.open(self.context_limit, len(ids), self.seen)
         if self._short_of_gap:  # up to the gap first, then past it
-            self._read(ids[self.cached:min(upto, self.gap.start)])
+            self._read(ids[self.cached : min(upto, self.gap.start)])
         if upto > self.seen:
-            self._read(ids[self.seen:upto])
+            self._read(ids[self.seen : upto])
 
     def _read(self, ids: list[int]) -> None:
         if ids:
@@ -105,8 +106,7 @@ class ModelDrafter:
         tensor = torch.tensor(ids, dtype=torch.long, device=self.device)
         return tensor.clamp_(max=self.width - 1) if self.width < self.vocab_size else tensor
 
-    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft:
+    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         """Up to plan.gamma tokens, ended early as the plan says.
 
         The tokens stay on the device, each fed to the next forward as it is, unless the host must see each one:
@@ -114,10 +114,9 @@ class ModelDrafter:
         if self._short_of_gap:
             self.catch_up(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
         guessing = not isinstance(self.guesser, NoGuess)
-        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids),
-                             host=guessing or plan.tracks_confidence)
+        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids), host=guessing or plan.tracks_confidence)
         # [>=1] tokens: the newest committed one, plus any catch-up
-        feed = self._tensor(ids[self.seen:])
+        feed = self._tensor(ids[self.seen :])
         while not drafting.finished:
             room = plan.gamma - drafting.count - 1
             guess = self.guesser.guess(ids, drafting.tokens, room) if guessing else []
@@ -125,7 +124,7 @@ class ModelDrafter:
             feed = drafting.ids[-1]
         return drafting.draft(self.vocab_size, self.device)
 
-    def _draft_forward(self, feed: torch.Tensor, guess: list[int], drafting: "_Drafting") -> None:
+    def _draft_forward(self, feed: torch.Tensor, guess: list[int], drafting: _Drafting) -> None:
         """One forward over feed [n] + guess; draft from its rows while the guess matches what was drafted.
 
         Row j is conditioned on guess[:j], so it is the drafter's own next-token distribution as long
@@ -139,7 +138,7 @@ class ModelDrafter:
         rows = self._next_logits(feed_and_guess.view(1, -1), drafting.vocab, keep=len(guess) + 1)
         used = 0  # rows: [len(guess)+1, width]
         for j in range(len(guess) + 1):
-            token = drafting.add(rows[j:j + 1])  # None unless drafting.host; there are guesses only then
+            token = drafting.add(rows[j : j + 1])  # None unless drafting.host; there are guesses only then
             if drafting.finished or j == len(guess) or token != guess[j]:
                 used = j
                 break
@@ -158,7 +157,7 @@ class ModelDrafter:
     def _next_logits(self, step_ids: torch.Tensor, vocab: DraftVocab | None, keep: int) -> torch.Tensor:
         """[keep, width] logits of the last `keep` positions, over the whole vocabulary or a DraftVocab."""
         if vocab is None:
-            logits = model_io.forward_tensor(self.model, self.cache, step_ids, keep=keep)[:, :self.vocab_size]
+            logits = model_io.forward_tensor(self.model, self.cache, step_ids, keep=keep)[:, : self.vocab_size]
             short = self.vocab_size - logits.shape[-1]  # a padded target vocabulary's ids: never drafted
             return torch.nn.functional.pad(logits, (0, short), value=-torch.inf) if short else logits
         return vocab.logits(model_io.hidden_tensor(self.model, self.cache, step_ids, keep))  # [keep, width]
@@ -170,18 +169,24 @@ class _Drafting:
     Tokens and confidences stay on the device; with `host`, each is also read back as it is drafted (one read
     per token, for an early end or a prompt-lookup guess)."""
 
-    def __init__(self, plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator,
-                 vocab: DraftVocab | None, host: bool = False):
+    def __init__(
+        self,
+        plan: DraftPlan,
+        sampling: SamplingConfig,
+        generator: torch.Generator,
+        vocab: DraftVocab | None,
+        host: bool = False,
+    ):
         self.plan, self.sampling, self.generator, self.vocab, self.host = plan, sampling, generator, vocab, host
-        self.ids: list[torch.Tensor] = []      # per token: its id, [1] on the device
-        self.sure: list[torch.Tensor] = []     # per token: the drafter's q of it, [1] on the device
-        self.tokens: list[int] = []            # the same on the host, with `host` only
-        self.confidences: list[float] = []     # the same on the host, with `host` only
+        self.ids: list[torch.Tensor] = []  # per token: its id, [1] on the device
+        self.sure: list[torch.Tensor] = []  # per token: the drafter's q of it, [1] on the device
+        self.tokens: list[int] = []  # the same on the host, with `host` only
+        self.confidences: list[float] = []  # the same on the host, with `host` only
         self.probs: list[torch.Tensor | None] = []
         self.rows: list[torch.Tensor] = []
         self.forwards: list[tuple[int, float]] = []
-        self.path = 1.0      # estimated probability that every token so far is accepted
-        self.doubt = False   # a token fell below min_confidence or the path below path_floor
+        self.path = 1.0  # estimated probability that every token so far is accepted
+        self.doubt = False  # a token fell below min_confidence or the path below path_floor
 
     @property
     def count(self) -> int:

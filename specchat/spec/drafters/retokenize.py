@@ -11,6 +11,7 @@ the whole text each step instead.
 `continuation_ids` re-tokenizes drafted text after the committed text's tail, keeping only the ids the
 draft adds; which ids those are is all that matters here: the target verifies every one of them.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -57,7 +58,7 @@ def splits_at_lines(tokenizer) -> bool:
     """Whether encoding a text line by line gives the ids of encoding it whole."""
     starts = [0, *line_starts(PROBE, 0)]
     pieces = [PROBE[a:b] for a, b in zip(starts, starts[1:] + [len(PROBE)])]
-    whole, = encode(tokenizer, [PROBE])
+    (whole,) = encode(tokenizer, [PROBE])
     return whole == [i for ids in encode(tokenizer, pieces) for i in ids]
 
 
@@ -73,8 +74,8 @@ def continuation_ids(tokenizer, tail: str, text: str) -> list[int]:
     if not text:
         return []
     alone, joined = encode(tokenizer, [tail, tail + text])
-    if joined[:len(alone)] == alone:
-        return joined[len(alone):]
+    if joined[: len(alone)] == alone:
+        return joined[len(alone) :]
     return encode(tokenizer, [text])[0]
 
 
@@ -89,10 +90,10 @@ class TextMirror:
 
     def reset(self) -> None:
         self.target_ids: list[int] = []
-        self.text = ""                # decode(target_ids)
-        self.ids: list[int] = []      # the text in the drafter's ids
-        self.lines = [0]              # where each encoded piece of the text starts
-        self.firsts = [0]             # the index in ids of each piece's first id
+        self.text = ""  # decode(target_ids)
+        self.ids: list[int] = []  # the text in the drafter's ids
+        self.lines = [0]  # where each encoded piece of the text starts
+        self.firsts = [0]  # the index in ids of each piece's first id
 
     def update(self, target_ids: list[int]) -> list[int]:
         """The drafter's ids for the committed target ids."""
@@ -102,7 +103,7 @@ class TextMirror:
 
     def _read(self, target_ids: list[int]) -> int:
         """Take target_ids as the committed ids; how many leading characters of the text stayed the same."""
-        grown = self._grown(target_ids) if target_ids[:len(self.target_ids)] == self.target_ids else None
+        grown = self._grown(target_ids) if target_ids[: len(self.target_ids)] == self.target_ids else None
         if grown is None:
             text = decode(self.target_tokenizer, target_ids)
             grown = text, common_prefix(self.text, text)
@@ -119,13 +120,13 @@ class TextMirror:
         if not (self.text.endswith(before) and after.startswith(settled)):
             return None
         keep = len(self.text) - len(before) + len(settled)
-        return self.text[:keep] + after[len(settled):], keep
+        return self.text[:keep] + after[len(settled) :], keep
 
     def _encode_from(self, keep: int) -> None:
         """Encode the text again from the start of the line that holds its first changed character."""
         piece = max(0, bisect.bisect_left(self.lines, keep) - 1) if self.by_line else 0
         start = self.lines[piece]
-        del self.ids[self.firsts[piece]:], self.lines[piece:], self.firsts[piece:]
+        del self.ids[self.firsts[piece] :], self.lines[piece:], self.firsts[piece:]
         starts = [start, *line_starts(self.text, start)] if self.by_line else [0]
         ends = starts[1:] + [len(self.text)]
         for offset, ids in zip(starts, encode(self.drafter_tokenizer, [self.text[a:b] for a, b in zip(starts, ends)])):

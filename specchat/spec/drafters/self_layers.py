@@ -6,6 +6,7 @@ second model. It runs through the same ModelDrafter as a drafter model, with a c
 well a model drafts for itself from an early layer depends on the model: ones trained for early exit
 (LayerSkip) do well; others accept less, which `/compare drafters` shows.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,7 +23,7 @@ def self_layers(name: str) -> int | None:
     """N of a 'self:N' drafter name; None for another name."""
     if not name.startswith(PREFIX):
         return None
-    digits = name[len(PREFIX):]
+    digits = name[len(PREFIX) :]
     return int(digits) if digits.isdigit() else None
 
 

@@ -11,6 +11,7 @@ tokens: one-hot drafts are accepted with probability p(x), which is highest for 
 sharing the target's ids is accepted with probability sum(min(p, q)) instead. In drafter-only mode it samples
 as configured, so that mode shows the drafter's own law.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,10 +22,9 @@ from specchat.config import SamplingConfig
 from specchat.spec.drafters.base import Draft, DraftPlan
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
 from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.drafters.retokenize import (TextMirror, common_prefix, continuation_ids, decode,
-                                               special_tokens)
+from specchat.spec.drafters.retokenize import TextMirror, common_prefix, continuation_ids, decode, special_tokens
 
-TAIL = 8     # newest committed target ids the draft's text is re-tokenized after
+TAIL = 8  # newest committed target ids the draft's text is re-tokenized after
 CONTEXT = 4  # newest drafter ids decoded with the draft, so that a leading space of its first token stays
 
 
@@ -47,13 +47,13 @@ class TextDrafter:
         self.copies = LookupDrafter(vocab_size)  # makes the one-hot drafts
         self.ends = text_ends(target_tokenizer, drafter_tokenizer)
         self.stream: list[int] = []  # the drafter ids its cache stands for (a prefix of them)
-        self.seen = 0                # committed target ids it has read
+        self.seen = 0  # committed target ids it has read
 
     @property
     def model(self):
         return self.inner.model
 
-    def fresh(self) -> "TextDrafter":
+    def fresh(self) -> TextDrafter:
         """A drafter on the same model and tokenizers with a cache of its own."""
         return TextDrafter(self.inner.model, self.target_tokenizer, self.drafter_tokenizer, self.vocab_size)
 
@@ -75,8 +75,7 @@ class TextDrafter:
         if stream:
             self.inner.catch_up(stream, len(stream) - 1)
 
-    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig,
-                generator: torch.Generator) -> Draft:
+    def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         """Up to plan.gamma target ids: the text of plan.gamma + 1 drafter tokens, re-tokenized."""
         stream = self._sync(ids)
         if not stream:
@@ -88,8 +87,11 @@ class TextDrafter:
         drafted = draft.tokens.tolist()
         self.stream = stream + drafted  # the cache holds all but the newest drafted id
         proposal = self._target_ids(ids, stream, drafted, final=not plan.verified)
-        return dataclasses.replace(self.copies.copy_draft(proposal[:min(plan.gamma, plan.room)], sampling),
-                                   forwards=draft.forwards, source="text")
+        return dataclasses.replace(
+            self.copies.copy_draft(proposal[: min(plan.gamma, plan.room)], sampling),
+            forwards=draft.forwards,
+            source="text",
+        )
 
     def _sync(self, ids: list[int]) -> list[int]:
         """The conversation in the drafter's ids; its cache cropped to the ids it shares with what it held."""
@@ -120,7 +122,7 @@ class TextDrafter:
         context = stream[-CONTEXT:]
         head = decode(self.drafter_tokenizer, context)
         whole = decode(self.drafter_tokenizer, context + drafted[:cut])
-        text = whole[len(head):] if whole.startswith(head) else decode(self.drafter_tokenizer, drafted[:cut])
+        text = whole[len(head) :] if whole.startswith(head) else decode(self.drafter_tokenizer, drafted[:cut])
         return text, end
 
 

@@ -5,6 +5,7 @@ DraftVocab scores every id below `limit`, plus every id already seen in the conv
 the prompt, code fences) and the stop ids. The verifier checks drafts against the q the drafter
 really sampled from (zero outside this set), so the output stays exactly the target's.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,8 +22,8 @@ class DraftVocab:
         self._extra: list[int] = list(self._always)
         self._extra_index = torch.tensor(self._extra, dtype=torch.long)
         self._placed: torch.Tensor | None = None  # _extra_index on the device that last asked for it
-        self._high = None          # the head's rows for the extra ids, rebuilt when the set grows
-        self._scanned = 0          # how much of the id list has been looked at
+        self._high = None  # the head's rows for the extra ids, rebuilt when the set grows
+        self._scanned = 0  # how much of the id list has been looked at
 
     @property
     def width(self) -> int:
@@ -32,7 +33,7 @@ class DraftVocab:
         """Add ids at or above the limit seen since the last call (the set only grows)."""
         if len(ids) < self._scanned:
             self._scanned = 0  # a different, shorter conversation: look at all of it
-        fresh = {i for i in ids[self._scanned:] if self.limit <= i < self.head_size} - set(self._extra)
+        fresh = {i for i in ids[self._scanned :] if self.limit <= i < self.head_size} - set(self._extra)
         self._scanned = len(ids)
         if fresh:
             self._extra = sorted(set(self._extra) | fresh)
@@ -77,9 +78,9 @@ class DraftVocab:
     def full_width(self, q: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[k, width] probabilities -> [k, vocab_size], zero for ids the drafter never proposes."""
         full = torch.zeros(q.shape[0], vocab_size, dtype=q.dtype, device=q.device)
-        full[:, :self.limit] = q[:, :self.limit]
+        full[:, : self.limit] = q[:, : self.limit]
         if self._extra:
-            full[:, self._index_on(q.device)] = q[:, self.limit:]
+            full[:, self._index_on(q.device)] = q[:, self.limit :]
         return full
 
 

@@ -1,11 +1,12 @@
 """The drafter's view of a long conversation (speculation.drafter_context): the middle left out of its
 cache, the reply still exactly the target's, and the gap kept right across rollbacks and later turns."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids
+
 from specchat.config import ConfigError, SpeculationConfig, load_config, set_from_text
 from specchat.spec.drafters.context import MIN_GAP, ContextGap
 from specchat.spec.events import ReplyDone
@@ -61,7 +62,8 @@ def replies(engine, ids, context: int, turns: int = 1) -> list[ReplyDone]:
 
 
 def test_a_drafter_seeing_part_of_a_long_prompt_leaves_the_reply_exactly_the_targets(
-        target, similar_drafter_model, tokenizer):
+    target, similar_drafter_model, tokenizer
+):
     ids = long_prompt(tokenizer)
     engine = make_engine(target, similar_drafter_model, tokenizer)
     done = replies(engine, ids, LIMIT)[0]
@@ -70,15 +72,16 @@ def test_a_drafter_seeing_part_of_a_long_prompt_leaves_the_reply_exactly_the_tar
     drafter, conversation = engine.drafter, ids + list(done.ids)
     assert drafter.gap.count > 0 and drafter.cached < drafter.seen < len(conversation)  # the middle was left out
     start, end = drafter.gap.start, drafter.gap.start + drafter.gap.count
-    viewed = conversation[:start] + conversation[end:drafter.seen + 1]  # what the cache holds, and the next token
+    viewed = conversation[:start] + conversation[end : drafter.seen + 1]  # what the cache holds, and the next token
     with torch.inference_mode():
         expected = similar_drafter_model(torch.tensor([viewed])).logits[0, -1]
-        step = drafter._next_logits(torch.tensor([conversation[drafter.seen:drafter.seen + 1]]), None, keep=1)[0]
-    assert torch.allclose(step, expected[:step.shape[0]], atol=1e-4)  # the cache is exactly the gapped view
+        step = drafter._next_logits(torch.tensor([conversation[drafter.seen : drafter.seen + 1]]), None, keep=1)[0]
+    assert torch.allclose(step, expected[: step.shape[0]], atol=1e-4)  # the cache is exactly the gapped view
 
 
 def test_later_turns_over_a_gapped_cache_stay_exact_target_mode_keeps_it_and_drafter_mode_sees_everything(
-        target, similar_drafter_model, tokenizer):
+    target, similar_drafter_model, tokenizer
+):
     ids = long_prompt(tokenizer)
     gapped = replies(make_engine(target, similar_drafter_model, tokenizer), ids, LIMIT, turns=3)
     whole = replies(make_engine(target, similar_drafter_model, tokenizer), ids, 0, turns=3)
@@ -98,7 +101,9 @@ def test_the_bundled_config_limits_the_drafters_view_and_bad_values_say_what_is_
     assert set_from_text(load_config(None, []), "speculation.drafter_context", "0").speculation.drafter_context == 0
 
 
-def test_a_second_long_paste_has_the_drafter_read_the_chats_start_and_end_anew(target, similar_drafter_model, tokenizer):
+def test_a_second_long_paste_has_the_drafter_read_the_chats_start_and_end_anew(
+    target, similar_drafter_model, tokenizer
+):
     ids = long_prompt(tokenizer)
     engine = make_engine(target, similar_drafter_model, tokenizer)
     first = replies(engine, ids, LIMIT)[0]

@@ -1,15 +1,16 @@
 """The lookup drafter (prompt lookup, no model) and switching drafters live.
 
 /compare drafters: tests/session/test_drafter_race.py."""
+
 from __future__ import annotations
 
 import pytest
-
 from conftest import hf_greedy, make_engine, prompt_ids
+
 from specchat.config import Config, SamplingConfig, SpeculationConfig, drafter_needed
+from specchat.session.chat import ChatError, ChatSession
 from specchat.spec.events import Origin
 from specchat.spec.model_io import cache_length
-from specchat.session.chat import ChatError, ChatSession
 from specchat.tui.commands import build_registry
 from specchat.tui.render import stats_line
 from specchat.tui.repl import toolbar_text

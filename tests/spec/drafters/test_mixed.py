@@ -1,10 +1,11 @@
 """The mixed drafter (speculation.drafter = auto): a copy where the chat offers a match, the drafter
 model elsewhere; exact either way, and auto gamma learns the model's alpha only from the model's drafts."""
+
 from __future__ import annotations
 
 import torch
-
 from conftest import hf_greedy, make_engine, prompt_ids
+
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.base import Draft, DraftPlan
 from specchat.spec.drafters.mixed import COPY_TOKENS, MAX_COPY, MixedDrafter
@@ -12,8 +13,10 @@ from specchat.spec.gamma import AutoGamma
 from specchat.spec.step import StepResult
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
-PASTED = ("def area(width, height):\n    return width * height\n\n"
-          "Rename width to w in this function:\ndef area(width, height):\n    return width * height\n")
+PASTED = (
+    "def area(width, height):\n    return width * height\n\n"
+    "Rename width to w in this function:\ndef area(width, height):\n    return width * height\n"
+)
 
 
 class CountingDrafter:
@@ -41,8 +44,9 @@ def test_a_match_is_copied_without_the_model_and_marked_off_plan():
 
 
 def test_a_copy_never_passes_the_reply_s_room():
-    draft = MixedDrafter(CountingDrafter(), 512).propose(repeated(30), DraftPlan(gamma=3, room=2), GREEDY,
-                                                         torch.Generator())
+    draft = MixedDrafter(CountingDrafter(), 512).propose(
+        repeated(30), DraftPlan(gamma=3, room=2), GREEDY, torch.Generator()
+    )
     assert draft.tokens.tolist() == [109, 110]  # COPY_TOKENS would be 4
 
 
@@ -82,6 +86,7 @@ def test_greedy_auto_drafting_on_a_pasted_edit_equals_the_target_alone(target, s
 
 def test_the_stats_line_counts_the_copied_steps(target, similar_drafter_model, tokenizer):
     from specchat.tui.render import stats_line
+
     engine = make_engine(target, similar_drafter_model, tokenizer)
     done = list(engine.stream(prompt_ids(tokenizer, PASTED), GREEDY, SpeculationConfig(gamma=3, drafter="auto")))[-1]
     assert 1 <= done.stats.copied_steps <= done.stats.draft_steps
@@ -93,6 +98,7 @@ def test_the_stats_line_counts_the_copied_steps(target, similar_drafter_model, t
 def test_each_drafted_token_says_which_source_drafted_it(target, similar_drafter_model, tokenizer):
     """What /why and /trace report: a copy's tokens come from lookup, the model's from the model."""
     from specchat.spec.events import Origin, Rejected, Token
+
     engine = make_engine(target, similar_drafter_model, tokenizer)
     events = list(engine.stream(prompt_ids(tokenizer, PASTED), GREEDY, SpeculationConfig(gamma=3, drafter="auto")))
     tokens = [e for e in events if isinstance(e, Token)]

@@ -1,14 +1,14 @@
 """A drafter whose head scores fewer ids than the target's vocabulary (Qwen's 7B+ files pad theirs to 152,064 rows,
 the small ones to 151,936): it never drafts an id past its head, reads such an id in the conversation as its
 last one, and the output stays exactly the target's."""
+
 from __future__ import annotations
 
 import pytest
-import torch
-
 from conftest import hf_greedy, noisy_head_copy, prompt_ids
 from text_pairs import exact_first_two, narrowed_model, padded_tokenizer, sampled_first_two, worst_deviation
 from tiny_models import build_model
+
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.engine import Engine

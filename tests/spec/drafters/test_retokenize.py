@@ -1,17 +1,20 @@
 """Between two tokenizers: the committed conversation in the drafter's ids, kept up to date a few ids at a time,
 equals encoding the whole text afresh; drafted text becomes the ids it adds after the committed text."""
+
 from __future__ import annotations
 
 import pytest
+from text_pairs import OTHER_CORPUS, text_tokenizer
+from tiny_models import SPECIALS, build_tokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from text_pairs import OTHER_CORPUS, text_tokenizer
-from tiny_models import SPECIALS, build_tokenizer
 from specchat.spec.drafters.retokenize import TextMirror, continuation_ids, decode, splits_at_lines
 
-TEXT = ("<|im_start|>user\nHéllo wörld 😀, how are you?\n    x = [1, 2]\n\n\tfor i in range(10):\n"
-        "print(i * i)  # done<|im_end|>\n<|im_start|>assistant\n")
+TEXT = (
+    "<|im_start|>user\nHéllo wörld 😀, how are you?\n    x = [1, 2]\n\n\tfor i in range(10):\n"
+    "print(i * i)  # done<|im_end|>\n<|im_start|>assistant\n"
+)
 
 
 def whole(mirror: TextMirror, target_ids: list[int]) -> list[int]:
@@ -25,14 +28,19 @@ def sentencepiece_like() -> PreTrainedTokenizerFast:
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     raw.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    raw.train_from_iterator(OTHER_CORPUS + [TEXT], trainers.BpeTrainer(
-        vocab_size=200, special_tokens=["<s>", *SPECIALS], show_progress=False))
+    raw.train_from_iterator(
+        OTHER_CORPUS + [TEXT],
+        trainers.BpeTrainer(vocab_size=200, special_tokens=["<s>", *SPECIALS], show_progress=False),
+    )
     raw.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="<|im_end|>")
 
 
-@pytest.mark.parametrize("drafter_tokenizer", [lambda: text_tokenizer(OTHER_CORPUS, 200, every_byte=True),
-                                               sentencepiece_like], ids=["byte-level", "dummy-prefix"])
+@pytest.mark.parametrize(
+    "drafter_tokenizer",
+    [lambda: text_tokenizer(OTHER_CORPUS, 200, every_byte=True), sentencepiece_like],
+    ids=["byte-level", "dummy-prefix"],
+)
 def test_the_mirror_grown_id_by_id_or_cut_back_encodes_as_the_whole_text(drafter_tokenizer):
     target = build_tokenizer()
     mirror = TextMirror(target, drafter_tokenizer())
@@ -63,7 +71,10 @@ def test_a_drafter_that_opens_text_with_bos_reads_it_first_once():
 
 def test_drafted_text_becomes_the_ids_it_adds_after_the_committed_text():
     tok = build_tokenizer()
-    assert continuation_ids(tok, "def reverse", "(lst):") == tok.encode("def reverse(lst):")[len(tok.encode("def reverse")):]
+    assert (
+        continuation_ids(tok, "def reverse", "(lst):")
+        == tok.encode("def reverse(lst):")[len(tok.encode("def reverse")) :]
+    )
     assert tok.tokenize("def rev")[-1] == "v" and tok.tokenize("def reverse")[-1] == "Ġreverse"
     merged = continuation_ids(tok, "def rev", "erse(lst):")  # " rev" + "erse" is one token: not the committed one
     assert tok.decode(merged) == "erse(lst):" and continuation_ids(tok, "def", "") == []

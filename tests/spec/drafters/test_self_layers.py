@@ -1,12 +1,13 @@
 """The self drafter: the target's first N layers draft, sharing its weights, with a cache of their own."""
+
 from __future__ import annotations
 
 import copy
 
 import pytest
 import torch
-
 from conftest import hf_greedy, make_engine, prompt_ids
+
 from specchat.config import ConfigError, SamplingConfig, SpeculationConfig, load_config
 from specchat.runtime.lean import LeanCache, attach_lean
 from specchat.spec.drafters.self_layers import truncated_model
@@ -67,6 +68,7 @@ def test_a_self_drafter_set_behind_the_commands_back_is_one_line_at_the_next_mes
     from specchat.config import Config
     from specchat.session.chat import ChatError, ChatSession
     from specchat.tui.commands import build_registry
+
     session = ChatSession(make_engine(target, None, tokenizer), tokenizer, Config(sampling=GREEDY), 1024)
     registry = build_registry()
     outcome = registry.run(session, "/drafter self:5")

@@ -1,14 +1,22 @@
 """The text drafter: a drafter model of another tokenizer drafts text, re-tokenized into the target's ids and
 proposed one-hot. Greedy output stays the target's token for token, sampled output keeps the target's law."""
+
 from __future__ import annotations
 
 import pytest
-import torch
-
 from conftest import CheapDrafterGamma, hf_greedy, make_engine, noisy_head_copy, prompt_ids, run_reply
-from text_pairs import (OTHER_CORPUS, exact_first_two, renumbered_model, renumbered_tokenizer, renumbering,
-                        sampled_first_two, text_tokenizer, worst_deviation)
+from text_pairs import (
+    OTHER_CORPUS,
+    exact_first_two,
+    renumbered_model,
+    renumbered_tokenizer,
+    renumbering,
+    sampled_first_two,
+    text_tokenizer,
+    worst_deviation,
+)
 from tiny_models import build_model
+
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.text import TextDrafter, drafter_for
@@ -131,10 +139,13 @@ def test_a_drafted_end_of_turn_becomes_the_targets(tok, renumbered):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert drafter.ends[new_ids[im_end]] == im_end
     ids = tok.encode("Hello")
-    assert drafter._target_ids(ids, theirs.encode("Hello"), theirs.encode(" world<|im_end|>"), final=False) == \
-        tok.encode(" world") + [im_end]  # text before an end is final: its last id stays
-    assert drafter._target_ids(ids, theirs.encode("Hello"), theirs.encode(" world, how"), final=False) == \
-        tok.encode(" world, how")[:-1]  # the last id could still grow ("how" -> "how are")
+    assert drafter._target_ids(
+        ids, theirs.encode("Hello"), theirs.encode(" world<|im_end|>"), final=False
+    ) == tok.encode(" world") + [im_end]  # text before an end is final: its last id stays
+    assert (
+        drafter._target_ids(ids, theirs.encode("Hello"), theirs.encode(" world, how"), final=False)
+        == tok.encode(" world, how")[:-1]
+    )  # the last id could still grow ("how" -> "how are")
 
 
 SAMPLING = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9)

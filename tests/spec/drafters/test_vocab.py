@@ -1,4 +1,5 @@
 """DraftVocab: ids below the limit plus ids seen, mapped back and padded to the full vocabulary."""
+
 from __future__ import annotations
 
 import torch
@@ -57,7 +58,9 @@ def test_drafter_only_replies_do_not_depend_on_an_earlier_conversation(target, s
     """With a restricted drafter vocabulary, a drafter-only reply after /system and /reset equals a fresh
     engine's: ids seen in the old conversation are no longer proposable (found by the churn test)."""
     from conftest import make_engine
+
     from specchat.config import SamplingConfig, SpeculationConfig
+
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=20)
     speculation = SpeculationConfig(mode="drafter", drafter_vocab=256)
     new = tokenizer.encode("plain words then hello")
