@@ -19,12 +19,12 @@ import torch
 from specchat.config import INVARIANT_MODES, W4A8_MODES, Config, ModelConfig, drafter_needed
 from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import check_device_types, dtype_name, placement_kwargs, resolve_device, resolve_dtype
+from specchat.loading.gguf.slim import check_materialized, parameter_count
+from specchat.loading.gguf.slim import load as load_slim
 from specchat.loading.pair_check import PairCheck, judge_pair
 from specchat.loading.quantization_choice import choose, choose_quantizations
 from specchat.loading.resident import model_tensors, populate, read_whole, tensor_bytes
 from specchat.loading.shared_tokenizer import tokenizer_digest
-from specchat.loading.slim import check_materialized, parameter_count
-from specchat.loading.slim import load as load_slim
 from specchat.loading.sources import Source, resolve_source
 from specchat.loading.tokenizer_check import output_width, stop_ids
 from specchat.memory import release_freed_memory
@@ -89,7 +89,7 @@ class Checkpoint:
     quantization: str  # what the checkpoint itself is: none, or a GGUF type
     identity: str = ""  # what the weights are, for caches derived from them (a sha256, a fingerprint)
     gguf_source: Source | None = None  # the GGUF file (or bundled model) it was converted from
-    slim: bool = False  # only the float tensors of a w4a8 model (loading/slim.py); the rest comes quantized
+    slim: bool = False  # only the float tensors of a w4a8 model (loading/gguf/slim.py); the rest comes quantized
 
 
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
@@ -281,7 +281,7 @@ def _quantize_after_loading(
 
 def checkpoint_for(source: Source, mc: ModelConfig, dtype: torch.dtype, progress: Progress | None) -> Checkpoint:
     """A directory (or hub id) from_pretrained can read, converting GGUF files once if needed."""
-    from specchat.loading import gguf_convert
+    from specchat.loading.gguf import convert as gguf_convert
 
     if mc.revision and source.kind != "hub":
         raise ModelLoadError(f"revision = {mc.revision!r} only applies to hub ids, not to {mc.source}")
@@ -324,10 +324,11 @@ def _gguf_file(checkpoint: Checkpoint, progress: Progress | None):
 
 
 def _converted(source: Source, dtype: torch.dtype, w4a8: bool, progress: Progress | None) -> Path:
-    """The cached conversion of a GGUF source: slim for the w4a8 modes where the file streams (loading/slim.py),
+    """The cached conversion of a GGUF source: slim for the w4a8 modes where the file streams (loading/gguf/slim.py),
     else full. Only when it is not cached is a bundled model's file assembled, or a file's header read."""
-    from specchat.loading import assets, gguf_convert
-    from specchat.loading.gguf_tensors import streamable
+    from specchat.loading import assets
+    from specchat.loading.gguf import convert as gguf_convert
+    from specchat.loading.gguf.tensors import streamable
 
     bundled = source.kind == "bundled"
     if bundled:

@@ -61,9 +61,9 @@ def _quantize_w4a8(
 
     exact = None
     if blocks is None and gguf is not None:
-        from specchat.loading.gguf_blocks import matching_blocks, streamed_blocks
+        from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 
-        if _weights_unloaded(model):  # a slim checkpoint (loading/slim.py): every block from the file
+        if _weights_unloaded(model):  # a slim checkpoint (loading/gguf/slim.py): every block from the file
             blocks = {name: Q4Tiles.from_block(block) for name, block in streamed_blocks(gguf(), model, finer_bits)}
         else:
             exact = matching_blocks(gguf(), model)

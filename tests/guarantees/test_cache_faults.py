@@ -44,7 +44,8 @@ from tiny_models import build_model, build_tokenizer
 
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
-from specchat.loading import assets, gguf_convert, quantized_cache, tensor_file
+from specchat.loading import assets, quantized_cache, tensor_file
+from specchat.loading.gguf import convert as gguf_convert
 from specchat.loading.models import load_model
 
 TESTS = Path(__file__).resolve().parent

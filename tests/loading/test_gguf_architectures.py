@@ -13,7 +13,7 @@ from specchat.config import load_config
 from specchat.errors import ModelLoadError
 from specchat.loading import devices
 from specchat.loading import models as model_loading
-from specchat.loading.gguf_config import file_config, set_head_size
+from specchat.loading.gguf.config import file_config, set_head_size
 from specchat.loading.models import load_pair
 
 

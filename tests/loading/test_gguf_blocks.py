@@ -1,4 +1,4 @@
-"""A GGUF's Q4_K tensors become w4a8 blocks bit for bit (loading/gguf_blocks.py), checked against
+"""A GGUF's Q4_K tensors become w4a8 blocks bit for bit (loading/gguf/blocks.py), checked against
 gguf-py's own dequantizer, not against specchat's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize
 from tiny_models import build_model
 
-from specchat.loading.gguf_blocks import decode_q4_k, matching_blocks, module_name, q4_k_blocks
+from specchat.loading.gguf.blocks import decode_q4_k, matching_blocks, module_name, q4_k_blocks
 
 
 def random_q4_k(rows: int, width: int, seed: int = 0) -> np.ndarray:

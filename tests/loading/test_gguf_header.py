@@ -1,4 +1,4 @@
-"""An untrusted GGUF file (loading/gguf_header.py, gguf_tensors.py, gguf_blocks.py, gguf_convert.py): each kind of
+"""An untrusted GGUF file (loading/gguf/header.py, gguf/tensors.py, gguf/blocks.py, gguf/convert.py): each kind of
 truncation or malformed field is one ModelLoadError line naming the file, found before anything is read or allocated
 for it, and 1,000 seeded random truncations and mutations of a real small file give nothing else (issue 48, item 6)."""
 
@@ -20,9 +20,9 @@ from tiny_models import build_tokenizer
 
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
-from specchat.loading.gguf_blocks import decode_q4_k
-from specchat.loading.gguf_header import read_tensors
-from specchat.loading.gguf_tensors import GGUFTensors
+from specchat.loading.gguf.blocks import decode_q4_k
+from specchat.loading.gguf.header import read_tensors
+from specchat.loading.gguf.tensors import GGUFTensors
 
 HUGE = (2**63, 2**64 - 1, 2**40, 2**32 + 7)
 FUZZ_CASES = 1000

@@ -12,8 +12,9 @@ from model_files import PROMPT, greedy_reply, logits, save_dir, tiny_qwen2, writ
 from tiny_models import CHATML, build_model, build_tokenizer
 
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
-from specchat.loading import assets, devices, gguf_convert
+from specchat.loading import assets, devices
 from specchat.loading import models as model_loading
+from specchat.loading.gguf import convert as gguf_convert
 from specchat.loading.models import ModelFacts, ModelLoadError, load_model, load_pair
 from specchat.loading.shared_tokenizer import tokenizer_digest
 from specchat.spec.drafters.model import ModelDrafter

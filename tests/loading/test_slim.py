@@ -1,4 +1,4 @@
-"""A GGUF loaded for w4a8 keeps no float copy of its weights (loading/slim.py, gguf_tensors.py, gguf_header.py,
+"""A GGUF loaded for w4a8 keeps no float copy of its weights (loading/gguf/slim.py, gguf/tensors.py, gguf/header.py,
 quant/block_embedding.py): the cache holds a slim checkpoint, the model equals the one a full conversion
 gives, bit for bit, and a `none` start still makes the full conversion."""
 
@@ -16,9 +16,10 @@ from safetensors import safe_open
 from tiny_models import build_tokenizer
 
 from specchat.config import ModelConfig
-from specchat.loading import assets, devices, gguf_tensors
+from specchat.loading import assets, devices
 from specchat.loading import models as model_loading
-from specchat.loading.gguf_header import read_tensors
+from specchat.loading.gguf import tensors as gguf_tensors
+from specchat.loading.gguf.header import read_tensors
 from specchat.loading.models import load_model
 from specchat.memory import release_freed_memory
 from specchat.quant import w4a8
@@ -119,7 +120,7 @@ def test_the_header_reader_finds_what_gguf_py_finds(q8_gguf):
 def test_dequantizing_in_row_chunks_equals_the_whole(q8_gguf, monkeypatch, tok):
     from transformers import AutoConfig
 
-    from specchat.loading.slim import empty_model
+    from specchat.loading.gguf.slim import empty_model
 
     model = empty_model(AutoConfig.from_pretrained(str(q8_gguf.parent), gguf_file=q8_gguf.name))
     whole = gguf_tensors.GGUFTensors(q8_gguf, model).float("model.embed_tokens.weight")

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from specchat.loading.assets import BUNDLED, cache_dir
-from specchat.loading.gguf_convert import converted_dir, is_converted
+from specchat.loading.gguf.convert import converted_dir, is_converted
 from specchat.spec.detok import REPLACEMENT, Detokenizer
 
 PARAGRAPH = (

@@ -42,7 +42,7 @@ META = "specchat.json"
 
 
 def converted_dir(sha256: str, dtype: torch.dtype, slim: bool = False) -> Path:
-    """A full conversion (every weight in `dtype`), or a slim one (loading/slim.py: the w4a8 modes)."""
+    """A full conversion (every weight in `dtype`), or a slim one (loading/gguf/slim.py: the w4a8 modes)."""
     return cache_dir() / "converted" / f"{sha256[:16]}-{dtype_name(dtype)}{'-slim' if slim else ''}"
 
 
@@ -73,7 +73,7 @@ def _remember(memo: Path, text: str) -> None:
 def ensure_converted(
     gguf: Path, sha256: str, dtype: torch.dtype, name: str, progress: Progress | None = None, slim: bool = False
 ) -> Path:
-    """The converted checkpoint for `gguf` in `dtype` (slim: loading/slim.py), converting it first if it is not cached."""
+    """The converted checkpoint for `gguf` in `dtype` (slim: loading/gguf/slim.py), converting it first if it is not cached."""
     out = converted_dir(sha256, dtype, slim)
     if (out / META).exists() and not damage(out, progress):
         return out
@@ -109,10 +109,10 @@ def _convert_into(
 
 def gguf_facts(gguf: Path) -> dict:
     """Architecture, quantization type and chat-template presence, read from the GGUF header once
-    specchat's own bounded reader (gguf_header.py) has checked every count, offset and size in it."""
+    specchat's own bounded reader (gguf/header.py) has checked every count, offset and size in it."""
     from transformers.integrations.gguf.reader import read_gguf_metadata
 
-    from specchat.loading.gguf_header import read_tensors
+    from specchat.loading.gguf.header import read_tensors
 
     read_tensors(gguf)  # a truncated or malformed file ends here, in one line naming what is wrong
     try:
@@ -144,7 +144,7 @@ def convert_gguf(
     gguf: Path, dtype: torch.dtype, out: Path, name: str, progress: Progress | None = None, slim: bool = False
 ) -> None:
     """Dequantize `gguf` into a safetensors checkpoint with config and tokenizer in `out`; slim: only the
-    tensors that stay float beside the w4a8 layers, the embeddings in the file's blocks (loading/slim.py)."""
+    tensors that stay float beside the w4a8 layers, the embeddings in the file's blocks (loading/gguf/slim.py)."""
     facts = gguf_facts(gguf)
     if progress:
         what = "its float tensors (w4a8)" if slim else dtype_name(dtype)
@@ -166,7 +166,7 @@ def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progr
     """Tokenizer, config and weights through transformers' GGUF reading: what it fails on in a file whose header
     is whole (a missing vocabulary, a config its tensors contradict) is one line; an OSError or MemoryError
     passes as it is, for the cache to tell from damage."""
-    from specchat.loading.gguf_metadata import quick_metadata
+    from specchat.loading.gguf.metadata import quick_metadata
 
     try:
         with quick_metadata():
@@ -251,7 +251,7 @@ def _gguf_tokenizer(gguf: Path):
 def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    from specchat.loading.gguf_config import file_config
+    from specchat.loading.gguf.config import file_config
     from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
 
     bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
@@ -279,8 +279,8 @@ def _save_slim(gguf: Path, tokenizer, out: Path) -> None:
     """Config, generation config, tokenizer, and slim.write_weights' tensors."""
     from transformers import GenerationConfig
 
-    from specchat.loading import slim
-    from specchat.loading.gguf_config import file_config
+    from specchat.loading.gguf import slim
+    from specchat.loading.gguf.config import file_config
 
     config = file_config(gguf)
     out.mkdir(parents=True)

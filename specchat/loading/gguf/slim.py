@@ -3,7 +3,7 @@
 The slim checkpoint in the cache holds the config, the tokenizer, and only the tensors that stay float in
 the chat: norms, biases, and layers the kernel cannot take. The input embeddings stay in the file's blocks
 (quant/block_embedding.py). The quantized layers come from the quantized cache, built from the GGUF a
-tensor at a time (gguf_blocks.streamed_blocks) when it has no copy.
+tensor at a time (gguf/blocks.py, streamed_blocks) when it has no copy.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def write_weights(gguf: Path, config, out: Path) -> None:
     """WEIGHTS in `out`: the float tensors the chat keeps, and the input embeddings as the file's blocks."""
     from safetensors.torch import save_file
 
-    from specchat.loading.gguf_tensors import GGUFTensors
+    from specchat.loading.gguf.tensors import GGUFTensors
 
     model = empty_model(config)
     tensors = GGUFTensors(gguf, model)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from specchat.errors import ModelLoadError
-from specchat.loading.gguf_header import read_tensors, shown
+from specchat.loading.gguf.header import read_tensors, shown
 from specchat.quant.shared import name_of
 
 CHUNK_ROWS = 8192  # rows dequantized at a time: 8192 × 1536 floats is 50 MB

@@ -57,7 +57,7 @@ def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
     """Every Q4_K weight of a GGUF file whose layer transformers names, decoded, by module name."""
     from gguf import GGMLQuantizationType
 
-    from specchat.loading.gguf_header import read_tensors
+    from specchat.loading.gguf.header import read_tensors
 
     found = {}
     for tensor in read_tensors(Path(path))[1]:
@@ -96,7 +96,7 @@ def streamed_blocks(path: str | Path, model: nn.Module, finer_bits: int) -> Iter
     quantize_w4a8 applies with a GGUF's blocks at hand."""
     from gguf import GGMLQuantizationType
 
-    from specchat.loading.gguf_tensors import GGUFTensors
+    from specchat.loading.gguf.tensors import GGUFTensors
     from specchat.quant.w4a8 import fitting_linears
 
     tensors = GGUFTensors(Path(path), model)

@@ -38,7 +38,7 @@ MIN_TENSOR_BYTES = 8 + 4 + 8 + 4 + 8  # the smallest tensor entry: an empty name
 DEFAULT_ALIGNMENT = 32
 FACTS = ("general.architecture", "general.alignment")
 HEAD_SIZE = (
-    ".attention.key_length"  # `<architecture>.attention.key_length`, read where it is an integer (gguf_config.py)
+    ".attention.key_length"  # `<architecture>.attention.key_length`, read where it is an integer (gguf/config.py)
 )
 
 

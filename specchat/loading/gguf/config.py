@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specchat.errors import ModelLoadError
-from specchat.loading.gguf_header import HEAD_SIZE, read_tensors
+from specchat.loading.gguf.header import HEAD_SIZE, read_tensors
 
 MAX_HEAD_SIZE = 1 << 12  # far above any model's (256 for Gemma)
 
