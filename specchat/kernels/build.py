@@ -1,5 +1,5 @@
 """specchat's own C++ kernels, compiled once per machine into its cache, one module: the w4a8 product
-(q4_kernel.cpp and its code paths q4_path_*.cpp, beside this file), the lean forward's layer loop
+(q4/: q4_kernel.cpp, its code paths q4_path_*.cpp, and cpu_features.cpp, which says which the CPU runs), the lean forward's layer loop
 (lean_layers.cpp), sampling's probabilities (sampling.cpp), and the module's Python bindings (bindings.cpp).
 
 The module holds every code path of the product the compiler can build here (portable C++; on x86 also
@@ -38,17 +38,25 @@ from specchat.progress import Progress, report
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
 SOURCES = [
-    "q4_kernel.cpp",
-    "q4_path_portable.cpp",
-    "q4_path_avx2.cpp",
-    "q4_path_avx_vnni.cpp",
-    "q4_path_avx512_vnni.cpp",
-    "q4_path_amx.cpp",
+    "q4/q4_kernel.cpp",
+    "q4/cpu_features.cpp",
+    "q4/q4_path_portable.cpp",
+    "q4/q4_path_avx2.cpp",
+    "q4/q4_path_avx_vnni.cpp",
+    "q4/q4_path_avx512_vnni.cpp",
+    "q4/q4_path_amx.cpp",
     "lean_layers.cpp",
     "sampling.cpp",
     "bindings.cpp",
 ]
-HEADERS = ["q4_kernel.h", "q4_tiles.h", "q4_path_256.h", "q4_path_512.h", "simd.h"]
+HEADERS = [
+    "q4/q4_kernel.h",
+    "q4/cpu_features.h",
+    "q4/q4_tiles.h",
+    "q4/q4_path_256.h",
+    "q4/q4_path_512.h",
+    "simd.h",
+]
 BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike
 LAYOUT = "flock+stamp"  # how a build folder is used, in its name: builds that took no flock share no folder
 BUILT = "built.txt"  # in a build folder: the module's name, size and mtime once load() built it

@@ -13,7 +13,7 @@
 #include <optional>
 #include <vector>
 
-#include "q4_kernel.h"
+#include "q4/q4_kernel.h"
 #include "simd.h"
 
 namespace {

@@ -21,7 +21,7 @@
 #include <limits>
 #include <vector>
 
-#include "q4_kernel.h"
+#include "q4/q4_kernel.h"
 #include "simd.h"
 
 namespace {

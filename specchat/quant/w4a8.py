@@ -10,7 +10,7 @@ equals greedy target-only output in the dtype the chat runs.
 
 Q4Block is the weights' stored form (a row after a row); the kernel reads them as Q4Tiles, 16 output
 rows interleaved so that each lane of a vector is one output row (layout: q4_tiles.h), repacked once
-at load. The kernel (q4_kernel.cpp and its code paths, q4_path_*.cpp) is compiled once with the
+at load. The kernel (kernels/q4/: q4_kernel.cpp and its code paths, q4_path_*.cpp) is compiled once with the
 machine's C++ compiler into specchat's cache, and picks its path at run time from what the CPU has.
 """
 

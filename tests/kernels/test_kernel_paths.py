@@ -1,4 +1,4 @@
-"""The w4a8 kernel's code paths (kernels/q4_path_*.cpp), chosen at run time from what the CPU has: every
+"""The w4a8 kernel's code paths (kernels/q4/q4_path_*.cpp), chosen at run time from what the CPU has: every
 path gives bitwise the portable path's products, a row's result never depends on its batch, and the
 layer loop and the bundled pair's greedy tokens are the same on every path. A path this CPU lacks is
 skipped with the instruction set it needs."""

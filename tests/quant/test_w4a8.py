@@ -1,4 +1,4 @@
-"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (quant/w4a8.py, kernels/q4_kernel.cpp).
+"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (quant/w4a8.py, kernels/q4/q4_kernel.cpp).
 The code paths side by side: test_kernel_paths.py."""
 
 from __future__ import annotations

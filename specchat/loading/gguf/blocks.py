@@ -1,7 +1,7 @@
 """A GGUF file's Q4_K tensors as w4a8 blocks, bit for bit.
 
 llama.cpp's Q4_K stores w = d·sc·q − dmin·m in 256-blocks of eight 32-groups (6-bit sc and m, fp16 d
-and dmin) with the very nibble layout of kernels/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
+and dmin) with the very nibble layout of kernels/q4/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
 with exactly the file's weights. Each imported layer is checked against the weights the model loaded.
 """
 

@@ -19,14 +19,7 @@
 #include <string>
 #include <vector>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <cpuid.h>
-#endif
-#if defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
+#include "cpu_features.h"
 #include "q4_kernel.h"
 #include "q4_tiles.h"
 
@@ -68,43 +61,17 @@ struct Path {
   int64_t tiles_a_job = 1;  // tiles the product takes in one call (q4_tiles.h's Job)
 };
 
-#if defined(__x86_64__) || defined(_M_X64)
-bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
-bool has_avx_vnni() { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
-bool has_avx512_vnni() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && has_avx2();
-}
-
-// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and the OS's leave to use the tiles' state,
-// asked once for the whole process (Linux 5.16+); where it is refused the path is simply not there.
-bool os_grants_amx() {
-#if defined(__linux__)
-  constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
-  static const bool granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  return granted;
-#else
-  return false;
-#endif
-}
-
-bool has_amx() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!has_avx512_vnni() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  return ((edx >> 24) & 1) && ((edx >> 25) & 1) && os_grants_amx();
-}
-#endif
 bool always() { return true; }
 
 // Fastest first.
 const std::vector<Path>& paths() {
   static const std::vector<Path> all = {
 #if defined(__x86_64__) || defined(_M_X64)
-      {"amx", q4::tile_amx, q4::quantize_row_avx2, has_amx, "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles",
+      {"amx", q4::tile_amx, q4::quantize_row_avx2, cpu::has_amx, "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles",
        4},  // tiles a job: 2 and 8 measured within a few per cent of 4 (Xeon, 128 rows)
-      {"avx512-vnni", q4::tile_avx512_vnni, q4::quantize_row_avx2, has_avx512_vnni, "AVX-512 F/BW/VL/VNNI"},
-      {"avx-vnni", q4::tile_avx_vnni, q4::quantize_row_avx2, has_avx_vnni, "AVX-VNNI"},
-      {"avx2", q4::tile_avx2, q4::quantize_row_avx2, has_avx2, "AVX2 and FMA"},
+      {"avx512-vnni", q4::tile_avx512_vnni, q4::quantize_row_avx2, cpu::has_avx512_vnni, "AVX-512 F/BW/VL/VNNI"},
+      {"avx-vnni", q4::tile_avx_vnni, q4::quantize_row_avx2, cpu::has_avx_vnni, "AVX-VNNI"},
+      {"avx2", q4::tile_avx2, q4::quantize_row_avx2, cpu::has_avx2, "AVX2 and FMA"},
 #endif
       {"portable", q4::tile_portable, q4::quantize_row_portable, always, ""},
   };
