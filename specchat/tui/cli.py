@@ -42,6 +42,7 @@ EXAMPLES = """examples:
   specchat                                   chat with the bundled pair (/help lists commands)
   specchat speculation.gamma=6 sampling.temperature=0.7
   specchat --prompt "reverse a list in python" --json
+  specchat --target Qwen2.5-7B-Q4_K_M.gguf --drafter Qwen2.5-0.5B-Q4_K_M.gguf   your own pair
   echo "hello" | specchat --no-color
 config keys: see /config inside the chat, or specchat/configs/default.toml"""
 
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit (stdin works too)")
     parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    parser.add_argument(
+        "--target", metavar="SOURCE", help="the target model: a .gguf file, a folder, bundled:NAME (target.source)"
+    )
+    parser.add_argument("--drafter", metavar="SOURCE", help="the drafter model, as --target (drafter.source)")
     parser.add_argument("--system", metavar="TEXT", help="the system prompt (ui.system_prompt)")
     parser.add_argument(
         "--max",
@@ -161,6 +166,9 @@ def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: 
 
 def read_config(args) -> Config:
     cfg = load_config(args.config, args.overrides)
+    for flag, key in ((args.target, "target.source"), (args.drafter, "drafter.source")):
+        if flag is not None:
+            cfg = set_from_text(cfg, key, flag)
     if args.system is not None:
         cfg = set_from_text(cfg, "ui.system_prompt", args.system)
     if args.max is not None:

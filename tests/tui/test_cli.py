@@ -394,6 +394,15 @@ def test_the_loading_bar_names_each_step_and_keeps_the_slow_ones():
     assert lines == ["✓ assembling qwen.gguf · 3.0 s", "✓ compiling the w4a8 kernel · 56.5 s"]
 
 
+def test_target_and_drafter_flags_set_the_two_sources(pair):
+    status, _, err = run_cli(["--prompt", "hi", "--max", "2", "--target", "t.gguf", "--drafter", "bundled:x"], pair)
+    assert status == 0, err
+    cfg = pair.progress_calls[-1]
+    assert (cfg.target.source, cfg.drafter.source) == ("t.gguf", "bundled:x")
+    status, _, err = run_cli(["--prompt", "hi", "--max", "2", "--target", "t.gguf", "target.source=u.gguf"], pair)
+    assert status == 0 and pair.progress_calls[-1].target.source == "t.gguf"  # the flag wins over an override
+
+
 def test_system_and_max_flags(pair, tokenizer):
     status, out, err = run_cli(["--prompt", "hi", "--json", "--system", "Be terse.", "--max", "3"], pair)
     assert status == 0, err
