@@ -31,6 +31,7 @@ from specchat.spec.gamma import AutoGamma
 from specchat.tui import render
 from specchat.tui.commands import build_registry
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
+from specchat.tui.pair_cost import FALLBACK_GAMMA, PairCost, measured_cost
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
 from specchat.tui.safe_text import json_text, visible
 
@@ -139,16 +140,27 @@ def with_progress(console: Console, work: Callable, clock: Callable[[], float] =
         return result
 
 
-def warm_up(session: ChatSession) -> None:
-    """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply."""
+def warm_up(session: ChatSession) -> PairCost | None:
+    """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply; then,
+    with a drafter, a second one timed for the pair's expected speed (tui/pair_cost.py)."""
     cfg = session.config
     mode = "spec" if session.has_drafter else "target"
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
-    speculation = dataclasses.replace(cfg.speculation, mode=mode)
     ids = session.render([{"role": "user", "content": "Say hello."}])
-    run_to_end(session.engine.steps(ids, sampling, speculation))
+    run_to_end(session.engine.steps(ids, sampling, dataclasses.replace(cfg.speculation, mode=mode)))
+    cost = _timed_cost(session, ids, sampling) if mode == "spec" and cfg.speculation.drafter != "lookup" else None
     session.engine.reset()
     session.engine.use_policy(AutoGamma())  # warm-up timings include first-call set-up: learn c afresh
+    return cost
+
+
+def _timed_cost(session: ChatSession, ids: list[int], sampling) -> PairCost | None:
+    gamma = session.config.speculation.gamma
+    gamma = gamma if isinstance(gamma, int) and gamma > 0 else FALLBACK_GAMMA
+    session.engine.reset()
+    speculation = dataclasses.replace(session.config.speculation, mode="spec", gamma=gamma)
+    end = run_to_end(session.engine.steps(ids, dataclasses.replace(sampling, max_new_tokens=8), speculation))
+    return measured_cost(end.stats, gamma) if end is not None else None
 
 
 def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: Console):
@@ -158,8 +170,7 @@ def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: 
         pair = load(cfg, report)
         session = start_session(cfg, pair, compare)
         report("warming up the models", None)
-        warm_up(session)
-        return pair, session
+        return pair, session, warm_up(session)
 
     return with_progress(console, work)
 
@@ -249,10 +260,10 @@ def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdou
     color = render.color_wanted(cfg.ui.color, stdout)
     renderer = render.Renderer(render.make_console(color, stdout), cfg.ui.show_rejected, cfg.ui.origin_marks)
     status = render.make_console(render.color_wanted(cfg.ui.color, stderr), stderr)
-    pair, session = prepare(cfg, load, compare, status)
+    pair, session, cost = prepare(cfg, load, compare, status)
     if prompt is not None:
         return run_once(session, prompt, renderer, args.json, stdout)
-    renderer.info(render.banner(pair, cfg.speculation.drafter))
+    renderer.info(render.banner(pair, cfg.speculation.drafter, cost.line() if cost else ""))
     renderer.info(render.Legend(cfg.speculation.mode, cfg.ui.show_rejected, cfg.ui.origin_marks))
     history, problem = open_history(history_path())
     if problem:

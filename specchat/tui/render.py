@@ -305,8 +305,8 @@ def model_facts_text(role: str, facts) -> str:
     )
 
 
-def banner(pair, drafter: str = "model") -> Text:
-    """The models, and who drafts (`drafter` is speculation.drafter)."""
+def banner(pair, drafter: str = "model", expected: str = "") -> Text:
+    """The models, and who drafts (`drafter` is speculation.drafter); `expected`: the pair's measured cost line."""
     text = Text("specchat", style="bold")
     text.append(" · " + model_facts_text("target", pair.target_facts))
     if getattr(pair.target_facts, "template", "own") == "plain":
@@ -317,6 +317,8 @@ def banner(pair, drafter: str = "model") -> Text:
         text.append("\n         · " + model_facts_text("drafter", pair.drafter_facts))
         if getattr(pair, "pair_check", None) is not None:  # loading/pair_check.py's verdict
             text.append("\n         · " + visible(pair.pair_check.line()))
+        if expected:  # tui/pair_cost.py
+            text.append("\n         · " + expected)
         if drafter == "auto":
             text.append("\n         · drafts: a copy from the chat where it offers a match, else the drafter")
     else:

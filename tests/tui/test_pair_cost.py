@@ -1,0 +1,55 @@
+"""The banner's expected-speed line (tui/pair_cost.py): c and the step costs measured at start, and the
+acceptance at which drafting starts to pay (Leviathan et al.'s speedup = 1 there)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+from tinypair import loader, tiny_pair
+
+from specchat.config import Config, SpeculationConfig
+from specchat.spec.metrics import ReplyStats, leviathan_speedup
+from specchat.tui import cli, render
+from specchat.tui.pair_cost import PairCost, measured_cost
+
+
+def test_the_break_even_acceptance_is_where_the_speedup_is_one():
+    cost = PairCost(target_step_s=0.040, drafter_forward_s=0.010, gamma=4)
+    alpha = cost.break_even_alpha()
+    assert cost.c == pytest.approx(0.25)
+    assert leviathan_speedup(alpha, 4, 0.25) == pytest.approx(1.0, abs=1e-6)
+    assert leviathan_speedup(alpha - 0.05, 4, 0.25) < 1.0 < leviathan_speedup(alpha + 0.05, 4, 0.25)
+    assert cost.line() == (
+        "expected: c 0.25 (drafter forward 10.0 ms, target step 40.0 ms); "
+        f"γ 4 pays once over {alpha:.0%} of drafts are accepted ({leviathan_speedup(0.8, 4, 0.25):.1f}× at 80%)"
+    )
+
+
+def test_a_drafter_as_slow_as_the_target_is_told_it_cannot_pay():
+    cost = PairCost(target_step_s=0.040, drafter_forward_s=0.040, gamma=4)
+    assert cost.break_even_alpha() is None
+    assert "drafting cannot pay" in cost.line()
+
+
+def test_the_cost_comes_from_a_replys_timed_forwards_only():
+    stats = ReplyStats(mode="spec", target_time_s=0.5, target_timed=4, drafter_time_s=0.125, drafter_timed=16)
+    assert measured_cost(stats, 4) == PairCost(0.125, 0.0078125, 4)
+    assert measured_cost(ReplyStats(mode="spec", target_time_s=0.3, target_timed=3), 4) is None
+
+
+def test_the_start_times_the_pair_and_the_banner_says_it(tokenizer, target, unrelated_drafter_model):
+    pair = tiny_pair(tokenizer, target, unrelated_drafter_model)
+    console = Console(file=io.StringIO())
+    _, session, cost = cli.prepare(Config(), loader(pair), None, console)
+    assert cost is not None and cost.gamma == 4  # γ auto: the line is about γ 4
+    assert cost.target_step_s > 0 and cost.drafter_forward_s > 0
+    assert session.engine.target_seen == 0 and session.engine.ids == []  # the timed reply is forgotten
+    assert "\n         · expected: c " in render.banner(pair, "model", cost.line()).plain
+
+
+def test_no_drafter_no_line(tokenizer, target):
+    pair = tiny_pair(tokenizer, target, with_drafter=False)
+    config = Config(speculation=SpeculationConfig(mode="target"))
+    assert cli.prepare(config, loader(pair), None, Console(file=io.StringIO()))[2] is None
