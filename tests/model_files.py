@@ -101,12 +101,19 @@ def tiny_model(architecture: str, vocab_size: int, seed: int = 5, tied: bool = F
 
 
 def write_gguf(
-    path, model, tokenizer, chat_template: str | None = CHATML, stored: dict | None = None, architecture: str = "qwen2"
+    path,
+    model,
+    tokenizer,
+    chat_template: str | None = CHATML,
+    stored: dict | None = None,
+    architecture: str = "qwen2",
+    extra_tensors: dict | None = None,
 ):
     """A float32 GGUF of `architecture` (gpt2-style BPE vocabulary) written with the gguf package as llama.cpp's
     converter writes it: tensor names from gguf's own name map, llama's q/k rows permuted, Gemma's norms
     stored as 1 + w, no output.weight where the model ties it; `stored`: {GGUF tensor name:
-    GGMLQuantizationType} for tensors kept in blocks (Q8_0, Q5_0, ...)."""
+    GGMLQuantizationType} for tensors kept in blocks (Q8_0, Q5_0, ...); `extra_tensors`: {name: float32 values}
+    written after the model's (rope_freqs.weight)."""
     import gguf
 
     writer = gguf.GGUFWriter(str(path), architecture)
@@ -118,6 +125,8 @@ def write_gguf(
             writer.add_tensor(name, values)
         else:
             writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+    for name, values in (extra_tensors or {}).items():
+        writer.add_tensor(name, values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -172,7 +172,7 @@ def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progr
         with quick_metadata():
             tokenizer = _gguf_tokenizer(gguf)
             if slim:
-                _save_slim(gguf, tokenizer, out)
+                _save_slim(gguf, tokenizer, out, progress)
             else:
                 save_checkpoint(_gguf_model(gguf, dtype, progress), tokenizer, out)
     except (ModelLoadError, OSError, MemoryError):
@@ -255,7 +255,7 @@ def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
 
     bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
-    config = file_config(gguf)
+    config = file_config(gguf, progress)
     with quiet_transformers(), contextlib.redirect_stderr(bars):
         model, info = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent),
@@ -275,14 +275,14 @@ def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     return model.eval()
 
 
-def _save_slim(gguf: Path, tokenizer, out: Path) -> None:
+def _save_slim(gguf: Path, tokenizer, out: Path, progress: Progress | None) -> None:
     """Config, generation config, tokenizer, and slim.write_weights' tensors."""
     from transformers import GenerationConfig
 
     from specchat.loading.gguf import slim
     from specchat.loading.gguf.config import file_config
 
-    config = file_config(gguf)
+    config = file_config(gguf, progress)
     out.mkdir(parents=True)
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
