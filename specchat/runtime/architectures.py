@@ -59,7 +59,7 @@ ARCHITECTURES = {
     )
 }
 
-LEAN_RUNS = frozenset({"qkv_bias", "qk_norm"})  # runtime/lean.py's Python layer loop
+LEAN_RUNS = frozenset({"qkv_bias", "qk_norm", "sliding_window", "soft_capping", *GEMMA})  # runtime/lean.py
 COMPILED_RUNS = frozenset({"qkv_bias", "qk_norm"})  # kernels/lean_layers.cpp through runtime/lean_native.py
 
 

@@ -28,14 +28,18 @@ def batch_invariant_attention(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    softcap: float | None = None,
     **_kwargs,
 ):
-    """query [B, H, rows, D], key/value [B, KV, L, D] → ([B, rows, H, D], None)."""
+    """query [B, H, rows, D], key/value [B, KV, L, D] → ([B, rows, H, D], None). softcap: Gemma-2's soft-capping
+    of the scores, tanh(s / softcap) · softcap, before the mask (as transformers' eager attention)."""
     batch, heads, rows, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     folded = query.reshape(batch, kv_heads, groups * rows, dim)
     scores = _padded_matmul(folded, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.reshape(batch, kv_heads, groups, rows, length)
     if attention_mask is not None:
         scores = scores + attention_mask[:, :, None, :, :length]

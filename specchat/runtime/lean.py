@@ -1,4 +1,5 @@
-"""A lean decoder forward for Llama-style models (Llama, Mistral, Qwen2, Qwen3), on the transformers model's own modules.
+"""A lean decoder forward for Llama-style models (Llama, Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3), on the transformers
+model's own modules.
 
 transformers' forward builds, for every call, a cache update by concatenation, position ids, rotary
 tables and a mask, and dispatches through several Python layers per decoder layer. This forward
@@ -8,7 +9,11 @@ and instead:
   tokens, written in place; rolling back moves a length. It grows by doubling when full; the compiled
   layer loop stores it in 16 bits (KV_CACHE_TYPES);
 - rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
-- a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces;
+- a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces; a
+  sliding-window layer (Mistral, Gemma's local layers) reads only its window's keys;
+- Gemma's extras from the model's own modules and config: its norms (1 + w, the norms after attention and
+  MLP), its scaled embeddings, its attention scale, Gemma-2's soft-capped attention and final logits, and
+  Gemma-3's own rotary tables for its local layers;
 - the attention of runtime/attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once,
   and, packed as one matrix, take one kernel call;
@@ -53,6 +58,10 @@ def supports(model: nn.Module) -> str:
         return reason
     if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
         return "it is spread over several devices"
+    if model.config.get_text_config() is not model.config:
+        return f"{type(model).__name__} is more than a text decoder"
+    if getattr(model.config, "use_bidirectional_attention", False):
+        return "its attention is bidirectional"
     return ""
 
 
@@ -117,9 +126,18 @@ class LeanForward:
         config = model.config
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.scaling = self.head_dim**-0.5
+        self.scaling = getattr(self.layers[0].self_attn, "scaling", None) or self.head_dim**-0.5
+        self.windows = [_window(layer.self_attn, config) for layer in self.layers]  # keys a layer reads; None: all
+        self.rope_types = _rope_types(self.rotary, config, len(self.layers))  # per layer: its rotary table's key
+        needs = architectures.model_needs(config) or frozenset()
+        self.attention_cap = getattr(config, "attn_logit_softcapping", None) if "soft_capping" in needs else None
+        self.logit_cap = getattr(config, "final_logit_softcapping", None)
+        self.embed_scale = None  # Gemma's √hidden where the embedding module does not scale by itself
+        if "embedding_scale" in needs and not hasattr(self.embed, "embed_scale"):
+            self.embed_scale = torch.tensor(config.hidden_size**0.5).to(self._activation_dtype)
         self.device = input_device(model)
-        self._cos = self._sin = None
+        self._cos: dict[str | None, torch.Tensor] = {}
+        self._sin: dict[str | None, torch.Tensor] = {}
         self.native_reason = (
             "no compiled kernel module was given"
             if native_layers is None
@@ -163,25 +181,38 @@ class LeanForward:
         return self.embed.weight.dtype if hasattr(self.embed, "weight") else self.embed.dtype
 
     def _tables(self, capacity: int) -> None:
-        if self._cos is not None and self._cos.shape[0] >= capacity:
+        """cos and sin [capacity, head_dim] of every rotary table the layers use (Gemma-3: one for its global
+        layers, one for its local ones; else one, under None)."""
+        known = next(iter(self._cos.values()), None)
+        if known is not None and known.shape[0] >= capacity:
             return
         positions = torch.arange(capacity, device=self.device).unsqueeze(0)
         probe = torch.zeros(1, dtype=self._activation_dtype, device=self.device)
-        cos, sin = self.rotary(probe, positions)  # the model's own rotary module: the same values
-        self._cos, self._sin = cos[0], sin[0]  # [capacity, head_dim]
+        for rope_type in dict.fromkeys(self.rope_types):  # the model's own rotary module: the same values
+            cos, sin = self.rotary(probe, positions) if rope_type is None else self.rotary(probe, positions, rope_type)
+            self._cos[rope_type], self._sin[rope_type] = cos[0], sin[0]
 
-    def _causal_mask(self, start: int, fed: int) -> torch.Tensor | None:
-        """[1, 1, fed, start+fed]: row i sees keys ≤ start+i. A one-token step needs none; a square
-        table for the whole capacity would take capacity² floats (4 GB at 32k tokens)."""
+    def _first_key(self, start: int, window: int | None) -> int:
+        """The first key any of the rows fed after `start` reads: a window of N keys ends at the row's own."""
+        return 0 if window is None else max(0, start - window + 1)
+
+    def _causal_mask(self, start: int, fed: int, window: int | None = None) -> torch.Tensor | None:
+        """[1, 1, fed, start+fed-first]: row i sees keys first … start+i (a window: those after start+i-window),
+        keys from _first_key on. A one-token step needs none; a square table for the whole capacity would take
+        capacity² floats (4 GB at 32k tokens)."""
         if fed == 1:
             return None
-        blocked = torch.full(
-            (fed, start + fed),
-            torch.finfo(self._activation_dtype).min,
-            device=self.device,
-            dtype=self._activation_dtype,
-        )
-        return torch.triu(blocked, diagonal=start + 1)[None, None]
+        first = self._first_key(start, window)
+        ahead = (
+            torch.arange(first, start + fed, device=self.device)[None, :]
+            - torch.arange(start, start + fed, device=self.device)[:, None]
+        )  # key position − row position
+        blocked = ahead > 0
+        if window is not None:
+            blocked |= ahead <= -window
+        lowest = torch.finfo(self._activation_dtype).min
+        zero = torch.zeros((), dtype=self._activation_dtype, device=self.device)
+        return torch.where(blocked, lowest, zero)[None, None]
 
     # ----- the forward --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -193,7 +224,12 @@ class LeanForward:
         for piece in input_ids.split(model_io.PREFILL_CHUNK, dim=1):
             hidden = self._decode(cache, piece, keep)
             tail = hidden if tail is None else torch.cat([tail, hidden], dim=1)[:, -keep:]
-        return self.head(tail)[0] if head else tail[0]
+        if not head:
+            return tail[0]
+        logits = self.head(tail)[0]
+        if self.logit_cap is not None:  # Gemma's final soft-capping, as transformers computes it
+            logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
+        return logits
 
     def _decode(self, cache: LeanCache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
         """The decoder layers over input_ids [1, fed] after the cache, then the final norm of the last
@@ -201,20 +237,24 @@ class LeanForward:
         start, fed = cache.length, input_ids.shape[1]
         cache.make_room(start + fed)
         self._tables(cache.capacity)
-        cos, sin = self._cos[start : start + fed], self._sin[start : start + fed]  # [fed, head_dim]
+        cos = {key: table[start : start + fed] for key, table in self._cos.items()}  # [fed, head_dim] each
+        sin = {key: table[start : start + fed] for key, table in self._sin.items()}
         hidden = self.embed(input_ids)  # [1, fed, hidden]
+        if self.embed_scale is not None:
+            hidden = hidden * self.embed_scale
         native = self.native_loop()
-        if native is not None:  # causal by itself; the norm while the rows are in cache
-            hidden = native.forward_tail(hidden, cache.keys, cache.values, cos, sin, start, keep)
+        if native is not None:  # causal by itself; the norm while the rows are in cache; one rotary table (None)
+            hidden = native.forward_tail(hidden, cache.keys, cache.values, cos[None], sin[None], start, keep)
         else:
-            mask = self._causal_mask(start, fed)
+            masks = {window: self._causal_mask(start, fed, window) for window in set(self.windows)}
             for index, layer in enumerate(self.layers):
-                hidden = self._layer(layer, cache, index, hidden, cos, sin, mask, start)
+                rope, window = self.rope_types[index], self.windows[index]
+                hidden = self._layer(layer, cache, index, hidden, cos[rope], sin[rope], masks[window], start, window)
             hidden = rms_norm(self.norm, hidden[:, -keep:])
         cache.length = start + fed
         return hidden
 
-    def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int):
+    def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int, window=None):
         attention = layer.self_attn
         normed = rms_norm(layer.input_layernorm, hidden)
         fed = hidden.shape[1]
@@ -223,26 +263,35 @@ class LeanForward:
         key = _heads(key, self.kv_heads, getattr(attention, "k_norm", None))
         value = _heads(value, self.kv_heads, None)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        end = start + fed
+        end, first = start + fed, self._first_key(start, window)
         cache.keys[index][:, start:end] = key
         cache.values[index][:, start:end] = value
         out, _ = batch_invariant_attention(
             attention,
             query[None],
-            cache.keys[index][None, :, :end],
-            cache.values[index][None, :, :end],
+            cache.keys[index][None, :, first:end],
+            cache.values[index][None, :, first:end],
             mask,
             self.scaling,
+            softcap=self.attention_cap,
         )
-        hidden = hidden + attention.o_proj(out.reshape(1, fed, -1))
+        out = attention.o_proj(out.reshape(1, fed, -1))
+        sandwich = getattr(layer, "pre_feedforward_layernorm", None)  # Gemma: norms after attention and MLP too
+        if sandwich is not None:
+            out = rms_norm(layer.post_attention_layernorm, out)
+        hidden = hidden + out
         mlp = layer.mlp
-        gate, up = same_input([mlp.gate_proj, mlp.up_proj], rms_norm(layer.post_attention_layernorm, hidden))
-        return hidden + mlp.down_proj(mlp.act_fn(gate) * up)
+        normed = rms_norm(sandwich if sandwich is not None else layer.post_attention_layernorm, hidden)
+        gate, up = same_input([mlp.gate_proj, mlp.up_proj], normed)
+        out = mlp.down_proj(mlp.act_fn(gate) * up)
+        if sandwich is not None:
+            out = rms_norm(layer.post_feedforward_layernorm, out)
+        return hidden + out
 
 
 def rms_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A Llama/Qwen2 RMSNorm module's output as torch's one fused op (one dispatch, not six; per row,
-    so batch-invariant); any other norm module is called as it is."""
+    so batch-invariant); any other norm module (Gemma's 1 + w) is called as it is."""
     eps = getattr(norm, "variance_epsilon", None)
     if eps is None or x.dtype != torch.float32:
         return norm(x)
@@ -270,3 +319,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x * cos) + (rotated * sin)
+
+
+def _window(attention: nn.Module, config) -> int | None:
+    """The keys a layer's attention reads (a sliding window of N: the row's own and the N - 1 before), None: all.
+    The attention module's own where it has one (Qwen2/3, Gemma: None on full layers), else the config's
+    (Mistral's, on every layer)."""
+    if hasattr(attention, "sliding_window"):
+        return attention.sliding_window
+    return getattr(config, "sliding_window", None)
+
+
+def _rope_types(rotary: nn.Module, config, count: int) -> list[str | None]:
+    """Per layer, which of the rotary module's tables it takes: its layer type where the module keeps one a
+    type (Gemma-3: local layers have their own base), else None (one table)."""
+    types = getattr(config, "layer_types", None)
+    if types and all(hasattr(rotary, f"{layer_type}_inv_freq") for layer_type in types[:count]):
+        return list(types[:count])
+    return [None] * count

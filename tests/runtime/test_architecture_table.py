@@ -17,13 +17,14 @@ from specchat.runtime import architectures, lean
 from specchat.spec import model_io
 
 IDS = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(1)).tolist()
-LEAN = {"llama": {}, "mistral": {"sliding_window": None}, "qwen2": {}, "qwen3": {}, "qwen3 head 32": {"head_dim": 32}}
-TRANSFORMERS = {
-    "phi3": "needs fused qkv_proj and gate_up_proj,",
-    "gemma2": "needs sliding-window attention, soft-capping, 1 + w norms and 4 more,",
-    "gemma3": "needs sliding-window attention, 1 + w norms, norms after attention and MLP and 3 more,",
-    "mistral": "needs sliding-window attention,",
+LEAN = {
+    "llama": {},
+    "mistral": {"sliding_window": None},
+    "qwen2": {},
+    "qwen3": {},
+    "qwen3 head 32": {"head_dim": 32},
 }
+TRANSFORMERS = {"phi3": "needs fused qkv_proj and gate_up_proj,"}  # sliding windows, Gemma: test_gemma.py
 
 
 def built(name: str, **extra):
@@ -90,7 +91,7 @@ def test_llama3_rope_scaling_runs_on_the_lean_forward_as_on_transformers():
 
 @pytest.mark.parametrize("name, need", TRANSFORMERS.items())
 def test_other_architectures_keep_transformers_forward_and_name_what_they_need(name, need):
-    model = built(name, sliding_window=64) if name == "mistral" else built(name)
+    model = built(name)
     reason = lean.attach_lean(model)
     assert need in reason and type(model).__name__ in reason and "the lean forward lacks" in reason
     assert not hasattr(model, model_io.RUNNER) and isinstance(model_io.new_cache(model), DynamicCache)

@@ -1,0 +1,113 @@
+"""Gemma-2 and Gemma-3 (text) on the fast path: the lean forward gives transformers' logits within float rounding,
+past a sliding window of 8 keys, with each Gemma need doing its part (turned off, the logits move); greedy
+speculative == target-only through the engine."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
+from model_files import tiny_model
+from test_lean import logits_in_pieces
+
+from specchat.runtime import lean
+from specchat.spec import model_io
+
+WINDOW = 8
+IDS = torch.randint(0, 384, (48,), generator=torch.Generator().manual_seed(1)).tolist()
+LAYERS = ["sliding_attention", "full_attention", "sliding_attention"]
+# Gemma-3's global layers: their own base and a linear rope scaling (as Gemma-3 4B's), its local layers another base.
+GEMMA3_ROPE = {
+    "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+}
+SHAPES = {
+    # soft-capping low enough to bend these random weights' scores and logits; a scale other than head_dim's
+    "gemma2": {"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0},
+    "gemma3": {"rope_parameters": GEMMA3_ROPE, "final_logit_softcapping": 3.0},
+}
+
+
+def gemma(architecture: str, seed: int = 3, **shape) -> torch.nn.Module:
+    """A tiny random Gemma of 3 layers (local, global, local), a window of 8 keys, heads of 32, float32."""
+    base = {
+        "num_hidden_layers": 3,
+        "layer_types": LAYERS,
+        "sliding_window": WINDOW,
+        "head_dim": 32,
+        "query_pre_attn_scalar": 24,
+        "initializer_range": 0.2,
+    }
+    return tiny_model(architecture, 384, seed=seed, **(base | SHAPES[architecture] | shape))
+
+
+def lean_copy(model):
+    copied = copy.deepcopy(model)
+    assert lean.attach_lean(copied) == ""
+    return copied
+
+
+@torch.inference_mode()
+def transformers_logits(model, ids: list[int], rows: int) -> torch.Tensor:
+    """The last `rows` logits of transformers' forward over all of ids at once (no cache)."""
+    return model(torch.tensor([ids])).logits[0, -rows:]
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3", "mistral"])
+def test_the_lean_forward_gives_transformers_logits_past_the_sliding_window(architecture):
+    """A prompt of 20 (2.5 windows), a rejected draft, then one-token steps and verifications: every row's
+    logits within float rounding of transformers' forward over the whole sequence (transformers' own cache
+    cannot crop a window it has slid). Mistral: a window on every layer."""
+    model = (
+        tiny_model("mistral", 384, seed=3, sliding_window=WINDOW) if architecture == "mistral" else gemma(architecture)
+    )
+    ours = logits_in_pieces(lean_copy(model), IDS, 20, [1, 1, 4, 9, 13], crop_first=5)
+    theirs = transformers_logits(model, IDS, 28)
+    assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+def test_each_gemma_need_moves_the_logits(architecture):
+    """The test above can fail: the lean forward without its window, its soft-capping or Gemma-3's local rotary
+    table gives other logits; its logits with them are transformers'."""
+    model = gemma(architecture)
+    theirs = transformers_logits(model, IDS, 20)
+    broken = {
+        "no window": lambda forward: setattr(forward, "windows", [None] * len(forward.windows)),
+        "no final soft-capping": lambda forward: setattr(forward, "logit_cap", None),
+    }
+    if architecture == "gemma2":
+        broken["no attention soft-capping"] = lambda forward: setattr(forward, "attention_cap", None)
+    else:
+        broken["one rotary table"] = lambda forward: setattr(forward, "rope_types", ["full_attention"] * 3)
+    for name, breaking in broken.items():
+        copied = lean_copy(model)
+        breaking(getattr(copied, model_io.RUNNER))
+        ours = logits_in_pieces(copied, IDS, 28, [1, 4, 15])
+        assert not torch.allclose(ours, theirs, atol=1e-3, rtol=0), name
+    assert torch.allclose(logits_in_pieces(lean_copy(model), IDS, 28, [1, 4, 15]), theirs, atol=1e-4, rtol=0)
+
+
+def test_gemma3_norms_its_queries_and_keys_and_both_scale_their_embeddings():
+    """Gemma-3's q/k norms and both Gemma's embedding scale are the model's own modules': left out, the logits
+    move."""
+    for architecture in ("gemma2", "gemma3"):
+        model = gemma(architecture)
+        theirs = transformers_logits(model, IDS, 20)
+        unscaled = lean_copy(model)
+        unscaled.model.embed_tokens.embed_scale.fill_(1.0)
+        assert not torch.allclose(logits_in_pieces(unscaled, IDS, 28, [20]), theirs, atol=1e-3, rtol=0)
+    skipped = lean_copy(gemma("gemma3"))
+    for layer in skipped.model.layers:
+        del layer.self_attn.q_norm, layer.self_attn.k_norm
+    assert not torch.allclose(logits_in_pieces(skipped, IDS, 28, [20]), theirs, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+def test_greedy_speculative_equals_target_only_on_lean_gemma(tokenizer, architecture):
+    target = lean_copy(gemma(architecture))
+    drafter = noisy_head_copy(target)
+    assert lean.attach_lean(drafter) == ""
+    assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", 4)
