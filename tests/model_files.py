@@ -208,3 +208,51 @@ def later(path):
     """Date a rewrite a second later, as a real later corruption is (mtimes tick coarsely)."""
     stat = path.stat()
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+# ----- files in the block types people download (tests/loading/test_gguf_types.py) --------------------------------
+BLOCK_SCALES = {  # GGML type → (byte offsets of its fp16 scales in a block, their range): weights of about ±0.1
+    "Q4_K": ((0, 2), (1e-5, 1e-4)),  # d, dmin; w = d·sc·q − dmin·m, sc and m up to 63, q up to 15
+    "Q5_K": ((0, 2), (5e-6, 5e-5)),  # q up to 31
+    "Q6_K": ((208,), (5e-6, 2e-5)),  # d last; w = d·scale·(q − 32), int8 scales
+    "IQ4_XS": ((0,), (1e-5, 3e-5)),  # w = d·(ls − 32)·kvalue, kvalues −127 … 113
+}
+
+
+def random_blocks(kind: str, rows: int, width: int, seed: int = 0) -> np.ndarray:
+    """uint8 [rows, width/256·bytes] of `kind` blocks (a BLOCK_SCALES type gguf-py cannot quantize): random bytes,
+    small finite fp16 scales."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
+    offsets, (low, high) = BLOCK_SCALES[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, width // 256, size), dtype=np.uint8)
+    for offset in offsets:
+        scale = rng.uniform(low, high, size=(rows, width // 256, 1)).astype(np.float16)
+        raw[..., offset : offset + 2] = scale.view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write_gguf_in(path, model, tokenizer, kind: str, architecture: str = "qwen2", seed: int = 0):
+    """A GGUF whose 2-d weights (embeddings, layers, head) are all `kind` blocks (write_gguf otherwise): gguf-py's
+    own quantization of the model's weights where it has one (Q8_0, Q4_0, Q5_0, ...), else random_blocks, so that
+    the file's weights are whatever those blocks decode to. Norms and biases stay float32."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    writer = gguf.GGUFWriter(str(path), architecture)
+    _write_gguf_header(writer, model.config, architecture)
+    _write_gguf_tokenizer(writer, tokenizer, CHATML, EXTRA_TOKENS.get(architecture, ()))
+    for index, (name, values) in enumerate(_gguf_tensors(model, architecture)):
+        if values.ndim != 2:
+            writer.add_tensor(name, values)
+        elif kind in BLOCK_SCALES:
+            writer.add_tensor(name, random_blocks(kind, *values.shape, seed=seed + index), raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

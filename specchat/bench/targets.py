@@ -1,6 +1,7 @@
 """Target quantizations compared: fidelity to the float32 target and the cost of verifying.
 
-    python -m specchat.bench.targets [--config FILE] [--modes none,int8,w8a8] [--tokens 2048]
+    python -m specchat.bench.targets [--config FILE] [--modes none,int8,w8a8] [--tokens 2048] [--no-times]
+    python -m specchat.bench.targets --gguf FILE [--modes w4a8] [--tokens 512]
     python -m specchat.bench.targets --kv-cache [--tokens 4096]
 
 For each quantization of the configured target (loaded in its configured dtype) it prints:
@@ -8,6 +9,9 @@ For each quantization of the configured target (loaded in its configured dtype) 
   a fixed text of code and prose (this package's README and engine source);
 - the time of one forward of 1 token and of gamma+1 tokens after a 256-token context, and their
   ratio T(gamma+1)/T(1): what verifying a whole draft costs against one target-only step.
+With --gguf FILE (a .gguf file or bundled:NAME as the target; --modes then defaults to w4a8, and nothing is
+timed): the file's own dequantized float32 model against its w4a8 one, after a line naming the types of its
+linear layers' tensors, which the kernel holds as they are and which it requantizes (loading/gguf/blocks.py).
 With --kv-cache, instead: the configured target with its keys and values stored as float16, then bfloat16,
 against the same model storing them as float32 (runtime.kv_cache), top-1 agreement and mean KL.
 """
@@ -74,8 +78,12 @@ def forward_ms(model, ids: list[int], rows: int, repeats: int = 7) -> float:
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m specchat.bench.targets", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="model pair TOML (default: the bundled pair)")
-    parser.add_argument("--modes", default="none,int8,w8a8", help="target quantizations to compare")
+    parser.add_argument("--modes", help="target quantizations to compare (default none,int8,w8a8; with --gguf: w4a8)")
     parser.add_argument("--tokens", type=int, default=2048, help="length of the teacher-forced text")
+    parser.add_argument(
+        "--gguf", metavar="FILE", help="the target: a .gguf file or bundled:NAME, against its own dequantized weights"
+    )
+    parser.add_argument("--no-times", action="store_true", help="fidelity only: time no forward")
     parser.add_argument(
         "--kv-cache",
         action="store_true",
@@ -85,7 +93,7 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
+def compare(cfg, modes: list[str], tokens: int, say, times: bool = True) -> list[dict]:
     from specchat.loading.models import load_model
 
     reference_cfg = dataclasses.replace(cfg.target, dtype="float32", quantization="none")
@@ -98,14 +106,14 @@ def compare(cfg, modes: list[str], tokens: int, say) -> list[dict]:
     for mode in modes:
         model, _, facts = load_model(dataclasses.replace(cfg.target, quantization=mode), role="target")
         top1, kl = agreement(reference, next_token_logprobs(model, ids))
-        times = {rows: forward_ms(model, ids, rows) for rows in VERIFY_ROWS}
+        ms = {rows: forward_ms(model, ids, rows) for rows in VERIFY_ROWS} if times else None
         results.append(
             {
                 "quantization": facts.quantization,
                 "dtype": facts.dtype,
                 "top1": top1,
                 "kl": kl,
-                "ms": times,
+                "ms": ms,
                 "tokens": len(ids),
             }
         )
@@ -140,6 +148,32 @@ def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
     return results
 
 
+def gguf_types(source: str) -> str:
+    """A line on a GGUF source's linear-layer tensors: how many of each type, which the w4a8 kernel holds as they
+    are, which it requantizes (to 6-bit levels; w4a8-fast: 4)."""
+    from specchat.loading.gguf.blocks import as_stored, layer_kinds
+    from specchat.loading.sources import resolve_source
+    from specchat.quant.w4a8 import FINER_BITS
+
+    found = resolve_source(source)
+    if found.kind == "bundled":
+        from specchat.loading.assets import bundled_gguf_path
+
+        path = bundled_gguf_path(found.location)
+    elif found.kind == "gguf":
+        path = Path(found.location)
+    else:
+        raise ConfigError(f"--gguf takes a .gguf file or bundled:NAME, not {source}")
+    kinds = layer_kinds(path)
+    listed = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+    held = sorted(kind for kind in kinds if as_stored(kind, FINER_BITS))
+    other = sorted(kind for kind in kinds if not as_stored(kind, FINER_BITS))
+    return (
+        f"{found.name}: linear-layer tensors {listed}; w4a8 holds as stored: {', '.join(held) or 'none'}; "
+        f"requantizes to {FINER_BITS}-bit levels: {', '.join(other) or 'none'}"
+    )
+
+
 def quantization_modes(text: str) -> list[str]:
     """--modes' comma-separated quantizations, each checked."""
     modes = [m.strip() for m in text.split(",") if m.strip()]
@@ -150,6 +184,8 @@ def quantization_modes(text: str) -> list[str]:
 
 def _line(r: dict) -> str:
     ms = r["ms"]
+    if ms is None:
+        return f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.4f} over {r['tokens']} tokens"
     ratios = " · ".join(f"T({rows})/T(1) {ms[rows] / ms[1]:.2f}" for rows in VERIFY_ROWS[1:])
     return (
         f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.4f} · "
@@ -160,13 +196,16 @@ def _line(r: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = load_config(args.config, args.overrides)
-        modes = quantization_modes(args.modes)
+        overrides = [*args.overrides, f"target.source={args.gguf}"] if args.gguf else args.overrides
+        cfg = load_config(args.config, overrides)
+        modes = quantization_modes(args.modes or ("w4a8" if args.gguf else "none,int8,w8a8"))
         say = lambda line: print(line, flush=True)
         if args.kv_cache:
             compare_kv_caches(cfg, args.tokens, say)
         else:
-            compare(cfg, modes, args.tokens, say)
+            if args.gguf:
+                say(gguf_types(args.gguf))
+            compare(cfg, modes, args.tokens, say, times=not (args.no_times or args.gguf))
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench targets: error: {err}", file=sys.stderr)
         return 2

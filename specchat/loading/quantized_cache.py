@@ -53,10 +53,11 @@ VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\
 
 
 def _quantize_w4a8(
-    model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=None, finer_bits: int = FINER_BITS
+    model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=None, finer_bits: int = FINER_BITS, say=None
 ) -> dict[str, Q4Tiles]:
     """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
-    the model came from, that file's own Q4_K blocks bit for bit (the file's finer layers: finer_bits)."""
+    the model came from, that file's own Q4_K (and Q5_K) blocks bit for bit (the file's finer layers:
+    finer_bits); say(line): the notice naming the file's blocks requantized (gguf/blocks.py)."""
     from specchat.kernels.build import q4_kernel
 
     exact = None
@@ -64,9 +65,10 @@ def _quantize_w4a8(
         from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 
         if _weights_unloaded(model):  # a slim checkpoint (loading/gguf/slim.py): every block from the file
-            blocks = {name: Q4Tiles.from_block(block) for name, block in streamed_blocks(gguf(), model, finer_bits)}
+            streamed = streamed_blocks(gguf(), model, finer_bits, say)
+            blocks = {name: Q4Tiles.from_block(block) for name, block in streamed}
         else:
-            exact = matching_blocks(gguf(), model)
+            exact = matching_blocks(gguf(), model, finer_bits, say)
     return quantize_w4a8(model, blocks, q4_kernel(), exact, finer_bits)
 
 
@@ -124,7 +126,8 @@ def quantize_with_cache(
             notice = again or notice  # a damaged file is gone after the first read
             if blocks is None:
                 report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
-                options = {"gguf": gguf} if mode in W4A8_MODES else {}
+                say = lambda line: report(progress, f"{label}: {line}", None)
+                options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
                 _write(path, QUANTIZERS[mode](model, None, **options))
                 return notice
     report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)

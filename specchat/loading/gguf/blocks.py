@@ -1,21 +1,34 @@
-"""A GGUF file's Q4_K tensors as w4a8 blocks, bit for bit.
+"""A GGUF file's blocks as w4a8 blocks: the types the kernel holds as they are, bit for bit; the others
+requantized, said in one notice line a model.
 
 llama.cpp's Q4_K stores w = d·sc·q − dmin·m in 256-blocks of eight 32-groups (6-bit sc and m, fp16 d
 and dmin) with the very nibble layout of kernels/q4/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
-with exactly the file's weights. Each imported layer is checked against the weights the model loaded.
+with exactly the file's weights. Q5_K is the same with 5-bit q: the kernel's 6-bit levels hold it exactly.
+No other type fits the kernel's w = d·sc·level − dmin·m (one float d and dmin a 256-block, a uint8 sc and m
+a 32-group, levels of at most 7 bits) in general: Q4_0, Q5_0, Q8_0 (and Q4_1, Q5_1) give each 32-group its own
+fp16 scale, which a shared d times an integer up to 255 does not reach (two fp16 scales in a block are rarely
+integer multiples of one float, the larger at most 255 times it), and Q8_0 needs 8-bit levels; Q6_K and Q2_K/Q3_K
+scale 16-groups (two scales in one 32-group); IQ4_XS and IQ4_NL place their 16 levels non-linearly
+(−127 … 113, no common step under 8 bits). Those are dequantized as transformers dequantizes them and
+quantized to the finer levels (6 bits; 4 in w4a8-fast): their weights change, by less than the file's own
+quantization step (python -m specchat.bench.targets --gguf FILE measures what that does to the next-token
+distribution). Each imported layer is checked against the weights the model loaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from specchat.quant.w4a8 import Q4Block
+from specchat.quant.w4a8 import FINER_BITS, LEVEL_BITS, Q4Block, fitting_linears
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (fp16), 12 bytes of packed 6-bit sc/m, 128 bytes of nibbles
+Q5_K_BYTES = 176  # per 256 weights: d, dmin, 12 bytes of sc/m, 32 bytes of fifth bits, 128 bytes of nibbles
+FLOAT_KINDS = ("F32", "F16", "BF16")  # float tensors: quantized as any float model's, not requantized
 LAYERS = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -39,18 +52,63 @@ def module_name(tensor_name: str) -> str | None:
 
 def decode_q4_k(raw: torch.Tensor) -> Q4Block:
     """uint8 [rows, blocks·144] of Q4_K blocks → the Q4Block of the same weights."""
-    if raw.dim() != 2 or raw.dtype != torch.uint8 or raw.shape[1] % Q4_K_BYTES:
-        raise ValueError(f"Q4_K blocks are uint8 [rows, blocks·{Q4_K_BYTES}], got {raw.dtype} {list(raw.shape)}")
-    rows = raw.shape[0]
-    blocks = raw.reshape(rows, -1, Q4_K_BYTES)
+    rows, blocks = _blocks(raw, "Q4_K", Q4_K_BYTES)
+    d, dmin, sc, m = _k_scales(blocks)
+    return Q4Block(blocks[..., 16:].reshape(rows, -1).contiguous(), sc, m, d, dmin)
+
+
+def decode_q5_k(raw: torch.Tensor) -> Q4Block:
+    """uint8 [rows, blocks·176] of Q5_K blocks → the Q4Block of the same weights, in 6-bit levels: a level is
+    the nibble (laid out as Q4_K's) with bit 4 from the block's qh (byte i, bit g: element i of 32-group g)."""
+    rows, blocks = _blocks(raw, "Q5_K", Q5_K_BYTES)
+    d, dmin, sc, m = _k_scales(blocks)
+    low = LEVEL_BITS[4][1](blocks[..., 48:].reshape(rows, -1).contiguous())  # [rows, in/32, 32]
+    qh = blocks[..., 16:48]  # [rows, blocks, 32]
+    shifts = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
+    high = ((qh.unsqueeze(2) >> shifts) & 1).reshape(rows, -1, 32)
+    return Q4Block(LEVEL_BITS[6][0]((low | (high << 4)).contiguous()), sc, m, d, dmin)
+
+
+def _blocks(raw: torch.Tensor, kind: str, size: int) -> tuple[int, torch.Tensor]:
+    if raw.dim() != 2 or raw.dtype != torch.uint8 or raw.shape[1] % size:
+        raise ValueError(f"{kind} blocks are uint8 [rows, blocks·{size}], got {raw.dtype} {list(raw.shape)}")
+    return raw.shape[0], raw.reshape(raw.shape[0], -1, size)
+
+
+def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(d, dmin) float32 [rows, blocks] and (sc, m) uint8 [rows, in/32] of Q4_K or Q5_K blocks [rows, blocks, bytes]."""
+    rows = blocks.shape[0]
     d = blocks[..., 0:2].contiguous().view(torch.float16).float().reshape(rows, -1)
     dmin = blocks[..., 2:4].contiguous().view(torch.float16).float().reshape(rows, -1)
     s = blocks[..., 4:16].int()
     sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], dim=-1)
     m = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], dim=-1)
-    qs = blocks[..., 16:].reshape(rows, -1)
     as_bytes = lambda t: t.to(torch.uint8).reshape(rows, -1).contiguous()
-    return Q4Block(qs.contiguous(), as_bytes(sc), as_bytes(m), d.contiguous(), dmin.contiguous())
+    return d.contiguous(), dmin.contiguous(), as_bytes(sc), as_bytes(m)
+
+
+# GGML types the kernel holds as stored: (bits a level, decoder)
+AS_STORED = {"Q4_K": (4, decode_q4_k), "Q5_K": (6, decode_q5_k)}
+
+
+def as_stored(kind: str, finer_bits: int) -> bool:
+    """Whether a tensor of GGML type `kind` runs on the kernel as stored, when the layers kept finer than 4 bits
+    get `finer_bits` levels (a Q5_K layer would be 6-bit where w4a8-fast makes every layer 4-bit)."""
+    return kind in AS_STORED and AS_STORED[kind][0] <= finer_bits
+
+
+def requantized_notice(requantized: Counter, finer_bits: int) -> str | None:
+    """The notice line for {GGML type: tensors requantized}, or None when there are none."""
+    if not requantized:
+        return None
+    parts = [f"{count} {kind}" for kind, count in sorted(requantized.items())]
+    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    noun = "tensor" if sum(requantized.values()) == 1 else "tensors"
+    held = " and ".join(kind for kind in AS_STORED if as_stored(kind, finer_bits))
+    return (
+        f"{listed} {noun} requantized to {finer_bits}-bit w4a8 levels (the kernel holds {held} as is); "
+        f"fidelity: python -m specchat.bench.targets --gguf FILE"
+    )
 
 
 def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
@@ -67,17 +125,46 @@ def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
     return found
 
 
-def matching_blocks(path: str | Path, model: nn.Module) -> dict[str, Q4Block]:
-    """The GGUF's Q4_K blocks for the model's linear layers, each kept only where it decodes to the
-    weights the model holds (to within their dtype's rounding): a layer the loader reordered or changed
-    is left to be quantized from its weights."""
-    modules = dict(model.named_modules())
-    kept = {}
-    for name, block in q4_k_blocks(path).items():
-        layer = modules.get(name)
-        if isinstance(layer, nn.Linear) and _decodes_to(block, layer.weight):
-            kept[name] = block
+def layer_kinds(path: str | Path) -> Counter:
+    """{GGML type name: tensors} of the file's linear-layer weights (those module_name names; a tied head, none)."""
+    from specchat.loading.gguf.header import read_tensors
+
+    return Counter(tensor.tensor_type.name for tensor in read_tensors(Path(path))[1] if module_name(tensor.name))
+
+
+def matching_blocks(
+    path: str | Path, model: nn.Module, finer_bits: int = FINER_BITS, say: Callable[[str], None] | None = None
+) -> dict[str, Q4Block]:
+    """The GGUF's blocks of the types the kernel holds as stored (AS_STORED) for the model's linear layers, each
+    kept only where it decodes to the weights the model holds (to within their dtype's rounding): a layer the
+    loader reordered or changed is left to be quantized from its weights. say(the notice line) when the file's
+    blocks of other types (or any not kept) are requantized."""
+    from specchat.loading.gguf.header import read_tensors
+
+    layers = fitting_linears(model)
+    stored = {tensor.name: tensor for tensor in read_tensors(Path(path))[1]}
+    if "output.weight" not in stored and "token_embd.weight" in stored:  # a tied head: read from the embeddings
+        stored["output.weight"] = stored.pop("token_embd.weight")
+    kept, requantized = {}, Counter()
+    for tensor in stored.values():
+        name = module_name(tensor.name)
+        if name not in layers:
+            continue
+        kind = tensor.tensor_type.name
+        if as_stored(kind, finer_bits):
+            block = AS_STORED[kind][1](torch.from_numpy(tensor.data.copy()))
+            if _decodes_to(block, layers[name].weight):
+                kept[name] = block
+                continue
+        if kind not in FLOAT_KINDS:
+            requantized[kind] += 1
+    _say(say, requantized_notice(requantized, finer_bits))
     return kept
+
+
+def _say(say: Callable[[str], None] | None, line: str | None) -> None:
+    if say is not None and line:
+        say(line)
 
 
 def _decodes_to(block: Q4Block, weight: torch.Tensor) -> bool:
@@ -88,28 +175,46 @@ def _decodes_to(block: Q4Block, weight: torch.Tensor) -> bool:
     return bool(((block.dequantize() - w).abs() <= tolerance).all())
 
 
-def streamed_blocks(path: str | Path, model: nn.Module, finer_bits: int) -> Iterator[tuple[str, Q4Block]]:
+def streamed_blocks(
+    path: str | Path, model: nn.Module, finer_bits: int, say: Callable[[str], None] | None = None
+) -> Iterator[tuple[str, Q4Block]]:
     """(name, w4a8 block) of every linear layer of `model` the kernel takes, read from the GGUF a tensor at a
-    time (the model's own weights may be on the meta device): a Q4_K tensor the loader takes as stored is
-    used bit for bit (decode_q4_k equals gguf-py's dequantize, tests/loading/test_gguf_blocks.py), any
-    other is dequantized as transformers would and quantized to `finer_bits` levels: the rule
-    quantize_w4a8 applies with a GGUF's blocks at hand."""
-    from gguf import GGMLQuantizationType
-
+    time (the model's own weights may be on the meta device): a tensor of a type the kernel holds as stored
+    (AS_STORED) is used bit for bit (decode_q4_k and decode_q5_k equal gguf-py's dequantize,
+    tests/loading/test_gguf_blocks.py), its rows in the order transformers puts them (Llama's q and k); any
+    other is dequantized as transformers would and quantized to `finer_bits` levels: the rule quantize_w4a8
+    applies with a GGUF's blocks at hand. Once every layer is read, say(the notice line) where blocks of a
+    quantized type were requantized."""
     from specchat.loading.gguf.tensors import GGUFTensors
-    from specchat.quant.w4a8 import fitting_linears
 
     tensors = GGUFTensors(Path(path), model)
+    requantized: Counter = Counter()
     for name, layer in fitting_linears(model).items():
         weight = f"{name}.weight"
-        info = tensors.info(weight)
-        if (
-            info.tensor_type == GGMLQuantizationType.Q4_K
-            and tensors.unchanged(weight)
-            and tuple(layer.weight.shape) == (tensors.rows(weight), int(info.shape[0]))
-        ):
-            yield name, decode_q4_k(tensors.raw(weight))
-        elif tensors.unchanged(weight):  # row chunks: no float copy of a 151,936-row head
+        block = _stored_block(tensors, weight, layer, finer_bits)
+        if block is not None:
+            yield name, block
+            continue
+        kind = tensors.kind(weight)
+        if kind not in FLOAT_KINDS:
+            requantized[kind] += 1
+        if tensors.unchanged(weight):  # row chunks: no float copy of a 151,936-row head
             yield name, Q4Block.concat([Q4Block.quantize(rows, finer_bits) for rows in tensors.float_chunks(weight)])
         else:
             yield name, Q4Block.quantize(tensors.float(weight).reshape(layer.weight.shape), finer_bits)
+    _say(say, requantized_notice(requantized, finer_bits))
+
+
+def _stored_block(tensors, weight: str, layer: nn.Linear, finer_bits: int) -> Q4Block | None:
+    """The layer's block decoded from the file's own, in the model's row order; None where its type is not held
+    as stored, its shape is not the layer's, or transformers changes it beyond reordering rows."""
+    info = tensors.info(weight)
+    kind = info.tensor_type.name
+    if not as_stored(kind, finer_bits) or tuple(layer.weight.shape) != (tensors.rows(weight), int(info.shape[0])):
+        return None
+    try:
+        order = tensors.row_order(weight)
+    except ValueError:
+        return None
+    block = AS_STORED[kind][1](tensors.raw(weight))
+    return block if order is None else Q4Block(*(part[order].contiguous() for part in block.tensors()))

@@ -52,6 +52,7 @@ class GGUFTensors:
         self.tied = _tied_names(model)
         self.path = Path(gguf)
         _check_shapes(self.path, self.by_name, model)
+        _check_types(self.path, self.by_name)
 
     def info(self, name: str):
         """The GGUF tensor behind a transformers name (a tied head: the input embeddings')."""
@@ -80,6 +81,22 @@ class GGUFTensors:
 
     def rows(self, name: str) -> int:
         return self.info(name).rows
+
+    def row_order(self, name: str) -> torch.Tensor | None:
+        """Where transformers' processor only reorders a tensor's rows (Llama's q and k): the stored row each
+        row of the model's weight is, int64 [rows]; None where it takes the tensor as stored. ValueError where
+        the processor does more than reorder rows."""
+        if self.unchanged(name):
+            return None
+        tensor = self.info(name)
+        rows = np.arange(tensor.rows, dtype=np.float64).reshape(tensor.rows, 1)  # each row's own index, exactly
+        result = self.processor.process(
+            weights=rows, name=tensor.name, tensor_key_mapping=self.names, parsed_parameters=self.parsed
+        )
+        order = np.asarray(result.weights)
+        if order.shape != rows.shape or not np.array_equal(np.sort(order, axis=0), rows):
+            raise ValueError(f"transformers does more than reorder the rows of {shown(tensor.name)}")
+        return torch.from_numpy(order.reshape(-1).astype(np.int64))
 
     def float_chunks(self, name: str) -> Iterator[torch.Tensor]:
         """An unchanged 2-d tensor's float32 rows, CHUNK_ROWS at a time."""
@@ -114,6 +131,36 @@ def _check_shapes(path: Path, by_name: dict, model: nn.Module) -> None:
                 f"{path} contradicts itself: tensor {shown(tensor.name)} is {list(shape)}, but "
                 f"its own config makes {name} {list(wanted[name])}"
             )
+
+
+def _check_types(path: Path, by_name: dict) -> None:
+    """Each tensor the model takes is of a type gguf-py dequantizes (transformers reads every tensor through it):
+    else one line naming the tensor and its type, before any value is read."""
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    readable: dict = {}
+    for tensor in by_name.values():
+        kind = tensor.tensor_type
+        if kind not in readable:
+            try:
+                dequantize(np.zeros((1, GGML_QUANT_SIZES[kind][1]), dtype=np.uint8), kind)
+                readable[kind] = True
+            except NotImplementedError:
+                readable[kind] = False
+        if not readable[kind]:
+            raise ModelLoadError(
+                f"{path}: tensor {shown(tensor.name)} is stored as {kind.name}, a type gguf-py {_gguf_version()} "
+                f"cannot dequantize; use a file of another type (Q4_K_M, Q5_K_M, Q6_K, Q8_0, ...)"
+            )
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(version unknown)"
 
 
 @contextlib.contextmanager

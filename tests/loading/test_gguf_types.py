@@ -1,0 +1,212 @@
+"""The block types people download (loading/gguf/blocks.py): Q4_K and Q5_K run on the w4a8 kernel bit for bit,
+every other type is requantized to the kernel's 6-bit levels, said in one notice line a model; each loads with the
+default config, stays exact (greedy speculative == greedy target-only), and its w4a8 weights are the file's
+dequantized ones to within a 6-bit step. A type gguf-py cannot dequantize is one line, not a traceback.
+
+The files are tiny models of 256-wide rows (the K types' blocks are 256 weights): gguf-py's own quantization of
+random weights for Q8_0, Q4_0 and Q5_0, random blocks with small fp16 scales for Q4_K, Q5_K, Q6_K and IQ4_XS."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+from model_files import greedy_reply, random_blocks, tiny_model, vocab_size, write_gguf, write_gguf_in
+from tiny_models import build_tokenizer
+
+from specchat.config import ModelConfig, load_config
+from specchat.errors import ModelLoadError
+from specchat.loading import devices
+from specchat.loading.gguf.blocks import decode_q5_k, requantized_notice
+from specchat.loading.models import load_model, load_pair
+from specchat.quant.w4a8 import Q4Linear
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+AS_STORED = {"Q4_K": 4, "Q5_K": 6}  # the types the kernel holds as they are, and their levels' bits
+FAST = [("Q4_K", "qwen2"), ("Q5_K", "llama"), ("Q6_K", "qwen3"), ("Q8_0", "qwen2"), ("Q4_0", "llama")]
+FAST += [("IQ4_XS", "qwen2")]
+ALL = [
+    (kind, architecture)
+    for kind in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_XS")
+    for architecture in ("llama", "qwen2", "qwen3")
+]
+SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in ALL if case not in FAST]
+FIDELITY = "fidelity: python -m specchat.bench.targets --gguf FILE"
+WIDE = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # every row a whole number of 256-blocks
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu(monkeypatch):
+    """device = "auto" is the CPU here, whichever loading module resolves it."""
+    resolve = devices.resolve_device
+    for name in ("specchat.loading.plan", "specchat.loading.models"):
+        module = importlib.import_module(name) if importlib.util.find_spec(name) else None
+        if module is not None and hasattr(module, "resolve_device"):
+            monkeypatch.setattr(module, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def files(folder, tok, kind: str, architecture: str):
+    """(target file in `kind` blocks, float32 drafter file) of one architecture."""
+    rows = vocab_size(tok, architecture)
+    target = tiny_model(architecture, rows, seed=1, **WIDE)
+    drafter = tiny_model(architecture, rows, seed=2)
+    return (
+        write_gguf_in(folder / "target.gguf", target, tok, kind, architecture=architecture, seed=3),
+        write_gguf(folder / "drafter.gguf", drafter, tok, architecture=architecture),
+    )
+
+
+def prompt_ids(tok) -> list[int]:
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "def reverse(lst):"}], tokenize=False, add_generation_prompt=True
+    )
+    return tok.encode(text)
+
+
+def stored_tensor(path, name: str):
+    return next(tensor for tensor in GGUFReader(str(path)).tensors if tensor.name == name)
+
+
+def within_a_step(quantized: torch.Tensor, wanted: torch.Tensor, bits: int) -> bool:
+    """Each weight within one step of `bits` levels of the widest 32-group of its 256-block (half a step of
+    rounding, and the rounding of the groups' scales and offsets to 8 bits)."""
+    rows, width = wanted.shape
+    groups = wanted.reshape(rows, width // 256, 8, 32)
+    span = groups.amax(dim=3) - groups.amin(dim=3).clamp(max=0)
+    step = span.amax(dim=2, keepdim=True) / (2**bits - 1)  # [rows, blocks, 1]
+    error = (quantized - wanted).abs().reshape(rows, width // 256, 256)
+    return bool((error <= step + 1e-7).all())
+
+
+@pytest.mark.parametrize("kind, architecture", FAST + SLOW)
+def test_a_file_of_each_type_loads_with_the_default_config_and_stays_exact(tmp_path, tok, kernel, kind, architecture):
+    target, drafter = files(tmp_path, tok, kind, architecture)
+    lines = []
+    pair = load_pair(
+        load_config(None, [f"target.source={target}", f"drafter.source={drafter}"]),
+        lambda message, fraction: lines.append(message),
+    )
+    said = [line for line in lines if "requantized" in line]
+    if kind in AS_STORED:
+        assert said == []
+    else:
+        assert len(said) == 1 and said[0].startswith(f"target target: 15 {kind} tensors requantized to 6-bit w4a8")
+        assert said[0].endswith("(the kernel holds Q4_K and Q5_K as is); " + FIDELITY)
+    ids = prompt_ids(tok)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+
+    floats, _, _ = load_model(ModelConfig(source=str(target), quantization="none", dtype="float32", device="cpu"))
+    wanted = dict(floats.named_modules())
+    layers = {name: layer for name, layer in pair.target.named_modules() if isinstance(layer, Q4Linear)}
+    assert len(layers) == 15  # 7 a layer, and the head
+    for name, layer in layers.items():
+        weights = wanted[name].weight.detach()
+        if kind in AS_STORED:
+            assert layer.tiles.bits == AS_STORED[kind] and torch.equal(layer.tiles.dequantize(), weights), name
+        else:
+            assert layer.tiles.bits == 6 and within_a_step(layer.tiles.dequantize(), weights, 6), name
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_q4_0_and_q8_0_files_load_unquantized_from_their_full_conversion(tmp_path, tok, kind):
+    target, drafter = files(tmp_path, tok, kind, "qwen2")
+    pair = load_pair(
+        load_config(None, [f"target.source={target}", f"drafter.source={drafter}", "target.quantization=none"])
+    )
+    stored = stored_tensor(target, "blk.0.ffn_down.weight")
+    weights = torch.from_numpy(dequantize(stored.data, stored.tensor_type).astype(np.float32))
+    assert torch.equal(pair.target.model.layers[0].mlp.down_proj.weight.float(), weights.to(pair.target.dtype).float())
+    ids = prompt_ids(tok)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+
+
+@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K"])
+def test_the_full_conversion_path_takes_q5_k_as_stored_and_says_what_it_requantized(
+    tmp_path, tok, kernel, monkeypatch, kind
+):
+    """An architecture that does not stream (here: as if) is converted in full; its w4a8 layers still take the
+    file's Q5_K blocks bit for bit, and requantize Q6_K with one notice."""
+    from specchat.loading.gguf import tensors
+
+    monkeypatch.setattr(tensors, "streamable", lambda gguf: False)
+    target, drafter = files(tmp_path, tok, kind, "qwen2")
+    lines = []
+    pair = load_pair(
+        load_config(None, [f"target.source={target}", f"drafter.source={drafter}"]),
+        lambda message, fraction: lines.append(message),
+    )
+    said = [line for line in lines if "requantized" in line]
+    down = pair.target.model.layers[0].mlp.down_proj
+    assert isinstance(down, Q4Linear) and down.tiles.bits == 6
+    if kind == "Q5_K":
+        stored = stored_tensor(target, "blk.0.ffn_down.weight")
+        assert said == [] and torch.equal(
+            down.tiles.to_block().qs, decode_q5_k(torch.from_numpy(np.array(stored.data))).qs
+        )
+    else:
+        assert len(said) == 1 and said[0].startswith("target target: 15 Q6_K tensors requantized to 6-bit w4a8 levels")
+
+
+def test_decoded_q5_k_blocks_give_gguf_pys_own_weights():
+    raw = random_blocks("Q5_K", 6, 512, seed=4)
+    expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q5_K).astype(np.float32))
+    block = decode_q5_k(torch.from_numpy(raw))
+    assert block.bits == 6 and block.d.shape == (6, 2) and int(block.sc.max()) <= 63
+    assert torch.equal(block.dequantize(), expected)
+
+
+def test_a_type_gguf_py_cannot_dequantize_is_one_line(tmp_path, tok):
+    import gguf
+
+    model = tiny_model("qwen2", vocab_size(tok), seed=1, **WIDE)
+    path = tmp_path / "q8_1.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    from model_files import _gguf_tensors, _write_gguf_header, _write_gguf_tokenizer
+    from tiny_models import CHATML
+
+    _write_gguf_header(writer, model.config)
+    _write_gguf_tokenizer(writer, tok, CHATML)
+    for name, values in _gguf_tensors(model, "qwen2"):
+        if name == "blk.0.ffn_up.weight":
+            raw = np.zeros((values.shape[0], values.shape[1] // 32 * 40), dtype=np.uint8)
+            writer.add_tensor(name, raw, raw_dtype=GGMLQuantizationType.Q8_1)
+        else:
+            writer.add_tensor(name, values)
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    for quantization in ("w4a8", "none"):
+        with pytest.raises(ModelLoadError) as caught:
+            load_model(ModelConfig(source=str(path), quantization=quantization, dtype="float32", device="cpu"))
+        message = str(caught.value)
+        assert "\n" not in message and "Q8_1" in message, message
+        assert "cannot dequantize" in message or "not yet implemented" in message, message
+
+
+def test_the_notice_names_each_type_and_its_count():
+    from collections import Counter
+
+    assert requantized_notice(Counter(), 6) is None
+    assert requantized_notice(Counter({"Q8_0": 169, "Q6_K": 28}), 6) == (
+        "28 Q6_K and 169 Q8_0 tensors requantized to 6-bit w4a8 levels (the kernel holds Q4_K and Q5_K as is); "
+        "fidelity: python -m specchat.bench.targets --gguf FILE"
+    )
+    assert requantized_notice(Counter({"Q5_K": 1}), 4).startswith(
+        "1 Q5_K tensor requantized to 4-bit w4a8 levels (the kernel holds Q4_K as is)"
+    )
