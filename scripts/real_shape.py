@@ -1,0 +1,325 @@
+"""The Python half of scripts/real_shape.sh: random-weight checkpoints at real shapes, specchat's own
+timings on a GGUF file, llama-bench's JSON read back, and the table that puts them side by side.
+
+    python scripts/real_shape.py build --shape llama-1b|qwen3-1.7b|tiny-llama|tiny-qwen3 --out DIR
+    python scripts/real_shape.py specchat --gguf FILE --threads 2 --tokens 64 --repeats 3 --json OUT
+    python scripts/real_shape.py table RESULTS.jsonl
+
+`build` writes an HF checkpoint (bfloat16, random normal weights, std 0.02, norms 1) with the bundled
+pair's Qwen tokenizer (the one specchat reads from the bundled drafter's GGUF), for llama.cpp's own
+convert_hf_to_gguf.py. `specchat` loads the file as the chat would (`target.source=FILE`, the default
+config otherwise, no drafter), then times target-only decode through the engine (greedy, no stop token,
+prefill left out) and T(1), T(5): one target forward over 1 or 5 new tokens after a CONTEXT-token context
+(the prompt llama-bench's pp tests read at depth CONTEXT too), medians of REPEATS×5 forwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+STD = 0.02
+# name: (architecture, config keywords); vocab_size is the tokenizer's
+SHAPES = {
+    "llama-1b": (  # Llama-3.2-1B
+        "llama",
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=8192,
+            rope_theta=500000.0,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+        ),
+    ),
+    "qwen3-1.7b": (  # Qwen3-1.7B
+        "qwen3",
+        dict(
+            hidden_size=2048,
+            num_hidden_layers=28,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=128,
+            intermediate_size=6144,
+            rope_theta=1000000.0,
+            max_position_embeddings=40960,
+            rms_norm_eps=1e-6,
+        ),
+    ),
+    "tiny-llama": (
+        "llama",
+        dict(
+            hidden_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1024,
+            rope_theta=500000.0,
+            max_position_embeddings=4096,
+        ),
+    ),
+    "tiny-qwen3": (
+        "qwen3",
+        dict(
+            hidden_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            intermediate_size=1024,
+            rope_theta=1000000.0,
+            max_position_embeddings=4096,
+        ),
+    ),
+}
+BUNDLED_TOKENIZER = "qwen2.5-coder-0.5b-instruct"  # the bundled drafter's GGUF holds the pair's tokenizer
+CONTEXT = 32  # tokens in the cache before T(n) is taken (llama-bench -d CONTEXT for its pp tests)
+WIDTHS = (1, 5)
+
+
+def qwen_tokenizer(cache: Path):
+    """The bundled pair's Qwen tokenizer, saved once under `cache` (read from the bundled drafter's GGUF)."""
+    from transformers import AutoTokenizer
+
+    if (cache / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(str(cache))
+    from specchat.loading.assets import bundled_gguf_path
+
+    gguf = bundled_gguf_path(BUNDLED_TOKENIZER)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    tokenizer.save_pretrained(str(cache))
+    return AutoTokenizer.from_pretrained(str(cache))
+
+
+def build(shape: str, out: Path, tokenizer_cache: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        print(f"{out}: already built")
+        return
+    architecture, keywords = SHAPES[shape]
+    tokenizer = qwen_tokenizer(tokenizer_cache)
+    config_class, model_class = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[architecture]
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = config_class(
+        vocab_size=len(tokenizer),
+        tie_word_embeddings=True,
+        initializer_range=STD,
+        bos_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        **keywords,
+    )
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)  # the 1.7B shape never exists in float32 (7 GB)
+    model = model_class(config).eval()
+    with torch.no_grad():  # transformers' own init leaves some tensors empty where it skips: set them all
+        for name, tensor in model.named_parameters():
+            if name.endswith("norm.weight"):
+                tensor.fill_(1.0)
+            else:
+                tensor.normal_(0.0, STD)
+    params = sum(p.numel() for p in model.parameters())
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    print(f"{out}: {shape} ({architecture}), {params / 1e9:.2f}B parameters, vocab {len(tokenizer)}")
+
+
+def measure_specchat(gguf: Path, threads: int, tokens: int, repeats: int, context: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    from specchat.config import SamplingConfig, SpeculationConfig, load_config
+    from specchat.kernels.build import running_path
+    from specchat.loading.models import load_pair
+    from specchat.progress import to_stderr
+    from specchat.spec import model_io
+    from specchat.spec.engine import Engine, run_to_end
+
+    cfg = load_config(None, [f"target.source={gguf}", "drafter.source=", "speculation.mode=target"])
+    started = time.perf_counter()
+    pair = load_pair(cfg, to_stderr())
+    load_s = time.perf_counter() - started
+    facts = pair.target_facts
+    engine = Engine(pair.target, pair.tokenizer, None, eos_ids=(), vocab_size=pair.vocab_size, probs=pair.probs)
+    prompt = pair.tokenizer.encode("def reverse(lst):\n    return lst[::-1]\n" * 8)[:context]
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=tokens)
+    speculation = SpeculationConfig(gamma=0, mode="target")
+
+    def reply():
+        engine.reset()
+        return run_to_end(engine.steps(prompt, sampling, speculation)).stats
+
+    reply()  # warm-up: compiled paths, first-touch of the weights
+    decode = []
+    for _ in range(repeats):
+        stats = reply()
+        # forwards after the prompt's: new_tokens - 1 of them (the first token comes with the prompt's logits)
+        decode.append(stats.new_tokens / stats.generation_s)
+    times = {}
+    with torch.inference_mode():
+        cache = model_io.new_cache(pair.target)
+        model_io.forward(pair.target, cache, prompt, keep=1)
+        device = model_io.input_device(pair.target)
+        for width in WIDTHS * 2:  # the first round warms each width up
+            ids = torch.tensor([prompt[:width]], dtype=torch.long, device=device)
+            runs = []
+            for _ in range(repeats * 5):
+                start = time.perf_counter()
+                model_io.forward_tensor(pair.target, cache, ids, keep=width)
+                runs.append(time.perf_counter() - start)
+                model_io.crop_to(cache, len(prompt))
+            times[width] = statistics.median(runs)
+    return {
+        "file": gguf.name,
+        "tool": "specchat",
+        "decode_tok_s": statistics.median(decode),
+        "decode_runs": decode,
+        "t1_ms": times[1] * 1e3,
+        "t5_ms": times[5] * 1e3,
+        "t5_over_t1": times[5] / times[1],
+        "quantization": facts.quantization,
+        "dtype": str(facts.dtype),
+        "kernel": running_path() or getattr(facts, "kernel", "") or "—",
+        "threads": torch.get_num_threads(),
+        "load_s": load_s,
+        "context": len(prompt),
+    }
+
+
+def llama_bench_rows(path: Path, file_name: str, context: int) -> dict:
+    """llama-bench's JSON (-o json) of one file: tg tok/s, T(1) and T(5) from its pp tests."""
+    rows = json.loads(path.read_text())
+    result = {"file": file_name, "tool": "llama.cpp"}
+    for row in rows:
+        n_prompt, n_gen, ts = row["n_prompt"], row["n_gen"], row["avg_ts"]
+        if n_gen and not n_prompt:
+            result["tg_tok_s"] = ts
+            result["tg_runs"] = row.get("samples_ts")
+        elif n_prompt in WIDTHS and not n_gen:
+            result[f"t{n_prompt}_ms"] = n_prompt / ts * 1e3
+        result.setdefault("build", f"{row.get('build_commit', '?')} ({row.get('build_number', '?')})")
+        result.setdefault("backend", row.get("backends", ""))
+        result.setdefault("cpu", row.get("cpu_info", ""))
+        result.setdefault("threads", row.get("n_threads"))
+    if "t1_ms" in result and "t5_ms" in result:
+        result["t5_over_t1"] = result["t5_ms"] / result["t1_ms"]
+    result["depth"] = context
+    return result
+
+
+def cpu_name() -> str:
+    try:
+        for line in os.popen("lscpu").read().splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def table(results: Path) -> str:
+    """One row per file: each tool's medians over the rounds, and the ratios."""
+    entries = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    files = list(dict.fromkeys(e["file"] for e in entries))
+    kernels = sorted({e["kernel"] for e in entries if e["tool"] == "specchat" and "kernel" in e})
+    threads = sorted({str(e.get("threads")) for e in entries})
+    lines = [
+        f"CPU: {cpu_name()} · specchat kernel path: {', '.join(kernels) or '—'} · threads {', '.join(threads)} · "
+        f"{len(entries) // max(1, 2 * len(files))} round(s), medians",
+        "",
+        "| file | llama.cpp tg tok/s | specchat tok/s | ratio | llama.cpp T(1) ms | specchat T(1) ms "
+        "| llama.cpp T(5)/T(1) | specchat T(5)/T(1) | specchat quantization |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def med(file, tool, key):
+        values = [e[key] for e in entries if e["file"] == file and e["tool"] == tool and e.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    def show(value, spec=".2f"):
+        return "—" if value is None else format(value, spec)
+
+    for file in files:
+        tg, ours = med(file, "llama.cpp", "tg_tok_s"), med(file, "specchat", "decode_tok_s")
+        ratio = ours / tg if tg and ours else None
+        quantization = next(
+            (
+                e["quantization"]
+                for e in entries
+                if e["file"] == file and e["tool"] == "specchat" and "quantization" in e
+            ),
+            "failed",
+        )
+        lines.append(
+            f"| {file} | {show(tg, '.1f')} | {show(ours, '.1f')} | {show(ratio)} | "
+            f"{show(med(file, 'llama.cpp', 't1_ms'), '.1f')} | {show(med(file, 'specchat', 't1_ms'), '.1f')} | "
+            f"{show(med(file, 'llama.cpp', 't5_over_t1'))} | {show(med(file, 'specchat', 't5_over_t1'))} | "
+            f"{quantization} |"
+        )
+    for error in dict.fromkeys(f"{e['file']}: {e['error']}" for e in entries if "error" in e):
+        lines.append(f"specchat failed on {error}")
+    build = next((e["build"] for e in entries if e["tool"] == "llama.cpp"), "?")
+    lines += ["", f"llama.cpp build {build}; goal (issue 52): ratio ≥ 1.0 and specchat T(5)/T(1) ≤ 1.4"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="a random-weight HF checkpoint")
+    b.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--tokenizer-cache", type=Path, required=True, help="where the Qwen tokenizer is kept")
+    s = sub.add_parser("specchat", help="specchat's decode tok/s, T(1) and T(5) on a GGUF file")
+    s.add_argument("--gguf", type=Path, required=True)
+    s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--tokens", type=int, default=64)
+    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--context", type=int, default=CONTEXT)
+    s.add_argument("--json", type=Path, required=True, help="JSON-lines file the result is appended to")
+    lb = sub.add_parser("llama-bench", help="append llama-bench's JSON of one file to the results")
+    lb.add_argument("--bench-json", type=Path, required=True)
+    lb.add_argument("--file", required=True)
+    lb.add_argument("--context", type=int, default=CONTEXT)
+    lb.add_argument("--json", type=Path, required=True)
+    t = sub.add_parser("table", help="the side-by-side table of a results file")
+    t.add_argument("results", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.shape, args.out, args.tokenizer_cache)
+        return 0
+    if args.command == "table":
+        print(table(args.results))
+        return 0
+    if args.command == "specchat":
+        try:
+            row = measure_specchat(args.gguf, args.threads, args.tokens, args.repeats, args.context)
+        except Exception as err:  # a file specchat cannot load: kept in the results, shown in the table
+            row = {"file": args.gguf.name, "tool": "specchat", "error": f"{type(err).__name__}: {err}"}
+            traceback.print_exc()
+    else:
+        row = llama_bench_rows(args.bench_json, args.file, args.context)
+    with args.json.open("a") as out:
+        out.write(json.dumps(row) + "\n")
+    shown = {k: v for k, v in row.items() if not k.endswith("_runs")}
+    print(json.dumps(shown))
+    return 1 if "error" in row else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
