@@ -39,11 +39,13 @@ from specchat.loading.devices import dtype_name
 from specchat.progress import Progress
 
 META = "specchat.json"
+CONVERSION = 2  # in the folder's name; one more when a conversion's output changes (2: Llama-3 rope scaling)
 
 
 def converted_dir(sha256: str, dtype: torch.dtype, slim: bool = False) -> Path:
     """A full conversion (every weight in `dtype`), or a slim one (loading/gguf/slim.py: the w4a8 modes)."""
-    return cache_dir() / "converted" / f"{sha256[:16]}-{dtype_name(dtype)}{'-slim' if slim else ''}"
+    name = f"{sha256[:16]}-c{CONVERSION}-{dtype_name(dtype)}{'-slim' if slim else ''}"
+    return cache_dir() / "converted" / name
 
 
 def read_meta(directory: Path) -> dict:
