@@ -59,8 +59,9 @@ ARCHITECTURES = {
     )
 }
 
-LEAN_RUNS = frozenset({"qkv_bias", "qk_norm", "sliding_window", "soft_capping", *GEMMA})  # runtime/lean.py
-COMPILED_RUNS = frozenset({"qkv_bias", "qk_norm"})  # kernels/lean_layers.cpp through runtime/lean_native.py
+# runtime/lean.py's Python loop; fused_projections (Phi-3) through runtime/fused.py in both loops
+LEAN_RUNS = frozenset({"qkv_bias", "qk_norm", "fused_projections", "sliding_window", "soft_capping", *GEMMA})
+COMPILED_RUNS = frozenset({"qkv_bias", "qk_norm", "fused_projections"})  # kernels/lean_layers.cpp via lean_native.py
 
 
 def model_needs(config) -> frozenset[str] | None:

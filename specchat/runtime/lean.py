@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from specchat.quant import w4a8, w8a8
-from specchat.runtime import architectures, lean_native
+from specchat.runtime import architectures, fused, lean_native, rope
 from specchat.runtime.attention import batch_invariant_attention
 from specchat.spec import model_io
 from specchat.spec.model_io import RUNNER, input_device
@@ -189,7 +189,7 @@ class LeanForward:
         positions = torch.arange(capacity, device=self.device).unsqueeze(0)
         probe = torch.zeros(1, dtype=self._activation_dtype, device=self.device)
         for rope_type in dict.fromkeys(self.rope_types):  # the model's own rotary module: the same values
-            cos, sin = self.rotary(probe, positions) if rope_type is None else self.rotary(probe, positions, rope_type)
+            cos, sin = rope.tables(self.rotary, probe, positions, rope_type)  # LongRoPE: per position
             self._cos[rope_type], self._sin[rope_type] = cos[0], sin[0]
 
     def _first_key(self, start: int, window: int | None) -> int:
@@ -258,7 +258,8 @@ class LeanForward:
         attention = layer.self_attn
         normed = rms_norm(layer.input_layernorm, hidden)
         fed = hidden.shape[1]
-        query, key, value = same_input([attention.q_proj, attention.k_proj, attention.v_proj], normed)
+        widths = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        query, key, value = fused.parts(same_input(fused.qkv_layers(attention), normed), widths)  # Phi-3: one qkv_proj
         query = _heads(query, self.heads, getattr(attention, "q_norm", None))  # [heads, fed, head_dim]
         key = _heads(key, self.kv_heads, getattr(attention, "k_norm", None))
         value = _heads(value, self.kv_heads, None)
@@ -282,8 +283,8 @@ class LeanForward:
         hidden = hidden + out
         mlp = layer.mlp
         normed = rms_norm(sandwich if sandwich is not None else layer.post_attention_layernorm, hidden)
-        gate, up = same_input([mlp.gate_proj, mlp.up_proj], normed)
-        out = mlp.down_proj(mlp.act_fn(gate) * up)
+        gate, up = fused.parts(same_input(fused.gate_up_layers(mlp), normed), [fused.gate_width(mlp)] * 2)
+        out = mlp.down_proj(fused.activation(mlp)(gate) * up)
         if sandwich is not None:
             out = rms_norm(layer.post_feedforward_layernorm, out)
         return hidden + out

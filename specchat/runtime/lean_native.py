@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from specchat.quant.w4a8 import TILE_ROWS, Q4Linear, whole_group
-from specchat.runtime import architectures
+from specchat.runtime import architectures, fused
 
 ACTIVATIONS = ("silu",)
 
@@ -34,20 +34,12 @@ def unsupported(layers: list[nn.Module], norm: nn.Module, config, dtype: torch.d
         return "its head size is not a multiple of 16, or its widths not of 8"
     for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
-        linears = [
-            attention.q_proj,
-            attention.k_proj,
-            attention.v_proj,
-            attention.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        ]
+        linears = [*fused.qkv_layers(attention), attention.o_proj, *fused.gate_up_layers(mlp), mlp.down_proj]
         if not all(isinstance(linear, Q4Linear) for linear in linears):
             return "not every linear layer is w4a8"
         if any(linear.out_features % TILE_ROWS for linear in linears):
             return f"a layer's width is not a multiple of {TILE_ROWS}"
-        if mlp.gate_proj.out_features != mlp.up_proj.out_features:
+        if sum(linear.out_features for linear in fused.gate_up_layers(mlp)) != 2 * fused.gate_width(mlp):
             return "its gate and up projections differ in width"
         if len(_head_norms(attention)) == 1:
             return "it norms the heads of only one of query and key"
@@ -70,8 +62,7 @@ def build(
     native = layer_type(heads, kv_heads, head_dim, scaling)
     for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
-        qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
-        gate_up = [mlp.gate_proj, mlp.up_proj]
+        qkv, gate_up = fused.qkv_layers(attention), fused.gate_up_layers(mlp)  # Phi-3: one layer each
         native.add_layer(
             layer.input_layernorm.weight,
             layer.post_attention_layernorm.weight,
@@ -82,7 +73,7 @@ def build(
             _bias([attention.o_proj]),
             _parts(gate_up),
             _bias(gate_up),
-            mlp.gate_proj.out_features,
+            fused.gate_width(mlp),
             list(mlp.down_proj.tiles.tensors()),
             _bias([mlp.down_proj]),
         )

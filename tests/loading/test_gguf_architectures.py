@@ -92,9 +92,7 @@ def test_a_tied_w4a8_head_is_the_file_embeddings_quantized(tmp_path, tok, kernel
     assert (quantized - wanted).abs().max() < 0.1 * wanted.abs().max()
 
 
-@pytest.mark.parametrize(
-    "architecture, tied, need", [("phi3", False, "fused qkv_proj"), ("gemma2", True, "sliding-window attention")]
-)
+@pytest.mark.parametrize("architecture, tied, need", [("gemma2", True, "sliding-window attention")])
 def test_an_architecture_the_lean_forward_lacks_runs_on_transformers_with_one_notice_line(
     tmp_path, tok, kernel, recwarn, architecture, tied, need
 ):

@@ -23,13 +23,15 @@ LEAN = {
     "qwen2": {},
     "qwen3": {},
     "qwen3 head 32": {"head_dim": 32},
+    "phi3": {},
 }
-TRANSFORMERS = {"phi3": "needs fused qkv_proj and gate_up_proj,"}  # sliding windows, Gemma: test_gemma.py
+TRANSFORMERS = {"phi3 rotary 0.5": "needs rotary over part of a head,"}  # sliding windows, Gemma: test_gemma.py
+SHAPES = LEAN | {"phi3 rotary 0.5": {"partial_rotary_factor": 0.5}}  # Phi-4-mini's is 0.75
 
 
 def built(name: str, **extra):
     architecture = name.split()[0]
-    shape = (LEAN.get(name) or {}) | extra
+    shape = (SHAPES.get(name) or {}) | extra
     return tiny_model(architecture, 384, seed=3, **shape)
 
 
