@@ -41,10 +41,12 @@ BENCH_ARGS ?=
 bench: install-models $(VENV)/.installed-bench
 	$(PY) -m specchat.bench $(BENCH_ARGS)
 
-# Lint and format (pyproject.toml's [tool.ruff]); `ruff format .` writes the format it checks.
+# Lint and format (pyproject.toml's [tool.ruff]); `ruff format .` writes the format it checks. mypy: strict on
+# spec/, config.py and api.py (pyproject.toml's [tool.mypy]).
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The layers and the no-circle rule of pyproject.toml's [tool.importlinter]
 lint-imports: install-test

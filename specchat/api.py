@@ -10,18 +10,24 @@ so the output, the provenance of every token and the statistics are exactly what
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specchat.config import AUTO, GAMMA_MAX, RANDOM, Config, Gamma, SamplingConfig, SpeculationConfig, problem
+from specchat.config import AUTO, GAMMA_MAX, RANDOM, Auto, Config, Gamma, SamplingConfig, SpeculationConfig, problem
+from specchat.spec.detok import Tokenizer
 from specchat.spec.engine import Engine, Models
 from specchat.spec.events import Event, ReplyDone, Token
 from specchat.spec.metrics import ReplyStats
+from specchat.spec.model_io import Model
+
+if TYPE_CHECKING:
+    from specchat.loading.models import LoadedPair
 
 DEFAULT_MAX_NEW_TOKENS = 128
+PromptIds = Sequence[int] | torch.Tensor  # token ids, or a 1-D or [1, n] tensor of them
 
 
 @dataclass(frozen=True)
@@ -46,17 +52,17 @@ class Generation:
 
 
 def speculative_generate(
-    input_ids,
-    drafter,
-    target,
-    tokenizer=None,
+    input_ids: PromptIds,
+    drafter: Model | None,
+    target: Model,
+    tokenizer: Tokenizer | None = None,
     *,
     gamma: int | str = 4,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    eos_token_ids=None,
+    eos_token_ids: int | Iterable[int] | None = None,
     seed: int | None = 0,
     drafter_vocab: int = 0,
 ) -> Generation:
@@ -88,15 +94,15 @@ def speculative_generate(
 
 
 def autoregressive_generate(
-    input_ids,
-    target,
-    tokenizer=None,
+    input_ids: PromptIds,
+    target: Model,
+    tokenizer: Tokenizer | None = None,
     *,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    eos_token_ids=None,
+    eos_token_ids: int | Iterable[int] | None = None,
     seed: int | None = 0,
 ) -> Generation:
     """The target alone, one token per forward, through the same engine: the reference that
@@ -120,17 +126,17 @@ def autoregressive_generate(
 
 
 def stream(
-    input_ids,
-    drafter,
-    target,
-    tokenizer=None,
+    input_ids: PromptIds,
+    drafter: Model | None,
+    target: Model,
+    tokenizer: Tokenizer | None = None,
     *,
     gamma: int | str = 4,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    eos_token_ids=None,
+    eos_token_ids: int | Iterable[int] | None = None,
     seed: int | None = 0,
     drafter_vocab: int = 0,
 ) -> Iterator[Event]:
@@ -148,7 +154,7 @@ def stream(
     return engine.stream(ids, sampling, speculation)
 
 
-def load_pair(config: str | None = None, **overrides: Any):
+def load_pair(config: str | None = None, **overrides: Any) -> LoadedPair:
     """The chat's loader: the bundled pair by default, or a pair config TOML, with any config key
     overridden, e.g. load_pair(**{"target.dtype": "float32"}). Returns a LoadedPair whose
     .drafter, .target and .tokenizer the functions above take."""
@@ -162,7 +168,7 @@ def load_pair(config: str | None = None, **overrides: Any):
 
 
 # ----- arguments, checked once, one clear message each --------------------------------------------
-def _prompt_ids(input_ids) -> list[int]:
+def _prompt_ids(input_ids: PromptIds) -> list[int]:
     if isinstance(input_ids, torch.Tensor):
         if input_ids.dim() == 2 and input_ids.shape[0] == 1:
             input_ids = input_ids[0]
@@ -179,7 +185,7 @@ def _prompt_ids(input_ids) -> list[int]:
     return ids
 
 
-def _sampling(temperature, top_k, top_p, max_new_tokens, seed) -> SamplingConfig:
+def _sampling(temperature: float, top_k: int, top_p: float, max_new_tokens: int, seed: int | None) -> SamplingConfig:
     if not temperature >= 0:
         raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {temperature}")
     if not 0 < top_p <= 1:
@@ -197,23 +203,26 @@ def _sampling(temperature, top_k, top_p, max_new_tokens, seed) -> SamplingConfig
     )
 
 
-def _gamma(gamma, drafter) -> Gamma:
+def _gamma(gamma: int | str | Auto, drafter: Model | None) -> Gamma:
     """The config's gamma for the API's argument: 0-16, "auto" or AUTO; checked by the config's own validator."""
     if drafter is None:
         return 0
     value = AUTO if gamma == "auto" else gamma
-    if problem("speculation.gamma", value):  # the API's own words: auto is the Python string there
+    # the API's own words: auto is the Python string there (any other string fits no gamma)
+    if isinstance(value, str) or problem("speculation.gamma", value):
         raise ValueError(f"gamma must be an integer from 0 to {GAMMA_MAX} or 'auto', got {gamma!r}")
     return value
 
 
-def _non_negative(name: str, value) -> int:
+def _non_negative(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer ≥ 0 (0 = off), got {value!r}")
     return value
 
 
-def _engine(drafter, target, tokenizer, eos_token_ids) -> Engine:
+def _engine(
+    drafter: Model | None, target: Model, tokenizer: Tokenizer | None, eos_token_ids: int | Iterable[int] | None
+) -> Engine:
     """An Engine with fresh caches on the caller's models. Models from load_pair run specchat's lean
     forward; other models run transformers' own (the caller's model objects are left as they are)."""
     from specchat.loading.tokenizer_check import output_width
@@ -228,7 +237,7 @@ def _engine(drafter, target, tokenizer, eos_token_ids) -> Engine:
     return Engine.for_pair(Models(target, drafter, text, _eos_ids(eos_token_ids, tokenizer, target), vocab_size))
 
 
-def _eos_ids(eos_token_ids, tokenizer, target) -> set[int]:
+def _eos_ids(eos_token_ids: int | Iterable[int] | None, tokenizer: Tokenizer | None, target: Model) -> set[int]:
     if eos_token_ids is not None:
         given = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids)
         return {int(i) for i in given}
@@ -241,18 +250,18 @@ def _eos_ids(eos_token_ids, tokenizer, target) -> set[int]:
 class _NoText:
     """Stands in for a tokenizer when none is given: every token's text is ''."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int) -> None:
         self.size = size
 
     def __len__(self) -> int:
         return self.size
 
-    def decode(self, ids, **_kwargs) -> str:
+    def decode(self, ids: list[int], **_kwargs: Any) -> str:
         return ""
 
 
-def _collect(events: Iterator[Event], tokenizer) -> Generation:
-    tokens = []
+def _collect(events: Iterator[Event], tokenizer: Tokenizer | None) -> Generation:
+    tokens: list[Token] = []
     for event in events:
         if isinstance(event, Token):
             tokens.append(event)

@@ -9,13 +9,15 @@ import dataclasses
 import difflib
 import random
 import re
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -76,7 +78,7 @@ class ModelConfig:
     quantization: str = "none"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     device_map: str = ""  # "" (one device) or "auto" (spread over GPUs via accelerate)
-    max_memory: dict = field(default_factory=dict)  # e.g. {0 = "20GiB", 1 = "20GiB"}
+    max_memory: dict[str, Any] = field(default_factory=dict)  # e.g. {0 = "20GiB", 1 = "20GiB"}: sizes or bytes
     trust_remote_code: bool = False
     revision: str = ""
     backend: str = "lean"  # lean | transformers (the lean forward falls back to it by itself)
@@ -105,7 +107,7 @@ class SpeculationConfig:
     gamma: Gamma = 4  # drafted tokens per step; 0 = target-only; AUTO = the policy plans each step
     mode: str = "spec"  # spec | target | drafter
     compare: str = "off"  # off | on | drafter
-    extra_eos: tuple = ()  # extra stop strings (each must be a single token)
+    extra_eos: tuple[str, ...] = ()  # extra stop strings (each must be a single token)
     drafter_vocab: int = 0  # drafter proposes only ids below this (0 = its whole vocabulary); still exact
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
     prompt_lookup: bool = False  # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
@@ -158,11 +160,14 @@ def drafter_needed(has_drafter: bool, mode: str, compare: str = "off", drafter: 
     return None
 
 
-def _one_of(allowed):
+Validator = Callable[[Any], str | None]  # a value -> what it must be, or None where it fits
+
+
+def _one_of(allowed: tuple[str, ...]) -> Validator:
     return lambda v: None if v in allowed else f"one of {', '.join(allowed)}"
 
 
-def _int_range(lo, hi):
+def _int_range(lo: int, hi: int) -> Validator:
     return lambda v: None if lo <= v <= hi else f"an integer from {lo} to {hi}"
 
 
@@ -172,16 +177,16 @@ def undecodable_at(text: str) -> int | None:
     return next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
 
 
-def _check_text(v: str):
+def _check_text(v: str) -> str | None:
     return None if undecodable_at(v) is None else "UTF-8 text (this holds a byte the terminal could not decode)"
 
 
-def _check_device(v: str):
+def _check_device(v: str) -> str | None:
     ok = v in ("auto", "cpu", "cuda", "mps") or (v.startswith("cuda:") and v[5:].isdigit())
     return None if ok else "auto, cpu, cuda, cuda:N or mps"
 
 
-VALIDATORS = {
+VALIDATORS: dict[tuple[str, str], Validator] = {
     ("model", "dtype"): _one_of(DTYPES),
     ("model", "quantization"): _one_of(QUANTIZATIONS),
     ("model", "backend"): _one_of(BACKENDS),
@@ -297,12 +302,12 @@ def seed_for_reply(seed: Seed) -> int:
     return random.randrange(2**63) if isinstance(seed, Random) else seed
 
 
-def _validator(section: str, key: str):
+def _validator(section: str, key: str) -> Validator | None:
     kind = "model" if section in ("target", "drafter") else section
     return VALIDATORS.get((kind, key))
 
 
-def _section_fields(cfg: Config, section: str) -> dict[str, dataclasses.Field]:
+def _section_fields(cfg: Config, section: str) -> dict[str, dataclasses.Field[Any]]:
     if section not in {f.name for f in dataclasses.fields(Config)}:
         raise ConfigError(
             f"unknown section '{section}'{_suggest(section, sections())}; sections are {', '.join(sections())}"
@@ -320,7 +325,7 @@ def all_keys() -> list[str]:
     return [f"{s}.{k}" for s in sections() for k in _section_fields(cfg, s)]
 
 
-def _suggest(word: str, options) -> str:
+def _suggest(word: str, options: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(options), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
@@ -444,7 +449,7 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     return cfg
 
 
-def from_mapping(data: dict, base: Config | None = None) -> Config:
+def from_mapping(data: dict[str, Any], base: Config | None = None) -> Config:
     cfg = base or Config()
     for section, table in data.items():
         if not isinstance(table, dict):
@@ -473,7 +478,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return apply_overrides(from_mapping(_read_toml(path)), overrides or [])
 
 
-def _read_toml(path: Path) -> dict:
+def _read_toml(path: Path) -> dict[str, Any]:
     """The TOML table of a config file; every reason it cannot be read is one ConfigError line naming the path."""
     try:
         if not path.is_file():  # a folder, or a FIFO or device that a read would wait on

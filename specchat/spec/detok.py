@@ -18,12 +18,22 @@ stream then goes on from the first character that differs.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 REPLACEMENT = "\ufffd"
 HOLD_LIMIT = 8  # tokens held at most while the text ends in U+FFFD (a character is at most 4 bytes)
 
 
+class Tokenizer(Protocol):
+    """What the engine needs of a tokenizer: its size and its decode (a transformers tokenizer has both)."""
+
+    def __len__(self) -> int: ...
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = ...) -> str: ...
+
+
 class Detokenizer:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
         self.ids: list[int] = []
         self._start = 0  # first id of the window: the context tokens begin here

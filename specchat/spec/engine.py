@@ -19,19 +19,24 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from specchat.config import Auto, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.spec import model_io
-from specchat.spec.detok import Detokenizer
-from specchat.spec.drafters.base import Drafter, DraftPlan
+from specchat.spec.detok import Detokenizer, Tokenizer
+from specchat.spec.drafters.base import CachedDrafter, Drafter, DraftPlan
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
 from specchat.spec.drafters.mixed import MixedDrafter
+from specchat.spec.drafters.retokenize import TextTokenizer
 from specchat.spec.drafters.self_layers import check_self_layers, self_drafter, self_layers
 from specchat.spec.drafters.text import drafter_for
-from specchat.spec.events import Event, Origin, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
+from specchat.spec.events import Event, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.spec.gamma import AutoGamma, GammaPolicy
 from specchat.spec.insight import accept_probability
 from specchat.spec.metrics import StatsRecorder
+from specchat.spec.model_io import Model
+from specchat.spec.origin import Origin
 from specchat.spec.sampling import ProbsFn, make_generator, probs_from_logits
 from specchat.spec.step import StepResult, drafter_step, speculative_step
 from specchat.spec.timing import clock
@@ -51,12 +56,12 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 class Models:
     """What an engine runs on, for callers without a loaded pair (api.py): a LoadedPair has these fields too."""
 
-    target: Any
-    drafter: Any | None
-    tokenizer: Any
-    eos_ids: Any
+    target: Model
+    drafter: Model | None
+    tokenizer: Tokenizer
+    eos_ids: Iterable[int]
     vocab_size: int
-    drafter_tokenizer: Any = None  # the drafter's own tokenizer where it drafts text (text.py)
+    drafter_tokenizer: TextTokenizer | None = None  # the drafter's own tokenizer where it drafts text (text.py)
     probs: ProbsFn = probs_from_logits
 
 
@@ -66,18 +71,19 @@ class Engine:
 
     def __init__(
         self,
-        target,
-        tokenizer,
-        drafter: Drafter | None,
-        eos_ids,
+        target: Model,
+        tokenizer: Tokenizer,
+        drafter: CachedDrafter | None,
+        eos_ids: Iterable[int],
         vocab_size: int | None = None,
         policy: GammaPolicy | None = None,
         probs: ProbsFn = probs_from_logits,
-    ):
+    ) -> None:
         self.target = target
         self.probs = probs  # what computes p and q (sampling.py): chosen where the pair is loaded
         self.tokenizer = tokenizer
-        self.drafter = drafter
+        self.drafter: Drafter | None = drafter
+        self.model_drafter = drafter  # the drafter model's, which fork() copies (None: no drafter model)
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.vocab_size = vocab_size or len(tokenizer)
         self.device = model_io.input_device(target)
@@ -92,18 +98,19 @@ class Engine:
             self.drafters["model"] = drafter
 
     @classmethod
-    def for_pair(cls, pair, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
+    def for_pair(cls, pair: Models | Any, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
         """An Engine (with its own caches and a fresh gamma policy unless given) on a loaded pair's models (or
         Models): the drafter that fits the pair, and the sampling probabilities loading chose for it."""
-        use_drafter = with_drafter and pair.drafter is not None
         drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
-        drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer) if use_drafter else None
+        drafter = None
+        if with_drafter and pair.drafter is not None:
+            drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer)
         probs = getattr(pair, "probs", probs_from_logits)  # loading's choice (models.py)
         return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, probs)
 
     def fork(self) -> Engine:
         """An engine on the same models with caches of its own and a copy of this one's gamma policy."""
-        model = self.drafters.get("model")
+        model = self.model_drafter
         return Engine(
             self.target,
             self.tokenizer,
@@ -135,7 +142,9 @@ class Engine:
             problem = self.drafter_problem(name)
             if problem:
                 raise ValueError(problem)
-            self.drafters[name] = self_drafter(self.target, self_layers(name), self.vocab_size)
+            layers = self_layers(name)
+            assert layers is not None  # drafter_problem names every other unknown drafter
+            self.drafters[name] = self_drafter(self.target, layers, self.vocab_size)
         return self.drafters[name]
 
     def use_drafter(self, name: str) -> None:
@@ -208,7 +217,13 @@ class Engine:
             self.reset()  # an interrupted forward may leave caches half-updated
             raise
 
-    def _run(self, prompt_ids, sampling, speculation, cancel) -> Iterator[StepResult | ReplyEnd]:
+    def _run(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingConfig,
+        speculation: SpeculationConfig,
+        cancel: threading.Event,
+    ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
         if self.drafter:
             # drafter mode answers with the drafter's own view of everything; target mode leaves its cache as spec set it
             context = 0 if speculation.mode == "drafter" else speculation.drafter_context
@@ -227,14 +242,13 @@ class Engine:
                 stop_reason = "cancelled"
                 break
             remaining = sampling.max_new_tokens - produced
-            step = self._step(speculation, sampling, remaining, generator)
-            finished = self._commit(step, remaining)
-            step.index, index = index, index + 1
-            if step.rejection is not None:
-                step.rejection = dataclasses.replace(step.rejection, step=step.index)
+            computed = self._step(speculation, sampling, remaining, generator)
+            step, finished = self._commit(computed, remaining, index)
+            index += 1
             produced += len(step.tokens)
             recorder.record(step, kept=len(step.tokens))
-            step.last = finished or produced >= sampling.max_new_tokens
+            if finished or produced >= sampling.max_new_tokens:
+                step = dataclasses.replace(step, last=True)
             yield step
             if finished:
                 stop_reason = "eos"
@@ -266,7 +280,9 @@ class Engine:
 
     def _prompt_read(self, mode: str) -> int:
         """Tokens in the cache of the model that leads the mode (the drafter's in drafter mode)."""
-        return self.drafter.seen if mode == "drafter" else self.target_seen
+        if mode == "drafter":
+            return self.drafter.seen if self.drafter is not None else 0
+        return self.target_seen
 
     def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
         """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Never past max_new_tokens."""
@@ -283,8 +299,12 @@ class Engine:
             probs=self.probs,
         )
 
-    def _step(self, speculation, sampling, remaining, generator) -> StepResult:
+    def _step(
+        self, speculation: SpeculationConfig, sampling: SamplingConfig, remaining: int, generator: torch.Generator
+    ) -> StepResult:
         if speculation.mode == "drafter":
+            if self.drafter is None:
+                raise ValueError(drafter_needed(False, "drafter"))
             return drafter_step(self.drafter, self.ids, sampling, generator, self.probs)
         plan = self._draft_plan(speculation, remaining)
         step = speculative_step(
@@ -293,23 +313,32 @@ class Engine:
         self.policy.observe_step(step)
         return step
 
-    def _commit(self, step: StepResult, remaining: int) -> bool:
-        """Append the step's tokens (cut at EOS and at the token limit); roll caches back. True at EOS."""
+    def _commit(self, step: StepResult, remaining: int, index: int) -> tuple[StepResult, bool]:
+        """Append the step's tokens (cut at EOS and at the token limit); roll caches back. The committed step:
+        a copy of `step`, cut likewise, at place `index` of the reply; and True at EOS."""
         keep = len(step.tokens[:remaining])
         hit_eos = False
         for i, token in enumerate(step.tokens[:keep]):
             if token in self.eos_ids:
                 keep, hit_eos = i + 1, True
                 break
+        rejection = step.rejection if step.rejection is None else dataclasses.replace(step.rejection, step=index)
+        committed = dataclasses.replace(step, index=index, rejection=rejection)
         if keep < len(step.tokens):
-            del step.tokens[keep:], step.origins[keep:], step.p_tokens[keep:], step.q_tokens[keep:]
+            committed = dataclasses.replace(
+                committed,
+                tokens=step.tokens[:keep],
+                origins=step.origins[:keep],
+                p_tokens=step.p_tokens[:keep],
+                q_tokens=step.q_tokens[:keep],
+            )
             if hit_eos:
-                step.rejected, step.rejection = [], None
-        self.ids.extend(step.tokens)
+                committed = dataclasses.replace(committed, rejected=[], rejection=None)
+        self.ids.extend(committed.tokens)
         model_io.crop_to(self.cache, min(self.target_seen, len(self.ids) - 1))
         if self.drafter:
             self.drafter.rollback(len(self.ids))
-        return hit_eos
+        return committed, hit_eos
 
 
 def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator[Event]:
@@ -324,8 +353,9 @@ def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator
             text += detok.flush()  # a tail held back for an incomplete character, now final
         p, q = step.p_tokens[i], step.q_tokens[i]
         drafted = origin == Origin.DRAFTED
-        accept_p = accept_probability(p, q, greedy, True) if drafted else None
-        yield Token(token, text, origin, step.index, i, p, q, accept_p, step.draft.source if drafted else "")
+        accept_p = accept_probability(p, q, greedy, True) if drafted and p is not None and q is not None else None
+        source = step.draft.source if drafted and step.draft is not None else ""
+        yield Token(token, text, origin, step.index, i, p, q, accept_p, source)
     yield StepDone(step.drafted, step.accepted)
 
 

@@ -21,7 +21,7 @@ drafter's confidences: accepted tokens over the summed confidences of the tokens
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from specchat.config import GAMMA_MAX
@@ -48,7 +48,7 @@ class AutoGamma:
     drafter_n: float = 0.0
     target_s: float = 0.0
     target_n: float = 0.0
-    target_rows: RowCostFit = None  # T(n) of the target's forwards by rows fed; made in __post_init__
+    target_rows: RowCostFit = field(init=False)  # T(n) of the target's forwards by rows fed, at this decay
     decay: float = 0.9
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
@@ -58,8 +58,7 @@ class AutoGamma:
     _idle_steps: int = 0
 
     def __post_init__(self) -> None:
-        if self.target_rows is None:
-            self.target_rows = RowCostFit(self.decay)
+        self.target_rows = RowCostFit(self.decay)
 
     @property
     def alpha(self) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.config import SamplingConfig
 from specchat.spec.readback import ints, read_back
 from specchat.spec.sampling import ProbsFn, probs_from_logits
 
@@ -48,7 +49,11 @@ def accept_probability(p: float, q: float, greedy: bool, accepted: bool) -> floa
 
 
 def token_probs(
-    logits: torch.Tensor, probs: torch.Tensor | None, drafts: torch.Tensor, accepted, emitted
+    logits: torch.Tensor,
+    probs: torch.Tensor | None,
+    drafts: torch.Tensor,
+    accepted: int | torch.Tensor,
+    emitted: int | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """On the device: the probability of each draft in its row [gamma], and of the emitted token in row `accepted`
     [1] (accepted and emitted: ints or 0-dim tensors), from `probs` when sampling, else a softmax of `logits`.
@@ -70,7 +75,7 @@ def top(probs_row: torch.Tensor, ids: torch.Tensor | None = None, k: int = TOP) 
     return (best.indices if ids is None else ids[best.indices]), best.values
 
 
-def listed(ids, probabilities) -> Ranked:
+def listed(ids: list[float], probabilities: list[float]) -> Ranked:
     """Read-back ids and probabilities, most likely first, as ((id, probability), ...). Entries of probability 0
     (outside the sampling settings' top-k or top-p) are left out, so a nucleus of 2 tokens lists 2."""
     return tuple((i, p) for i, p in zip(ints(ids), probabilities) if p > 0.0)
@@ -98,10 +103,8 @@ def rejection_at(
     row = target_row_probs(logits[position], None if probs is None else probs[position])
     greedy = probs is None
     margin = logits[position].max() - logits[position, drafted] if greedy else 0.0
-    drafter_ids, drafter_p = drafter_best if drafter_best is not None else (drafted, 1.0)
-    p, gap, target_ids, target_p, drafter_ids, drafter_p = read_back(
-        row[drafted], margin, *top(row), drafter_ids, drafter_p
-    )
+    best_ids, best_p = drafter_best if drafter_best is not None else (drafted, 1.0)
+    p, gap, target_ids, target_p, drafter_ids, drafter_p = read_back(row[drafted], margin, *top(row), best_ids, best_p)
     accept_p = None if greedy else accept_probability(p[0], q, greedy, False)
     return Rejection(
         step,
@@ -119,7 +122,7 @@ def rejection_at(
 
 
 def drafter_top(
-    logits_row: torch.Tensor, sampling, ids: torch.Tensor | None, probs: ProbsFn = probs_from_logits
+    logits_row: torch.Tensor, sampling: SamplingConfig, ids: torch.Tensor | None, probs: ProbsFn = probs_from_logits
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's top tokens at one drafted position, from its [1, width] logits row (on the device)."""
     row = probs(logits_row, sampling)[0] if not sampling.is_greedy else torch.softmax(logits_row[0].float(), dim=-1)

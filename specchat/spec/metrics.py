@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specchat.config import Gamma, to_wire
 
@@ -132,7 +132,7 @@ class ReplyStats:
         """Leviathan et al.'s bound from the measured alpha and c at the gamma actually used."""
         return leviathan_speedup(self.alpha_per_draft, round(self.mean_gamma), self.cost_ratio)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         plain = {k: v for k, v in self.__dict__.items()}
         plain["gamma"] = to_wire("speculation.gamma", self.gamma)  # auto as -1, as --json and transcripts wrote it
         plain["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}

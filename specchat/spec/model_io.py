@@ -8,13 +8,28 @@ DynamicCache and runs through its own forward. The algorithm needs nothing else 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol, Union
 
 import torch
 from transformers import DynamicCache
 
 RUNNER = "specchat_runner"  # attribute of a model that runs its own forward
 PREFILL_CHUNK = 128  # prompt tokens a forward while a prompt is read: the longest a cancel waits (bench/prefill.py)
+
+
+class Model(Protocol):
+    """What the algorithm calls on a model: a transformers causal LM, or a view of one (self_layers.py). Its parts
+    are torch modules whose attributes torch types loosely (nn.Module.__getattr__), hence Any."""
+
+    config: Any
+
+    def get_input_embeddings(self) -> Any: ...
+
+    def get_output_embeddings(self) -> Any: ...
+
+    def get_decoder(self) -> Any: ...
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class ModelCache(Protocol):
@@ -35,19 +50,23 @@ class Runner(Protocol):
 
     def new_cache(self) -> ModelCache: ...
 
-    def for_view(self, view) -> Runner: ...
+    def for_view(self, view: Any) -> Runner: ...
 
 
-def runner(model) -> Runner | None:
-    return getattr(model, RUNNER, None)
+Cache = Union[DynamicCache, ModelCache]  # noqa: UP007 (evaluated at import)
 
 
-def new_cache(model) -> DynamicCache | ModelCache:
+def runner(model: object) -> Runner | None:
+    own: Runner | None = getattr(model, RUNNER, None)
+    return own
+
+
+def new_cache(model: Model) -> Cache:
     own = runner(model)
     return own.new_cache() if own is not None else DynamicCache(config=model.config)
 
 
-def cache_bytes(cache) -> int:
+def cache_bytes(cache: Cache) -> int:
     """The bytes a cache's keys and values take."""
     if not isinstance(cache, DynamicCache):
         return cache.nbytes
@@ -55,14 +74,15 @@ def cache_bytes(cache) -> int:
     return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
-def cache_length(cache) -> int:
+def cache_length(cache: Cache) -> int:
     return cache.get_seq_length()
 
 
-def crop_to(cache, length: int) -> None:
+def crop_to(cache: Cache, length: int) -> None:
     """Roll the cache back so it covers exactly the first `length` tokens."""
     if not isinstance(cache, DynamicCache):
-        return cache.crop_to(length)
+        cache.crop_to(length)
+        return
     extra = cache_length(cache) - length
     if extra > 0:
         cache.crop(-extra)
@@ -70,14 +90,15 @@ def crop_to(cache, length: int) -> None:
         raise ValueError(f"cannot crop a cache of {cache_length(cache)} tokens up to {length}")
 
 
-def input_device(model) -> torch.device:
+def input_device(model: Model) -> torch.device:
     """Where a model's input ids go: its input embeddings' device (a table kept in blocks names its own)."""
     embed = model.get_input_embeddings()
-    return embed.weight.device if hasattr(embed, "weight") else embed.device
+    device: torch.device = embed.weight.device if hasattr(embed, "weight") else embed.device
+    return device
 
 
 @torch.inference_mode()
-def forward(model, cache, new_ids: list[int], keep: int) -> torch.Tensor:
+def forward(model: Model, cache: Cache, new_ids: list[int], keep: int) -> torch.Tensor:
     """Feed `new_ids` after what the cache holds; return logits of the last `keep` positions [keep, vocab]."""
     device = input_device(model)
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=device)  # [1, n]
@@ -85,18 +106,20 @@ def forward(model, cache, new_ids: list[int], keep: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def forward_tensor(model, cache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+def forward_tensor(model: Model, cache: Cache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
     """Like forward, with ids already a [1, n] tensor on the model's device (no host round trip)."""
     if not isinstance(cache, DynamicCache):
         return cache.run(input_ids, keep)
     out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-    return out.logits[0, -keep:]
+    logits: torch.Tensor = out.logits[0, -keep:]
+    return logits
 
 
 @torch.inference_mode()
-def hidden_tensor(model, cache, input_ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+def hidden_tensor(model: Model, cache: Cache, input_ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
     """The decoder's final hidden states at the last `keep` positions [keep, hidden], skipping the head."""
     if not isinstance(cache, DynamicCache):
         return cache.run(input_ids, keep, head=False)
     out = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0, -keep:]
+    hidden: torch.Tensor = out.last_hidden_state[0, -keep:]
+    return hidden

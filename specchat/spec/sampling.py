@@ -6,6 +6,7 @@ Nothing here edits its input in place: logits that are reused stay intact.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -47,7 +48,13 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     return torch.softmax(scaled, dim=-1)
 
 
-def compiled_probs(top_p_probs) -> ProbsFn:
+class TopPProbs(Protocol):
+    """The compiled f(logits, temperature, top_k, top_p) -> probabilities (kernels/sampling.cpp)."""
+
+    def __call__(self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor: ...
+
+
+def compiled_probs(top_p_probs: TopPProbs) -> ProbsFn:
     """A ProbsFn whose sampled CPU rows take a compiled f(logits, temperature, top_k, top_p) (kernels/sampling.cpp:
     one pass over a row, where the torch code takes ten): the same kept tokens, and probabilities within float
     rounding of probs_from_logits (a token whose mass before it is within rounding of top_p may fall either side).
@@ -91,7 +98,7 @@ def _mask_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
 class NoLawError(ValueError):
     """The target's probabilities were not a distribution (its logits were NaN, +inf or all -inf)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(
             "the target's probabilities for the next token are not a distribution (its logits were "
             "NaN, +inf or all -inf): no token can be drawn"

@@ -20,6 +20,7 @@ from specchat.config import SamplingConfig
 from specchat.spec import model_io
 from specchat.spec.drafters.base import Draft, Drafter, DraftPlan
 from specchat.spec.insight import Rejection, rejection_at, token_probs
+from specchat.spec.model_io import Cache, Model
 from specchat.spec.origin import Origin
 from specchat.spec.readback import ints, read_back
 from specchat.spec.sampling import NoLawError, ProbsFn, probs_from_logits
@@ -29,9 +30,12 @@ from specchat.spec.verify import Verdict, verify_greedy, verify_sampled
 TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts towards c (not a prefill)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepResult:
-    tokens: list[int]  # committed candidates, in order (cut at EOS / limit by the Engine)
+    """What one step computed. The Engine commits a copy of it (dataclasses.replace): its tokens cut at EOS and
+    at the token limit, with its `index` and `last`; the step itself is never edited."""
+
+    tokens: list[int]  # the step's candidates, in order (the Engine's committed copy: cut at EOS / limit)
     origins: list[Origin]
     rejected: list[int]  # drafts the target refused
     drafted: int
@@ -39,8 +43,8 @@ class StepResult:
     draft: Draft | None = None  # what the drafter proposed, with its forwards' timings
     target_seconds: float = 0.0  # the verification forward plus verification
     target_fed: int = 0  # tokens the target forward was fed (0: no target forward)
-    last: bool = False  # set by the Engine: the reply ends with this step
-    index: int = 0  # set by the Engine: the step's place in the reply
+    last: bool = False  # the committed copy's: the reply ends with this step
+    index: int = 0  # the committed copy's: the step's place in the reply
     p_tokens: list[float | None] = field(default_factory=list)  # per token: the target's p (insight.py)
     q_tokens: list[float | None] = field(default_factory=list)  # per token: the drafter's q
     rejection: Rejection | None = None  # why the first refused draft was refused (/why)
@@ -61,8 +65,8 @@ def empty_draft() -> Draft:
 
 
 def speculative_step(
-    target,
-    cache,
+    target: Model,
+    cache: Cache,
     drafter: Drafter | None,
     ids: list[int],
     plan: DraftPlan,
@@ -73,7 +77,9 @@ def speculative_step(
 ) -> StepResult:
     """Draft up to plan.gamma tokens, verify them with one target forward; the target's cache grows.
     `probs` computes the target's p (the drafter's q: plan.probs, the engine gives both the same)."""
-    draft = drafter.propose(ids, plan, sampling, generator) if plan.gamma else empty_draft()
+    if plan.gamma and drafter is None:
+        raise ValueError("a step that drafts needs a drafter")
+    draft = drafter.propose(ids, plan, sampling, generator) if plan.gamma and drafter is not None else empty_draft()
     device = model_io.input_device(target)
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
     drafted = drafts.shape[0]
@@ -85,22 +91,22 @@ def speculative_step(
     logits = model_io.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
     verdict, p = _verify(drafts, draft, logits, sampling, generator, probs)
-    p_drafts, p_emitted = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token)
+    p_drafts_on_device, p_emitted_on_device = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token)
     unread = draft.sure if draft.sure is not None and len(draft.confidences) < drafted else drafts[:0]
     # the step's one read: what the rule decided, the drafts, each token's p and the drafter's q
     accepted, emitted, drafted_ids, p_drafts, p_emitted, sure = read_back(
-        verdict.accepted, verdict.next_token, drafts, p_drafts, p_emitted, unread
+        verdict.accepted, verdict.next_token, drafts, p_drafts_on_device, p_emitted_on_device, unread
     )
     seconds = clock(target) - start
     if p is not None and any(math.isnan(value) for value in p_emitted):
         raise NoLawError()  # the emitted token's p is NaN where the target's law is: read with the rest, no extra read
     if len(sure):
         draft.confidences = sure
-    verdict = Verdict(int(accepted[0]), int(emitted[0]))
-    result = _result(ints(drafted_ids), verdict, draft, seconds, pending.shape[1] + drafted)
-    result.p_tokens = [*p_drafts[: verdict.accepted], *p_emitted]
-    _score(result, logits, p, sampling, probs)
-    return result
+    read = Verdict(int(accepted[0]), int(emitted[0]))
+    p_tokens: list[float | None] = [*p_drafts[: read.accepted], *p_emitted]
+    return _result(
+        ints(drafted_ids), read, draft, seconds, pending.shape[1] + drafted, p_tokens, logits, p, sampling, probs
+    )
 
 
 def drafter_step(
@@ -116,11 +122,17 @@ def drafter_step(
     (token,), sure = read_back(draft.tokens[:1], unread)
     if len(sure):
         draft.confidences = sure
-    return StepResult([int(token)], [Origin.DRAFTER], [], 0, 0, draft, p_tokens=[None], q_tokens=draft.confidences[:1])
+    q_tokens: list[float | None] = [*draft.confidences[:1]]
+    return StepResult([int(token)], [Origin.DRAFTER], [], 0, 0, draft, p_tokens=[None], q_tokens=q_tokens)
 
 
 def _verify(
-    drafts, draft: Draft, logits, sampling: SamplingConfig, generator, probs: ProbsFn
+    drafts: torch.Tensor,
+    draft: Draft,
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    probs: ProbsFn,
 ) -> tuple[Verdict, torch.Tensor | None]:
     """The verdict, and the target's probabilities it used (None in greedy mode)."""
     if sampling.is_greedy:
@@ -130,33 +142,41 @@ def _verify(
     return verify_sampled(drafts, q, p, generator), p
 
 
-def _score(
-    step: StepResult, logits: torch.Tensor, p: torch.Tensor | None, sampling: SamplingConfig, probs: ProbsFn
-) -> None:
-    """Each token's q, and the rejection's record when a draft was refused (insight.py); p is read already."""
-    n = step.accepted
-    step.q_tokens = [*step.draft.confidences[:n], None] if step.draft else [None]
-    if n < step.drafted:
-        drafted = step.rejected[0]
-        step.rejection = rejection_at(
-            -1,
-            n,
-            drafted,
-            step.tokens[-1],
-            logits,
-            p,
-            step.draft.confidences[n],
-            step.draft.top_at(n, sampling, probs),
-            step.draft.source,
-        )
-
-
-def _result(drafts: list[int], verdict: Verdict, draft: Draft, seconds: float, fed: int) -> StepResult:
-    n, gamma = verdict.accepted, len(drafts)
+def _result(
+    drafts: list[int],
+    verdict: Verdict,
+    draft: Draft,
+    seconds: float,
+    fed: int,
+    p_tokens: list[float | None],
+    logits: torch.Tensor,
+    p: torch.Tensor | None,
+    sampling: SamplingConfig,
+    probs: ProbsFn,
+) -> StepResult:
+    """The step's record from its read-back verdict: tokens and origins, each token's q, and the rejection's
+    record when a draft was refused (insight.py); p is read already."""
+    n, gamma, emitted = int(verdict.accepted), len(drafts), int(verdict.next_token)
     if gamma == 0:
         last = Origin.TARGET
     else:
         last = Origin.BONUS if n == gamma else Origin.CORRECTED
+    q_tokens: list[float | None] = [*draft.confidences[:n], None]
+    rejection = None
+    if n < gamma:
+        rejection = rejection_at(
+            -1, n, drafts[n], emitted, logits, p, draft.confidences[n], draft.top_at(n, sampling, probs), draft.source
+        )
     return StepResult(
-        drafts[:n] + [verdict.next_token], [Origin.DRAFTED] * n + [last], drafts[n:], gamma, n, draft, seconds, fed
+        drafts[:n] + [emitted],
+        [Origin.DRAFTED] * n + [last],
+        drafts[n:],
+        gamma,
+        n,
+        draft,
+        seconds,
+        fed,
+        p_tokens=p_tokens,
+        q_tokens=q_tokens,
+        rejection=rejection,
     )

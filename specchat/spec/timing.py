@@ -12,17 +12,17 @@ import time
 
 import torch
 
-from specchat.spec.model_io import input_device
+from specchat.spec.model_io import Model, input_device
 
 
-def cuda_devices(model) -> set[torch.device]:
+def cuda_devices(model: Model) -> set[torch.device]:
     """The CUDA devices holding `model`'s weights: its device_map's when spread, else its embeddings'."""
-    device_map = getattr(model, "hf_device_map", None) or {}
+    device_map: dict[str, object] = getattr(model, "hf_device_map", None) or {}
     places = set(device_map.values()) or {input_device(model)}
     return {device for device in map(_cuda_device, places) if device is not None}
 
 
-def _cuda_device(place) -> torch.device | None:
+def _cuda_device(place: object) -> torch.device | None:
     """A device_map value (0, "cuda:1", "cpu", "disk", a torch.device) as a CUDA device, or None."""
     if isinstance(place, int) and not isinstance(place, bool):
         return torch.device("cuda", place)
@@ -31,15 +31,16 @@ def _cuda_device(place) -> torch.device | None:
     return None
 
 
-def synchronize(*models) -> None:
+def synchronize(*models: Model | None) -> None:
     """Wait for the queued work of every CUDA device the models use (none when torch sees no GPU)."""
     if not torch.cuda.is_available():
         return
-    for device in set().union(*(cuda_devices(model) for model in models if model is not None)):
+    devices: set[torch.device] = set().union(*(cuda_devices(model) for model in models if model is not None))
+    for device in devices:
         torch.cuda.synchronize(device)
 
 
-def clock(*models) -> float:
+def clock(*models: Model | None) -> float:
     """time.perf_counter() once the models' devices have finished what was queued on them."""
     synchronize(*models)
     return time.perf_counter()

@@ -7,6 +7,7 @@ A drafter keeps its own state (e.g. a KV cache) in step with the committed seque
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -65,7 +66,10 @@ class Draft:
 
 
 class Drafter(Protocol):
-    def configure(self, vocab_limit: int, always_ids, lookup: bool, context: int = 0) -> None: ...
+    @property
+    def seen(self) -> int: ...  # committed ids its cache stands for (what drafter-only mode has read of a prompt)
+
+    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool, context: int = 0) -> None: ...
 
     def propose(
         self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator
@@ -76,3 +80,9 @@ class Drafter(Protocol):
     def catch_up(self, ids: list[int], upto: int) -> None: ...
 
     def reset(self) -> None: ...
+
+
+class CachedDrafter(Drafter, Protocol):
+    """A drafter model's Drafter: fresh() gives one on the same model with a cache of its own (Engine.fork)."""
+
+    def fresh(self) -> CachedDrafter: ...

@@ -7,6 +7,8 @@ nothing matches it drafts nothing and the step is the target's alone.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
 from specchat.config import SamplingConfig
@@ -17,11 +19,11 @@ from specchat.spec.drafters.lookup import WINDOW, continuation
 class LookupDrafter:
     """Follows the Drafter protocol; it keeps no state, so rollback and reset have nothing to undo."""
 
-    def __init__(self, vocab_size: int):
+    def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
         self.seen = 0  # it reads no prompt: nothing is ever cached
 
-    def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
+    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
         return None  # the model drafter's options (vocabulary limit, guesses, context) mean nothing here
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:

@@ -11,10 +11,12 @@ tokens: it catches up on the committed ones when it next drafts, as after any st
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 
 import torch
 
 from specchat.config import SamplingConfig
+from specchat.spec import model_io
 from specchat.spec.drafters.base import Draft, Drafter, DraftPlan
 from specchat.spec.drafters.lookup import MIN_NGRAM, WINDOW, continuation
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
@@ -34,22 +36,23 @@ MAX_COPY = 16  # a copy taken whole doubles the next one, up to this; one that i
 class MixedDrafter:
     """Follows the Drafter protocol; with no drafter model it drafts by lookup alone."""
 
-    def __init__(self, drafter: Drafter | None, vocab_size: int):
+    def __init__(self, drafter: Drafter | None, vocab_size: int) -> None:
         self.drafter = drafter  # the drafter model's Drafter, or None
         self.lookup = LookupDrafter(vocab_size)
         self.copy_tokens = COPY_TOKENS
         self.last_copy: tuple[int, list[int]] = (0, [])  # where the last step's copy began, and its tokens
 
     @property
-    def model(self):
+    def model(self) -> model_io.Model | None:
         """The drafter model itself (the engine's clock reads it), or None."""
-        return getattr(self.drafter, "model", None)
+        model: model_io.Model | None = getattr(self.drafter, "model", None)
+        return model
 
     @property
     def seen(self) -> int:
         return self.drafter.seen if self.drafter is not None else 0
 
-    def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
+    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
         if self.drafter is not None:
             self.drafter.configure(vocab_limit, always_ids, lookup, context)
 

@@ -4,6 +4,8 @@ vocabulary (vocab.py) and try prompt lookup first."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 
 from specchat.config import SamplingConfig
@@ -29,7 +31,7 @@ def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | N
 class ModelDrafter:
     """A small causal LM with its own KV cache. It sees only tokens it has not seen yet."""
 
-    def __init__(self, model, vocab_size: int):
+    def __init__(self, model: model_io.Model, vocab_size: int) -> None:
         self.model = model
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
         # ids it scores: fewer than vocab_size where the target's vocabulary is padded wider (ids past it never drafted)
@@ -43,7 +45,7 @@ class ModelDrafter:
         self.gap = ContextGap()
         self._vocab: DraftVocab | None = None
 
-    def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
+    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
         """Score only ids below vocab_limit (+ seen ids + always_ids; 0: all of them), check prompt-lookup
         guesses alongside the current token when `lookup` is on, and keep at most about `context` tokens of
         a long conversation (0: all of it; a new limit reads the conversation again)."""
@@ -217,7 +219,8 @@ class _Drafting:
         return self.tokens[-1]
 
     def draft(self, vocab_size: int, device: torch.device) -> Draft:
-        q_probs = torch.cat(self.probs) if self.probs and self.probs[0] is not None else None
+        rows = [q for q in self.probs if q is not None]  # all of them when sampling; none when greedy
+        q_probs = torch.cat(rows) if rows and len(rows) == len(self.probs) else None
         if q_probs is not None and self.vocab:
             q_probs = self.vocab.full_width(q_probs, vocab_size)
         tokens = torch.cat(self.ids) if self.ids else torch.empty(0, dtype=torch.long, device=device)

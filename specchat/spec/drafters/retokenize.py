@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 WINDOW = 8  # newest committed ids decoded again to see the text new ids add
 REPLACEMENT = "\ufffd"  # what a decode shows for a character whose bytes are not all there yet
@@ -23,7 +25,33 @@ LINE_START = re.compile(r"\n(?=\S)")  # a line that starts with no whitespace: w
 PROBE = "Hello world.\nfor i in range(3):\n    print(i * 2)\n\nThe end, 2 + 2 = 4.\n"
 
 
-def common_prefix(a, b) -> int:
+class TextTokenizer(Protocol):
+    """What re-tokenizing needs of a tokenizer (a transformers tokenizer has it all)."""
+
+    @property
+    def added_tokens_decoder(self) -> Mapping[int, Any]: ...  # id -> AddedToken (.content, .special)
+
+    @property
+    def all_special_tokens(self) -> list[str]: ...
+
+    @property
+    def bos_token(self) -> Any: ...  # its text (a str) where bos_token_id is set
+
+    def convert_tokens_to_ids(self, token: str) -> Any: ...
+
+    def decode(
+        self, ids: list[int], *, skip_special_tokens: bool = ..., clean_up_tokenization_spaces: bool = ...
+    ) -> str: ...
+
+    def __call__(self, text: Any, *, add_special_tokens: bool = ...) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+Item = TypeVar("Item")
+
+
+def common_prefix(a: Sequence[Item], b: Sequence[Item]) -> int:
     """How many leading items (ids or characters) a and b share."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
@@ -31,19 +59,19 @@ def common_prefix(a, b) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
-def decode(tokenizer, ids: list[int]) -> str:
+def decode(tokenizer: TextTokenizer, ids: list[int]) -> str:
     """The text of ids as it is: special tokens kept, spacing not cleaned up."""
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def encode(tokenizer, texts: list[str]) -> list[list[int]]:
+def encode(tokenizer: TextTokenizer, texts: list[str]) -> list[list[int]]:
     """Each text's ids, with no BOS or EOS added (special tokens written in the text are read as such)."""
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def special_tokens(tokenizer) -> dict[str, int]:
+def special_tokens(tokenizer: TextTokenizer) -> dict[str, int]:
     """Every special token the tokenizer knows, as token -> id."""
-    found = {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    found: dict[str, int] = {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
     for token in tokenizer.all_special_tokens:
         found.setdefault(token, tokenizer.convert_tokens_to_ids(token))
     return found
@@ -54,7 +82,7 @@ def line_starts(text: str, after: int) -> list[int]:
     return [m.end() for m in LINE_START.finditer(text, after)]
 
 
-def splits_at_lines(tokenizer) -> bool:
+def splits_at_lines(tokenizer: TextTokenizer) -> bool:
     """Whether encoding a text line by line gives the ids of encoding it whole."""
     starts = [0, *line_starts(PROBE, 0)]
     pieces = [PROBE[a:b] for a, b in zip(starts, starts[1:] + [len(PROBE)])]
@@ -62,13 +90,13 @@ def splits_at_lines(tokenizer) -> bool:
     return whole == [i for ids in encode(tokenizer, pieces) for i in ids]
 
 
-def bos_prefix(tokenizer) -> list[int]:
+def bos_prefix(tokenizer: TextTokenizer) -> list[int]:
     """[BOS] for a tokenizer that opens ordinary text with it (Llama does, GPT-2 and Qwen do not), else []."""
-    bos = getattr(tokenizer, "bos_token_id", None)
+    bos: int | None = getattr(tokenizer, "bos_token_id", None)
     return [bos] if bos is not None and tokenizer("a")["input_ids"][:1] == [bos] else []
 
 
-def continuation_ids(tokenizer, tail: str, text: str) -> list[int]:
+def continuation_ids(tokenizer: TextTokenizer, tail: str, text: str) -> list[int]:
     """The ids `text` adds after the committed text's `tail`. Where the draft's start merges with the tail's
     last token (the tail ends inside a word), those ids would say committed text again: the draft's own ids."""
     if not text:
@@ -82,10 +110,11 @@ def continuation_ids(tokenizer, tail: str, text: str) -> list[int]:
 class TextMirror:
     """The committed target ids as the drafter's ids (`update`)."""
 
-    def __init__(self, target_tokenizer, drafter_tokenizer):
+    def __init__(self, target_tokenizer: TextTokenizer, drafter_tokenizer: TextTokenizer) -> None:
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
         self.by_line = splits_at_lines(drafter_tokenizer)
         self.bos = bos_prefix(drafter_tokenizer)
+        self.bos_text: str = drafter_tokenizer.bos_token if self.bos else ""
         self.reset()
 
     def reset(self) -> None:
@@ -98,7 +127,7 @@ class TextMirror:
     def update(self, target_ids: list[int]) -> list[int]:
         """The drafter's ids for the committed target ids."""
         self._encode_from(self._read(target_ids))
-        opens = self.bos and not self.text.startswith(self.drafter_tokenizer.bos_token)
+        opens = self.bos and not self.text.startswith(self.bos_text)
         return (self.bos if opens else []) + self.ids
 
     def _read(self, target_ids: list[int]) -> int:

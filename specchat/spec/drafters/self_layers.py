@@ -10,6 +10,7 @@ well a model drafts for itself from an early layer depends on the model: ones tr
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from torch import nn
 
@@ -27,11 +28,11 @@ def self_layers(name: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def layer_count(model) -> int:
+def layer_count(model: model_io.Model) -> int:
     return len(model.get_decoder().layers)
 
 
-def check_self_layers(model, n: int) -> str | None:
+def check_self_layers(model: model_io.Model, n: int) -> str | None:
     """Why `self:n` cannot draft for `model`; None when it can."""
     total = layer_count(model)
     if not 1 <= n < total:
@@ -39,7 +40,7 @@ def check_self_layers(model, n: int) -> str | None:
     return None
 
 
-def truncated_model(model, n: int):
+def truncated_model(model: model_io.Model, n: int) -> model_io.Model:
     """A view of `model` that runs only its first n decoder layers: new module objects around the same
     layers, norm, embeddings and head (no weight is copied), with a config that says n layers."""
     config = copy.copy(model.config)
@@ -50,7 +51,7 @@ def truncated_model(model, n: int):
     decoder._modules = dict(decoder._modules)
     decoder.layers = nn.ModuleList(list(decoder.layers)[:n])
     decoder.config = config
-    view = copy.copy(model)
+    view: Any = copy.copy(model)  # an nn.Module whose own _modules and __dict__ are replaced below
     view._modules = dict(view._modules)
     view.__dict__.pop(model_io.RUNNER, None)  # the target's own forward runs all its layers
     setattr(view, _decoder_attribute(model), decoder)
@@ -58,13 +59,15 @@ def truncated_model(model, n: int):
     own = model_io.runner(model)
     if own is not None:
         setattr(view, model_io.RUNNER, own.for_view(view))
-    return view
+    truncated: model_io.Model = view
+    return truncated
 
 
-def _decoder_attribute(model) -> str:
+def _decoder_attribute(model: Any) -> str:
+    """The name of the decoder among the model's children (an nn.Module's)."""
     decoder = model.get_decoder()
-    return next(name for name, module in model.named_children() if module is decoder)
+    return next(str(name) for name, module in model.named_children() if module is decoder)
 
 
-def self_drafter(model, n: int, vocab_size: int) -> ModelDrafter:
+def self_drafter(model: model_io.Model, n: int, vocab_size: int) -> ModelDrafter:
     return ModelDrafter(truncated_model(model, n), vocab_size)

@@ -15,6 +15,8 @@ as configured, so that mode shows the drafter's own law.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
+from typing import cast
 
 import torch
 
@@ -22,24 +24,34 @@ from specchat.config import SamplingConfig
 from specchat.spec.drafters.base import Draft, DraftPlan
 from specchat.spec.drafters.lookup_drafter import LookupDrafter
 from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.drafters.retokenize import TextMirror, common_prefix, continuation_ids, decode, special_tokens
+from specchat.spec.drafters.retokenize import (
+    TextMirror,
+    TextTokenizer,
+    common_prefix,
+    continuation_ids,
+    decode,
+    special_tokens,
+)
+from specchat.spec.model_io import Model
 
 TAIL = 8  # newest committed target ids the draft's text is re-tokenized after
 CONTEXT = 4  # newest drafter ids decoded with the draft, so that a leading space of its first token stays
 
 
-def text_ends(target_tokenizer, drafter_tokenizer) -> dict[int, int | None]:
+def text_ends(target_tokenizer: TextTokenizer, drafter_tokenizer: TextTokenizer) -> dict[int, int | None]:
     """Each special drafter id -> the target id it ends the draft's text with: the target's special token of
     the same name where there is one, else its EOS (a special token mid-draft ends the drafter's turn)."""
     target = special_tokens(target_tokenizer)
-    eos = getattr(target_tokenizer, "eos_token_id", None)
+    eos: int | None = getattr(target_tokenizer, "eos_token_id", None)
     return {i: target.get(name, eos) for name, i in special_tokens(drafter_tokenizer).items()}
 
 
 class TextDrafter:
     """Follows the Drafter protocol; proposes target ids for a drafter model that speaks another tokenizer."""
 
-    def __init__(self, model, target_tokenizer, drafter_tokenizer, vocab_size: int):
+    def __init__(
+        self, model: Model, target_tokenizer: TextTokenizer, drafter_tokenizer: TextTokenizer, vocab_size: int
+    ) -> None:
         self.inner = ModelDrafter(model, len(drafter_tokenizer))  # drafts in the drafter's own ids
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
         self.vocab_size = vocab_size  # the target's
@@ -50,14 +62,14 @@ class TextDrafter:
         self.seen = 0  # committed target ids it has read
 
     @property
-    def model(self):
+    def model(self) -> Model:
         return self.inner.model
 
     def fresh(self) -> TextDrafter:
         """A drafter on the same model and tokenizers with a cache of its own."""
         return TextDrafter(self.inner.model, self.target_tokenizer, self.drafter_tokenizer, self.vocab_size)
 
-    def configure(self, vocab_limit: int, always_ids, lookup: bool = False, context: int = 0) -> None:
+    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
         """The model drafter's options, in the drafter's ids: its special ids stand for the target's stop ids."""
         self.inner.configure(vocab_limit, self.ends, lookup, context)
 
@@ -111,7 +123,7 @@ class TextDrafter:
         if end is not None:
             return proposal + [end]
         if final:
-            eos = getattr(self.target_tokenizer, "eos_token_id", None)
+            eos: int | None = getattr(self.target_tokenizer, "eos_token_id", None)
             return proposal or ([eos] if eos is not None else [])
         return proposal[:-1] if len(proposal) > 1 else proposal
 
@@ -126,8 +138,11 @@ class TextDrafter:
         return text, end
 
 
-def drafter_for(model, vocab_size: int, target_tokenizer, drafter_tokenizer=None) -> ModelDrafter | TextDrafter:
-    """The drafter for a drafter model: on the target's ids, or (given a tokenizer of its own) on text."""
+def drafter_for(
+    model: Model, vocab_size: int, target_tokenizer: object, drafter_tokenizer: TextTokenizer | None = None
+) -> ModelDrafter | TextDrafter:
+    """The drafter for a drafter model: on the target's ids, or (given a tokenizer of its own) on text, where the
+    target's tokenizer is a whole one too (loading gives a drafter a tokenizer only beside the target's own)."""
     if drafter_tokenizer is None:
         return ModelDrafter(model, vocab_size)
-    return TextDrafter(model, target_tokenizer, drafter_tokenizer, vocab_size)
+    return TextDrafter(model, cast(TextTokenizer, target_tokenizer), drafter_tokenizer, vocab_size)

@@ -8,12 +8,19 @@ really sampled from (zero outside this set), so the output stays exactly the tar
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 from torch import nn
 
+# An output head: nn.Linear, or a quantized layer with out_features and a `rows` method (Int8Linear, W8A8Linear).
+# Any: torch types a module's attributes as Tensor | Module, so what each kind offers is read by duck typing.
+Head = Any
+
 
 class DraftVocab:
-    def __init__(self, head: torch.nn.Module, limit: int, always_ids=()):
+    def __init__(self, head: Head, limit: int, always_ids: Iterable[int] = ()) -> None:
         self.head = head
         self.limit = limit
         self.head_size = head_width(head)  # ids at or past it (a padded target vocabulary's) are never scored
@@ -22,7 +29,7 @@ class DraftVocab:
         self._extra: list[int] = list(self._always)
         self._extra_index = torch.tensor(self._extra, dtype=torch.long)
         self._placed: torch.Tensor | None = None  # _extra_index on the device that last asked for it
-        self._high = None  # the head's rows for the extra ids, rebuilt when the set grows
+        self._high: nn.Module | None = None  # the head's rows for the extra ids, rebuilt when the set grows
         self._scanned = 0  # how much of the id list has been looked at
 
     @property
@@ -50,7 +57,7 @@ class DraftVocab:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, hidden] -> [rows, width]: ids below the limit first, then the extra ids in order."""
-        low = self._low(hidden)
+        low: torch.Tensor = self._low(hidden)
         if not self._extra:
             return low
         if self._high is None:
@@ -96,14 +103,16 @@ class RowsOfLinear(nn.Module):
         return nn.functional.linear(hidden, self.weight, self.bias)
 
 
-def head_width(head: nn.Module) -> int:
+def head_width(head: Head) -> int:
     """How many ids an output head scores (nn.Linear or a quantized layer)."""
-    return getattr(head, "out_features", None) or head.weight.shape[0]
+    width: int = getattr(head, "out_features", None) or head.weight.shape[0]
+    return width
 
 
-def head_rows(head: nn.Module, index: torch.Tensor | slice) -> nn.Module:
+def head_rows(head: Head, index: torch.Tensor | slice) -> nn.Module:
     """A layer computing only the output rows `index` of an output head (nn.Linear, or a
     quantized layer with a `rows` method: Int8Linear, W8A8Linear)."""
     if hasattr(head, "rows"):
-        return head.rows(index)
+        rows: nn.Module = head.rows(index)
+        return rows
     return RowsOfLinear(head, index)
