@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from transformers import BitsAndBytesConfig
 
 from specchat.config import DTYPES, INVARIANT_MODES, ModelConfig
 from specchat.errors import ModelLoadError
@@ -110,8 +111,6 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype, device: s
     """
     if quantization in ("none", "int8", *INVARIANT_MODES):
         return None
-    from transformers import BitsAndBytesConfig
-
     if quantization == "4bit":
         return BitsAndBytesConfig(
             load_in_4bit=True,

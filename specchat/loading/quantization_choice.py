@@ -13,8 +13,9 @@ import dataclasses
 
 import torch
 
-from specchat.config import AUTO_MODES, QUANTIZATIONS, W4A8_MODES, Config, ModelConfig
+from specchat.config import AUTO_MODES, INVARIANT_MODES, QUANTIZATIONS, W4A8_MODES, Config, ModelConfig
 from specchat.errors import ModelLoadError
+from specchat.kernels.build import kernel_problem
 from specchat.loading.devices import resolve_device
 from specchat.progress import Progress, report
 
@@ -28,14 +29,23 @@ def choose_quantizations(cfg: Config, progress: Progress | None = None) -> Confi
     return cfg
 
 
-def choose(mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Progress | None = None) -> ModelConfig:
-    """One model's settled ModelConfig: auto resolved, and a w4a8 mode checked to run here."""
+def settle(
+    mc: ModelConfig, role: str, device: str, kernel_path: str = "auto", progress: Progress | None = None
+) -> ModelConfig:
+    """One model's quantization as it will run on `device` (resolved): chosen (choose), then made runnable there
+    (runnable_quantization)."""
+    return runnable_quantization(choose(mc, role, kernel_path, progress, device), device, role, progress)
+
+
+def choose(
+    mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Progress | None = None, device: str = ""
+) -> ModelConfig:
+    """One model's settled ModelConfig: auto resolved, and a w4a8 mode checked to run here. `device`: mc.device
+    resolved, where the caller has it."""
     if mc.quantization not in (*W4A8_MODES, *AUTO_MODES):
         return mc
-    if torch.device(resolve_device(mc.device)).type != "cpu":
+    if torch.device(device or resolve_device(mc.device)).type != "cpu":
         return dataclasses.replace(mc, quantization="none") if mc.quantization in AUTO_MODES else mc
-    from specchat.kernels.build import kernel_problem
-
     problem = kernel_problem("auto", progress)
     if not problem and kernel_path != "auto":  # a path named for this CPU: an error, never a fallback
         unavailable = kernel_problem(kernel_path)
@@ -65,3 +75,20 @@ def choose(mc: ModelConfig, role: str, kernel_path: str = "auto", progress: Prog
 def has_x86_int8() -> bool:
     """Whether torch has its x86 int8 kernels (fbgemm), which w8a8 runs on."""
     return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def runnable_quantization(mc: ModelConfig, device: str, role: str, progress: Progress | None = None) -> ModelConfig:
+    """specchat's own int8 modes are for the CPU: elsewhere the model loads unquantized, with one notice.
+
+    w8a8 runs on fbgemm, a CPU kernel; w4a8 on specchat's own AVX2 kernel. Weight-only int8 runs on a
+    GPU too, but dequantizes every weight on every call there, which is slower than the 16-bit weights
+    it replaces (use 4bit or 8bit there)."""
+    if mc.quantization not in ("int8", *INVARIANT_MODES) or torch.device(device).type == "cpu":
+        return mc
+    why = (
+        "is fast on the CPU only (elsewhere it dequantizes every weight on every call)"
+        if mc.quantization == "int8"
+        else "runs on the CPU only"
+    )
+    report(progress, f"{role}: quantization {mc.quantization} {why}; loading it unquantized on {device}", None)
+    return dataclasses.replace(mc, quantization="none")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import re
@@ -40,8 +39,10 @@ from specchat.cache import (
 )
 from specchat.config import W4A8_MODES
 from specchat.errors import ModelLoadError
+from specchat.kernels.build import q4_kernel
 from specchat.loading import tensor_file
 from specchat.loading.block_shapes import block_problem
+from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 from specchat.progress import Progress, report
 from specchat.quant.int8_weights import Int8Block, quantize_linears
 from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w4a8
@@ -58,12 +59,8 @@ def _quantize_w4a8(
     """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K (and Q5_K) blocks bit for bit (the file's finer layers:
     finer_bits); say(line): the notice naming the file's blocks requantized (gguf/blocks.py)."""
-    from specchat.kernels.build import q4_kernel
-
     exact = None
     if blocks is None and gguf is not None:
-        from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
-
         if _weights_unloaded(model):  # a slim checkpoint (loading/gguf/slim.py): every block from the file
             streamed = streamed_blocks(gguf(), model, finer_bits, say)
             blocks = {name: Q4Tiles.from_block(block) for name, block in streamed}
@@ -98,16 +95,6 @@ SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activation
 def cache_path(identity: str, dtype_label: str, mode: str) -> Path:
     mode = SAME_WEIGHTS.get(mode, mode)
     return cache_dir() / "quantized" / f"{identity[:16]}-{dtype_label}-{mode}-v{FORMATS.get(mode, FORMAT)}.safetensors"
-
-
-def directory_identity(directory: Path) -> str:
-    """A fingerprint of a model directory: its path and each file's name, size and mtime."""
-    digest = hashlib.sha256(str(directory.resolve()).encode())
-    for path in sorted(directory.iterdir()):
-        if path.is_file():
-            stat = path.stat()
-            digest.update(f"{path.name} {stat.st_size} {stat.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
 
 
 def quantize_with_cache(

@@ -18,6 +18,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from specchat.quant.block_embedding import BlockEmbedding
+from specchat.quant.w4a8 import Q4Linear
+
 MADV_POPULATE_READ = 22
 
 
@@ -36,8 +39,6 @@ def _madvise():
 
 def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Every tensor a forward reads: parameters, buffers, and the w4a8 layers' blocks."""
-    from specchat.quant.w4a8 import Q4Linear
-
     tensors = [*model.parameters(), *model.buffers()]
     for module in model.modules():
         if isinstance(module, Q4Linear):
@@ -48,8 +49,6 @@ def model_tensors(model: nn.Module) -> list[torch.Tensor]:
 def read_whole(model: nn.Module, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Of a model's tensors, those a forward reads whole: not an embedding table in blocks, of which a chat
     reads a few hundred rows (it is mapped from the cache, and the rest of it stays on disk)."""
-    from specchat.quant.block_embedding import BlockEmbedding
-
     tables = {id(module.blocks) for module in model.modules() if isinstance(module, BlockEmbedding)}
     return [tensor for tensor in tensors if id(tensor) not in tables]
 

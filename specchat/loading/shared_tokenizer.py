@@ -1,9 +1,12 @@
-"""One tokenizer for a pair whose two checkpoints hold the same tokenizer files.
+"""A checkpoint's tokenizer (the last materialise step), and one tokenizer for a pair whose two checkpoints
+hold the same tokenizer files.
 
 A target and its drafter usually ship byte-identical tokenizer files (the bundled Qwen2.5-Coder pair
 does: 11 MB of tokenizer.json each). Reading them twice, and then comparing 152k ids one by one to
 prove the two tokenizers agree, took about 2 s of a 15 s start. When the files are the same, the
 drafter gets the target's tokenizer object and there is nothing to compare.
+
+A tokenizer with no chat template (a base model's, gpt2's) gets specchat's plain User:/Assistant: one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,24 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from specchat.loading.checkpoint import Checkpoint
+from specchat.loading.hfquiet import quiet_transformers
+from specchat.loading.plan import ModelPlan
+from specchat.loading.sources import load_failure
+
+# Used only for models whose tokenizer has no chat template (base models such as gpt2);
+# ModelFacts.template says so, for the banner.
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
+    "{% else %}Assistant: {{ m['content'] }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+PLAIN_TURN_STOP = "\nUser:"  # a base model under PLAIN_TEMPLATE that writes this has begun the user's next turn
 
 # What AutoTokenizer reads from a directory: the tokenizer's own files, chat templates, remote code.
 TOKENIZER_FILES = re.compile(
@@ -41,3 +62,38 @@ def _model_type(folder: Path) -> str:
         return str(json.loads((folder / "config.json").read_text()).get("model_type", ""))
     except (OSError, ValueError, AttributeError):
         return ""
+
+
+def shared_tokenizer(checkpoint: Checkpoint, plan: ModelPlan, tokenizers: dict | None = None) -> tuple[Any, str]:
+    """The tokenizer already read from identical files (local checkpoints only), else a new one; with whether
+    its chat template is its own or specchat's plain one. `tokenizers`: digest of the files -> (tokenizer, template)."""
+    shareable = tokenizers is not None and checkpoint.local
+    key = tokenizer_digest(checkpoint.location, plan.trust_remote_code) if shareable else None
+    if key is None or tokenizers is None:
+        return load_tokenizer(checkpoint, plan)
+    if key not in tokenizers:
+        tokenizers[key] = load_tokenizer(checkpoint, plan)
+    return tokenizers[key]
+
+
+def load_tokenizer(checkpoint: Checkpoint, plan: ModelPlan) -> tuple[Any, str]:
+    """The tokenizer, and whether its chat template is its own or specchat's plain one."""
+    try:
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(checkpoint.location, **checkpoint.load_kwargs)
+    except Exception as err:  # any failure inside transformers becomes one line for the user
+        raise load_failure(err, plan.source, "the tokenizer") from err
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer, "own"
+    tokenizer.chat_template = plain_template(tokenizer)
+    return tokenizer, "plain"
+
+
+def plain_template(tokenizer) -> str:
+    """PLAIN_TEMPLATE, opened with the BOS token when the tokenizer puts one before ordinary text (Llama-2 does,
+    gpt2 and bloom do not): apply_chat_template adds no special tokens of its own."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    ids = tokenizer("a")["input_ids"]
+    if bos is not None and ids and ids[0] == bos:
+        return "{{ bos_token }}" + PLAIN_TEMPLATE
+    return PLAIN_TEMPLATE

@@ -6,8 +6,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.errors import ModelLoadError
+from specchat.errors import ModelLoadError, one_line
+from specchat.loading.assets import bundled_model
 
+OFFLINE_HINT = (
+    "if there is no network, set HF_HUB_OFFLINE=1 to use the local hub cache, "
+    "or point the source at a local directory or .gguf file"
+)
 BUNDLED_PREFIX = "bundled:"
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -42,8 +47,6 @@ def resolve_source(source: str) -> Source:
 
 
 def _bundled(name: str) -> Source:
-    from specchat.loading.assets import bundled_model
-
     return Source("bundled", name, bundled_model(name).name)
 
 
@@ -54,3 +57,12 @@ def _file(path: Path) -> Source:
             f"directory with config.json, a .gguf file, or a hub id"
         )
     return Source("gguf", str(path.resolve()), path.stem)
+
+
+def load_failure(err: Exception, source: Source, what: str) -> ModelLoadError:
+    """The one line a failure to read `what` (the model, the tokenizer) of a source ends the start with."""
+    if source.kind == "hub":
+        return ModelLoadError(
+            f"cannot load {what} of {source.location} from the Hugging Face hub ({one_line(err)}); {OFFLINE_HINT}"
+        )
+    return ModelLoadError(f"cannot load {what} of {source.name} from {source.location}: {one_line(err)}")

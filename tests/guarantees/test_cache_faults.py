@@ -44,7 +44,7 @@ from tiny_models import build_model, build_tokenizer
 
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
-from specchat.loading import assets, quantized_cache, tensor_file
+from specchat.loading import assets, checkpoint, quantized_cache, tensor_file
 from specchat.loading.gguf import convert as gguf_convert
 from specchat.loading.models import load_model
 
@@ -110,7 +110,7 @@ class Artefact:
             return assets.cache_dir() / "gguf" / world.bundle.filename
         if self.label == "converted":
             return gguf_convert.converted_dir(world.bundle.sha256, torch.float32)
-        identity = quantized_cache.directory_identity(world.model_dir)
+        identity = checkpoint.directory_identity(world.model_dir)
         return quantized_cache.cache_path(identity, "float32", "w8a8")
 
     def accepted(self, world: World) -> bool:

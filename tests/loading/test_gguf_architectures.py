@@ -11,8 +11,7 @@ from tiny_models import build_tokenizer
 
 from specchat.config import load_config
 from specchat.errors import ModelLoadError
-from specchat.loading import devices
-from specchat.loading import models as model_loading
+from specchat.loading import devices, plan
 from specchat.loading.gguf.config import file_config, set_head_size
 from specchat.loading.models import load_pair
 
@@ -20,7 +19,7 @@ from specchat.loading.models import load_pair
 @pytest.fixture(autouse=True)
 def on_the_cpu(monkeypatch):
     resolve = devices.resolve_device
-    monkeypatch.setattr(model_loading, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
+    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
 
 
 @pytest.fixture(autouse=True)

@@ -311,13 +311,13 @@ def test_q4_k_rows_that_are_not_whole_blocks_are_refused():
 def test_a_damaged_gguf_source_is_one_line_at_load_and_at_the_cli(real, tmp_path, monkeypatch, request, quantization):
     """`target.source=bad.gguf`: through models.load_model (the w4a8 modes read the header to choose a slim
     conversion, the others convert through transformers) and the CLI, one line, no traceback."""
-    from specchat.loading import models
+    from specchat.loading import models, plan
     from specchat.tui.cli import main
 
     if quantization == "w4a8":
         request.getfixturevalue("kernel")  # built (once) in the real cache, not again in this test's
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "resolve_device", lambda device: "cpu")
+    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu")
     path = tmp_path / "cut.gguf"
     path.write_bytes(real[0][: len(real[0]) // 2])
     with pytest.raises(ModelLoadError, match=f"{path} is not a readable GGUF file: tensor .* runs past the end"):

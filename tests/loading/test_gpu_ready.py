@@ -3,12 +3,15 @@ GPU, with the device decisions monkeypatched. The tests that need a real GPU are
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from tiny_models import build_model, build_tokenizer
 
 from specchat.config import ModelConfig
-from specchat.loading import models
+from specchat.loading import models, shared_tokenizer
+from specchat.loading import plan as planning
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +35,10 @@ def cache(tmp_path, monkeypatch):
 
 def pretend_gpu(monkeypatch, device: str = "cuda:0") -> None:
     """load_model decides for `device`, but the weights still land on the CPU (there is no GPU here)."""
-    monkeypatch.setattr(models, "resolve_device", lambda asked: device)
-    monkeypatch.setattr(models, "resolve_dtype", lambda dtype, device, quantization="none": torch.float32)
-    place = models.placement_kwargs
-    monkeypatch.setattr(models, "placement_kwargs", lambda mc, role, device, dtype: place(mc, role, "cpu", dtype))
+    monkeypatch.setattr(planning, "resolve_device", lambda asked: device)
+    monkeypatch.setattr(planning, "resolve_dtype", lambda dtype, device, quantization="none": torch.float32)
+    place = planning.placement_kwargs
+    monkeypatch.setattr(planning, "placement_kwargs", lambda mc, role, device, dtype: place(mc, role, "cpu", dtype))
 
 
 # ----- item 4: weight-only int8 is for the CPU ---------------------------------------------------
@@ -91,7 +94,7 @@ def base_tokenizer(adds_bos: bool, names_bos: bool = True):
 def test_plain_template_opens_with_bos_only_where_the_tokenizer_adds_one(adds_bos, names_bos):
     tokenizer = base_tokenizer(adds_bos, names_bos)
     assert (tokenizer("a")["input_ids"][0] == tokenizer.bos_token_id) == adds_bos  # what the template follows
-    tokenizer.chat_template = models.plain_template(tokenizer)
+    tokenizer.chat_template = shared_tokenizer.plain_template(tokenizer)
     turn = [{"role": "user", "content": "hi"}]
     text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
     assert text == (BOS if adds_bos else "") + "User: hi\nAssistant:"
@@ -172,21 +175,21 @@ def test_the_drafter_is_placed_before_a_target_spread_by_device_map_auto(
 
     pretend_gpu(monkeypatch)
     loads = []
-    load_weights = models._load_weights
+    load_weights = models.load_weights
 
-    def recorded(checkpoint, mc, source, placement):
-        loads.append((checkpoint.location, placement))
-        here = {key: value for key, value in placement.items() if key != "max_memory"}  # no GPU 0 here
-        return load_weights(checkpoint, mc, source, here)
+    def recorded(checkpoint, plan):
+        loads.append((checkpoint.location, plan.placement))
+        here = {key: value for key, value in plan.placement.items() if key != "max_memory"}  # no GPU 0 here
+        return load_weights(checkpoint, replace(plan, placement=here))
 
-    monkeypatch.setattr(models, "_load_weights", recorded)
+    monkeypatch.setattr(models, "load_weights", recorded)
     max_memory = {"0": "20GiB", "cpu": "64GiB"} if device_map else {}
     cfg = Config(
         target=ModelConfig(source=str(target_dir), device="cuda", device_map=device_map, max_memory=max_memory),
         drafter=ModelConfig(source=str(drafter_dir), device="cuda:0"),
         speculation=SpeculationConfig(mode="spec"),
     )
-    assert models.drafter_loads_first(cfg) == (first == "drafter")
+    assert planning.drafter_loads_first(cfg) == (first == "drafter")
     pair = models.load_pair(cfg)
     order = [location for location, _ in loads]
     assert order == ([str(drafter_dir), str(target_dir)] if first == "drafter" else [str(target_dir), str(drafter_dir)])

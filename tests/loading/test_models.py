@@ -12,8 +12,9 @@ from model_files import PROMPT, greedy_reply, logits, save_dir, tiny_qwen2, writ
 from tiny_models import CHATML, build_model, build_tokenizer
 
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
-from specchat.loading import assets, devices
+from specchat.loading import assets, devices, shared_tokenizer
 from specchat.loading import models as model_loading
+from specchat.loading import plan as planning
 from specchat.loading.gguf import convert as gguf_convert
 from specchat.loading.models import ModelFacts, ModelLoadError, load_model, load_pair
 from specchat.loading.shared_tokenizer import tokenizer_digest
@@ -26,10 +27,8 @@ from specchat.spec.sampling import probs_from_logits
 def on_the_cpu(monkeypatch):
     """These tests mean the CPU (they feed CPU ids, expect CPU kernels): device "auto" resolves to it even where
     torch sees a GPU. tests/gpu/ runs a pair on CUDA."""
-    from specchat.loading import models as loading
-
     resolve = devices.resolve_device
-    monkeypatch.setattr(loading, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
+    monkeypatch.setattr(planning, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
 
 
 # ----- tiny checkpoints on disk -----------------------------------------------------------------
@@ -91,8 +90,8 @@ def test_load_pair_from_local_directories(target_dir, drafter_dir, tok):
 
 def test_a_pair_with_the_same_tokenizer_files_reads_them_once(target_dir, drafter_dir, monkeypatch):
     reads = []
-    real = model_loading._load_tokenizer
-    monkeypatch.setattr(model_loading, "_load_tokenizer", lambda *args: reads.append(args[0].location) or real(*args))
+    real = shared_tokenizer.load_tokenizer
+    monkeypatch.setattr(shared_tokenizer, "load_tokenizer", lambda *args: reads.append(args[0].location) or real(*args))
     load_pair(local_cfg(str(target_dir[0]), str(drafter_dir[0])))
     assert reads == [str(target_dir[0])]  # the drafter's files are the target's, byte for byte
     reads.clear()
@@ -453,12 +452,10 @@ def test_a_pair_split_over_device_types_is_refused_before_loading(monkeypatch):
     with pytest.raises(ModelLoadError, match="the target is on cuda and the drafter on cpu: put both on") as err:
         devices.check_device_types("cuda", "cpu")
     assert "\n" not in str(err.value)
-    monkeypatch.setattr(devices, "resolve_device", lambda device: device)
-    import specchat.loading.models as models
-
-    monkeypatch.setattr(models, "resolve_device", lambda device: device)
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded before the check"))
-    cfg = Config(target=ModelConfig(source="t", device="cuda"), drafter=ModelConfig(source="d", device="cpu"))
+    monkeypatch.setattr(planning, "resolve_device", lambda device: device)
+    monkeypatch.setattr(model_loading, "load_planned", lambda *a, **k: pytest.fail("loaded before the check"))
+    target = ModelConfig(source="t", device="cuda", dtype="float32")  # its plan asks no GPU for its dtype
+    cfg = Config(target=target, drafter=ModelConfig(source="d", device="cpu"))
     with pytest.raises(ModelLoadError, match="put both on"):
         load_pair(cfg)
 
@@ -604,7 +601,7 @@ def test_broken_local_checkpoints_are_one_line_errors(tmp_path, tok):
 @pytest.mark.parametrize("mode", ["w8a8", "w4a8", "w4a8-fast"])
 def test_w8a8_off_the_cpu_loads_unquantized_with_one_notice(mode):
     from specchat.config import ModelConfig
-    from specchat.loading.models import runnable_quantization
+    from specchat.loading.quantization_choice import runnable_quantization
 
     notices = []
     mc = ModelConfig(source="bundled:x", quantization=mode)

@@ -22,9 +22,9 @@ from specchat.tui.render import banner
 @pytest.fixture(autouse=True)
 def on_the_cpu(monkeypatch):
     """device "auto" means the CPU here, as in test_models.py."""
-    from specchat.loading import models
+    from specchat.loading import plan
 
-    monkeypatch.setattr(models, "resolve_device", lambda device: "cpu" if device in ("auto", "cpu") else device)
+    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device in ("auto", "cpu") else device)
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ from safetensors import safe_open
 from tiny_models import build_tokenizer
 
 from specchat.config import ModelConfig
-from specchat.loading import assets, devices
-from specchat.loading import models as model_loading
+from specchat.loading import assets, devices, plan
 from specchat.loading.gguf import tensors as gguf_tensors
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.models import load_model
@@ -30,7 +29,7 @@ from specchat.quant.w4a8 import Q4Block, Q4Linear
 @pytest.fixture(autouse=True)
 def on_the_cpu(monkeypatch):
     resolve = devices.resolve_device
-    monkeypatch.setattr(model_loading, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
+    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
 
 
 @pytest.fixture
