@@ -49,6 +49,16 @@ def test_phi3s_fused_layers_run_on_the_lean_forward_with_transformers_logits():
         assert ours.shape == theirs.shape and torch.allclose(ours, theirs, atol=1e-4, rtol=0)
 
 
+def test_a_phi3_with_a_sliding_window_runs_lean_with_transformers_logits():
+    """Phi-3-mini-4k's config has a window (2047 keys): transformers' Phi-3 reads it from the config, as the lean
+    forward does."""
+    model = phi3(sliding_window=8, initializer_range=0.2)
+    ours = logits_in_pieces(lean_copy(model), IDS, 20, [1, 4, 7])  # no crop: transformers' window cache has none
+    assert torch.allclose(ours, logits_in_pieces(model, IDS, 20, [1, 4, 7]), atol=1e-4, rtol=0)
+    unwindowed = logits_in_pieces(lean_copy(phi3(initializer_range=0.2)), IDS, 20, [1, 4, 7])
+    assert not torch.allclose(ours, unwindowed, atol=1e-3, rtol=0)
+
+
 def test_greedy_speculative_equals_target_only_on_phi3s_lean_forward(tokenizer):
     target = lean_copy(phi3(seed=1, initializer_range=0.2))
     drafter = noisy_head_copy(target)
