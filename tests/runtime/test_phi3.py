@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from model_files import tiny_model
@@ -59,6 +60,7 @@ def test_a_phi3_with_a_sliding_window_runs_lean_with_transformers_logits():
     assert not torch.allclose(ours, unwindowed, atol=1e-3, rtol=0)
 
 
+@pytest.mark.slow  # the compiled layers' test below runs the same engine on the fused layers
 def test_greedy_speculative_equals_target_only_on_phi3s_lean_forward(tokenizer):
     target = lean_copy(phi3(seed=1, initializer_range=0.2))
     drafter = noisy_head_copy(target)
