@@ -44,12 +44,12 @@ class ModelPlan:
 
 def plan_pair(cfg: Config, progress: Progress | None = None) -> list[ModelPlan]:
     """The target's plan and (when configured) the drafter's, in the order they load (drafter_loads_first)."""
-    kernel, kv_cache = cfg.runtime.kernel, cfg.runtime.kv_cache
+    kernel, kv_cache, drafter_first = cfg.runtime.kernel, cfg.runtime.kv_cache, drafter_loads_first(cfg)
     target = plan_model(cfg.target, "target", kernel, kv_cache, progress)
     if not cfg.drafter.source:
         return [target]
     drafter = plan_model(cfg.drafter, "drafter", kernel, kv_cache, progress, beside=target.device)
-    return [drafter, target] if drafter_loads_first(cfg) else [target, drafter]
+    return [drafter, target] if drafter_first else [target, drafter]
 
 
 def drafter_loads_first(cfg: Config) -> bool:
