@@ -99,7 +99,7 @@ def qwen_tokenizer(cache: Path):
     return AutoTokenizer.from_pretrained(str(cache))
 
 
-def build(shape: str, out: Path, tokenizer_cache: Path) -> None:
+def build(shape: str, out: Path, tokenizer_cache: Path, untied: bool = False) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -116,7 +116,7 @@ def build(shape: str, out: Path, tokenizer_cache: Path) -> None:
     pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = config_class(
         vocab_size=len(tokenizer),
-        tie_word_embeddings=True,
+        tie_word_embeddings=not untied,
         initializer_range=STD,
         bos_token_id=pad,
         eos_token_id=eos,
@@ -136,7 +136,8 @@ def build(shape: str, out: Path, tokenizer_cache: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    print(f"{out}: {shape} ({architecture}), {params / 1e9:.2f}B parameters, vocab {len(tokenizer)}")
+    tied = "an output matrix of its own" if untied else "tied embeddings"
+    print(f"{out}: {shape} ({architecture}), {params / 1e9:.2f}B parameters, vocab {len(tokenizer)}, {tied}")
 
 
 def measure_specchat(gguf: Path, threads: int, tokens: int, repeats: int, context: int) -> dict:
@@ -168,7 +169,7 @@ def measure_specchat(gguf: Path, threads: int, tokens: int, repeats: int, contex
     decode = []
     for _ in range(repeats):
         stats = reply()
-        # forwards after the prompt's: new_tokens - 1 of them (the first token comes with the prompt's logits)
+        # the prefill reads all but the prompt's last token: each of the new_tokens is one forward of one token
         decode.append(stats.new_tokens / stats.generation_s)
     times = {}
     with torch.inference_mode():
@@ -237,7 +238,7 @@ def table(results: Path) -> str:
     entries = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
     files = list(dict.fromkeys(e["file"] for e in entries))
     kernels = sorted({e["kernel"] for e in entries if e["tool"] == "specchat" and "kernel" in e})
-    threads = sorted({str(e.get("threads")) for e in entries})
+    threads = sorted({str(e["threads"]) for e in entries if e.get("threads")})
     lines = [
         f"CPU: {cpu_name()} · specchat kernel path: {', '.join(kernels) or '—'} · threads {', '.join(threads)} · "
         f"{len(entries) // max(1, 2 * len(files))} round(s), medians",
@@ -285,6 +286,7 @@ def main(argv=None) -> int:
     b.add_argument("--shape", choices=sorted(SHAPES), required=True)
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--tokenizer-cache", type=Path, required=True, help="where the Qwen tokenizer is kept")
+    b.add_argument("--untied", action="store_true", help="an output matrix apart from the embeddings")
     s = sub.add_parser("specchat", help="specchat's decode tok/s, T(1) and T(5) on a GGUF file")
     s.add_argument("--gguf", type=Path, required=True)
     s.add_argument("--threads", type=int, default=2)
@@ -301,7 +303,7 @@ def main(argv=None) -> int:
     t.add_argument("results", type=Path)
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.shape, args.out, args.tokenizer_cache)
+        build(args.shape, args.out, args.tokenizer_cache, args.untied)
         return 0
     if args.command == "table":
         print(table(args.results))

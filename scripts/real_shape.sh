@@ -2,7 +2,7 @@
 # specchat vs llama.cpp's llama-bench at real shapes (issue 52's speed goal), on the same GGUF files.
 #
 #   scripts/real_shape.sh --llamacpp DIR --out DIR [--shape real|tiny] [--rounds 2] [--tokens 64]
-#                         [--threads 2] [--context 32] [--prepare-only]
+#                         [--threads 2] [--context 32] [--untied] [--prepare-only]
 #
 # DIR (--llamacpp): a llama.cpp tree with convert_hf_to_gguf.py, gguf-py/ and the built tools
 # build/bin/llama-bench and build/bin/llama-quantize.
@@ -15,13 +15,15 @@
 # engine and T(1), T(5) after a CONTEXT-token context, the default config with target.source=FILE and no
 # drafter). Threads: THREADS for both. The results go to OUT/results-<shape>-<time>.jsonl, and the table
 # (medians over the rounds) is printed and written beside them (.md).
+# --untied: the same shapes with an output matrix apart from the embeddings (files *-untied-*; the same
+# work per token for both tools), for a specchat that cannot yet load a tied-embedding quantized file.
 # --prepare-only makes the files and stops: nothing is timed.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 python="${PYTHON:-$repo/.venv/bin/python}"
-llamacpp="" out="" shape="real" rounds=2 tokens=64 threads=2 context=32 prepare_only=0
+llamacpp="" out="" shape="real" rounds=2 tokens=64 threads=2 context=32 prepare_only=0 untied=""
 
 die() {
     echo "real_shape.sh: error: $*" >&2
@@ -37,8 +39,9 @@ while [ $# -gt 0 ]; do
     --tokens) tokens="${2:-}"; shift 2 ;;
     --threads) threads="${2:-}"; shift 2 ;;
     --context) context="${2:-}"; shift 2 ;;
+    --untied) untied="--untied"; shift ;;
     --prepare-only) prepare_only=1; shift ;;
-    -h | --help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -67,13 +70,15 @@ pydeps="$out/pydeps"
 export PYTHONPATH="$llamacpp/gguf-py:$pydeps${PYTHONPATH:+:$PYTHONPATH}"
 
 files=()
-for name in "${shapes[@]}"; do
+for shape_name in "${shapes[@]}"; do
+    name="$shape_name${untied:+-untied}"
     hf="$out/hf/$name"
     f16="$out/gguf/$name-F16.gguf"
     need=0
     for q in Q4_K_M Q8_0; do [ -s "$out/gguf/$name-$q.gguf" ] || need=1; done
     if [ "$need" = 1 ] && [ ! -s "$f16" ]; then
-        "$python" "$here/real_shape.py" build --shape "$name" --out "$hf" --tokenizer-cache "$out/qwen-tokenizer"
+        "$python" "$here/real_shape.py" build --shape "$shape_name" --out "$hf" \
+            --tokenizer-cache "$out/qwen-tokenizer" $untied
         if ! "$python" -c "import sentencepiece" 2>/dev/null; then
             "$python" -m pip install --quiet --target "$pydeps" "sentencepiece>=0.1.98,<0.3.0" ||
                 die "cannot install sentencepiece (convert_hf_to_gguf.py imports it) into $pydeps"
@@ -98,7 +103,7 @@ ls -l "${files[@]}"
 [ "$prepare_only" = 0 ] || exit 0
 
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
-results="$out/results-$shape-$stamp.jsonl"
+results="$out/results-$shape${untied:+-untied}-$stamp.jsonl"
 logs="$out/logs-$stamp"
 mkdir -p "$logs"
 echo "timing ${#files[@]} files, $rounds round(s), $threads threads, $tokens tokens at depth $context; results in $results"
