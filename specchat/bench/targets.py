@@ -185,7 +185,7 @@ def quantization_modes(text: str) -> list[str]:
 def _line(r: dict) -> str:
     ms = r["ms"]
     if ms is None:
-        return f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.4f} over {r['tokens']} tokens"
+        return f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.2e} over {r['tokens']} tokens"
     ratios = " · ".join(f"T({rows})/T(1) {ms[rows] / ms[1]:.2f}" for rows in VERIFY_ROWS[1:])
     return (
         f"{r['quantization']:>14} {r['dtype']:>9} · top-1 {r['top1']:.1%} · KL {r['kl']:.4f} · "
