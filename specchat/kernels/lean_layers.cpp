@@ -4,13 +4,16 @@
 // SiLU, residuals) is a plain loop over one row's numbers: no torch dispatch, and a row's result
 // never depends on how many rows were fed with it (each row takes the same steps in the same order),
 // so a verification forward gives bitwise what one-token steps give. Qwen3's layers norm each head's query
-// and key (add_head_norms) before the rotation.
+// and key (add_head_norms) before the rotation. Gemma's layers add norms after attention and after the MLP
+// (add_sandwich_norms), a GELU-tanh MLP (set_activation), soft-capped scores (set_softcap), and windows and
+// rotary tables of their own (set_layer_attention); their 1 + w norms come folded into the weights.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "q4/q4_kernel.h"
@@ -56,6 +59,9 @@ struct Layer {
   int64_t gate_width;
   torch::Tensor q_norm, k_norm;  // RMSNorm weights [head_dim] over each head's query and key; undefined: none
   double head_eps = 0;
+  torch::Tensor attention_out_norm, mlp_out_norm;  // Gemma's norms of o_proj's and down's outputs; undefined: none
+  int64_t window = 0;  // the keys a row reads: its own and the window − 1 before it; 0: every earlier one
+  int64_t rope_table = 0;  // which of the forward's rotary tables the layer takes
 };
 
 Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
@@ -121,14 +127,18 @@ void rotate_into(const float* x, const float* cos, const float* sin, int64_t dim
   for (int64_t d = half; d < dim; ++d) out[d] = x[d] * cos[d] + x[d - half] * sin[d];
 }
 
-// gate_up [rows, 2·width] → silu(gate)·up [rows, width], silu(g) = g / (1 + e^−g).
-void silu_mul_rows(const float* gate_up, int64_t rows, int64_t width, float* out) {
+// gate_up [rows, 2·width] → act(gate)·up [rows, width]: silu(g) = g / (1 + e^−g), or (gelu_tanh) GELU's tanh
+// form 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))), computed as g / (1 + e^−2·√(2/π)·(g + 0.044715·g³)) (the same
+// function: 0.5·(1 + tanh(z)) = 1 / (1 + e^−2z)).
+void act_mul_rows(const float* gate_up, int64_t rows, int64_t width, bool gelu_tanh, float* out) {
   const F8 one = simd::splat(1.0f), zero = simd::splat(0.f);
+  const F8 linear = simd::splat(1.5957691216057308f), cubic = simd::splat(1.5957691216057308f * 0.044715f);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < width; i += LANES) {
       const F8 gate = simd::load(gate_up + r * 2 * width + i);
       const F8 up = simd::load(gate_up + r * 2 * width + width + i);
-      simd::store(out + r * width + i, gate / (one + simd::exp(zero - gate)) * up);
+      const F8 z = gelu_tanh ? gate * (linear + cubic * gate * gate) : gate;
+      simd::store(out + r * width + i, gate / (one + simd::exp(zero - z)) * up);
     }
 }
 
@@ -169,6 +179,16 @@ void head_scores(const float* queries, const T* keys, int64_t length, int64_t di
   }
 }
 
+// One head's scores [length] (room for padded) → tanh(score / cap)·cap (Gemma-2's soft-capping), in place; its
+// highest. What lies past length is overwritten by numerators.
+float soft_cap(float* row, int64_t length, int64_t padded, float cap) {
+  const F8 limit = simd::splat(cap);
+  for (int64_t j = 0; j < padded; j += LANES) simd::store(row + j, simd::tanh(simd::load(row + j) / limit) * limit);
+  float best = -INFINITY;
+  for (int64_t j = 0; j < length; ++j) best = std::max(best, row[j]);
+  return best;
+}
+
 // One head's scores [length] (room for padded) → softmax's numerators e^(score − best), in place; their sum, in order.
 float numerators(float* row, int64_t length, int64_t padded, float best) {
   std::fill(row + length, row + padded, -INFINITY);
@@ -204,14 +224,16 @@ void weighted_values(const float* weights, const float* total, const T* values, 
 }
 
 // G query heads of one row that share a key/value head over keys and values [length, dim]:
-// softmax(q·k · scaling) · v into out (G·dim). Each head's numbers take the same steps in the same order
+// softmax(q·k · scaling, soft-capped where cap > 0) · v into out (G·dim). Each head's numbers take the same steps in the same order
 // whatever G is and whatever other rows are fed, so the forward stays batch-invariant. scores: G·padded floats.
 template <int G, typename T>
 void attend_heads(const float* queries, const T* keys, const T* values, int64_t length, int64_t dim, float scaling,
-                  float* scores, float* out) {
+                  float cap, float* scores, float* out) {
   const int64_t padded = (length + LANES - 1) / LANES * LANES;
   float best[G], total[G];
   head_scores<G>(queries, keys, length, dim, scaling, padded, scores, best);
+  if (cap > 0)
+    for (int g = 0; g < G; ++g) best[g] = soft_cap(scores + g * padded, length, padded, cap);
   for (int g = 0; g < G; ++g) total[g] = numerators(scores + g * padded, length, padded, best[g]);
   weighted_values<G>(scores, total, values, length, dim, padded, out);
 }
@@ -219,11 +241,11 @@ void attend_heads(const float* queries, const T* keys, const T* values, int64_t 
 // attend_heads for `count` heads (1..MAX_HEADS), chosen at run time.
 template <typename T, int G = MAX_HEADS>
 void attend_count(int count, const float* queries, const T* keys, const T* values, int64_t length, int64_t dim,
-                  float scaling, float* scores, float* out) {
+                  float scaling, float cap, float* scores, float* out) {
   if constexpr (G > 1) {
-    if (count < G) return attend_count<T, G - 1>(count, queries, keys, values, length, dim, scaling, scores, out);
+    if (count < G) return attend_count<T, G - 1>(count, queries, keys, values, length, dim, scaling, cap, scores, out);
   }
-  attend_heads<G>(queries, keys, values, length, dim, scaling, scores, out);
+  attend_heads<G>(queries, keys, values, length, dim, scaling, cap, scores, out);
 }
 
 constexpr int64_t MAX_SIZE = int64_t{1} << 24;  // the most heads, head_dim, hidden or MLP width taken (no overflow)
@@ -282,6 +304,38 @@ class LeanLayers {
     layer.head_eps = eps;
   }
 
+  // Norms [width] of the layer added last's attention output (before its residual add) and MLP output (Gemma's
+  // post_attention_layernorm and post_feedforward_layernorm; add_layer's post_norm is then its pre_feedforward one),
+  // with the layer's eps.
+  void add_sandwich_norms(torch::Tensor attention_out_norm, torch::Tensor mlp_out_norm) {
+    TORCH_CHECK(!layers_.empty(), "add_layer before its sandwich norms");
+    check_norm(attention_out_norm, width_, "the attention output's norm");
+    check_norm(mlp_out_norm, width_, "the MLP output's norm");
+    layers_.back().attention_out_norm = attention_out_norm;
+    layers_.back().mlp_out_norm = mlp_out_norm;
+  }
+
+  // The layer added last reads a sliding window of `window` keys (0: all of them) and takes rotary table
+  // `rope_table` of the forward's cos and sin.
+  void set_layer_attention(int64_t window, int64_t rope_table) {
+    TORCH_CHECK(!layers_.empty(), "add_layer before its attention's window");
+    TORCH_CHECK(window >= 0 && rope_table >= 0, "window and rope_table must be >= 0, not ", window, ", ", rope_table);
+    layers_.back().window = window;
+    layers_.back().rope_table = rope_table;
+  }
+
+  // The MLP's activation for every layer: "silu" (the default) or "gelu_tanh".
+  void set_activation(const std::string& name) {
+    TORCH_CHECK(name == "silu" || name == "gelu_tanh", "the activation must be silu or gelu_tanh, not ", name);
+    gelu_tanh_ = name == "gelu_tanh";
+  }
+
+  // Attention scores soft-capped as tanh(s / cap)·cap in every layer (Gemma-2's); 0: not capped.
+  void set_softcap(double cap) {
+    TORCH_CHECK(cap >= 0, "the soft-cap must be >= 0, not ", cap);
+    softcap_ = static_cast<float>(cap);
+  }
+
   // The decoder's norm after its last layer (what forward_tail applies).
   void set_final_norm(torch::Tensor weight, double eps) {
     const int64_t width = width_ ? width_ : width_from(weight, "the final norm");
@@ -295,7 +349,8 @@ class LeanLayers {
 
   // hidden [1, fed, hidden] float32 after `start` cached tokens → hidden after every layer; writes
   // each layer's keys and values [kv_heads, capacity, head_dim] at start..start+fed. Row i attends
-  // to the keys up to start + i. cos, sin: [fed, head_dim], the rows' rotary tables.
+  // to the keys up to start + i (a window: the last `window` of them). cos, sin: [fed, head_dim], the rows' rotary
+  // tables, or [tables, fed, head_dim], each layer taking its own (set_layer_attention).
   torch::Tensor forward(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
                         const std::vector<torch::Tensor>& values, const torch::Tensor& cos,
                         const torch::Tensor& sin, int64_t start) {
@@ -355,6 +410,8 @@ class LeanLayers {
     check_projection(layer.down, "down", layer.gate_width, width);
     if (layer.q_norm.defined()) check_norm(layer.q_norm, head_dim_, "q_norm");
     if (layer.k_norm.defined()) check_norm(layer.k_norm, head_dim_, "k_norm");
+    if (layer.attention_out_norm.defined()) check_norm(layer.attention_out_norm, width, "the attention output's norm");
+    if (layer.mlp_out_norm.defined()) check_norm(layer.mlp_out_norm, width, "the MLP output's norm");
   }
 
   void check_hidden(const torch::Tensor& hidden, int64_t start) const {
@@ -367,9 +424,13 @@ class LeanLayers {
 
   void check_tables(const torch::Tensor& cos, const torch::Tensor& sin, int64_t fed) const {
     for (const auto& table : {cos, sin})
-      TORCH_CHECK(table.device().is_cpu() && table.dim() == 2 && table.scalar_type() == torch::kFloat32 &&
-                  table.is_contiguous() && table.size(0) == fed && table.size(1) == head_dim_,
-                  "cos and sin must be contiguous float32 [fed, head_dim] on the CPU");
+      TORCH_CHECK(table.device().is_cpu() && (table.dim() == 2 || table.dim() == 3) &&
+                  table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.sizes() == cos.sizes() &&
+                  table.size(-2) == fed && table.size(-1) == head_dim_,
+                  "cos and sin must be contiguous float32 [fed, head_dim] or [tables, fed, head_dim] on the CPU");
+    const int64_t tables = cos.dim() == 3 ? cos.size(0) : 1;
+    for (const auto& layer : layers_)
+      TORCH_CHECK(layer.rope_table < tables, "a layer takes rotary table ", layer.rope_table, " of ", tables);
   }
 
   // Each layer's keys and values [kv_heads, capacity, head_dim], with room for rows start..start+fed.
@@ -395,15 +456,26 @@ class LeanLayers {
     float* rows = state.data_ptr<float>();
     rms_norm_rows(rows, layer.input_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
     auto qkv = project(layer.qkv, normed);  // [fed, (heads + 2 kv_heads) head_dim]
-    attention(layer, qkv, keys, values, cos, sin, start, attended.data_ptr<float>());
-    const auto out = project(layer.out, attended);
+    const int64_t table = layer.rope_table * fed * head_dim_;  // the layer's rows of cos and sin (check_tables)
+    attention(layer, qkv, keys, values, cos.data_ptr<float>() + table, sin.data_ptr<float>() + table, start,
+              attended.data_ptr<float>());
+    auto out = project(layer.out, attended);
+    norm_rows_in_place(out, layer.attention_out_norm, layer.eps);
     add_rows(rows, width, out.data_ptr<float>(), width, fed, width);
     rms_norm_rows(rows, layer.post_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
     const auto gate_up = project(layer.gate_up, normed);  // [fed, 2·gate_width] (check_layer)
     auto mixed = torch::empty({fed, layer.gate_width}, state.options());
-    silu_mul_rows(gate_up.data_ptr<float>(), fed, layer.gate_width, mixed.data_ptr<float>());
-    const auto down = project(layer.down, mixed);
+    act_mul_rows(gate_up.data_ptr<float>(), fed, layer.gate_width, gelu_tanh_, mixed.data_ptr<float>());
+    auto down = project(layer.down, mixed);
+    norm_rows_in_place(down, layer.mlp_out_norm, layer.eps);
     add_rows(rows, width, down.data_ptr<float>(), width, fed, width);
+  }
+
+  // rows [fed, width] RMS-normed by weight, in place; nothing where the weight is undefined.
+  static void norm_rows_in_place(torch::Tensor& rows, const torch::Tensor& weight, double eps) {
+    if (weight.defined())
+      rms_norm_rows(rows.data_ptr<float>(), weight.data_ptr<float>(), rows.size(0), rows.size(1), eps,
+                    rows.data_ptr<float>());
   }
 
   // x [rows, in] → [rows, out] float32: the parts' kernel products side by side, plus the bias.
@@ -423,7 +495,7 @@ class LeanLayers {
   // place, writes the normed, rotated keys and the values into the cache at start.., and attends each query row
   // (causal) into out [fed, heads·head_dim].
   void attention(const Layer& layer, torch::Tensor& qkv, const torch::Tensor& keys, const torch::Tensor& values,
-                 const torch::Tensor& cos, const torch::Tensor& sin, int64_t start, float* out) {
+                 const float* cos, const float* sin, int64_t start, float* out) {
     switch (keys.scalar_type()) {
       case torch::kHalf:
         return attention_on(layer, qkv, keys.data_ptr<c10::Half>(), values.data_ptr<c10::Half>(), keys.size(1), cos, sin,
@@ -439,7 +511,7 @@ class LeanLayers {
 
   template <typename T>
   void attention_on(const Layer& layer, torch::Tensor& qkv, T* key_cache, T* value_cache, int64_t capacity,
-                    const torch::Tensor& cos, const torch::Tensor& sin, int64_t start, float* out) {
+                    const float* cos, const float* sin, int64_t start, float* out) {
     Stopwatch watch(times_, times_.attention);
     const int64_t fed = qkv.size(0), stride = qkv.size(1), dim = head_dim_;
     const int64_t q_width = heads_ * dim, kv_width = kv_heads_ * dim, groups = heads_ / kv_heads_;
@@ -448,8 +520,8 @@ class LeanLayers {
     std::vector<float> rotated(dim);
     for (int64_t r = 0; r < fed; ++r) {
       float* row = rows + r * stride;
-      const float* c = cos.data_ptr<float>() + r * dim;
-      const float* s = sin.data_ptr<float>() + r * dim;
+      const float* c = cos + r * dim;
+      const float* s = sin + r * dim;
       norm_heads(row, layer.q_norm, heads_, dim, layer.head_eps);
       norm_heads(row + q_width, layer.k_norm, kv_heads_, dim, layer.head_eps);
       for (int64_t h = 0; h < heads_; ++h) {
@@ -470,9 +542,10 @@ class LeanLayers {
       for (int64_t unit = begin; unit < end; ++unit) {
         const int64_t r = unit / (kv_heads_ * parts), kv = unit / parts % kv_heads_, first = kv * groups + unit % parts * MAX_HEADS;
         const int count = static_cast<int>(std::min<int64_t>(MAX_HEADS, (kv + 1) * groups - first));
-        attend_count<T>(count, rows + r * stride + first * dim, key_cache + kv * capacity * dim,
-                        value_cache + kv * capacity * dim, start + r + 1, dim, scaling_, scores.data(),
-                        out + r * q_width + first * dim);
+        const int64_t last = start + r, oldest = layer.window > 0 ? std::max<int64_t>(0, last + 1 - layer.window) : 0;
+        attend_count<T>(count, rows + r * stride + first * dim, key_cache + (kv * capacity + oldest) * dim,
+                        value_cache + (kv * capacity + oldest) * dim, last + 1 - oldest, dim, scaling_, softcap_,
+                        scores.data(), out + r * q_width + first * dim);
       }
     });
   }
@@ -480,6 +553,8 @@ class LeanLayers {
   int64_t heads_, kv_heads_, head_dim_;
   int64_t width_ = 0;  // the layers' hidden width: their first norm's (0 before one is added)
   float scaling_;
+  bool gelu_tanh_ = false;  // the MLP's activation: GELU-tanh, else SiLU
+  float softcap_ = 0;  // the attention scores' soft-cap; 0: none
   std::vector<Layer> layers_;
   torch::Tensor final_norm_;
   double final_eps_ = 0;
@@ -492,6 +567,10 @@ void register_lean_layers(pybind11::module& module) {
       .def("add_layer", &LeanLayers::add_layer)
       .def("__len__", &LeanLayers::size)
       .def("add_head_norms", &LeanLayers::add_head_norms)
+      .def("add_sandwich_norms", &LeanLayers::add_sandwich_norms)
+      .def("set_layer_attention", &LeanLayers::set_layer_attention)
+      .def("set_activation", &LeanLayers::set_activation)
+      .def("set_softcap", &LeanLayers::set_softcap)
       .def("set_final_norm", &LeanLayers::set_final_norm)
       .def("forward", &LeanLayers::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("forward_tail", &LeanLayers::forward_tail, pybind11::call_guard<pybind11::gil_scoped_release>())

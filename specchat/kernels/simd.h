@@ -34,6 +34,7 @@ inline F8 fma(F8 a, F8 b, F8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }  //
 inline F8 lesser(F8 a, F8 b) { return {_mm256_min_ps(a.v, b.v)}; }   // a < b ? a : b
 inline F8 greater(F8 a, F8 b) { return {_mm256_max_ps(a.v, b.v)}; }  // a > b ? a : b
 inline F8 keep_where_at_least(F8 a, F8 b) { return {_mm256_and_ps(_mm256_cmp_ps(a.v, b.v, _CMP_GE_OQ), a.v)}; }  // a >= b ? a : 0
+inline F8 select_less(F8 a, F8 b, F8 x, F8 y) { return {_mm256_blendv_ps(y.v, x.v, _mm256_cmp_ps(a.v, b.v, _CMP_LT_OQ))}; }  // a < b ? x : y
 inline F8 floor(F8 a) { return {_mm256_floor_ps(a.v)}; }
 // 2^n per lane, n a whole number in float32's exponent range.
 inline F8 power_of_two(F8 n) {
@@ -84,6 +85,11 @@ inline F8 fma(F8 a, F8 b, F8 c) {
 inline F8 lesser(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x < y ? x : y; }); }
 inline F8 greater(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x > y ? x : y; }); }
 inline F8 keep_where_at_least(F8 a, F8 b) { return each(a, b, [](float x, float y) { return x >= y ? x : 0.0f; }); }
+inline F8 select_less(F8 a, F8 b, F8 x, F8 y) {
+  F8 out;
+  for (int i = 0; i < LANES; ++i) out.v[i] = a.v[i] < b.v[i] ? x.v[i] : y.v[i];
+  return out;
+}
 inline F8 floor(F8 a) { return each(a, a, [](float x, float) { return std::floor(x); }); }
 inline F8 power_of_two(F8 n) {
   return each(n, n, [](float x, float) {
@@ -142,6 +148,18 @@ inline F8 exp(F8 x) {
     y = y * x + splat(c);
   y = y * square + x + splat(1.0f);
   return y * power_of_two(n);
+}
+
+// tanh per lane (Cephes' tanhf): an odd degree-9 polynomial below |x| = 0.625, else 1 − 2 / (e^2x + 1) on this
+// file's exp (±1 far out); relative error about 3e-7. Only the operations above, so every path gives the same bits.
+inline F8 tanh(F8 x) {
+  const F8 square = x * x;
+  F8 p = splat(-5.70498872745e-3f);
+  for (const float c : {2.06390887954e-2f, -5.37397155531e-2f, 1.33314422036e-1f, -3.33332819422e-1f})
+    p = p * square + splat(c);
+  const F8 small = p * square * x + x;
+  const F8 large = splat(1.0f) - splat(2.0f) / (exp(x + x) + splat(1.0f));
+  return select_less(square, splat(0.390625f), small, large);  // 0.390625 = 0.625²
 }
 
 }  // namespace simd

@@ -61,7 +61,9 @@ ARCHITECTURES = {
 
 # runtime/lean.py's Python loop; fused_projections (Phi-3) through runtime/fused.py in both loops
 LEAN_RUNS = frozenset({"qkv_bias", "qk_norm", "fused_projections", "sliding_window", "soft_capping", *GEMMA})
-COMPILED_RUNS = frozenset({"qkv_bias", "qk_norm", "fused_projections"})  # kernels/lean_layers.cpp via lean_native.py
+COMPILED_RUNS = frozenset(  # kernels/lean_layers.cpp via lean_native.py
+    {"qkv_bias", "qk_norm", "fused_projections", "sliding_window", "soft_capping", *GEMMA}
+)
 
 
 def model_needs(config) -> frozenset[str] | None:

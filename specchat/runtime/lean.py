@@ -159,8 +159,20 @@ class LeanForward:
     def native_loop(self):
         """The compiled layer loop, built on first use; None where the Python loop runs."""
         if self._native is None and not self.native_reason:
+            tables = list(dict.fromkeys(self.rope_types))  # _tables' order: the forward stacks them so
+            parts = lean_native.Attention(
+                tuple(self.windows), tuple(tables.index(rope) for rope in self.rope_types), self.attention_cap
+            )
             self._native = lean_native.build(
-                self.native_layers, self.layers, self.norm, self.heads, self.kv_heads, self.head_dim, self.scaling
+                self.native_layers,
+                self.layers,
+                self.norm,
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+                self.scaling,
+                self.model.config,
+                parts,
             )
         return self._native
 
@@ -243,8 +255,9 @@ class LeanForward:
         if self.embed_scale is not None:
             hidden = hidden * self.embed_scale
         native = self.native_loop()
-        if native is not None:  # causal by itself; the norm while the rows are in cache; one rotary table (None)
-            hidden = native.forward_tail(hidden, cache.keys, cache.values, cos[None], sin[None], start, keep)
+        if native is not None:  # causal (and windowed) by itself; the norm while the rows are in cache
+            cos_rows, sin_rows = torch.stack(list(cos.values())), torch.stack(list(sin.values()))  # [tables, fed, dim]
+            hidden = native.forward_tail(hidden, cache.keys, cache.values, cos_rows, sin_rows, start, keep)
         else:
             masks = {window: self._causal_mask(start, fed, window) for window in set(self.windows)}
             for index, layer in enumerate(self.layers):

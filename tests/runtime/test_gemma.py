@@ -1,6 +1,7 @@
 """Gemma-2 and Gemma-3 (text) on the fast path: the lean forward gives transformers' logits within float rounding,
-past a sliding window of 8 keys, with each Gemma need doing its part (turned off, the logits move); greedy
-speculative == target-only through the engine."""
+past a sliding window of 8 keys, with each Gemma need doing its part (turned off, the logits move); the compiled
+layer loop gives the Python loop's logits on the same w4a8 model within rounding, batch-invariant bit for bit;
+greedy speculative == target-only through the engine on both."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import torch
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from model_files import tiny_model
 from test_lean import logits_in_pieces
+from test_lean_native import run_steps, w4a8
 
 from specchat.runtime import lean
+from specchat.runtime.lean import LeanCache, LeanForward
 from specchat.spec import model_io
 
 WINDOW = 8
@@ -111,3 +114,55 @@ def test_greedy_speculative_equals_target_only_on_lean_gemma(tokenizer, architec
     drafter = noisy_head_copy(target)
     assert lean.attach_lean(drafter) == ""
     assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", 4)
+
+
+# ----- the compiled layer loop (w4a8) ------------------------------------------------------------------------------
+WIDE = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "query_pre_attn_scalar": 48}  # w4a8's widths
+
+
+def w4a8_gemma(architecture: str, kernel, seed: int = 3):
+    """A gemma() wide enough for the w4a8 kernel (hidden 256, heads of 64), quantized."""
+    return w4a8(gemma(architecture, seed, **WIDE), kernel)
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+def test_the_compiled_layers_give_the_python_loops_gemma_logits_within_rounding(kernel, architecture):
+    """The same w4a8 model through the compiled loop and the Python loop, past the window (a prompt of 20, steps,
+    a verification, a rollback): far closer to each other than either is to the unquantized model."""
+    unquantized = LeanForward(gemma(architecture, **WIDE))
+    model = w4a8_gemma(architecture, kernel)
+    native, python = LeanForward(model, kernel.LeanLayers, kv_cache="float32"), LeanForward(model)
+    assert native.native_reason == "" and native.native_loop() is not None and python.native_loop() is None
+    compiled, looped, exact = run_steps(native, IDS), run_steps(python, IDS), run_steps(unquantized, IDS)
+    for index, (a, b, reference) in enumerate(zip(compiled, looped, exact)):
+        error, noise = (a - b).abs().mean().item(), (b - reference).abs().mean().item()
+        assert error < 0.05 * noise, f"forward {index}: {error} from the Python loop (quantization: {noise})"
+    top_1 = torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(compiled, looped)])
+    assert top_1.float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+def test_the_compiled_gemma_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, architecture):
+    """Windows and soft-capping keep the loop batch-invariant: five rows verified at once are five one-token steps,
+    before and past the window, after a rollback."""
+    lean = LeanForward(w4a8_gemma(architecture, kernel), kernel.LeanLayers, "bfloat16")
+    for prompt in (3, 30):
+        batched, single = LeanCache(lean), LeanCache(lean)
+        for cache in (batched, single):
+            lean(cache, torch.tensor([IDS[: prompt + 3]]), keep=1)
+            cache.crop_to(prompt)
+        rows = lean(batched, torch.tensor([IDS[prompt : prompt + 5]]), keep=5)
+        for offset, token in enumerate(IDS[prompt : prompt + 5]):
+            assert torch.equal(rows[offset : offset + 1], lean(single, torch.tensor([[token]]), keep=1)), (
+                prompt,
+                offset,
+            )
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+def test_greedy_speculative_equals_target_only_on_compiled_gemma(tokenizer, kernel, architecture):
+    target = w4a8_gemma(architecture, kernel, seed=1)
+    drafter = w4a8(noisy_head_copy(gemma(architecture, 1, **WIDE)), kernel)
+    assert lean.attach_lean(target, kernel.LeanLayers) == "" and lean.attach_lean(drafter, kernel.LeanLayers) == ""
+    assert_greedy_spec_is_target_only(target, drafter, tokenizer, "def reverse(lst):", 4)
+    assert getattr(target, model_io.RUNNER).native_loop() is not None
