@@ -31,7 +31,7 @@ def gemma_pair(folder, tok, architecture: str):
     return paths[0], models[0], paths[1]
 
 
-@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("architecture", ["gemma2", pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_a_gemma_file_loads_on_the_compiled_layers_and_stays_exact(tmp_path, tok, kernel, architecture):
     target, _, drafter = gemma_pair(tmp_path, tok, architecture)
     pair = default_pair(target, drafter)

@@ -108,6 +108,19 @@ def test_gemma3_norms_its_queries_and_keys_and_both_scale_their_embeddings():
     assert not torch.allclose(logits_in_pieces(skipped, IDS, 28, [20]), theirs, atol=1e-3, rtol=0)
 
 
+def test_an_embedding_module_that_does_not_scale_is_scaled_by_the_lean_forward():
+    """A GGUF's embeddings in blocks (BlockEmbedding) are a plain lookup: the lean forward scales their rows by
+    √hidden itself (cast to the dtype, as Gemma's module does), and so gives the model's logits."""
+    model = gemma("gemma2")
+    theirs = transformers_logits(model, IDS, 20)
+    plain = lean_copy(model)
+    scaled = plain.model.embed_tokens
+    plain.model.embed_tokens = torch.nn.Embedding.from_pretrained(scaled.weight.detach().clone())
+    assert lean.attach_lean(plain) == "" and getattr(plain, model_io.RUNNER).embed_scale is not None
+    assert torch.allclose(logits_in_pieces(plain, IDS, 28, [20]), theirs, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow  # the compiled loop's below runs the engine on gemma2 in the quick suite
 @pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
 def test_greedy_speculative_equals_target_only_on_lean_gemma(tokenizer, architecture):
     target = lean_copy(gemma(architecture))
@@ -159,7 +172,7 @@ def test_the_compiled_gemma_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel
             )
 
 
-@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("architecture", ["gemma2", pytest.param("gemma3", marks=pytest.mark.slow)])
 def test_greedy_speculative_equals_target_only_on_compiled_gemma(tokenizer, kernel, architecture):
     target = w4a8_gemma(architecture, kernel, seed=1)
     drafter = w4a8(noisy_head_copy(gemma(architecture, 1, **WIDE)), kernel)
