@@ -210,3 +210,21 @@ def test_the_notice_names_each_type_and_its_count():
     assert requantized_notice(Counter({"Q5_K": 1}), 4).startswith(
         "1 Q5_K tensor requantized to 4-bit w4a8 levels (the kernel holds Q4_K as is)"
     )
+
+
+def test_the_notice_reaches_a_json_one_shot_once_on_stderr_and_the_json_stays_whole(tmp_path, tok, kernel):
+    """The notice goes where every load notice goes: the start's lines (stderr), once; stdout is the JSON alone."""
+    import io
+    import json
+
+    from specchat.tui.cli import main
+
+    target, drafter = files(tmp_path, tok, "Q8_0", "qwen2")
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["--json", "--prompt", "hi", "--target", str(target), "--drafter", str(drafter), "sampling.max_new_tokens=4"]
+    assert main(argv, compare=None, stdin=io.StringIO(), stdout=out, stderr=err) == 0, err.getvalue()
+    said = [line for line in err.getvalue().splitlines() if "requantized" in line]
+    assert said == [
+        f"target target: 15 Q8_0 tensors requantized to 6-bit w4a8 levels (the kernel holds Q4_K and Q5_K as is); {FIDELITY}"
+    ]
+    assert json.loads(out.getvalue())["stats"]["new_tokens"] == 4
