@@ -537,6 +537,49 @@ def lean_final_norm(kernel, rng):
     return kind, no_layers
 
 
+def lean_gemma_parts(kernel, rng):
+    """Gemma's additions: sandwich norms of the wrong width, dtype, rank, strides or device (or resized after adding),
+    a negative window or rotary table, a table the forward's cos and sin do not have, an unknown activation, a
+    negative soft-cap, or any of them before a layer."""
+    model = Model(rng)
+    kind = rng.choice(["sandwich", "resized sandwich", "window", "table", "activation", "softcap", "no layer"])
+    if kind == "no layer":
+        native = kernel.LeanLayers(HEADS, KV_HEADS, HEAD_DIM, 0.25)
+        call = rng.choice(
+            [
+                lambda: native.add_sandwich_norms(torch.ones(WIDTH), torch.ones(WIDTH)),
+                lambda: native.set_layer_attention(8, 0),
+            ]
+        )
+        return kind, call
+    native = model.build(kernel)
+    if kind == "sandwich":
+        norms = [torch.ones(WIDTH), torch.ones(WIDTH)]
+        index = rng.randrange(2)
+        if rng.random() < 0.5:
+            norms[index] = torch.ones(rng.choice([WIDTH - 8, WIDTH + 8, HEAD_DIM]))
+        else:
+            kind, norms[index] = spoiled(norms[index], rng)
+        return f"sandwich {kind}", lambda: native.add_sandwich_norms(*norms)
+    if kind == "resized sandwich":
+        norm = torch.ones(WIDTH)
+        native.add_sandwich_norms(norm, torch.ones(WIDTH))
+        norm.resize_(WIDTH - 8)
+    elif kind == "window":
+        return kind, lambda: native.set_layer_attention(*rng.choice([(-1, 0), (8, -1), (-(2**40), 0)]))
+    elif kind == "table":
+        tables = rng.choice([1, 2])  # a layer taking one past them
+        native.set_layer_attention(rng.choice([0, 4]), rng.choice([tables, tables + 1, 2**40]))
+        if tables == 2:
+            model.cos, model.sin = (table.expand(2, -1, -1).contiguous() for table in (model.cos, model.sin))
+    elif kind == "activation":
+        return kind, lambda: native.set_activation(rng.choice(["gelu", "", "relu", "SILU"]))
+    else:
+        return kind, lambda: native.set_softcap(rng.choice([-1.0, -(2.0**-20)]))
+    arguments = (model.hidden, model.keys, model.values, model.cos, model.sin, model.start)
+    return kind, lambda: native.forward_tail(*arguments, 1) if rng.random() < 0.5 else native.forward(*arguments)
+
+
 FAMILIES = [
     q4_groups_per_block,
     q4_no_groups,
@@ -558,6 +601,7 @@ FAMILIES = [
     lean_forward_inputs,
     lean_resized_after_adding,
     lean_final_norm,
+    lean_gemma_parts,
 ]
 
 
@@ -576,7 +620,19 @@ def controls(kernel, rng: random.Random) -> None:
         assert model.run(kernel, tail=False).shape == (1, model.fed, WIDTH)
         assert Model(rng).run(kernel).shape[2] == WIDTH
         assert Model(rng, layers=0).run(kernel).shape[2] == WIDTH
+        assert gemma_control(kernel, Model(rng)).shape[2] == WIDTH
         assert kernel.top_p_probs(torch.randn(3, 300), 0.7, 5, 0.9).shape == (3, 300)
+
+
+def gemma_control(kernel, model: Model) -> torch.Tensor:
+    """The valid Gemma additions: sandwich norms, a window, a second rotary table, GELU-tanh, a soft-cap."""
+    native = model.build(kernel)
+    native.add_sandwich_norms(torch.ones(WIDTH), torch.ones(WIDTH))
+    native.set_layer_attention(2, 1)
+    native.set_activation("gelu_tanh")
+    native.set_softcap(5.0)
+    cos, sin = (table.expand(2, -1, -1).contiguous() for table in (model.cos, model.sin))
+    return native.forward_tail(model.hidden, model.keys, model.values, cos, sin, model.start, 1)
 
 
 def run(kernel, cases: int, seed: int) -> dict:
