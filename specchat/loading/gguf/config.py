@@ -20,6 +20,7 @@ import numpy as np
 
 from specchat.errors import ModelLoadError
 from specchat.loading.gguf.header import HEAD_SIZE, read_tensors
+from specchat.loading.gguf.phi3 import set_phi3_parameters
 from specchat.progress import Progress, report
 
 MAX_HEAD_SIZE = 1 << 12  # far above any model's (256 for Gemma)
@@ -44,6 +45,7 @@ def file_config(gguf: Path, progress: Progress | None = None):
     divisors = next((entry.data for entry in tensors if entry.name == ROPE_FREQS), None)
     if divisors is not None:
         set_rope_divisors(config, divisors.view(np.float32).reshape(-1), gguf, progress)
+    set_phi3_parameters(config, facts, tensors, gguf)  # its window, rotated part and LongRoPE
     return config
 
 

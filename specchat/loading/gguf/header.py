@@ -40,6 +40,13 @@ FACTS = ("general.architecture", "general.alignment")
 HEAD_SIZE = (
     ".attention.key_length"  # `<architecture>.attention.key_length`, read where it is an integer (gguf/config.py)
 )
+NUMBERS = (  # `<architecture><suffix>`, read where it is an integer or a float: Phi-3's (gguf/phi3.py)
+    ".rope.scaling.original_context_length",
+    ".rope.scaling.attn_factor",
+    ".rope.dimension_count",
+    ".attention.sliding_window",
+)
+FLOATS = {6: "<f", 12: "<d"}  # f32, f64
 
 
 @dataclass(frozen=True)
@@ -172,8 +179,8 @@ def _preamble(cursor: _Cursor) -> tuple[int, int]:
 
 
 def _read_values(cursor: _Cursor, count: int) -> dict:
-    """The FACTS the file has (the architecture as a string, the alignment as an integer) and an integer head size
-    (HEAD_SIZE); every other value skipped."""
+    """The FACTS the file has (the architecture as a string, the alignment as an integer), an integer head size
+    (HEAD_SIZE) and the NUMBERS; every other value skipped."""
     facts = {}
     for index in range(count):
         key = cursor.string(f"metadata key {index}", MAX_KEY_BYTES)
@@ -185,6 +192,8 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
             facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], key)[0]  # the bits, unsigned
         elif key.endswith(HEAD_SIZE) and kind in INTEGERS:
             facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], label)[0]
+        elif key.endswith(NUMBERS) and (kind in INTEGERS or kind in FLOATS):
+            facts[key] = cursor.take(FLOATS.get(kind) or UNSIGNED[WIDTHS[kind]], label)[0]
         elif key in FACTS:
             raise cursor.fail(f"{label} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
         else:
