@@ -116,3 +116,14 @@ def test_longrope_takes_the_short_factors_below_the_original_context_and_the_lon
     plain = logits_in_pieces(lean_copy(short_only), IDS, 12, pieces)
     assert torch.allclose(plain[:4], ours[:4], atol=1e-5, rtol=0)  # positions 12 … 15: short factors either way
     assert not torch.allclose(plain[4:], ours[4:], atol=1e-3, rtol=0)
+
+
+def test_a_windowed_phi3_runs_on_the_compiled_layers_as_on_the_python_loop(kernel):
+    """Phi-3-mini-4k's window (2047 keys; 8 here) on the compiled loop: the Python loop's logits within rounding."""
+    model = w4a8(phi3(sliding_window=8, **WIDE), kernel)
+    native, python = LeanForward(model, kernel.LeanLayers, kv_cache="float32"), LeanForward(model)
+    assert native.native_reason == ""
+    unwindowed = run_steps(LeanForward(w4a8(phi3(**WIDE), kernel)), IDS)
+    for index, (a, b, c) in enumerate(zip(run_steps(native, IDS), run_steps(python, IDS), unwindowed)):
+        error, moved = (a - b).abs().mean().item(), (b - c).abs().mean().item()
+        assert error < 0.05 * moved, f"forward {index}: {error} from the Python loop (the window moves {moved})"
