@@ -228,3 +228,16 @@ def test_the_notice_reaches_a_json_one_shot_once_on_stderr_and_the_json_stays_wh
         f"target target: 15 Q8_0 tensors requantized to 6-bit w4a8 levels (the kernel holds Q4_K and Q5_K as is); {FIDELITY}"
     ]
     assert json.loads(out.getvalue())["stats"]["new_tokens"] == 4
+
+
+def test_the_fidelity_bench_compares_a_file_with_its_own_dequantized_weights(tmp_path, tok, kernel, capsys):
+    from specchat.bench import targets
+
+    target, _ = files(tmp_path, tok, "Q6_K", "qwen2")
+    assert targets.main(["--gguf", str(target), "--tokens", "64"]) == 0
+    types, reference, result = capsys.readouterr().out.strip().splitlines()
+    assert (
+        types == "target: linear-layer tensors 15 Q6_K; w4a8 holds as stored: none; requantizes to 6-bit levels: Q6_K"
+    )
+    assert reference == "float32 reference over 64 tokens"
+    assert "→w4a8" in result and " · top-1 " in result and result.endswith(" over 64 tokens") and " ms" not in result
