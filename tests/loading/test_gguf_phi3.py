@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 from model_files import (
     _gguf_tensors,
@@ -16,6 +17,7 @@ from model_files import (
     tiny_model,
     vocab_size,
     write_gguf,
+    write_gguf_in,
 )
 from test_gguf_architectures import cache, default_pair, gguf_pair, on_the_cpu, prompt_ids, tok
 from tiny_models import CHATML
@@ -34,6 +36,7 @@ def test_a_phi3_file_loads_with_the_default_config_on_the_compiled_layers_and_st
     assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
 
 
+@pytest.mark.slow  # the window and LongRoPE test below loads a phi3 file unquantized too
 def test_a_phi3_file_unquantized_runs_lean_with_the_logits_of_the_model_it_was_written_from(tmp_path, tok, kernel):
     target, original, drafter = gguf_pair(tmp_path, tok, "phi3", tied=False)
     pair = default_pair(target, drafter, "target.quantization=none", "target.dtype=float32")
@@ -102,3 +105,35 @@ def test_a_phi3_files_window_and_longrope_reach_the_config_and_give_the_original
     text = "def reverse(lst):\n    return lst[::-1]\n" * 2  # past the window and the original context
     assert len(tok.encode(text)) > 16
     assert torch.allclose(logits(pair.target, tok, text), logits(original, tok, text), atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_q4_k_phi3_files_fused_layers_run_on_its_own_blocks(tmp_path, tok, kernel):
+    """attn_qkv and the fused ffn_up of a Q4_K file are the w4a8 qkv_proj and gate_up_proj bit for bit."""
+    from gguf import GGUFReader
+
+    from specchat.loading.gguf.blocks import decode_q4_k
+
+    wide = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of whole 256-blocks
+    model = tiny_model("phi3", vocab_size(tok, "phi3"), seed=1, **wide)
+    target = write_gguf_in(tmp_path / "target.gguf", model, tok, "Q4_K", architecture="phi3", seed=3)
+    drafter = write_gguf(
+        tmp_path / "drafter.gguf", tiny_model("phi3", vocab_size(tok, "phi3"), seed=2), tok, architecture="phi3"
+    )
+    lines = []
+    pair = default_pair(target, drafter, progress=lambda message, fraction: lines.append(message))
+    assert pair.target_facts.backend == "lean (compiled layers)" and not [
+        line for line in lines if "requantized" in line
+    ]
+    stored = {tensor.name: tensor for tensor in GGUFReader(str(target)).tensors}
+    layer = pair.target.model.layers[1]
+    for name, linear in (
+        ("blk.1.attn_qkv.weight", layer.self_attn.qkv_proj),
+        ("blk.1.ffn_up.weight", layer.mlp.gate_up_proj),
+    ):
+        block = decode_q4_k(torch.from_numpy(stored[name].data.copy()))
+        assert torch.equal(linear.tiles.to_block().qs, block.qs) and torch.equal(linear.tiles.to_block().d, block.d), (
+            name
+        )
+    ids = prompt_ids(tok)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
