@@ -59,8 +59,10 @@ ARCHITECTURES = {
     )
 }
 
-# runtime/lean.py's Python loop; fused_projections (Phi-3) through runtime/fused.py in both loops
-LEAN_RUNS = frozenset({"qkv_bias", "qk_norm", "fused_projections", "sliding_window", "soft_capping", *GEMMA})
+# runtime/lean.py's Python loop (partial_rotary there only); fused_projections (Phi-3): runtime/fused.py, in both
+LEAN_RUNS = frozenset(
+    {"qkv_bias", "qk_norm", "fused_projections", "partial_rotary", "sliding_window", "soft_capping", *GEMMA}
+)
 COMPILED_RUNS = frozenset(  # kernels/lean_layers.cpp via lean_native.py
     {"qkv_bias", "qk_norm", "fused_projections", "sliding_window", "soft_capping", *GEMMA}
 )

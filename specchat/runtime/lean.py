@@ -1,5 +1,5 @@
-"""A lean decoder forward for Llama-style models (Llama, Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3), on the transformers
-model's own modules.
+"""A lean decoder forward for Llama-style models (Llama, Mistral, Qwen2, Qwen3, Gemma-2, Gemma-3, Phi-3), on the
+transformers model's own modules.
 
 transformers' forward builds, for every call, a cache update by concatenation, position ids, rotary
 tables and a mask, and dispatches through several Python layers per decoder layer. This forward
@@ -8,12 +8,14 @@ and instead:
 - a static KV cache per model: one key and one value tensor per layer with room for `capacity`
   tokens, written in place; rolling back moves a length. It grows by doubling when full; the compiled
   layer loop stores it in 16 bits (KV_CACHE_TYPES);
-- rotary cos/sin for every position computed once by the model's own rotary module, and looked up;
+- rotary cos/sin for every position computed once by the model's own rotary module, and looked up
+  (LongRoPE's short or long factors per position: rope.py; over part of a head where the model rotates only that);
 - a causal mask of only the rows fed (a one-token step needs none), and long prompts fed in pieces; a
   sliding-window layer (Mistral, Gemma's local layers) reads only its window's keys;
 - Gemma's extras from the model's own modules and config: its norms (1 + w, the norms after attention and
   MLP), its scaled embeddings, its attention scale, Gemma-2's soft-capped attention and final logits, and
   Gemma-3's own rotary tables for its local layers;
+- Phi-3's fused qkv_proj and gate_up_proj as one product each, split by views (fused.py);
 - the attention of runtime/attention.py, so the forward stays batch-invariant where its linears are;
 - w8a8 layers that read the same input (q/k/v, gate/up) map its rows onto the kernel's grid once,
   and, packed as one matrix, take one kernel call;
@@ -204,19 +206,16 @@ class LeanForward:
             cos, sin = rope.tables(self.rotary, probe, positions, rope_type)  # LongRoPE: per position
             self._cos[rope_type], self._sin[rope_type] = cos[0], sin[0]
 
-    def _first_key(self, start: int, window: int | None) -> int:
-        """The first key any of the rows fed after `start` reads: a window of N keys ends at the row's own."""
-        return 0 if window is None else max(0, start - window + 1)
-
     def _causal_mask(self, start: int, fed: int, window: int | None = None) -> torch.Tensor | None:
-        """[1, 1, fed, start+fed-first]: row i sees keys first … start+i (a window: those after start+i-window),
-        keys from _first_key on. A one-token step needs none; a square table for the whole capacity would take
-        capacity² floats (4 GB at 32k tokens)."""
-        if fed == 1:
+        """[1, 1, fed, start+fed]: row i sees keys ≤ start+i, and with a window of N only the last N of them. A
+        one-token step within its window needs none; a square table for the whole capacity would take capacity²
+        floats (4 GB at 32k tokens). A windowed row reads every key from 0 on, the ones before its window masked, as
+        a global layer's row reads the ones after it masked: a row then takes the same sums whether it is fed alone
+        or with others (a slice starting at each row's window would shift them, and change their rounding)."""
+        if fed == 1 and (window is None or start < window):
             return None
-        first = self._first_key(start, window)
         ahead = (
-            torch.arange(first, start + fed, device=self.device)[None, :]
+            torch.arange(start + fed, device=self.device)[None, :]
             - torch.arange(start, start + fed, device=self.device)[:, None]
         )  # key position − row position
         blocked = ahead > 0
@@ -277,14 +276,14 @@ class LeanForward:
         key = _heads(key, self.kv_heads, getattr(attention, "k_norm", None))
         value = _heads(value, self.kv_heads, None)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        end, first = start + fed, self._first_key(start, window)
+        end = start + fed
         cache.keys[index][:, start:end] = key
         cache.values[index][:, start:end] = value
         out, _ = batch_invariant_attention(
             attention,
             query[None],
-            cache.keys[index][None, :, first:end],
-            cache.values[index][None, :, first:end],
+            cache.keys[index][None, :, :end],
+            cache.values[index][None, :, :end],
             mask,
             self.scaling,
             softcap=self.attention_cap,
@@ -329,7 +328,11 @@ def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of x [heads, fed, head_dim], as transformers' apply_rotary_pos_emb."""
+    """Rotary position embedding of x [heads, fed, head_dim], as transformers' apply_rotary_pos_emb: where the
+    tables are narrower than a head (partial_rotary_factor < 1: Phi-4-mini), its first part only, the rest as it is."""
+    rotated_part = cos.shape[-1]
+    if rotated_part < x.shape[-1]:
+        return torch.cat((_rotate(x[..., :rotated_part], cos, sin), x[..., rotated_part:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x * cos) + (rotated * sin)

@@ -127,3 +127,15 @@ def test_a_windowed_phi3_runs_on_the_compiled_layers_as_on_the_python_loop(kerne
     for index, (a, b, c) in enumerate(zip(run_steps(native, IDS), run_steps(python, IDS), unwindowed)):
         error, moved = (a - b).abs().mean().item(), (b - c).abs().mean().item()
         assert error < 0.05 * moved, f"forward {index}: {error} from the Python loop (the window moves {moved})"
+
+
+def test_a_phi3_rotating_part_of_each_head_runs_lean_and_keeps_the_python_loop(kernel):
+    """Phi-4-mini (model type phi3) rotates 3/4 of each head: the lean forward rotates that part and passes the rest,
+    as transformers does (test_architecture_table.py compares the logits); the compiled loop rotates whole heads
+    only, so a w4a8 model of it runs the Python loop and says why."""
+    model = w4a8(phi3(partial_rotary_factor=0.75, **WIDE), kernel)
+    forward = LeanForward(model, kernel.LeanLayers)
+    assert forward.native_reason == "phi3 needs rotary over part of a head, which the compiled layer loop lacks"
+    assert (
+        forward.native_loop() is None and forward(LeanCache(forward), torch.tensor([IDS[:5]]), keep=1).isfinite().all()
+    )
