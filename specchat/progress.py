@@ -8,10 +8,20 @@ from collections.abc import Callable
 Progress = Callable[[str, "float | None"], None]
 
 
+class Notice(str):
+    """A message the user must see after loading (a fallback, a slower path, a rebuilt file, weights changed):
+    a terminal's loading bar keeps it on screen as a line of its own, where a step's message goes when done."""
+
+
 def report(progress: Progress | None, message: str, fraction: float | None) -> None:
     """Call `progress` when there is one."""
     if progress is not None:
         progress(message, fraction)
+
+
+def notify(progress: Progress | None, message: str) -> None:
+    """Report `message` as a Notice."""
+    report(progress, Notice(message), None)
 
 
 def each_message_once(show: Callable[[str], None]) -> Progress:

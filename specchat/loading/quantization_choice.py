@@ -17,7 +17,7 @@ from specchat.config import AUTO_MODES, INVARIANT_MODES, QUANTIZATIONS, W4A8_MOD
 from specchat.errors import ModelLoadError
 from specchat.kernels.build import kernel_problem
 from specchat.loading.devices import resolve_device
-from specchat.progress import Progress, report
+from specchat.progress import Progress, notify
 
 
 def choose_quantizations(cfg: Config, progress: Progress | None = None) -> Config:
@@ -63,11 +63,10 @@ def choose(
     if not problem:
         return dataclasses.replace(mc, quantization=kernel_mode)
     fallback = int8_mode if has_x86_int8() else "none"
-    report(
+    notify(
         progress,
         f"{role}: using quantization {fallback}, not {kernel_mode}: the w4a8 kernel is not available "
         f"here ({problem}); set {role}.quantization to choose another",
-        None,
     )
     return dataclasses.replace(mc, quantization=fallback)
 
@@ -90,5 +89,5 @@ def runnable_quantization(mc: ModelConfig, device: str, role: str, progress: Pro
         if mc.quantization == "int8"
         else "runs on the CPU only"
     )
-    report(progress, f"{role}: quantization {mc.quantization} {why}; loading it unquantized on {device}", None)
+    notify(progress, f"{role}: quantization {mc.quantization} {why}; loading it unquantized on {device}")
     return dataclasses.replace(mc, quantization="none")

@@ -19,7 +19,7 @@ from specchat.loading.checkpoint import Checkpoint
 from specchat.loading.devices import dtype_name
 from specchat.loading.gguf.slim import check_materialized
 from specchat.loading.plan import ModelPlan
-from specchat.progress import Progress, report
+from specchat.progress import Progress, notify
 from specchat.runtime.attention import use_batch_invariant_attention
 
 OWN_MODES = ("int8", *INVARIANT_MODES)  # the modes quantized here, after loading
@@ -40,7 +40,7 @@ def quantize(model, checkpoint: Checkpoint, plan: ModelPlan, progress: Progress 
     if plan.quantization in OWN_MODES:
         notices = quantize_with_cache(model, checkpoint, plan, progress)
         for notice in notices:
-            report(progress, notice, None)
+            notify(progress, notice)
     if plan.quantization in INVARIANT_MODES:
         use_batch_invariant_attention(model)
     if checkpoint.slim:  # every layer filled by now; the assembled file of a bundled model is needed no more

@@ -43,7 +43,7 @@ from specchat.kernels.build import q4_kernel
 from specchat.loading import tensor_file
 from specchat.loading.block_shapes import block_problem
 from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
-from specchat.progress import Progress, report
+from specchat.progress import Progress, notify, report
 from specchat.quant.int8_weights import Int8Block, quantize_linears
 from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w4a8
 from specchat.quant.w8a8 import quantize_w8a8
@@ -113,7 +113,7 @@ def quantize_with_cache(
             notice = again or notice  # a damaged file is gone after the first read
             if blocks is None:
                 report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
-                say = lambda line: report(progress, f"{label}: {line}", None)
+                say = lambda line: notify(progress, f"{label}: {line}")
                 options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
                 _write(path, QUANTIZERS[mode](model, None, **options))
                 return notice

@@ -23,7 +23,7 @@ from rich.text import Text
 from specchat.config import Config, ConfigError, drafter_needed, load_config, set_from_text, with_value
 from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair, reply_stops
-from specchat.progress import each_message_once
+from specchat.progress import Notice, each_message_once
 from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.events import ReplyDone, Token
@@ -105,6 +105,9 @@ class StepBar:
         self.task, self.message, self.started = None, "", 0.0
 
     def report(self, message: str, fraction: float | None = None) -> None:
+        if isinstance(message, Notice):  # a line that stays, above the current step's bar
+            self.progress.console.print(Text(f"! {visible(message)}", style="yellow"))
+            return
         if message != self.message:
             self.finish()
             self.message, self.started = message, self.clock()

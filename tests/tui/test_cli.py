@@ -394,6 +394,30 @@ def test_the_loading_bar_names_each_step_and_keeps_the_slow_ones():
     assert lines == ["✓ assembling qwen.gguf · 3.0 s", "✓ compiling the w4a8 kernel · 56.5 s"]
 
 
+def test_a_notice_stays_on_screen_however_quick_and_the_step_goes_on():
+    """A Notice (a fallback, a slower path, requantized weights) is a line that stays; the current step's bar
+    carries on: a notice is not a step."""
+    from rich.console import Console
+
+    from specchat.progress import notify
+    from specchat.tui import cli
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=160)
+    seen = []
+
+    def work(report):
+        report("loading target x", None)
+        notify(report, "target x: 29 Q6_K tensors requantized to 6-bit w4a8 levels")
+        seen.append([task.description for task in report.__self__.progress.tasks])
+        return "pair"
+
+    assert cli.with_progress(console, work, clock=lambda: 0.0) == "pair"
+    assert seen == [["loading target x"]]
+    lines = [ESCAPE_SEQUENCE.sub("", line).strip() for line in out.getvalue().splitlines()]
+    assert "! target x: 29 Q6_K tensors requantized to 6-bit w4a8 levels" in lines
+
+
 def test_target_and_drafter_flags_set_the_two_sources(pair):
     status, _, err = run_cli(["--prompt", "hi", "--max", "2", "--target", "t.gguf", "--drafter", "bundled:x"], pair)
     assert status == 0, err

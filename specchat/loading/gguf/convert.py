@@ -36,7 +36,7 @@ from specchat.cache import (
 )
 from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import dtype_name
-from specchat.progress import Progress
+from specchat.progress import Progress, notify
 
 META = "specchat.json"
 CONVERSION = 2  # in the folder's name; one more when a conversion's output changes (2: Llama-3 rope scaling)
@@ -85,7 +85,7 @@ def ensure_converted(
             if not problem:
                 return out
             if progress:
-                progress(f"rebuilding the converted checkpoint of {name}: {problem}", None)
+                notify(progress, f"rebuilding the converted checkpoint of {name}: {problem}")
             shutil.rmtree(out, ignore_errors=True)
         with disk_errors(out, f"convert {name} into the cache at"):
             _convert_into(out, gguf, dtype, name, progress, slim)
