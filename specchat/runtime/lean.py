@@ -206,16 +206,19 @@ class LeanForward:
             cos, sin = rope.tables(self.rotary, probe, positions, rope_type)  # LongRoPE: per position
             self._cos[rope_type], self._sin[rope_type] = cos[0], sin[0]
 
+    def _first_key(self, start: int, window: int | None) -> int:
+        """The first key any of the rows fed after `start` reads: a window of N keys ends at the row's own."""
+        return 0 if window is None else max(0, start - window + 1)
+
     def _causal_mask(self, start: int, fed: int, window: int | None = None) -> torch.Tensor | None:
-        """[1, 1, fed, start+fed]: row i sees keys ≤ start+i, and with a window of N only the last N of them. A
-        one-token step within its window needs none; a square table for the whole capacity would take capacity²
-        floats (4 GB at 32k tokens). A windowed row reads every key from 0 on, the ones before its window masked, as
-        a global layer's row reads the ones after it masked: a row then takes the same sums whether it is fed alone
-        or with others (a slice starting at each row's window would shift them, and change their rounding)."""
-        if fed == 1 and (window is None or start < window):
+        """[1, 1, fed, start+fed-first]: row i sees keys first … start+i (a window: those after start+i-window),
+        keys from _first_key on. A one-token step needs none; a square table for the whole capacity would take
+        capacity² floats (4 GB at 32k tokens)."""
+        if fed == 1:
             return None
+        first = self._first_key(start, window)
         ahead = (
-            torch.arange(start + fed, device=self.device)[None, :]
+            torch.arange(first, start + fed, device=self.device)[None, :]
             - torch.arange(start, start + fed, device=self.device)[:, None]
         )  # key position − row position
         blocked = ahead > 0
@@ -276,14 +279,14 @@ class LeanForward:
         key = _heads(key, self.kv_heads, getattr(attention, "k_norm", None))
         value = _heads(value, self.kv_heads, None)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        end = start + fed
+        end, first = start + fed, self._first_key(start, window)
         cache.keys[index][:, start:end] = key
         cache.values[index][:, start:end] = value
         out, _ = batch_invariant_attention(
             attention,
             query[None],
-            cache.keys[index][None, :, :end],
-            cache.values[index][None, :, :end],
+            cache.keys[index][None, :, first:end],
+            cache.values[index][None, :, first:end],
             mask,
             self.scaling,
             softcap=self.attention_cap,
