@@ -206,19 +206,16 @@ class LeanForward:
             cos, sin = rope.tables(self.rotary, probe, positions, rope_type)  # LongRoPE: per position
             self._cos[rope_type], self._sin[rope_type] = cos[0], sin[0]
 
-    def _first_key(self, start: int, window: int | None) -> int:
-        """The first key any of the rows fed after `start` reads: a window of N keys ends at the row's own."""
-        return 0 if window is None else max(0, start - window + 1)
-
     def _causal_mask(self, start: int, fed: int, window: int | None = None) -> torch.Tensor | None:
-        """[1, 1, fed, start+fed-first]: row i sees keys first … start+i (a window: those after start+i-window),
-        keys from _first_key on. A one-token step needs none; a square table for the whole capacity would take
-        capacity² floats (4 GB at 32k tokens)."""
-        if fed == 1:
+        """[1, 1, fed, start+fed]: row i sees keys ≤ start+i, and with a window of N only the last N of them. A
+        one-token step within its window needs none; a square table for the whole capacity would take capacity²
+        floats (4 GB at 32k tokens). A windowed row reads every key from 0 on, the ones before its window masked, as
+        a global layer's row reads the ones after it masked: a row then takes the same sums whether it is fed alone
+        or with others (a slice starting at each row's window would shift them, and change their rounding)."""
+        if fed == 1 and (window is None or start < window):
             return None
-        first = self._first_key(start, window)
         ahead = (
-            torch.arange(first, start + fed, device=self.device)[None, :]
+            torch.arange(start + fed, device=self.device)[None, :]
             - torch.arange(start, start + fed, device=self.device)[:, None]
         )  # key position − row position
         blocked = ahead > 0
@@ -264,12 +261,12 @@ class LeanForward:
             masks = {window: self._causal_mask(start, fed, window) for window in set(self.windows)}
             for index, layer in enumerate(self.layers):
                 rope, window = self.rope_types[index], self.windows[index]
-                hidden = self._layer(layer, cache, index, hidden, cos[rope], sin[rope], masks[window], start, window)
+                hidden = self._layer(layer, cache, index, hidden, cos[rope], sin[rope], masks[window], start)
             hidden = rms_norm(self.norm, hidden[:, -keep:])
         cache.length = start + fed
         return hidden
 
-    def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int, window=None):
+    def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int):
         attention = layer.self_attn
         normed = rms_norm(layer.input_layernorm, hidden)
         fed = hidden.shape[1]
@@ -279,14 +276,14 @@ class LeanForward:
         key = _heads(key, self.kv_heads, getattr(attention, "k_norm", None))
         value = _heads(value, self.kv_heads, None)
         query, key = _rotate(query, cos, sin), _rotate(key, cos, sin)
-        end, first = start + fed, self._first_key(start, window)
+        end = start + fed
         cache.keys[index][:, start:end] = key
         cache.values[index][:, start:end] = value
         out, _ = batch_invariant_attention(
             attention,
             query[None],
-            cache.keys[index][None, :, first:end],
-            cache.values[index][None, :, first:end],
+            cache.keys[index][None, :, :end],
+            cache.values[index][None, :, :end],
             mask,
             self.scaling,
             softcap=self.attention_cap,

@@ -180,7 +180,10 @@ def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, toke
 
 @pytest.mark.slow
 def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, tokenizer, tmp_path, monkeypatch):
-    """The layer loop's plain-C++ float steps (simd.h without AVX2) round as its AVX2 ones do."""
+    """The layer loop's plain-C++ float steps (simd.h without AVX2) round as its AVX2 ones do: a Llama, and Gemmas
+    (GELU-tanh, soft-capped scores through simd's tanh, windows of 8, Gemma-3's second rotary table)."""
+    from model_files import tiny_model
+
     from specchat.kernels import build as kernels
     from specchat.runtime.lean import LeanCache, LeanForward
 
@@ -189,16 +192,28 @@ def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, to
     monkeypatch.setattr(kernels, "_has_avx2", lambda: False)
     plain = kernels.build_kernel(str(tmp_path / "plain"), name="specchat_q4_plain")
     assert "-mavx2" not in kernels.kernel_flags()
-    model = build_model(len(tokenizer), seed=6, layers=2, hidden=256)
-    quantize_w4a8(model, None, kernel)
+    gemma = {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "head_dim": 64,
+        "sliding_window": 8,
+        "initializer_range": 0.2,
+    }
+    models = [
+        build_model(len(tokenizer), seed=6, layers=2, hidden=256),
+        tiny_model("gemma2", len(tokenizer), seed=6, attn_logit_softcapping=5.0, **gemma),
+        tiny_model("gemma3", len(tokenizer), seed=6, num_hidden_layers=6, **gemma),  # 5 local layers, then a global
+    ]
     ids = torch.tensor([list(range(5, 30))])
-    outputs = []
-    for module in (kernel, plain):
-        lean = LeanForward(model, module.LeanLayers)
-        assert lean.native_reason == ""
-        with on_path(kernel, "portable"), on_path(plain, "portable"):
-            outputs.append(lean(LeanCache(lean), ids, keep=25))
-    assert torch.equal(*outputs)
+    for model in models:
+        quantize_w4a8(model, None, kernel)
+        outputs = []
+        for module in (kernel, plain):
+            lean = LeanForward(model, module.LeanLayers)
+            assert lean.native_reason == ""
+            with on_path(kernel, "portable"), on_path(plain, "portable"):
+                outputs.append(lean(LeanCache(lean), ids, keep=25))
+        assert torch.equal(*outputs), model.config.model_type
 
 
 @pytest.mark.slow

@@ -14,7 +14,9 @@ from model_files import tiny_model
 from test_lean import logits_in_pieces
 from test_lean_native import run_steps, w4a8
 
+from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
+from specchat.runtime.attention import use_batch_invariant_attention
 from specchat.runtime.lean import LeanCache, LeanForward
 from specchat.spec import model_io
 
@@ -106,6 +108,21 @@ def test_gemma3_norms_its_queries_and_keys_and_both_scale_their_embeddings():
     for layer in skipped.model.layers:
         del layer.self_attn.q_norm, layer.self_attn.k_norm
     assert not torch.allclose(logits_in_pieces(skipped, IDS, 28, [20]), theirs, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("architecture", ["gemma2", "gemma3"])
+def test_a_lean_w8a8_gemma_scores_a_row_the_same_alone_in_a_batch_or_after_a_crop(architecture, dtype):
+    """Past the window, with soft-capping: five rows verified at once are five one-token steps bit for bit (what
+    keeps greedy speculation exact on the Python loop). A windowed row reads its keys from 0, those before its
+    window masked: a slice from each row's window start gave other float32 sums in a batch."""
+    model = gemma(architecture, hidden_size=256, intermediate_size=512, head_dim=64)
+    quantize_w8a8(model)
+    use_batch_invariant_attention(model)
+    model = lean_copy(model.to(dtype))
+    one_by_one = logits_in_pieces(model, IDS, 31, [1] * 9)
+    for pieces, crop in (([9], 0), ([5, 4], 0), ([2, 3, 4], 0), ([9], 6)):
+        assert torch.equal(one_by_one, logits_in_pieces(model, IDS, 31, pieces, crop)), (pieces, crop)
 
 
 def test_an_embedding_module_that_does_not_scale_is_scaled_by_the_lean_forward():
