@@ -53,7 +53,8 @@ real) shapes=(llama-1b qwen3-1.7b) ;;
 tiny) shapes=(tiny-llama tiny-qwen3) ;;
 *) die "--shape is real or tiny, got '$shape'" ;;
 esac
-llamacpp="$(cd "$llamacpp" 2>/dev/null && pwd)" || die "--llamacpp: no directory $llamacpp"
+[ -d "$llamacpp" ] || die "--llamacpp: no directory $llamacpp"
+llamacpp="$(cd "$llamacpp" && pwd)"
 bench="$llamacpp/build/bin/llama-bench"
 quantize="$llamacpp/build/bin/llama-quantize"
 convert="$llamacpp/convert_hf_to_gguf.py"
