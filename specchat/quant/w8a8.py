@@ -257,7 +257,7 @@ def same_input(layers: list[nn.Module], x: torch.Tensor) -> list[torch.Tensor]:
     return [layer.from_mapped(mapped, x) for layer in layers]
 
 
-ONE_PASS_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj")  # attention projections: 8-bit is enough
+ONE_PASS_LAYERS = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")  # attention projections (Phi-3: qkv_proj)
 
 
 def activation_passes(name: str) -> int:

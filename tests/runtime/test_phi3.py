@@ -139,3 +139,25 @@ def test_a_phi3_rotating_part_of_each_head_runs_lean_and_keeps_the_python_loop(k
     assert (
         forward.native_loop() is None and forward(LeanCache(forward), torch.tensor([IDS[:5]]), keep=1).isfinite().all()
     )
+
+
+def test_phi3s_fused_qkv_proj_takes_one_w8a8_pass_as_llamas_q_k_v_do():
+    """w8a8's rule: one activation pass for the attention projections, two for the MLP and the head."""
+    from specchat.quant.w8a8 import activation_passes
+
+    assert activation_passes("model.layers.0.self_attn.qkv_proj") == activation_passes("x.self_attn.q_proj") == 1
+    assert activation_passes("model.layers.0.mlp.gate_up_proj") == activation_passes("x.mlp.up_proj") == 2
+
+
+def test_a_w8a8_phi3_on_the_lean_forward_scores_a_row_the_same_alone_in_a_batch_or_after_a_crop():
+    from specchat.quant.w8a8 import quantize_w8a8
+    from specchat.runtime.attention import use_batch_invariant_attention
+
+    model = phi3(hidden_size=256, intermediate_size=512)
+    quantize_w8a8(model)
+    use_batch_invariant_attention(model)
+    lean_model = lean_copy(model)
+    one_by_one = logits_in_pieces(lean_model, IDS, 31, [1] * 9)
+    for pieces, crop in (([9], 0), ([2, 3, 4], 6)):
+        assert torch.equal(one_by_one, logits_in_pieces(lean_model, IDS, 31, pieces, crop))
+    assert torch.allclose(one_by_one, logits_in_pieces(model, IDS, 31, [1] * 9), atol=1e-4, rtol=0)
