@@ -3,12 +3,13 @@ load on the fast path: the lean forward unquantized, the compiled layers with th
 
 from __future__ import annotations
 
+import model_files
 import pytest
 import test_gguf_architectures as architectures
 import torch
 from model_files import greedy_reply, logits, tiny_model, vocab_size, write_gguf
 from test_gguf_architectures import default_pair, prompt_ids
-from tiny_models import build_tokenizer
+from tiny_models import CHATML, build_tokenizer
 
 from specchat.spec import model_io
 
@@ -49,3 +50,36 @@ def test_an_unquantized_gemma_file_runs_lean_with_the_logits_it_was_written_with
     ids = tok.encode("def reverse(lst):\n    return lst[::-1]\n")
     ours = model_io.forward(pair.target, model_io.new_cache(pair.target), ids, keep=len(ids))
     assert len(ids) > 8 and torch.allclose(ours, logits(original, tok, tok.decode(ids))[0], atol=1e-4, rtol=0)
+
+
+def test_a_gemma3_files_linear_rope_scaling_reaches_its_global_layers(tmp_path, tok):
+    """Gemma-3 4B+ files state a linear rope scaling (factor 8) for the global layers, which transformers' reader
+    leaves out: the loaded model has it, and gives the written model's logits (5 local layers, then a global)."""
+    import gguf
+
+    scaled = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10_000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    }
+    shape = SHAPE | {"num_hidden_layers": 6, "rope_parameters": scaled}
+    models = [tiny_model("gemma3", vocab_size(tok, "gemma3"), seed=seed, tied=True, **shape) for seed in (1, 2)]
+    paths = []
+    for name, model in zip(("target", "drafter"), models):
+        writer = gguf.GGUFWriter(str(tmp_path / f"{name}.gguf"), "gemma3")
+        model_files._write_gguf_header(writer, model.config, "gemma3")
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(8.0)
+        model_files._write_gguf_tokenizer(writer, tok, CHATML, model_files.EXTRA_TOKENS["gemma3"])
+        for tensor, values in model_files._gguf_tensors(model, "gemma3"):
+            writer.add_tensor(tensor, values)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        paths.append(tmp_path / f"{name}.gguf")
+    pair = default_pair(*paths, "target.quantization=none", "target.dtype=float32")
+    assert pair.target.config.rope_parameters["full_attention"]["factor"] == 8.0
+    assert pair.target.config.layer_types[-1] == "full_attention" and pair.target_facts.backend == "lean"
+    ids = tok.encode("def reverse(lst):\n    return lst[::-1]\n")
+    ours = model_io.forward(pair.target, model_io.new_cache(pair.target), ids, keep=len(ids))
+    assert torch.allclose(ours, logits(models[0], tok, tok.decode(ids))[0], atol=1e-4, rtol=0)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from specchat.errors import ModelLoadError
+from specchat.loading.gguf.gemma import set_gemma_parameters
 from specchat.loading.gguf.header import HEAD_SIZE, read_tensors
 from specchat.loading.gguf.phi3 import set_phi3_parameters
 from specchat.progress import Progress, report
@@ -46,6 +47,7 @@ def file_config(gguf: Path, progress: Progress | None = None):
     if divisors is not None:
         set_rope_divisors(config, divisors.view(np.float32).reshape(-1), gguf, progress)
     set_phi3_parameters(config, facts, tensors, gguf)  # its window, rotated part and LongRoPE
+    set_gemma_parameters(config, facts)  # Gemma-3's global layers' linear rope scaling
     return config
 
 

@@ -39,7 +39,7 @@ from specchat.loading.devices import dtype_name
 from specchat.progress import Progress, notify
 
 META = "specchat.json"
-CONVERSION = 2  # in the folder's name; one more when a conversion's output changes (2: Llama-3 rope scaling)
+CONVERSION = 3  # in the folder's name; one more when a conversion's output changes (2: Llama-3, 3: Gemma-3 rope)
 
 
 def converted_dir(sha256: str, dtype: torch.dtype, slim: bool = False) -> Path:

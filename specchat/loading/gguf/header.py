@@ -45,7 +45,9 @@ NUMBERS = (  # `<architecture><suffix>`, read where it is an integer or a float:
     ".rope.scaling.attn_factor",
     ".rope.dimension_count",
     ".attention.sliding_window",
+    ".rope.scaling.factor",  # Gemma-3's global layers' (gguf/gemma.py)
 )
+STRINGS = (".rope.scaling.type",)  # `<architecture><suffix>`, read where it is a string (gguf/gemma.py)
 FLOATS = {6: "<f", 12: "<d"}  # f32, f64
 
 
@@ -180,7 +182,7 @@ def _preamble(cursor: _Cursor) -> tuple[int, int]:
 
 def _read_values(cursor: _Cursor, count: int) -> dict:
     """The FACTS the file has (the architecture as a string, the alignment as an integer), an integer head size
-    (HEAD_SIZE) and the NUMBERS; every other value skipped."""
+    (HEAD_SIZE), the NUMBERS and the STRINGS; every other value skipped."""
     facts = {}
     for index in range(count):
         key = cursor.string(f"metadata key {index}", MAX_KEY_BYTES)
@@ -194,6 +196,8 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
             facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], label)[0]
         elif key.endswith(NUMBERS) and (kind in INTEGERS or kind in FLOATS):
             facts[key] = cursor.take(FLOATS.get(kind) or UNSIGNED[WIDTHS[kind]], label)[0]
+        elif key.endswith(STRINGS) and kind == STRING:
+            facts[key] = cursor.string(label, MAX_NAME_BYTES)
         elif key in FACTS:
             raise cursor.fail(f"{label} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
         else:
