@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 
 from transformers.utils import logging as hf_logging
@@ -68,6 +69,5 @@ def quiet_renamed_cache_argument() -> None:
     """Drop transformers' FutureWarning that forward's past_key_values is now called cache (5.24 and later): a
     model on transformers' forward warns mid-chat on stderr, and the old name is the one every 5.x release takes
     (spec/model_io.py passes it). Idempotent."""
-    import warnings
 
     warnings.filterwarnings("ignore", message=RENAMED_CACHE, category=FutureWarning)

@@ -22,8 +22,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 
+from specchat.loading.gguf.header import read_tensors
+from specchat.loading.gguf.tensors import GGUFTensors
 from specchat.quant.w4a8 import FINER_BITS, LEVEL_BITS, Q4Block, fitting_linears
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (fp16), 12 bytes of packed 6-bit sc/m, 128 bytes of nibbles
@@ -113,10 +116,6 @@ def requantized_notice(requantized: Counter, finer_bits: int) -> str | None:
 
 def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
     """Every Q4_K weight of a GGUF file whose layer transformers names, decoded, by module name."""
-    from gguf import GGMLQuantizationType
-
-    from specchat.loading.gguf.header import read_tensors
-
     found = {}
     for tensor in read_tensors(Path(path))[1]:
         name = module_name(tensor.name)
@@ -127,8 +126,6 @@ def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
 
 def layer_kinds(path: str | Path) -> Counter:
     """{GGML type name: tensors} of the file's linear-layer weights (those module_name names; a tied head, none)."""
-    from specchat.loading.gguf.header import read_tensors
-
     return Counter(tensor.tensor_type.name for tensor in read_tensors(Path(path))[1] if module_name(tensor.name))
 
 
@@ -139,8 +136,6 @@ def matching_blocks(
     kept only where it decodes to the weights the model holds (to within their dtype's rounding): a layer the
     loader reordered or changed is left to be quantized from its weights. say(the notice line) when the file's
     blocks of other types (or any not kept) are requantized."""
-    from specchat.loading.gguf.header import read_tensors
-
     layers = fitting_linears(model)
     stored = {tensor.name: tensor for tensor in read_tensors(Path(path))[1]}
     if "output.weight" not in stored and "token_embd.weight" in stored:  # a tied head: read from the embeddings
@@ -185,8 +180,6 @@ def streamed_blocks(
     other is dequantized as transformers would and quantized to `finer_bits` levels: the rule quantize_w4a8
     applies with a GGUF's blocks at hand. Once every layer is read, say(the notice line) where blocks of a
     quantized type were requantized."""
-    from specchat.loading.gguf.tensors import GGUFTensors
-
     tensors = GGUFTensors(Path(path), model)
     requantized: Counter = Counter()
     for name, layer in fitting_linears(model).items():

@@ -20,6 +20,10 @@ import shutil
 from pathlib import Path
 
 import torch
+from gguf import LlamaFileType
+from safetensors.torch import save_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
+from transformers.integrations.gguf.reader import read_gguf_metadata
 
 from specchat.cache import (
     building,
@@ -36,6 +40,11 @@ from specchat.cache import (
 )
 from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import dtype_name
+from specchat.loading.gguf import slim
+from specchat.loading.gguf.config import file_config
+from specchat.loading.gguf.header import read_tensors
+from specchat.loading.gguf.metadata import quick_metadata
+from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
 from specchat.progress import Progress, notify
 
 META = "specchat.json"
@@ -112,10 +121,6 @@ def _convert_into(
 def gguf_facts(gguf: Path) -> dict:
     """Architecture, quantization type and chat-template presence, read from the GGUF header once
     specchat's own bounded reader (gguf/header.py) has checked every count, offset and size in it."""
-    from transformers.integrations.gguf.reader import read_gguf_metadata
-
-    from specchat.loading.gguf.header import read_tensors
-
     read_tensors(gguf)  # a truncated or malformed file ends here, in one line naming what is wrong
     try:
         metadata, _ = read_gguf_metadata(str(gguf))
@@ -134,8 +139,6 @@ def gguf_facts(gguf: Path) -> dict:
 
 def _quantization_name(file_type) -> str:
     """general.file_type as llama.cpp names it (Q4_K_M, ALL_F32, ...); "GGUF" when absent or unknown."""
-    from gguf import LlamaFileType
-
     try:
         return LlamaFileType(file_type).name.removeprefix("MOSTLY_")
     except (ValueError, TypeError):
@@ -168,8 +171,6 @@ def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progr
     """Tokenizer, config and weights through transformers' GGUF reading: what it fails on in a file whose header
     is whole (a missing vocabulary, a config its tensors contradict) is one line; an OSError or MemoryError
     passes as it is, for the cache to tell from damage."""
-    from specchat.loading.gguf.metadata import quick_metadata
-
     try:
         with quick_metadata():
             tokenizer = _gguf_tokenizer(gguf)
@@ -242,19 +243,12 @@ def safetensors_whole(path: Path) -> bool:
 
 
 def _gguf_tokenizer(gguf: Path):
-    from transformers import AutoTokenizer
-
-    from specchat.loading.hfquiet import quiet_transformers
 
     with quiet_transformers():
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
 
 
 def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
-    from transformers import AutoModelForCausalLM, GgufConfig
-
-    from specchat.loading.gguf.config import file_config
-    from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
 
     bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
     config = file_config(gguf, progress)
@@ -279,11 +273,6 @@ def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
 
 def _save_slim(gguf: Path, tokenizer, out: Path, progress: Progress | None) -> None:
     """Config, generation config, tokenizer, and slim.write_weights' tensors."""
-    from transformers import GenerationConfig
-
-    from specchat.loading.gguf import slim
-    from specchat.loading.gguf.config import file_config
-
     config = file_config(gguf, progress)
     out.mkdir(parents=True)
     config.save_pretrained(out)
@@ -294,8 +283,6 @@ def _save_slim(gguf: Path, tokenizer, out: Path, progress: Progress | None) -> N
 
 def save_checkpoint(model, tokenizer, out: Path) -> None:
     """Config, weights (safetensors, shared tensors stored once), generation config and tokenizer."""
-    from safetensors.torch import save_model
-
     out.mkdir(parents=True)
     config = copy.deepcopy(model.config)
     with contextlib.suppress(AttributeError):

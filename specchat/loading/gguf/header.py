@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from specchat.errors import ModelLoadError
 
@@ -129,8 +130,6 @@ class _Cursor:
 def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
     """({"general.architecture": ..., "general.alignment": ...} where the file has them, the tensors in file
     order); a file that is not a whole, well-formed GGUF is one ModelLoadError naming it and what is wrong."""
-    from gguf import GGMLQuantizationType
-
     path = Path(path)
     cursor = _Cursor(_mapped(path), path)
     tensor_count, value_count = _preamble(cursor)
@@ -248,8 +247,6 @@ def _skip_strings(cursor: _Cursor, n: int, what: str) -> None:
 
 def _read_table(cursor: _Cursor, count: int) -> list[tuple]:
     """[(name, dims, type, offset, rows, bytes a row)] of every tensor, each entry checked as it is read."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     known = {kind.value: GGML_QUANT_SIZES[kind] for kind in GGMLQuantizationType if kind in GGML_QUANT_SIZES}
     table, names = [], set()
     for index in range(count):
@@ -321,8 +318,6 @@ def _check_placement(cursor: _Cursor, tensors: list[TensorEntry], start: int, al
 
 def _shaped(data: np.ndarray, kind, dims: tuple[int, ...], rows: int) -> np.ndarray:
     """Float tensors as their values in numpy order (as gguf-py gives them), blocks as [rows, bytes a row]."""
-    from gguf import GGMLQuantizationType
-
     floats = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
     if kind in floats:
         return data.view(floats[kind]).reshape(tuple(reversed(dims)))

@@ -12,7 +12,9 @@ import contextlib
 import copy
 import types
 
+import gguf.gguf_reader as reader_module
 import numpy as np
+import transformers.modeling_gguf_pytorch_utils as legacy
 
 
 def _plain_memmap(*args, **kwargs) -> np.ndarray:
@@ -23,9 +25,6 @@ def _plain_memmap(*args, **kwargs) -> np.ndarray:
 def quick_metadata():
     """Within the block: gguf-py's reader slices plain arrays, and transformers' legacy GGUF metadata read
     (load_gguf_checkpoint without tensors) happens once per file."""
-    import gguf.gguf_reader as reader_module
-    import transformers.modeling_gguf_pytorch_utils as legacy
-
     numpy_as_read, load_as_is = reader_module.np, legacy.load_gguf_checkpoint
     plain = types.ModuleType("numpy")
     plain.__dict__.update(np.__dict__)

@@ -11,9 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from specchat.errors import ModelLoadError
+from specchat.loading.gguf.tensors import GGUFTensors
 from specchat.quant.block_embedding import BlockEmbedding
 from specchat.quant.shared import name_of
 from specchat.quant.w4a8 import fitting_linears
@@ -25,9 +30,6 @@ FLOAT_KINDS = ("F32", "F16", "BF16")  # tables already in floats: stored as floa
 
 def empty_model(config) -> nn.Module:
     """The model of `config`, its parameters on the meta device (no memory), its buffers real (rotary tables)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.eval()
@@ -40,10 +42,6 @@ def quantized_weights(model: nn.Module) -> set[str]:
 
 def write_weights(gguf: Path, config, out: Path) -> None:
     """WEIGHTS in `out`: the float tensors the chat keeps, and the input embeddings as the file's blocks."""
-    from safetensors.torch import save_file
-
-    from specchat.loading.gguf.tensors import GGUFTensors
-
     model = empty_model(config)
     tensors = GGUFTensors(gguf, model)
     skipped = quantized_weights(model)
@@ -70,9 +68,6 @@ def _parameter_names(model: nn.Module) -> list[str]:
 def load(directory: Path) -> nn.Module:
     """The model of a slim checkpoint: float tensors loaded, embeddings in blocks, the quantized layers'
     weights still on the meta device (the quantized cache replaces those layers)."""
-    from safetensors import safe_open
-    from transformers import AutoConfig, GenerationConfig
-
     model = empty_model(AutoConfig.from_pretrained(directory, local_files_only=True))
     with safe_open(str(directory / WEIGHTS), framework="pt") as weights:
         metadata = weights.metadata() or {}

@@ -11,11 +11,20 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import gguf
 import numpy as np
 import torch
+from gguf import GGML_QUANT_SIZES, dequantize
 from torch import nn
+from transformers.modeling_gguf_pytorch_utils import (
+    TENSOR_PROCESSORS,
+    LlamaTensorProcessor,
+    TensorProcessor,
+    get_gguf_hf_weights_map,
+)
 
 from specchat.errors import ModelLoadError
 from specchat.loading.gguf.header import read_tensors, shown
@@ -28,8 +37,6 @@ PERMUTED = ("attn_q.", "attn_k.")  # what LlamaTensorProcessor reorders; it leav
 def streamable(gguf: Path) -> bool:
     """Whether specchat can read this file's architecture a tensor at a time: its transformers tensor processor
     is the plain one, or Llama's (which only reorders the query and key weights)."""
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor
-
     facts, _ = read_tensors(gguf)
     processor = TENSOR_PROCESSORS.get(facts.get("general.architecture", ""), TensorProcessor)
     return processor in (TensorProcessor, LlamaTensorProcessor)
@@ -40,7 +47,6 @@ class GGUFTensors:
     parameters may be on the meta device)."""
 
     def __init__(self, gguf: Path, model: nn.Module):
-        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
         facts, tensors = read_tensors(gguf)
         config = model.config.get_text_config().to_dict()
@@ -70,8 +76,6 @@ class GGUFTensors:
 
     def unchanged(self, name: str) -> bool:
         """Whether transformers takes this tensor as the file stores it (its processor reorders nothing)."""
-        from transformers.modeling_gguf_pytorch_utils import TensorProcessor
-
         gguf_name = self.info(name).name
         return type(self.processor) is TensorProcessor or not any(part in gguf_name for part in PERMUTED)
 
@@ -109,7 +113,6 @@ class GGUFTensors:
         tensor = self.info(name)
         if self.unchanged(name):
             return _dequantized(tensor)
-        from gguf import dequantize
 
         result = self.processor.process(
             weights=dequantize(tensor.data, tensor.tensor_type),
@@ -136,8 +139,6 @@ def _check_shapes(path: Path, by_name: dict, model: nn.Module) -> None:
 def _check_types(path: Path, by_name: dict) -> None:
     """Each tensor the model takes is of a type gguf-py dequantizes (transformers reads every tensor through it):
     else one line naming the tensor and its type, before any value is read."""
-    from gguf import GGML_QUANT_SIZES, dequantize
-
     readable: dict = {}
     for tensor in by_name.values():
         kind = tensor.tensor_type
@@ -155,7 +156,6 @@ def _check_types(path: Path, by_name: dict) -> None:
 
 
 def _gguf_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("gguf")
@@ -167,8 +167,6 @@ def _gguf_version() -> str:
 def _name_map_built_once():
     """get_gguf_hf_weights_map rebuilds gguf-py's name map for every submodule (319 times, 6.5 s for the
     drafter); within the block the same (architecture, layers) map is built once."""
-    import gguf
-
     build = gguf.get_tensor_name_map
     gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(build)
     try:
@@ -179,15 +177,12 @@ def _name_map_built_once():
 
 def _dequantized(tensor) -> torch.Tensor:
     """A GGUF tensor's float32 values, dequantized CHUNK_ROWS rows at a time (each row is independent)."""
-    from gguf import dequantize
-
     if len(tensor.shape) < 2:
         return torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
     return torch.cat(list(_row_chunks(tensor)))
 
 
 def _row_chunks(tensor) -> Iterator[torch.Tensor]:
-    from gguf import dequantize
 
     data = tensor.data
     for start in range(0, data.shape[0], CHUNK_ROWS):
