@@ -234,6 +234,31 @@ def replace_durably(tmp: Path, dest: Path) -> None:
     fsync_one(dest.parent)
 
 
+@contextmanager
+def into_place(target: Path) -> Iterator[Path]:
+    """A temporary beside `target` to write (a file or a folder) in: its folder made private, the temporaries
+    of dead processes removed first; renamed into place durably (replace_durably) when the block ends without
+    an error, and removed either way, so nothing half-written is ever `target`."""
+    private_dir(target.parent)
+    remove_stale_temporaries(target)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    _remove(tmp)
+    try:
+        yield tmp
+        if target.is_dir():  # an incomplete folder, if any (a file is replaced by the rename itself)
+            shutil.rmtree(target, ignore_errors=True)
+        replace_durably(tmp, target)
+    finally:
+        _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def write_synced(path: Path, text: str) -> None:
     """Write a small file (a record beside an artefact) and fsync it."""
     with path.open("w") as out:

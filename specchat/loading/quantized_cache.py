@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
-import os
 import re
 from functools import partial
 from pathlib import Path
@@ -31,10 +30,8 @@ from specchat.cache import (
     disk_error,
     disk_errors,
     file_sha256,
+    into_place,
     is_verified,
-    private_dir,
-    remove_stale_temporaries,
-    replace_durably,
     write_synced,
 )
 from specchat.config import W4A8_MODES
@@ -223,16 +220,10 @@ def _write(path: Path, blocks: dict) -> None:
             {f"{name}.{field.name}": torch.as_tensor(getattr(block, field.name)) for field in dataclasses.fields(block)}
         )
     with disk_errors(path, "write the quantized-weights cache"):
-        private_dir(path.parent)
-        remove_stale_temporaries(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
+        with into_place(path) as tmp:
             tensor_file.write_tensors(tmp, tensors)
             meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
             write_synced(_meta_path(path), json.dumps(meta) + "\n")
-            replace_durably(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
         remove_older_formats(path)
 
 
