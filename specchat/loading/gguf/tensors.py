@@ -32,6 +32,7 @@ from specchat.quant.shared import name_of
 
 CHUNK_ROWS = 8192  # rows dequantized at a time: 8192 × 1536 floats is 50 MB
 PERMUTED = ("attn_q.", "attn_k.")  # what LlamaTensorProcessor reorders; it leaves every other tensor as it is
+TIED_EMBEDDINGS = "token_embd.weight"  # what a tied head reads in a file with no output.weight
 
 
 def streamable(gguf: Path) -> bool:
@@ -56,6 +57,10 @@ class GGUFTensors:
             self.names = get_gguf_hf_weights_map(model, self.processor)  # GGUF name → transformers name
         self.by_name = {self.names[t.name]: t for t in tensors if t.name in self.names}
         self.tied = _tied_names(model)
+        for head in self.tied:  # embeddings kept in their blocks (slim) are no state-dict name: the head reads them
+            embeddings = next((t for t in tensors if t.name == TIED_EMBEDDINGS), None)
+            if head not in self.by_name and self.tied[head] not in self.by_name and embeddings is not None:
+                self.by_name[head] = embeddings
         self.path = Path(gguf)
         _check_shapes(self.path, self.by_name, model)
         _check_types(self.path, self.by_name)

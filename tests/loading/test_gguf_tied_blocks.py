@@ -1,0 +1,39 @@
+"""A tied file whose embeddings are in blocks (llama-quantize's Q4_K_M and Q8_0 of Llama-3.2 or Qwen3-0.6B/1.7B:
+no output.weight, token_embd in Q6_K or Q8_0): the w4a8 head is read from the embeddings' blocks, which the slim
+checkpoint keeps apart from the state dict's names (loading/gguf/tensors.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from model_files import tiny_model, vocab_size, write_gguf
+from tiny_models import build_tokenizer
+
+from specchat.config import load_config
+from specchat.loading import devices, plan
+from specchat.loading.models import load_model
+
+PROMPT_IDS = list(range(3, 40))
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu(monkeypatch, tmp_path):
+    resolve = devices.resolve_device
+    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+def test_a_tied_file_with_block_embeddings_loads_w4a8_with_the_embeddings_as_its_head(tmp_path, kernel, architecture):
+    tok = build_tokenizer()
+    model = tiny_model(architecture, vocab_size(tok, architecture), seed=4, tied=True)
+    stored = {"token_embd.weight": GGMLQuantizationType.Q8_0}
+    path = write_gguf(tmp_path / "tied.gguf", model, tok, stored=stored, architecture=architecture)
+    loaded, _, facts = load_model(load_config(None, [f"target.source={path}"]).target)
+    assert facts.backend == "lean (compiled layers)"
+    with torch.inference_mode():
+        got = loaded(torch.tensor([PROMPT_IDS])).logits[0]
+        want = model(torch.tensor([PROMPT_IDS])).logits[0]
+    agreement = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    assert agreement >= 0.8, f"top-1 agreement with the file's model: {agreement:.0%}"  # 4-bit, a near-flat tiny model
