@@ -17,11 +17,13 @@ import math
 from pathlib import Path
 
 import numpy as np
+from transformers import AutoConfig
 
 from specchat.errors import ModelLoadError
 from specchat.loading.gguf.gemma import set_gemma_parameters
 from specchat.loading.gguf.header import HEAD_SIZE, read_tensors
 from specchat.loading.gguf.phi3 import set_phi3_parameters
+from specchat.loading.hfquiet import quiet_transformers
 from specchat.progress import Progress, report
 
 MAX_HEAD_SIZE = 1 << 12  # far above any model's (256 for Gemma)
@@ -33,10 +35,6 @@ FACTOR_TOLERANCE = 1e-4  # relative: the file stores the divisors as float32
 
 def file_config(gguf: Path, progress: Progress | None = None):
     """The config transformers reads from `gguf`, with the head size and the rope scaling the file states."""
-    from transformers import AutoConfig
-
-    from specchat.loading.hfquiet import quiet_transformers
-
     with quiet_transformers():
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     facts, tensors = read_tensors(gguf)
