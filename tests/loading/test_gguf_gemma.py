@@ -83,3 +83,26 @@ def test_a_gemma3_files_linear_rope_scaling_reaches_its_global_layers(tmp_path, 
     ids = tok.encode("def reverse(lst):\n    return lst[::-1]\n")
     ours = model_io.forward(pair.target, model_io.new_cache(pair.target), ids, keep=len(ids))
     assert torch.allclose(ours, logits(models[0], tok, tok.decode(ids))[0], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "architecture, kind",
+    [
+        ("gemma2", "Q4_K"),
+        pytest.param("gemma2", "Q8_0", marks=pytest.mark.slow),
+        pytest.param("gemma3", "Q5_K", marks=pytest.mark.slow),
+        pytest.param("gemma3", "Q6_K", marks=pytest.mark.slow),
+    ],
+)
+def test_a_gemma_file_in_blocks_loads_on_the_compiled_layers_and_stays_exact(tmp_path, tok, kernel, architecture, kind):
+    """Gemma files as users download them: every 2-d weight in `kind` blocks (tied head, block embeddings)."""
+    shape = SHAPE | {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}  # K-blocks hold 256 inputs
+    models = [tiny_model(architecture, vocab_size(tok, architecture), seed=seed, tied=True, **shape) for seed in (1, 2)]
+    target, drafter = (
+        model_files.write_gguf_in(tmp_path / f"{name}.gguf", model, tok, kind, architecture=architecture, seed=seed)
+        for name, model, seed in zip(("target", "drafter"), models, (1, 2))
+    )
+    pair = default_pair(target, drafter)
+    assert pair.target_facts.backend == "lean (compiled layers)" == pair.drafter_facts.backend
+    ids = prompt_ids(tok)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
