@@ -137,3 +137,18 @@ def test_a_q4_k_phi3_files_fused_layers_run_on_its_own_blocks(tmp_path, tok, ker
         )
     ids = prompt_ids(tok)
     assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K", "Q8_0"])
+def test_a_phi3_file_in_other_blocks_loads_on_the_compiled_layers_and_stays_exact(tmp_path, tok, kernel, kind):
+    wide = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # rows of whole 256-blocks
+    models = [tiny_model("phi3", vocab_size(tok, "phi3"), seed=seed, **wide) for seed in (1, 2)]
+    target, drafter = (
+        write_gguf_in(tmp_path / f"{name}.gguf", model, tok, kind, architecture="phi3", seed=seed)
+        for name, model, seed in zip(("target", "drafter"), models, (3, 4))
+    )
+    pair = default_pair(target, drafter)
+    assert pair.target_facts.backend == "lean (compiled layers)" == pair.drafter_facts.backend
+    ids = prompt_ids(tok)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
