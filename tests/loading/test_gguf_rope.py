@@ -5,14 +5,13 @@ and the original model do; divisors no Llama-3 scaling gives are one notice line
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from model_files import tiny_model, vocab_size, write_gguf
+from test_gguf_architectures import cache, on_the_cpu
 from tiny_models import build_tokenizer
 from transformers import LlamaForCausalLM
 
 from specchat.config import load_config
-from specchat.loading import devices, plan
 from specchat.loading.gguf.config import file_config, llama3_divisors, llama3_scaling
 from specchat.loading.models import load_model
 
@@ -26,11 +25,7 @@ SCALING = {
 }
 
 
-@pytest.fixture(autouse=True)
-def on_the_cpu(monkeypatch, tmp_path):
-    resolve = devices.resolve_device
-    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
-    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+FIXTURES = (cache, on_the_cpu)  # test_gguf_architectures' autouse fixtures, on here too
 
 
 def divisors(factor: float = 8.0, context: int = 2048) -> np.ndarray:

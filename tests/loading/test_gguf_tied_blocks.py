@@ -8,20 +8,16 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from model_files import tiny_model, vocab_size, write_gguf
+from test_gguf_architectures import cache, on_the_cpu
 from tiny_models import build_tokenizer
 
 from specchat.config import load_config
-from specchat.loading import devices, plan
 from specchat.loading.models import load_model
 
 PROMPT_IDS = list(range(3, 40))
 
 
-@pytest.fixture(autouse=True)
-def on_the_cpu(monkeypatch, tmp_path):
-    resolve = devices.resolve_device
-    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
-    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+FIXTURES = (cache, on_the_cpu)  # test_gguf_architectures' autouse fixtures, on here too
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen3"])

@@ -8,23 +8,21 @@ random weights for Q8_0, Q4_0 and Q5_0, random blocks with small fp16 scales for
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 from model_files import greedy_reply, random_blocks, tiny_model, vocab_size, write_gguf, write_gguf_in
-from tiny_models import build_tokenizer
+from test_gguf_architectures import cache, on_the_cpu, tok
 
 from specchat.config import ModelConfig, load_config
 from specchat.errors import ModelLoadError
-from specchat.loading import devices
 from specchat.loading.gguf.blocks import decode_q5_k, requantized_notice
 from specchat.loading.models import load_model, load_pair
 from specchat.quant.w4a8 import Q4Linear
+
+FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,26 +37,6 @@ ALL = [
 SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in ALL if case not in FAST]
 FIDELITY = "fidelity: python -m specchat.bench.targets --gguf FILE"
 WIDE = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # every row a whole number of 256-blocks
-
-
-@pytest.fixture(autouse=True)
-def on_the_cpu(monkeypatch):
-    """device = "auto" is the CPU here, whichever loading module resolves it."""
-    resolve = devices.resolve_device
-    for name in ("specchat.loading.plan", "specchat.loading.models"):
-        module = importlib.import_module(name) if importlib.util.find_spec(name) else None
-        if module is not None and hasattr(module, "resolve_device"):
-            monkeypatch.setattr(module, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def files(folder, tok, kind: str, architecture: str):

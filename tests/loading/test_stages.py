@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 from model_files import save_dir
-from tiny_models import build_model, build_tokenizer
+from test_gguf_architectures import cache, on_the_cpu, tok
+from tiny_models import build_model
 
 from specchat.config import Config, ModelConfig, RuntimeConfig
 from specchat.errors import ModelLoadError
-from specchat.loading import devices, plan
+from specchat.loading import plan
 from specchat.loading.attach import attach, sampling_probs
 from specchat.loading.checkpoint import checkpoint_for, directory_identity
 from specchat.loading.plan import plan_model, plan_pair
@@ -20,21 +21,7 @@ from specchat.loading.weights import load_weights
 from specchat.quant.int8_weights import Int8Linear
 from specchat.spec.sampling import probs_from_logits
 
-
-@pytest.fixture(autouse=True)
-def on_the_cpu(monkeypatch):
-    resolve = devices.resolve_device
-    monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
-
-
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
+FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
 
 
 @pytest.fixture(scope="module")
