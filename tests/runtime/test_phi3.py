@@ -12,7 +12,7 @@ import torch
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from model_files import tiny_model
 from test_lean import logits_in_pieces
-from test_lean_native import run_steps, w4a8
+from test_lean_native import assert_near_the_python_loop, run_steps, w4a8
 
 from specchat.runtime import fused, lean
 from specchat.runtime.lean import LeanCache, LeanForward
@@ -75,11 +75,7 @@ def test_phi3s_compiled_layers_give_the_python_loops_logits_within_rounding(kern
     native, python = LeanForward(model, kernel.LeanLayers, kv_cache="float32"), LeanForward(model)
     assert native.native_reason == "" and native.native_loop() is not None and python.native_loop() is None
     compiled, looped, exact = run_steps(native, IDS), run_steps(python, IDS), run_steps(unquantized, IDS)
-    for index, (a, b, reference) in enumerate(zip(compiled, looped, exact)):
-        error, noise = (a - b).abs().mean().item(), (b - reference).abs().mean().item()
-        assert error < 0.05 * noise, f"forward {index}: {error} from the Python loop (quantization: {noise})"
-    top_1 = torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(compiled, looped)])
-    assert top_1.float().mean() >= 0.9
+    assert_near_the_python_loop(compiled, looped, exact)
 
 
 def test_phi3s_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel):
