@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import platformdirs
 
 from specchat.errors import ModelLoadError
-from specchat.progress import Progress, report
+from specchat.progress import Progress, notify, report
 
 try:
     import fcntl
@@ -302,3 +303,104 @@ def building(target: Path, what: str, progress: Progress | None = None) -> Itera
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def remembered_sha256(path: Path, progress: Progress | None = None) -> str:
+    """sha256 of a file outside the cache (a GGUF source), remembered per (path, size, mtime) in the cache's
+    `hashes/` folder so it is hashed once; where the cache is read-only it is hashed again next time."""
+    memo = cache_dir() / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:24] + ".txt")
+    with disk_errors(path, "read"):
+        info = path.stat()
+        stamp = f"{info.st_size} {info.st_mtime_ns}"
+        if memo.exists():
+            saved_stamp, _, digest = memo.read_text().strip().rpartition(" ")
+            if saved_stamp == stamp and len(digest) == 64:  # a memo cut short by a crash is not used
+                return digest
+        digest = file_sha256(path, progress)
+    optional_write(lambda: _remember(memo, f"{stamp} {digest}\n"))
+    return digest
+
+
+def _remember(memo: Path, text: str) -> None:
+    private_dir(memo.parent)
+    memo.write_text(text)
+
+
+def read_record(folder: Path, name: str) -> dict:
+    """The JSON record `name` of a recorded folder (a finished conversion's specchat.json)."""
+    return json.loads((folder / name).read_text())
+
+
+def file_records(folder: Path) -> dict:
+    """The "files" of a recorded folder's record: {name: {"bytes", "sha256"}} of every file written in it,
+    each marked verified as it stands."""
+    records = {}
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+        records[path.name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        mark_verified(path, records[path.name]["sha256"])
+    return records
+
+
+def folder_damage(folder: Path, record: str, reading: str, progress: Progress | None = None) -> str:
+    """'' when a recorded folder is whole, else what is wrong with it: its record missing or not JSON, a
+    recorded file missing or not at its size and sha256 (hashed once per change), or a safetensors file cut
+    short (also checked for folders recorded before their files were). A failure to read (EIO, EACCES) is
+    raised as DiskError (cannot `reading` `folder`): it is no sign of damage."""
+    with disk_errors(folder, reading):
+        try:
+            files = read_record(folder, record).get("files", {})
+        except (FileNotFoundError, ValueError, AttributeError):  # a record that is not a JSON table too
+            return f"its {record} is unreadable"
+        for name, written in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if not is_verified(path, written["bytes"], written["sha256"], progress):
+                return f"{name} differs from what was written (size or sha256)"
+        for path in folder.glob("*.safetensors"):
+            if not safetensors_whole(path):
+                return f"{path.name} is cut short"
+        return ""
+
+
+def safetensors_whole(path: Path) -> bool:
+    """True when the file's header reads and its tensors end exactly at the end of the file; an I/O
+    error other than the file being gone is raised (OSError)."""
+    try:
+        with path.open("rb") as src:
+            length = int.from_bytes(src.read(8), "little")
+            header = json.loads(src.read(length))
+            size = os.fstat(src.fileno()).st_size
+        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+        return size == 8 + length + max(ends, default=0)
+    except (FileNotFoundError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return False
+
+
+def built_once(
+    target: Path,
+    what: str,
+    problem: Callable[[], str | None],
+    write: Callable[[Path], None],
+    writing: str,
+    progress: Progress | None = None,
+    remove_damaged: bool = True,
+) -> bool:
+    """Make `target` a sound artefact; whether it was built now. problem(): '' when `target` is sound, None
+    when there is none, else what is wrong with it. Unless sound, under its build lock (building) it is looked
+    at again (another process may have built it meanwhile); a damaged one is said in one notice line
+    ("rebuilding `what`: ...") and removed (remove_damaged; else the rename replaces it); write(tmp) writes a
+    new one into a temporary renamed into place (into_place). An I/O failure is a DiskError (cannot `writing`)."""
+    if problem() == "":
+        return False
+    with building(target, what, progress):
+        found = problem()
+        if found == "":
+            return False
+        if found:
+            notify(progress, f"rebuilding {what}: {found}")
+            if remove_damaged:
+                _remove(target)
+        with disk_errors(target, writing), into_place(target) as tmp:
+            write(tmp)
+    return True

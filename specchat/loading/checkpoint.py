@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specchat.cache import remembered_sha256
 from specchat.config import W4A8_MODES
 from specchat.errors import ModelLoadError
 from specchat.loading import assets
 from specchat.loading.gguf import convert as gguf_convert
-from specchat.loading.gguf import tensors as gguf_tensors
 from specchat.loading.plan import ModelPlan
 from specchat.loading.sources import Source
 from specchat.progress import Progress
@@ -79,16 +79,13 @@ def directory_identity(directory: Path) -> str:
 
 def converted(plan: ModelPlan, progress: Progress | None = None) -> Path:
     """The cached conversion of a GGUF source (see the module's docstring)."""
-    source, w4a8 = plan.source, plan.quantization in W4A8_MODES
+    source = plan.source
     if source.kind == "bundled":
         sha = assets.bundled_model(source.location).sha256
     else:
-        sha = gguf_convert.gguf_digest(Path(source.location), progress)
-    if gguf_convert.is_converted(sha, plan.dtype, w4a8):
-        return gguf_convert.converted_dir(sha, plan.dtype, w4a8)
-    gguf = gguf_path(source, progress)
-    slim = w4a8 and gguf_tensors.streamable(gguf)
-    return gguf_convert.ensure_converted(gguf, sha, plan.dtype, source.name, progress, slim)
+        sha = remembered_sha256(Path(source.location), progress)
+    w4a8 = plan.quantization in W4A8_MODES
+    return gguf_convert.converted(sha, plan.dtype, w4a8, source.name, lambda: gguf_path(source, progress), progress)
 
 
 def gguf_path(source: Source, progress: Progress | None = None) -> Path:

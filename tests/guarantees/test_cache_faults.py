@@ -42,6 +42,7 @@ import torch
 from model_files import later, logits, save_dir, tiny_qwen2, write_gguf
 from tiny_models import build_model, build_tokenizer
 
+from specchat import cache as specchat_cache
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading import assets, checkpoint, quantized_cache, tensor_file
@@ -361,7 +362,7 @@ POINTS = {
     "converted": {
         "dequantized, nothing written": (lambda: gguf_convert, "_gguf_model", "after", None),
         "weights written, tokenizer not yet": (_safetensors, "save_model", "after", None),
-        "files written, no record yet": (lambda: gguf_convert, "_file_records", "before", None),
+        "files written, no record yet": (lambda: gguf_convert, "file_records", "before", None),
         "written, before the rename": (lambda: os, "replace", "before", _replace_into("converted")),
         "renamed into place": (lambda: os, "replace", "after", _replace_into("converted")),
     },
@@ -828,7 +829,7 @@ IO_ERRORS = {
     "ENOMEM": MemoryError,
     "ENOSPC": lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
 }
-READS = {"quantized": (lambda: tensor_file, "read_tensors"), "converted": (lambda: gguf_convert, "read_meta")}
+READS = {"quantized": (lambda: tensor_file, "read_tensors"), "converted": (lambda: specchat_cache, "read_record")}
 
 
 @pytest.mark.parametrize(

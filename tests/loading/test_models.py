@@ -3,6 +3,7 @@ placement arguments, pair checks and one-line errors. One slow test loads the re
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 
@@ -11,6 +12,7 @@ import torch
 from model_files import PROMPT, greedy_reply, logits, save_dir, tiny_qwen2, write_gguf
 from tiny_models import CHATML, build_model, build_tokenizer
 
+from specchat import cache as specchat_cache
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
 from specchat.loading import assets, devices, shared_tokenizer
 from specchat.loading import models as model_loading
@@ -201,7 +203,7 @@ def test_gguf_file_converts_once_and_loads_from_the_cache(gguf_file, tok, cache,
         raise AssertionError("converted again although the cache holds the checkpoint")
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", no_conversion)
-    monkeypatch.setattr(gguf_convert, "file_sha256", no_conversion)  # the digest is remembered too
+    monkeypatch.setattr(specchat_cache, "file_sha256", no_conversion)  # the digest is remembered too
     again, _, _ = load_model(ModelConfig(source=str(path), dtype="float32"))
     assert torch.equal(logits(again, tokenizer), logits(original, tok))
 
@@ -271,7 +273,7 @@ def test_a_whole_conversion_is_not_rebuilt_and_records_the_gguf_relative_to_the_
     path, _ = gguf_file
     load_model(ModelConfig(source=str(path), dtype="float32"))
     monkeypatch.setattr(gguf_convert, "convert_gguf", lambda *a: pytest.fail("converted again"))
-    monkeypatch.setattr(gguf_convert, "file_sha256", lambda *a: pytest.fail("hashed again"))
+    monkeypatch.setattr(specchat_cache, "file_sha256", lambda *a: pytest.fail("hashed again"))
     load_model(ModelConfig(source=str(path), dtype="float32"))
     directory = next((cache / "converted").iterdir())
     recorded = gguf_convert.read_meta(directory)["gguf"]
@@ -321,9 +323,7 @@ def test_bundled_source_assembles_converts_then_skips_both(gguf_file, tok, cache
     for i, chunk in enumerate((data[:1000], data[1000:5000], data[5000:]), start=1):
         parts.append(tmp_path / f"part{i:02d}.bin")
         parts[-1].write_bytes(chunk)
-    fake = assets.BundledModel(
-        "Tiny-Qwen-Bundled", "fake-part", "0", 3, len(data), gguf_convert.hashlib.sha256(data).hexdigest()
-    )
+    fake = assets.BundledModel("Tiny-Qwen-Bundled", "fake-part", "0", 3, len(data), hashlib.sha256(data).hexdigest())
     monkeypatch.setitem(assets.BUNDLED, "tiny-qwen", fake)
     monkeypatch.setattr(assets, "find_parts", lambda model: parts)
     seen = []

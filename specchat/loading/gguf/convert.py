@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
 import json
-import os
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import safetensors.torch
@@ -26,28 +24,35 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 from transformers.integrations.gguf.reader import read_gguf_metadata
 
 from specchat.cache import (
-    building,
+    built_once,
     cache_dir,
-    disk_errors,
-    file_sha256,
-    into_place,
-    is_verified,
-    mark_verified,
-    optional_write,
+    file_records,
+    folder_damage,
     os_error,
-    private_dir,
+    read_record,
 )
 from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import dtype_name
-from specchat.loading.gguf import slim
+from specchat.loading.gguf import slim, tensors
 from specchat.loading.gguf.config import file_config
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.gguf.metadata import quick_metadata
 from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
-from specchat.progress import Progress, notify
+from specchat.progress import Progress
 
 META = "specchat.json"
 CONVERSION = 3  # in the folder's name; one more when a conversion's output changes (2: Llama-3, 3: Gemma-3 rope)
+
+
+def converted(
+    sha256: str, dtype: torch.dtype, w4a8: bool, name: str, gguf_path: Callable[[], Path], progress: Progress | None
+) -> Path:
+    """The cached conversion of the GGUF whose sha256 this is: slim for the w4a8 modes where the file streams
+    (tensors.streamable), else full. gguf_path() gives the file, asked for only when it must be converted."""
+    if is_converted(sha256, dtype, w4a8):
+        return converted_dir(sha256, dtype, w4a8)
+    gguf = gguf_path()
+    return ensure_converted(gguf, sha256, dtype, name, progress, w4a8 and tensors.streamable(gguf))
 
 
 def converted_dir(sha256: str, dtype: torch.dtype, slim: bool = False) -> Path:
@@ -56,57 +61,46 @@ def converted_dir(sha256: str, dtype: torch.dtype, slim: bool = False) -> Path:
     return cache_dir() / "converted" / name
 
 
+def is_converted(sha256: str, dtype: torch.dtype, slim: bool = False) -> bool:
+    """A finished conversion is in the cache; a damaged one is not (ensure_converted rebuilds it)."""
+    directory = converted_dir(sha256, dtype, slim)
+    return (directory / META).exists() and not damage(directory)
+
+
+def damage(directory: Path, progress: Progress | None = None) -> str:
+    """'' when a finished conversion is whole, else what is wrong with it (cache.folder_damage: its record,
+    each recorded file's size and sha256, its safetensors files cut short). A failure to read (EIO, EACCES) is
+    raised as ModelLoadError: it is no sign of damage."""
+    return folder_damage(directory, META, "read the converted checkpoint", progress)
+
+
 def read_meta(directory: Path) -> dict:
-    return json.loads((directory / META).read_text())
-
-
-def gguf_digest(path: Path, progress: Progress | None = None) -> str:
-    """sha256 of a GGUF file, remembered per (path, size, mtime) so it is hashed once."""
-    memo = cache_dir() / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:24] + ".txt")
-    with disk_errors(path, "read"):
-        stat = path.stat()
-        stamp = f"{stat.st_size} {stat.st_mtime_ns}"
-        if memo.exists():
-            saved_stamp, _, digest = memo.read_text().strip().rpartition(" ")
-            if saved_stamp == stamp and len(digest) == 64:  # a memo cut short by a crash is not used
-                return digest
-        digest = file_sha256(path, progress)
-    optional_write(lambda: _remember(memo, f"{stamp} {digest}\n"))  # where the cache is read-only: hashed again
-    return digest
-
-
-def _remember(memo: Path, text: str) -> None:
-    private_dir(memo.parent)
-    memo.write_text(text)
+    return read_record(directory, META)
 
 
 def ensure_converted(
     gguf: Path, sha256: str, dtype: torch.dtype, name: str, progress: Progress | None = None, slim: bool = False
 ) -> Path:
-    """The converted checkpoint for `gguf` in `dtype` (slim: loading/gguf/slim.py), converting it first if it is not cached."""
+    """The converted checkpoint for `gguf` in `dtype` (slim: loading/gguf/slim.py), converting it first if it is
+    not cached: in a temporary directory renamed into place only when complete and fsynced (cache.built_once);
+    a damaged one is removed first, with one notice line."""
     out = converted_dir(sha256, dtype, slim)
-    if (out / META).exists() and not damage(out, progress):
-        return out
-    with building(out, f"the converted checkpoint of {name}", progress):
-        if (out / META).exists():  # damaged, or converted by another process while this one waited
-            problem = damage(out, progress)
-            if not problem:
-                return out
-            if progress:
-                notify(progress, f"rebuilding the converted checkpoint of {name}: {problem}")
-            shutil.rmtree(out, ignore_errors=True)
-        with disk_errors(out, f"convert {name} into the cache at"):
-            _convert_into(out, gguf, dtype, name, progress, slim)
+    built_once(
+        out,
+        f"the converted checkpoint of {name}",
+        lambda: damage(out, progress) if (out / META).exists() else None,
+        lambda tmp: _convert_into(tmp, gguf, dtype, name, progress, slim),
+        f"convert {name} into the cache at",
+        progress,
+    )
     return out
 
 
 def _convert_into(
-    out: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None, slim: bool = False
+    tmp: Path, gguf: Path, dtype: torch.dtype, name: str, progress: Progress | None, slim: bool = False
 ) -> None:
-    """Convert in a temporary directory and rename it into place only when complete and fsynced."""
-    with into_place(out) as tmp:
-        convert_gguf(gguf, dtype, tmp, name, progress, slim)
-        tmp.chmod(0o700)  # made by transformers with the umask's mode
+    convert_gguf(gguf, dtype, tmp, name, progress, slim)
+    tmp.chmod(0o700)  # made by transformers with the umask's mode
 
 
 def gguf_facts(gguf: Path) -> dict:
@@ -153,7 +147,7 @@ def convert_gguf(
         "slim": slim,
         "architecture": facts["architecture"],
         "gguf": _cache_relative(gguf),
-        "files": _file_records(out),
+        "files": file_records(out),
     }
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
 
@@ -182,55 +176,6 @@ def _cache_relative(path: Path) -> str:
     path = path.resolve()
     root = cache_dir().resolve()
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
-
-
-def _file_records(directory: Path) -> dict:
-    """{name: {"bytes", "sha256"}} of every file written, each marked verified as it stands."""
-    records = {}
-    for path in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")):
-        records[path.name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-        mark_verified(path, records[path.name]["sha256"])
-    return records
-
-
-def damage(directory: Path, progress: Progress | None = None) -> str:
-    """'' when a finished conversion is whole, else what is wrong with it: its record missing or not
-    JSON, a recorded file missing or not at its size and sha256 (hashed once per change), or a
-    safetensors file cut short (also checked for conversions written before files were recorded).
-    A failure to read (EIO, EACCES) is raised as ModelLoadError: it is no sign of damage."""
-    with disk_errors(directory, "read the converted checkpoint"):
-        return _damage(directory, progress)
-
-
-def _damage(directory: Path, progress: Progress | None) -> str:
-    try:
-        files = read_meta(directory).get("files", {})
-    except (FileNotFoundError, ValueError, AttributeError):  # a record that is not a JSON table too
-        return f"its {META} is unreadable"
-    for name, record in files.items():
-        path = directory / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if not is_verified(path, record["bytes"], record["sha256"], progress):
-            return f"{name} differs from what was written (size or sha256)"
-    for path in directory.glob("*.safetensors"):
-        if not safetensors_whole(path):
-            return f"{path.name} is cut short"
-    return ""
-
-
-def safetensors_whole(path: Path) -> bool:
-    """True when the file's header reads and its tensors end exactly at the end of the file; an I/O
-    error other than the file being gone is raised (OSError)."""
-    try:
-        with path.open("rb") as src:
-            length = int.from_bytes(src.read(8), "little")
-            header = json.loads(src.read(length))
-            size = os.fstat(src.fileno()).st_size
-        ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
-        return size == 8 + length + max(ends, default=0)
-    except (FileNotFoundError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return False
 
 
 def _gguf_tokenizer(gguf: Path):
@@ -283,9 +228,3 @@ def save_checkpoint(model, tokenizer, out: Path) -> None:
     # called through its module: tests/guarantees/test_cache_faults.py stops a conversion in save_model
     safetensors.torch.save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(out)
-
-
-def is_converted(sha256: str, dtype: torch.dtype, slim: bool = False) -> bool:
-    """A finished conversion is in the cache; a damaged one is not (ensure_converted rebuilds it)."""
-    directory = converted_dir(sha256, dtype, slim)
-    return (directory / META).exists() and not damage(directory)
