@@ -12,6 +12,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("top_p_probs", &top_p_probs, "sampling probabilities: temperature, top-k, top-p", pybind11::arg("logits"),
              pybind11::arg("temperature"), pybind11::arg("top_k"), pybind11::arg("top_p"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("greedy_rows", &greedy_rows, "each row's argmax (the first of equal maxima) and log-sum-exp",
+             pybind11::arg("logits"), pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("kernel_path", &kernel_path, "the code path the product runs");
   module.def("kernel_paths", &kernel_paths, "the code paths this CPU can run, fastest first");
   module.def("set_kernel_path", &set_kernel_path, "run the product on this path (a name of kernel_paths())");

@@ -42,7 +42,9 @@ def attach(model, plan: ModelPlan, progress: Progress | None = None) -> Attached
 
 def sampling_probs(*kernels: str) -> ProbsFn:
     """Where a model of the pair runs on the compiled w4a8 module (its kernel path named), the pair's sampling
-    probabilities come from it too (one pass over a row); else from the logits in torch."""
+    probabilities and greedy rows (argmax, log-sum-exp) come from it too (one pass or two over a row); else from
+    the logits in torch."""
     if not any(kernels):
         return probs_from_logits
-    return compiled_probs(q4_kernel().top_p_probs)
+    kernel = q4_kernel()
+    return compiled_probs(kernel.top_p_probs, kernel.greedy_rows)

@@ -54,9 +54,11 @@ def token_probs(
     drafts: torch.Tensor,
     accepted: int | torch.Tensor,
     emitted: int | torch.Tensor,
+    totals: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """On the device: the probability of each draft in its row [gamma], and of the emitted token in row `accepted`
-    [1] (accepted and emitted: ints or 0-dim tensors), from `probs` when sampling, else a softmax of `logits`.
+    [1] (accepted and emitted: ints or 0-dim tensors), from `probs` when sampling, else a softmax of `logits`
+    (`totals`: the rows' log-sum-exp [gamma+1] where the caller has it, a GreedyFn's).
     A step's tokens are drafts[:accepted] and then the emitted one."""
     rows = torch.arange(drafts.shape[0], device=logits.device)
     at = torch.as_tensor(accepted, device=logits.device).view(1)
@@ -64,7 +66,7 @@ def token_probs(
     if probs is not None:
         return probs[rows, drafts], probs[at, token]
     scores = logits.float()
-    total = torch.logsumexp(scores, dim=-1)  # [gamma+1]
+    total = torch.logsumexp(scores, dim=-1) if totals is None else totals  # [gamma+1]
     return torch.exp(scores[rows, drafts] - total[rows]), torch.exp(scores[at, token] - total[at])
 
 

@@ -6,6 +6,7 @@ Nothing here edits its input in place: logits that are reused stay intact.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -16,6 +17,9 @@ from specchat.config import SamplingConfig
 # engine is handed one (loading picks it: the compiled module's where a pair runs on it) and gives it to the step
 # and the drafters, so the target's p and the drafter's q always come from the same code.
 ProbsFn = Callable[[torch.Tensor, SamplingConfig], torch.Tensor]
+# What a greedy step computes of its rows: [n, vocab] logits -> ([n] argmax ids, the first of equal maxima; [n] their
+# log-sum-exp, for each token's p), on the logits' device. greedy_of(probs) gives the one that goes with a ProbsFn.
+GreedyFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -48,25 +52,53 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
     return torch.softmax(scaled, dim=-1)
 
 
+def greedy_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch code of a GreedyFn: argmax and logsumexp, each a pass of its own (several within logsumexp)."""
+    scores = logits.float()
+    return scores.argmax(dim=-1), torch.logsumexp(scores, dim=-1)
+
+
 class TopPProbs(Protocol):
     """The compiled f(logits, temperature, top_k, top_p) -> probabilities (kernels/sampling.cpp)."""
 
     def __call__(self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor: ...
 
 
-def compiled_probs(top_p_probs: TopPProbs) -> ProbsFn:
+@dataclass(frozen=True)
+class CompiledLaws:
     """A ProbsFn whose sampled CPU rows take a compiled f(logits, temperature, top_k, top_p) (kernels/sampling.cpp:
     one pass over a row, where the torch code takes ten): the same kept tokens, and probabilities within float
     rounding of probs_from_logits (a token whose mass before it is within rounding of top_p may fall either side).
-    Greedy rows, other devices and other shapes take probs_from_logits."""
+    Greedy rows, other devices and other shapes take probs_from_logits. Its `greedy` is a GreedyFn on the compiled
+    greedy_rows where one is given (two passes over a CPU row: the same ids as torch's argmax, log-sum-exps within
+    float rounding of torch's), else greedy_rows."""
 
-    def probs(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
+    top_p_probs: TopPProbs
+    native_greedy: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
+
+    def __call__(self, logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
         if params.is_greedy or logits.device.type != "cpu" or logits.dim() != 2:
             return probs_from_logits(logits, params)
         temperature = max(params.temperature, SMALLEST_TEMPERATURE)
-        return top_p_probs(logits.float(), temperature, params.top_k, params.top_p)
+        return self.top_p_probs(logits.float(), temperature, params.top_k, params.top_p)
 
-    return probs
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.native_greedy is None or logits.device.type != "cpu" or logits.dim() != 2:
+            return greedy_rows(logits)
+        ids, totals = self.native_greedy(logits.float())
+        return ids, totals
+
+
+def compiled_probs(
+    top_p_probs: TopPProbs, native_greedy: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
+) -> ProbsFn:
+    """The compiled module's sampling probabilities, and its greedy rows where given (CompiledLaws)."""
+    return CompiledLaws(top_p_probs, native_greedy)
+
+
+def greedy_of(probs: ProbsFn) -> GreedyFn:
+    """The GreedyFn that goes with `probs`: the compiled one beside compiled probabilities, else the torch code."""
+    return probs.greedy if isinstance(probs, CompiledLaws) else greedy_rows
 
 
 TOP_P_CANDIDATES = 128  # the nucleus is looked for among this many tokens first (8× more if needed)

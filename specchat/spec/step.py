@@ -23,7 +23,7 @@ from specchat.spec.insight import Rejection, rejection_at, token_probs
 from specchat.spec.model_io import Cache, Model
 from specchat.spec.origin import Origin
 from specchat.spec.readback import ints, read_back
-from specchat.spec.sampling import NoLawError, ProbsFn, probs_from_logits
+from specchat.spec.sampling import NoLawError, ProbsFn, greedy_of, probs_from_logits
 from specchat.spec.timing import clock
 from specchat.spec.verify import Verdict, verify_greedy, verify_sampled
 
@@ -90,8 +90,10 @@ def speculative_step(
     feed = torch.cat([pending[:, -1:], drafts.view(1, -1)], dim=1)  # [1, 1 + drafted]
     logits = model_io.forward_tensor(target, cache, feed, keep=drafted + 1)
     logits = logits[:, :vocab_size].to(device)  # [drafted+1, vocab]; device_map may end elsewhere
-    verdict, p = _verify(drafts, draft, logits, sampling, generator, probs)
-    p_drafts_on_device, p_emitted_on_device = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token)
+    verdict, p, totals = _verify(drafts, draft, logits, sampling, generator, probs)
+    p_drafts_on_device, p_emitted_on_device = token_probs(
+        logits, p, drafts, verdict.accepted, verdict.next_token, totals
+    )
     unread = draft.sure if draft.sure is not None and len(draft.confidences) < drafted else drafts[:0]
     # the step's one read: what the rule decided, the drafts, each token's p and the drafter's q
     accepted, emitted, drafted_ids, p_drafts, p_emitted, sure = read_back(
@@ -133,13 +135,15 @@ def _verify(
     sampling: SamplingConfig,
     generator: torch.Generator,
     probs: ProbsFn,
-) -> tuple[Verdict, torch.Tensor | None]:
-    """The verdict, and the target's probabilities it used (None in greedy mode)."""
+) -> tuple[Verdict, torch.Tensor | None, torch.Tensor | None]:
+    """The verdict; the target's probabilities it used (None in greedy mode); in greedy mode the rows' log-sum-exp,
+    computed with their argmax in one go (greedy_of(probs)), else None."""
     if sampling.is_greedy:
-        return verify_greedy(drafts, logits), None
+        choice, totals = greedy_of(probs)(logits)
+        return verify_greedy(drafts, logits, choice), None, totals
     p = probs(logits, sampling)  # [gamma+1, vocab]
     q = draft.q_probs.to(logits.device) if draft.q_probs is not None else p[:0]
-    return verify_sampled(drafts, q, p, generator), p
+    return verify_sampled(drafts, q, p, generator), p, None
 
 
 def _result(

@@ -29,9 +29,10 @@ def first_refusal(refused: torch.Tensor) -> torch.Tensor:
     return torch.cat([refused, end]).to(torch.int64).argmax()  # argmax returns the first of equal maxima
 
 
-def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
-    """drafts [gamma]; target_logits [gamma+1, vocab]. Exact argmax matching."""
-    choice = target_logits.argmax(dim=-1)  # [gamma+1]
+def verify_greedy(drafts: torch.Tensor, target_logits: torch.Tensor, choice: torch.Tensor | None = None) -> Verdict:
+    """drafts [gamma]; target_logits [gamma+1, vocab]. Exact argmax matching; `choice`: the rows' argmax [gamma+1]
+    where the caller has it already (a GreedyFn's), else taken here."""
+    choice = target_logits.argmax(dim=-1) if choice is None else choice  # [gamma+1]
     gamma = drafts.shape[0]
     accepted = first_refusal(choice[:gamma] != drafts)
     return Verdict(accepted, choice.gather(0, accepted.view(1)).view(()))

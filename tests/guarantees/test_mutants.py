@@ -86,7 +86,7 @@ def test_the_checks_pass_on_the_real_engine(target, similar_drafter_model, token
     assert drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
 
-def _crashing_verify(drafts, target_logits) -> Verdict:
+def _crashing_verify(drafts, target_logits, choice=None) -> Verdict:
     raise RuntimeError("a mutant that crashes")
 
 
@@ -173,7 +173,7 @@ def test_a_draft_vocab_id_shift_is_caught_by_the_drafter_check(target, similar_d
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer, speculation)  # ...this does not
 
 
-def bonus_from_the_wrong_row(drafts, target_logits) -> Verdict:
+def bonus_from_the_wrong_row(drafts, target_logits, choice=None) -> Verdict:
     """Wrong on purpose: after every draft is accepted, the bonus token comes from the last draft's row."""
     verdict = verify_greedy(drafts, target_logits)
     gamma = drafts.shape[0]
@@ -187,7 +187,7 @@ def test_a_bonus_token_from_the_wrong_row_breaks_exactness(target, tokenizer, mo
     assert not greedy_is_exact(target, target, tokenizer)  # a drafter equal to the target: all accepted
 
 
-def drafts_checked_one_row_late(drafts, target_logits) -> Verdict:
+def drafts_checked_one_row_late(drafts, target_logits, choice=None) -> Verdict:
     """Wrong on purpose: draft i is compared with the target's row i+1 (p and q one row apart)."""
     shifted = torch.cat([target_logits[1:], target_logits[-1:]])
     return verify_greedy(drafts, shifted)

@@ -99,3 +99,61 @@ def test_no_vocabulary_and_an_infinite_temperature_are_refused(kernel):
         kernel.top_p_probs(torch.randn(2, 0), 0.7, 0, 0.9)
     with pytest.raises(RuntimeError, match="temperature finite"):
         kernel.top_p_probs(torch.randn(2, 10), float("inf"), 0, 0.9)
+
+
+# ----- greedy rows: argmax and log-sum-exp in two passes ------------------------------------------------------------
+
+
+def greedy_cases() -> torch.Tensor:
+    """Rows of the bundled vocabulary's width: peaked, flat, ties of the largest (in two lanes, in the tail past
+    the 8-wide lanes, twice in one lane), the largest first and last."""
+    width = 151_936
+    logits = torch.randn(8, width, generator=torch.Generator().manual_seed(11)) * 3
+    logits[0, :20] += 12
+    logits[1] *= 0.01
+    logits[2, [9, 4000, 70_001]] = 50.0  # three lanes hold the largest: the first index wins
+    logits[3, [width - 1, width - 3]] = 50.0  # only in the tail (151,936 is a multiple of 8: the last lanes)
+    logits[4, [5, 13]] = 50.0  # the same lane twice
+    logits[5, 0] = 50.0
+    logits[6, width - 1] = 50.0
+    return logits
+
+
+def test_greedy_rows_give_torchs_argmax_and_its_log_sum_exp(kernel):
+    logits = greedy_cases()
+    ids, totals = kernel.greedy_rows(logits)
+    assert torch.equal(ids, logits.argmax(dim=-1))
+    assert torch.allclose(totals, torch.logsumexp(logits, dim=-1), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [1, 5, 8, 13, 1000])
+def test_narrow_rows_and_rows_past_the_last_whole_lanes_too(kernel, width):
+    logits = torch.randn(4, width, generator=torch.Generator().manual_seed(width))
+    logits[1] = 2.0  # every entry tied
+    logits[2, -1] = 9.0  # the largest in the tail
+    ids, totals = kernel.greedy_rows(logits)
+    assert torch.equal(ids, logits.argmax(dim=-1))
+    assert torch.allclose(totals, torch.logsumexp(logits, dim=-1), rtol=1e-6, atol=1e-6)
+
+
+def test_greedy_rows_with_nan_or_infinities_follow_torch(kernel):
+    """torch's rules, not a law: a NaN is the largest and makes the sum NaN, +inf makes it inf, all -inf gives -inf."""
+    logits = non_finite_rows()
+    logits[6, [40, 900]] = float("nan")
+    ids, totals = kernel.greedy_rows(logits)
+    assert torch.equal(ids, logits.argmax(dim=-1))
+    expected = torch.logsumexp(logits, dim=-1)
+    assert torch.equal(torch.isnan(totals), torch.isnan(expected))
+    finite = ~torch.isnan(expected)
+    assert torch.allclose(totals[finite], expected[finite], rtol=1e-6, atol=1e-6, equal_nan=False)
+
+
+def test_the_pairs_greedy_is_the_modules_on_the_cpu_and_the_torch_code_elsewhere(kernel):
+    probs = sampling.compiled_probs(kernel.top_p_probs, kernel.greedy_rows)
+    logits = greedy_cases()[:3]
+    native_ids, native_totals = kernel.greedy_rows(logits)
+    ids, totals = sampling.greedy_of(probs)(logits)
+    assert torch.equal(ids, native_ids) and torch.equal(totals, native_totals)
+    assert sampling.greedy_of(sampling.probs_from_logits) is sampling.greedy_rows
+    torch_ids, torch_totals = sampling.greedy_of(sampling.compiled_probs(kernel.top_p_probs))(logits)
+    assert torch.equal(torch_ids, logits.argmax(dim=-1)) and torch.equal(torch_totals, torch.logsumexp(logits, -1))

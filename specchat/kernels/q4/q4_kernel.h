@@ -23,4 +23,7 @@ void set_kernel_path(const std::string& name);  // run the product on this path
 // logits [rows, vocab] float32 → probabilities after temperature, top-k (0: off), top-p (1: off) (sampling.cpp).
 torch::Tensor top_p_probs(torch::Tensor logits, double temperature, int64_t top_k, double top_p);
 
+// logits [rows, vocab] float32 → [argmax int64 [rows], log-sum-exp float32 [rows]] (sampling.cpp).
+std::vector<torch::Tensor> greedy_rows(torch::Tensor logits);
+
 void register_lean_layers(pybind11::module& module);  // lean_layers.cpp

@@ -5,6 +5,7 @@ vocabulary (vocab.py) and try prompt lookup first."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import cast
 
 import torch
 
@@ -15,17 +16,21 @@ from specchat.spec.drafters.context import MIN_GAP, ContextGap
 from specchat.spec.drafters.lookup import Guesser, NoGuess, PromptLookup
 from specchat.spec.drafters.vocab import DraftVocab, head_width
 from specchat.spec.readback import read_back
-from specchat.spec.sampling import pick
+from specchat.spec.sampling import ProbsFn, greedy_of, pick
 from specchat.spec.timing import clock
 
 
-def confidence(logits: torch.Tensor, position: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
-    """The drafter's probability for the token it chose, [1] on the device: q(x) when sampling, softmax max when
-    greedy."""
-    if q is not None:
-        return q[0, position]
-    logits = logits.float()
-    return torch.exp(logits.max() - torch.logsumexp(logits, dim=-1))
+def chosen(
+    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator, probs: ProbsFn
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The drafter's token from [1, width] logits: (its position [1], q [1, width] or None when greedy, its
+    probability [1]), on the device: q(x) when sampling, the softmax's largest entry when greedy."""
+    if sampling.is_greedy:
+        position, total = greedy_of(probs)(logits)
+        return position, None, torch.exp(logits[0, position].float() - total)
+    position, law = pick(logits, sampling, generator, probs)
+    q = cast(torch.Tensor, law)  # a sampled pick gives its law
+    return position, q, q[0, position]
 
 
 class ModelDrafter:
@@ -201,10 +206,10 @@ class _Drafting:
     def add(self, logits: torch.Tensor) -> int | None:
         """Draft one token from [1, width] logits; returns its id with `host`, else None (it stays on the device)."""
         # [1], [1, width] or None when greedy
-        position, q = pick(logits, self.sampling, self.generator, self.plan.probs)
+        position, q, chance = chosen(logits, self.sampling, self.generator, self.plan.probs)
         token = self.vocab.to_ids(position) if self.vocab else position  # [1]
         self.ids.append(token)
-        self.sure.append(confidence(logits, position, q))
+        self.sure.append(chance)
         self.probs.append(q)
         self.rows.append(logits)
         if not self.host:
