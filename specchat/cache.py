@@ -1,5 +1,8 @@
 """specchat's cache folder ($SPECCHAT_CACHE, else ~/.cache/specchat) and what every artefact in it shares:
-sha256 hashes, `.verified` marks that skip re-hashing an unchanged file, stale temporaries, and the build lock.
+sha256 hashes (a source file's remembered per path, size and mtime), `.verified` marks that skip re-hashing an
+unchanged file, recorded folders (a record of each file's size and sha256, and the check against it), stale
+temporaries, the build lock, and built_once, the one way an artefact is built: found sound, else built under
+its lock into a temporary renamed into place.
 
 The build lock: one builder per cache artefact; a specchat that finds an artefact being built by another
 waits for it. Two `python infer.py` started at once on a cold cache would otherwise both assemble, convert

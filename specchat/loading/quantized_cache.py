@@ -25,12 +25,11 @@ from torch import nn
 
 from specchat.cache import (
     DamagedFile,
-    building,
+    built_once,
     cache_dir,
     disk_error,
     disk_errors,
     file_sha256,
-    into_place,
     is_verified,
     write_synced,
 )
@@ -97,26 +96,48 @@ def cache_path(identity: str, dtype_label: str, mode: str) -> Path:
 def quantize_with_cache(
     model: nn.Module, path: Path, label: str, mode: str = "w8a8", progress: Progress | None = None, gguf=None
 ) -> str | None:
-    """Quantize `model` in place (a mode of QUANTIZERS), from `path` when it holds a sound copy.
+    """Quantize `model` in place (a mode of QUANTIZERS), from `path` when it holds a sound copy, else
+    quantizing it and writing the copy (cache.built_once: under the build lock, renamed into place).
     gguf: for the w4a8 modes, a function giving the GGUF file the model came from (its Q4_K blocks are
     used as they are), or None.
 
     Returns a notice line when a damaged cache file was rebuilt, else None.
     """
-    blocks, notice = _sound_blocks(model, path, progress, mode)
-    if blocks is None:
-        with building(path, f"the {DESCRIPTIONS[mode]} weights of {label}", progress):
-            blocks, again = _sound_blocks(model, path, progress, mode)  # another process may have written them
-            notice = again or notice  # a damaged file is gone after the first read
-            if blocks is None:
-                report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
-                say = lambda line: notify(progress, f"{label}: {line}")
-                options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
-                _write(path, QUANTIZERS[mode](model, None, **options))
-                return notice
+    cached = _CachedBlocks(model, path, progress, mode)
+    what = f"the {DESCRIPTIONS[mode]} weights of {label}"
+
+    def quantize_into(tmp: Path) -> None:
+        report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
+        say = lambda line: notify(progress, f"{label}: {line}")
+        options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
+        _write(tmp, path, QUANTIZERS[mode](model, None, **options))
+
+    if built_once(path, what, cached.problem, quantize_into, "write the quantized-weights cache", progress):
+        with disk_errors(path, "write the quantized-weights cache"):
+            remove_older_formats(path)
+        return cached.notice
     report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)
-    QUANTIZERS[mode](model, blocks)
+    QUANTIZERS[mode](model, cached.blocks)
     return None
+
+
+@dataclasses.dataclass
+class _CachedBlocks:
+    """What the cache file at `path` holds for `model`: its blocks once read whole and fitting, and the notice
+    of a damaged file read (and deleted) on the way."""
+
+    model: nn.Module
+    path: Path
+    progress: Progress | None
+    mode: str
+    blocks: dict | None = None
+    notice: str | None = None
+
+    def problem(self) -> str | None:
+        """'' when the file is sound (its blocks kept), None when there is none (a damaged one is gone)."""
+        self.blocks, notice = _sound_blocks(self.model, self.path, self.progress, self.mode)
+        self.notice = notice or self.notice
+        return None if self.blocks is None else ""
 
 
 def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str):
@@ -211,20 +232,17 @@ def _field_value(tensor: torch.Tensor, field: dataclasses.Field):
     return int(tensor.item())
 
 
-def _write(path: Path, blocks: dict) -> None:
-    """Write the blocks to a temporary file, record its size and sha256, and rename it into place, each
-    fsynced; an I/O failure (a full disk) ends in ModelLoadError, leaving no file taken as done."""
+def _write(tmp: Path, path: Path, blocks: dict) -> None:
+    """Write the blocks to `tmp`, the temporary of `path`, and record its size and sha256 beside `path`, each
+    fsynced (cache.built_once renames it into place)."""
     tensors = {}
     for name, block in blocks.items():
         tensors.update(
             {f"{name}.{field.name}": torch.as_tensor(getattr(block, field.name)) for field in dataclasses.fields(block)}
         )
-    with disk_errors(path, "write the quantized-weights cache"):
-        with into_place(path) as tmp:
-            tensor_file.write_tensors(tmp, tensors)
-            meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
-            write_synced(_meta_path(path), json.dumps(meta) + "\n")
-        remove_older_formats(path)
+    tensor_file.write_tensors(tmp, tensors)
+    meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
+    write_synced(_meta_path(path), json.dumps(meta) + "\n")
 
 
 def remove_older_formats(path: Path) -> list[Path]:
