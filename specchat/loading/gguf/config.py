@@ -21,7 +21,7 @@ from transformers import AutoConfig
 
 from specchat.errors import ModelLoadError
 from specchat.loading.gguf.gemma import set_gemma_parameters
-from specchat.loading.gguf.header import HEAD_SIZE, read_tensors
+from specchat.loading.gguf.header import HEAD_SIZE, Header, read_tensors
 from specchat.loading.gguf.phi3 import set_phi3_parameters
 from specchat.loading.hfquiet import quiet_transformers
 from specchat.progress import Progress, report
@@ -33,11 +33,12 @@ LLAMA3_CONTEXTS = (8192, 4096, 2048, 16384, 32768, 65536, 131072)  # original_ma
 FACTOR_TOLERANCE = 1e-4  # relative: the file stores the divisors as float32
 
 
-def file_config(gguf: Path, progress: Progress | None = None):
-    """The config transformers reads from `gguf`, with the head size and the rope scaling the file states."""
+def file_config(gguf: Path, progress: Progress | None = None, header: Header | None = None):
+    """The config transformers reads from `gguf`, with the head size and the rope scaling the file states
+    (header: read_tensors' of `gguf`, where the caller has read it already)."""
     with quiet_transformers():
         config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-    facts, tensors = read_tensors(gguf)
+    facts, tensors = header or read_tensors(gguf)
     head_size = facts.get(f"{facts.get('general.architecture', '')}{HEAD_SIZE}")
     if head_size is not None:
         set_head_size(config, int(head_size), gguf)

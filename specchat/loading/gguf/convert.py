@@ -35,7 +35,7 @@ from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import dtype_name
 from specchat.loading.gguf import slim, tensors
 from specchat.loading.gguf.config import file_config
-from specchat.loading.gguf.header import read_tensors
+from specchat.loading.gguf.header import Header, read_tensors
 from specchat.loading.gguf.metadata import quick_metadata
 from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
 from specchat.progress import Progress
@@ -104,9 +104,8 @@ def _convert_into(
 
 
 def gguf_facts(gguf: Path) -> dict:
-    """Architecture, quantization type and chat-template presence, read from the GGUF header once
-    specchat's own bounded reader (gguf/header.py) has checked every count, offset and size in it."""
-    read_tensors(gguf)  # a truncated or malformed file ends here, in one line naming what is wrong
+    """Architecture, quantization type and chat-template presence, read from the GGUF header (by transformers'
+    reader: call it once specchat's own bounded one, gguf/header.py, has checked every count, offset and size)."""
     try:
         metadata, _ = read_gguf_metadata(str(gguf))
     except Exception as err:  # a foreign file
@@ -134,12 +133,14 @@ def convert_gguf(
     gguf: Path, dtype: torch.dtype, out: Path, name: str, progress: Progress | None = None, slim: bool = False
 ) -> None:
     """Dequantize `gguf` into a safetensors checkpoint with config and tokenizer in `out`; slim: only the
-    tensors that stay float beside the w4a8 layers, the embeddings in the file's blocks (loading/gguf/slim.py)."""
+    tensors that stay float beside the w4a8 layers, the embeddings in the file's blocks (loading/gguf/slim.py).
+    The header is read once, first: a truncated or malformed file ends here, in one line naming what is wrong."""
+    header = read_tensors(gguf)
     facts = gguf_facts(gguf)
     if progress:
         what = "its float tensors (w4a8)" if slim else dtype_name(dtype)
         progress(f"converting {name} from GGUF {facts['quantization']}: {what} (first start only)", None)
-    _write_checkpoint(gguf, dtype, out, progress, slim)
+    _write_checkpoint(gguf, header, dtype, out, progress, slim)
     meta = {
         "name": name,
         "quantization": facts["quantization"],
@@ -152,7 +153,9 @@ def convert_gguf(
     (out / META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
-def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progress | None, slim: bool) -> None:
+def _write_checkpoint(
+    gguf: Path, header: Header, dtype: torch.dtype, out: Path, progress: Progress | None, slim: bool
+) -> None:
     """Tokenizer, config and weights through transformers' GGUF reading: what it fails on in a file whose header
     is whole (a missing vocabulary, a config its tensors contradict) is one line; an OSError or MemoryError
     passes as it is, for the cache to tell from damage."""
@@ -160,9 +163,9 @@ def _write_checkpoint(gguf: Path, dtype: torch.dtype, out: Path, progress: Progr
         with quick_metadata():
             tokenizer = _gguf_tokenizer(gguf)
             if slim:
-                _save_slim(gguf, tokenizer, out, progress)
+                _save_slim(gguf, header, tokenizer, out, progress)
             else:
-                save_checkpoint(_gguf_model(gguf, dtype, progress), tokenizer, out)
+                save_checkpoint(_gguf_model(gguf, header, dtype, progress), tokenizer, out)
     except (ModelLoadError, OSError, MemoryError):
         raise
     except Exception as err:  # transformers' and gguf-py's parsing of the file's content
@@ -184,10 +187,10 @@ def _gguf_tokenizer(gguf: Path):
         return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
 
 
-def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
+def _gguf_model(gguf: Path, header: Header, dtype: torch.dtype, progress: Progress | None):
 
     bars = BarsToProgress(progress, f"dequantizing {gguf.name}")
-    config = file_config(gguf, progress)
+    config = file_config(gguf, progress, header)
     with quiet_transformers(), contextlib.redirect_stderr(bars):
         model, info = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent),
@@ -207,13 +210,13 @@ def _gguf_model(gguf: Path, dtype: torch.dtype, progress: Progress | None):
     return model.eval()
 
 
-def _save_slim(gguf: Path, tokenizer, out: Path, progress: Progress | None) -> None:
+def _save_slim(gguf: Path, header: Header, tokenizer, out: Path, progress: Progress | None) -> None:
     """Config, generation config, tokenizer, and slim.write_weights' tensors."""
-    config = file_config(gguf, progress)
+    config = file_config(gguf, progress, header)
     out.mkdir(parents=True)
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
-    slim.write_weights(gguf, config, out)
+    slim.write_weights(gguf, config, out, header)
     tokenizer.save_pretrained(out)
 
 

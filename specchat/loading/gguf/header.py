@@ -86,6 +86,9 @@ class TensorEntry:
         return _shaped(data, self.tensor_type, self.shape, self.rows)
 
 
+Header = tuple[dict, list[TensorEntry]]  # what read_tensors returns: the facts, and the tensors in file order
+
+
 class _Cursor:
     """The file's bytes and a position in them: every read is checked to lie inside the file first."""
 
@@ -127,7 +130,7 @@ class _Cursor:
         return n
 
 
-def read_tensors(path: Path) -> tuple[dict, list[TensorEntry]]:
+def read_tensors(path: Path) -> Header:
     """({"general.architecture": ..., "general.alignment": ...} where the file has them, the tensors in file
     order); a file that is not a whole, well-formed GGUF is one ModelLoadError naming it and what is wrong."""
     path = Path(path)

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
 from specchat.errors import ModelLoadError
+from specchat.loading.gguf.header import Header
 from specchat.loading.gguf.tensors import GGUFTensors
 from specchat.quant.block_embedding import BlockEmbedding
 from specchat.quant.shared import name_of
@@ -40,10 +41,11 @@ def quantized_weights(model: nn.Module) -> set[str]:
     return {f"{name}.weight" for name in fitting_linears(model)}
 
 
-def write_weights(gguf: Path, config, out: Path) -> None:
-    """WEIGHTS in `out`: the float tensors the chat keeps, and the input embeddings as the file's blocks."""
+def write_weights(gguf: Path, config, out: Path, header: Header | None = None) -> None:
+    """WEIGHTS in `out`: the float tensors the chat keeps, and the input embeddings as the file's blocks
+    (header: read_tensors' of `gguf`, where the caller has read it already)."""
     model = empty_model(config)
-    tensors = GGUFTensors(gguf, model)
+    tensors = GGUFTensors(gguf, model, header)
     skipped = quantized_weights(model)
     embed = name_of(model, model.get_input_embeddings())
     kind = tensors.kind(f"{embed}.weight")

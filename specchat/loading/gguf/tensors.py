@@ -27,7 +27,7 @@ from transformers.modeling_gguf_pytorch_utils import (
 )
 
 from specchat.errors import ModelLoadError
-from specchat.loading.gguf.header import read_tensors, shown
+from specchat.loading.gguf.header import Header, read_tensors, shown
 from specchat.quant.shared import name_of
 
 CHUNK_ROWS = 8192  # rows dequantized at a time: 8192 × 1536 floats is 50 MB
@@ -45,11 +45,11 @@ def streamable(gguf: Path) -> bool:
 
 class GGUFTensors:
     """The tensors of `gguf` by the names of `model`'s state dict (a model with the file's config; its
-    parameters may be on the meta device)."""
+    parameters may be on the meta device); header: read_tensors' of `gguf`, where the caller has read it already."""
 
-    def __init__(self, gguf: Path, model: nn.Module):
+    def __init__(self, gguf: Path, model: nn.Module, header: Header | None = None):
 
-        facts, tensors = read_tensors(gguf)
+        facts, tensors = header or read_tensors(gguf)
         config = model.config.get_text_config().to_dict()
         self.parsed = {"config": config, "tensors": {}}  # what a processor may read (Llama's: the head counts)
         self.processor = TENSOR_PROCESSORS.get(facts.get("general.architecture", ""), TensorProcessor)(config=config)
