@@ -34,7 +34,7 @@ from specchat.progress import to_stderr
 from specchat.spec import model_io
 from specchat.spec.drafters.vocab import DraftVocab
 from specchat.spec.model_io import PREFILL_CHUNK
-from specchat.spec.sampling import make_generator, pick
+from specchat.spec.sampling import greedy_of, make_generator, pick
 from specchat.spec.verify import verify_greedy, verify_sampled
 
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
@@ -97,7 +97,7 @@ def host_rows(
     q = probs(drafter, SAMPLED)
     row = drafter[-1:, :draft_width]
     jobs = {
-        "verify, greedy": lambda: verify_greedy(drafts, target),
+        "verify, greedy (argmax and each row's log-sum-exp)": lambda: greedy_verdict(drafts, target, probs),
         "verify, sampled (p from logits + rule)": lambda: verify_sampled(drafts, q, probs(target, SAMPLED), generator),
         "drafter sampling of 1 token": lambda: pick(row, SAMPLED, generator, probs),
     }
@@ -105,6 +105,13 @@ def host_rows(
         name: statistics.median(seconds_of(job, lambda: None) for _ in range(repeats)) * 1e3
         for name, job in jobs.items()
     }
+
+
+def greedy_verdict(drafts: torch.Tensor, target: torch.Tensor, probs) -> None:
+    """What a greedy step computes on the host (step.py): the rows' argmax and log-sum-exp (greedy_of(probs):
+    the compiled module's where the pair runs on it), then the verdict."""
+    choice, _ = greedy_of(probs)(target)
+    verify_greedy(drafts, target, choice)
 
 
 def real_logits(pair, context: list[int], gamma: int) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -109,7 +109,11 @@ def test_host_rows_time_greedy_and_sampled_verification(tokenizer):
     peaked[:, 7] = 0.0  # a real reply's narrow nucleus
     for logits in (None, (peaked[:5], peaked[5:])):
         rows = profile.host_rows(pair, gamma=4, draft_width=100, repeats=3, logits=logits)
-        assert set(rows) == {"verify, greedy", "verify, sampled (p from logits + rule)", "drafter sampling of 1 token"}
+        assert set(rows) == {
+            "verify, greedy (argmax and each row's log-sum-exp)",
+            "verify, sampled (p from logits + rule)",
+            "drafter sampling of 1 token",
+        }
         assert all(ms > 0 for ms in rows.values())
     assert profile.real_logits(SimpleNamespace(drafter=None), [1, 2, 3], 2) is None
 
