@@ -2,7 +2,7 @@
 # specchat vs llama.cpp's llama-bench at real shapes (issue 52's speed goal), on the same GGUF files.
 #
 #   scripts/real_shape.sh --llamacpp DIR --out DIR [--shape real|tiny] [--rounds 2] [--tokens 64]
-#                         [--threads 2] [--context 32] [--untied] [--prepare-only]
+#                         [--threads 2] [--context 32] [--types "Q4_K_M Q8_0"] [--untied] [--prepare-only]
 #
 # DIR (--llamacpp): a llama.cpp tree with convert_hf_to_gguf.py, gguf-py/ and the built tools
 # build/bin/llama-bench and build/bin/llama-quantize.
@@ -17,13 +17,14 @@
 # (medians over the rounds) is printed and written beside them (.md).
 # --untied: the same shapes with an output matrix apart from the embeddings (files *-untied-*; the same
 # work per token for both tools), for a specchat that cannot yet load a tied-embedding quantized file.
+# --types: the quantization types timed (both are made either way), e.g. --types Q4_K_M for more rounds of one.
 # --prepare-only makes the files and stops: nothing is timed.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 python="${PYTHON:-$repo/.venv/bin/python}"
-llamacpp="" out="" shape="real" rounds=2 tokens=64 threads=2 context=32 prepare_only=0 untied=""
+llamacpp="" out="" shape="real" rounds=2 tokens=64 threads=2 context=32 prepare_only=0 untied="" types="Q4_K_M Q8_0"
 
 die() {
     echo "real_shape.sh: error: $*" >&2
@@ -39,9 +40,10 @@ while [ $# -gt 0 ]; do
     --tokens) tokens="${2:-}"; shift 2 ;;
     --threads) threads="${2:-}"; shift 2 ;;
     --context) context="${2:-}"; shift 2 ;;
+    --types) types="${2:-}"; shift 2 ;;
     --untied) untied="--untied"; shift ;;
     --prepare-only) prepare_only=1; shift ;;
-    -h | --help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -97,9 +99,10 @@ for shape_name in "${shapes[@]}"; do
                 die "llama-quantize failed on $f16 ($q); see $out/gguf/$name-$q-quantize.log"
             mv "$file.part" "$file"
         fi
-        files+=("$file")
+        case " $types " in *" $q "*) files+=("$file") ;; esac
     done
 done
+[ "${#files[@]}" -gt 0 ] || die "--types names none of Q4_K_M Q8_0: '$types'"
 ls -l "${files[@]}"
 [ "$prepare_only" = 0 ] || exit 0
 
