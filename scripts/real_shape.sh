@@ -10,10 +10,10 @@
 # the script) it builds a random-weight checkpoint with the bundled Qwen tokenizer (scripts/real_shape.py
 # build), converts it with llama.cpp's own convert_hf_to_gguf.py to F16, quantizes that to Q4_K_M and
 # Q8_0 with llama-quantize; every file is kept in --out and not made again. Then, ROUNDS times, file by
-# file, the two tools alternate: llama-bench tg (-n TOKENS, -r 3) and pp of 1 and 5 tokens (-r 10),
-# both at depth CONTEXT, then specchat (scripts/real_shape.py specchat: target-only decode through the
-# engine and T(1), T(5) after a CONTEXT-token context, the default config with target.source=FILE and no
-# drafter). Threads: THREADS for both. The results go to OUT/results-<shape>-<time>.jsonl, and the table
+# file, the two tools take turns, llama.cpp first in odd rounds and specchat in even ones: llama-bench tg
+# (-n TOKENS, -r 3) and pp of 1 and 5 tokens (-r 10), both at depth CONTEXT; specchat (scripts/real_shape.py
+# specchat: target-only decode through the engine and T(1), T(5) after a CONTEXT-token context, the default
+# config with target.source=FILE and no drafter). Threads: THREADS for both. The results go to OUT/results-<shape>-<time>.jsonl, and the table
 # (medians over the rounds) is printed and written beside them (.md).
 # --untied: the same shapes with an output matrix apart from the embeddings (files *-untied-*; the same
 # work per token for both tools), for a specchat that cannot yet load a tied-embedding quantized file.
@@ -111,27 +111,43 @@ results="$out/results-$shape${untied:+-untied}-$stamp.jsonl"
 logs="$out/logs-$stamp"
 mkdir -p "$logs"
 echo "timing ${#files[@]} files, $rounds round(s), $threads threads, $tokens tokens at depth $context; results in $results"
-for round in $(seq 1 "$rounds"); do
-    for file in "${files[@]}"; do
-        base="$(basename "$file")"
-        echo "round $round · $base · llama-bench"
-        json="$logs/llama-bench-$round-${base%.gguf}.json"
-        {
-            "$bench" -m "$file" -p 0 -n "$tokens" -d "$context" -t "$threads" -r 3 -o json
-            "$bench" -m "$file" -p 1,5 -n 0 -d "$context" -t "$threads" -r 10 -o json
-        } >"$json.parts" 2>"$json.log" || die "llama-bench failed on $file; see $json.log"
-        # two JSON arrays, one a run: join them into one
-        "$python" -c 'import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder(); rows=[]; i=0
+time_llamacpp() {  # round file
+    local base json
+    base="$(basename "$2")"
+    echo "round $1 · $base · llama-bench"
+    json="$logs/llama-bench-$1-${base%.gguf}.json"
+    {
+        "$bench" -m "$2" -p 0 -n "$tokens" -d "$context" -t "$threads" -r 3 -o json
+        "$bench" -m "$2" -p 1,5 -n 0 -d "$context" -t "$threads" -r 10 -o json
+    } >"$json.parts" 2>"$json.log" || die "llama-bench failed on $2; see $json.log"
+    # two JSON arrays, one a run: join them into one
+    "$python" -c 'import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder(); rows=[]; i=0
 while i < len(t):
     if t[i].isspace(): i += 1; continue
     part, i = d.raw_decode(t, i); rows += part
 json.dump(rows, open(sys.argv[2], "w"), indent=1)' "$json.parts" "$json"
-        "$python" "$here/real_shape.py" llama-bench --bench-json "$json" --file "$base" --context "$context" \
-            --json "$results"
-        echo "round $round · $base · specchat"
-        "$python" "$here/real_shape.py" specchat --gguf "$file" --threads "$threads" --tokens "$tokens" \
-            --context "$context" --json "$results" 2>"$logs/specchat-$round-${base%.gguf}.log" ||
-            echo "specchat failed on $base; see $logs/specchat-$round-${base%.gguf}.log" >&2
+    "$python" "$here/real_shape.py" llama-bench --bench-json "$json" --file "$base" --context "$context" \
+        --json "$results"
+}
+
+time_specchat() {  # round file
+    local base
+    base="$(basename "$2")"
+    echo "round $1 · $base · specchat"
+    "$python" "$here/real_shape.py" specchat --gguf "$2" --threads "$threads" --tokens "$tokens" \
+        --context "$context" --json "$results" 2>"$logs/specchat-$1-${base%.gguf}.log" ||
+        echo "specchat failed on $base; see $logs/specchat-$1-${base%.gguf}.log" >&2
+}
+
+for round in $(seq 1 "$rounds"); do
+    for file in "${files[@]}"; do
+        if [ $((round % 2)) = 1 ]; then  # who goes first alternates, so neither tool always follows the other
+            time_llamacpp "$round" "$file"
+            time_specchat "$round" "$file"
+        else
+            time_specchat "$round" "$file"
+            time_llamacpp "$round" "$file"
+        fi
     done
 done
 table="${results%.jsonl}.md"
