@@ -70,7 +70,7 @@ def test_existing_file_without_stamp_is_hashed_not_reassembled(fake, cache, monk
     model, parts, data = fake
     path = assets.bundled_gguf_path("fake")
     (path.parent / (path.name + ".verified")).unlink()
-    monkeypatch.setattr(assets, "assemble", lambda *a: pytest.fail("re-assembled a good file"))
+    monkeypatch.setattr(assets, "_assemble_into", lambda *a: pytest.fail("re-assembled a good file"))
     assert assets.bundled_gguf_path("fake") == path
     assert (path.parent / (path.name + ".verified")).exists()
 
