@@ -21,7 +21,7 @@ from specchat.cache import (
     cache_dir,
     disk_errors,
     is_verified,
-    optional_write,
+    mark_verified,
     stamp_path,
 )
 from specchat.errors import ModelLoadError
@@ -121,7 +121,7 @@ def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
         remove_damaged=False,
     )
     if built:
-        optional_write(lambda: stamp_path(dest).write_text(f"{model.sha256} {model.size} {dest.stat().st_mtime_ns}\n"))
+        mark_verified(dest, model.sha256)
     return dest
 
 
