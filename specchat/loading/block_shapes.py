@@ -24,7 +24,7 @@ def expected_fields(kind: type, outs: int, width: int) -> dict:
         }
     if kind is Q4Tiles:
         tiles, groups, blocks = -(-outs // TILE_ROWS), width // GROUP, width // block_width(width)
-        per_block = (torch.float32, [(tiles, blocks, TILE_ROWS)])
+        per_block = (torch.float16, [(tiles, blocks, TILE_ROWS)])
         return {
             "qs": (torch.uint8, [(tiles, groups, TILE_ROWS * size) for size in ROW_BYTES]),
             "sc": (torch.uint8, [(tiles, groups, TILE_ROWS)]),

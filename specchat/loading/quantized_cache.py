@@ -45,7 +45,7 @@ from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w
 from specchat.quant.w8a8 import quantize_w8a8
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
-FORMATS = {"w4a8": 6, "w4a8-fast": 5}  # a mode's own format, where it changed apart (6/5: Q5_K and llama q/k as stored)
+FORMATS = {"w4a8": 7, "w4a8-fast": 6}  # a mode's own format, where it changed apart (7/6: float16 d and dmin)
 VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 

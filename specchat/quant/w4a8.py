@@ -56,8 +56,9 @@ class Q4Block:
     qs: torch.Tensor  # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (7-bit)
     sc: torch.Tensor  # uint8 [out, in/32]
     m: torch.Tensor  # uint8 [out, in/32]
-    d: torch.Tensor  # float32 [out, blocks]: a block is 256 inputs where the width allows, else 128
-    dmin: torch.Tensor  # float32 [out, blocks]
+    d: torch.Tensor  # float32 [out, blocks], each a float16's value: a block is 256 inputs where the width allows,
+    #                  else 128 (the tiles store d and dmin as float16, as Q4_K does)
+    dmin: torch.Tensor  # float32 [out, blocks], each a float16's value
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bits: int = 4) -> Q4Block:
@@ -116,12 +117,24 @@ class Q4Block:
 
 
 def _in_units(values: torch.Tensor, per_block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """values [out, in/32] ≥ 0 as unit [out, blocks] float32 × count [out, in/32] uint8 (0..255)."""
+    """values [out, in/32] ≥ 0 as unit [out, blocks] float32 × count [out, in/32] uint8 (0..255); each unit a
+    float16's value (the next one up where rounding went down, so the largest count stays within 255)."""
     rows = values.shape[0]
     blocks = values.view(rows, -1, per_block)
-    unit = blocks.amax(dim=2) / 255.0
+    unit = _half_at_least(blocks.amax(dim=2) / 255.0)
     counts = (blocks / unit.clamp(min=1e-30)[..., None]).round_().clamp_(0, 255)
     return unit.contiguous(), counts.to(torch.uint8).view(rows, -1).contiguous()
+
+
+HALF_MAX = float(torch.finfo(torch.float16).max)
+
+
+def _half_at_least(unit: torch.Tensor) -> torch.Tensor:
+    """The least float16 value ≥ each float32 of `unit` (≥ 0), as float32; float16's largest past it."""
+    half = unit.clamp(max=HALF_MAX).half()
+    low = half.float() < unit
+    half[low] = torch.nextafter(half[low], torch.tensor(float("inf"), dtype=torch.float16))
+    return half.clamp(max=HALF_MAX).float()
 
 
 def _pack_levels(levels: torch.Tensor) -> torch.Tensor:
@@ -188,8 +201,8 @@ class Q4Tiles:
     qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]
     sc: torch.Tensor  # uint8 [tiles, in/32, 16]
     m: torch.Tensor  # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row
-    d: torch.Tensor  # float32 [tiles, blocks, 16]
-    dmin: torch.Tensor  # float32 [tiles, blocks, 16]
+    d: torch.Tensor  # float16 [tiles, blocks, 16]
+    dmin: torch.Tensor  # float16 [tiles, blocks, 16]
     outs: int
 
     @classmethod
@@ -198,6 +211,7 @@ class Q4Tiles:
         tiles = -(-rows // TILE_ROWS)
         levels = LEVEL_BITS[block.bits][1](block.qs)  # [out, in/32, 32]
         sc, d, dmin = (_tile(t, tiles).transpose(1, 2).contiguous() for t in (block.sc, block.d, block.dmin))
+        d, dmin = _as_half(d), _as_half(dmin)
         m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
         return cls(_tile_levels(_tile(levels, tiles), block.bits), sc, m.contiguous(), d, dmin, outs=rows)
 
@@ -205,6 +219,7 @@ class Q4Tiles:
         """The weights a row after a row (the padding rows dropped)."""
         levels = _untile_levels(self.qs, self.bits)[: self.outs]
         sc, d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].contiguous() for t in (self.sc, self.d, self.dmin))
+        d, dmin = d.float(), dmin.float()
         tiles = self.m.shape[0]
         m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[: self.outs]
         return Q4Block(LEVEL_BITS[self.bits][0](levels.contiguous()), sc, m.contiguous(), d, dmin)
@@ -242,6 +257,15 @@ class Q4Tiles:
 
     def dequantize(self) -> torch.Tensor:
         return self.to_block().dequantize()
+
+
+def _as_half(scales: torch.Tensor) -> torch.Tensor:
+    """A block's d or dmin as the tiles store it, float16; each must be a float16's value already (Q4Block.quantize
+    and Q4_K's blocks make them so), as the kernel must compute what Q4Block.dequantize says."""
+    half = scales.half()
+    if not torch.equal(half.float(), scales.float()):
+        raise ValueError("a w4a8 block's d and dmin must be float16 values (Q4Block.quantize makes them so)")
+    return half
 
 
 def _tile(rows: torch.Tensor, tiles: int) -> torch.Tensor:

@@ -88,6 +88,30 @@ def test_quantizing_keeps_levels_in_range_and_a_gaussian_weight_close():
         Q4Block.quantize(weight, bits=5)
 
 
+@pytest.mark.parametrize("magnitude", [1e-5, 0.02, 1.0, 300.0])
+def test_block_scales_are_float16_values_and_still_fit_the_weights(magnitude):
+    """The tiles store d and dmin as float16 (Q4_K's width), so the quantizer picks float16 values, rounding a
+    unit up where it must: the largest count stays within 255 and the weights within the step they had."""
+    torch.manual_seed(3)
+    weight = torch.randn(32, 512) * magnitude
+    for bits in (4, 6):
+        block = Q4Block.quantize(weight, bits=bits)
+        for scales in (block.d, block.dmin):
+            assert scales.dtype == torch.float32 and torch.equal(scales.half().float(), scales)
+        assert int(block.sc.max()) <= 255 and int(block.m.max()) <= 255
+        assert ((block.dequantize() - weight).norm() / weight.norm()) < (0.1 if bits == 4 else 0.025)
+        tiles = Q4Tiles.from_block(block)
+        assert tiles.d.dtype == torch.float16 and tiles.dmin.dtype == torch.float16
+        assert torch.equal(tiles.to_block().dequantize(), block.dequantize())
+
+
+def test_a_block_whose_scales_are_not_float16_values_is_refused_not_rounded():
+    block = Q4Block.quantize(torch.randn(16, 256))
+    off_grid = Q4Block(block.qs, block.sc, block.m, block.d * (1 + 2**-20), block.dmin)
+    with pytest.raises(ValueError, match="float16 values"):
+        Q4Tiles.from_block(off_grid)
+
+
 @pytest.mark.parametrize("bits", [4, 6, 7])
 def test_levels_packed_for_the_kernel_unpack_to_themselves(bits):
     levels = torch.randint(0, 2**bits, (3, 12, 32), dtype=torch.uint8)
@@ -239,6 +263,8 @@ def test_the_kernel_refuses_weights_that_do_not_match_in_one_line(kernel):
         kernel.q4_linear(torch.randn(2, 128), *tiles.tensors())
     with pytest.raises(RuntimeError, match="float32"):
         kernel.q4_linear(x.double(), *tiles.tensors())
+    with pytest.raises(RuntimeError, match="d and dmin must be contiguous float16"):
+        kernel.q4_linear(x, qs, sc, m, d.float(), dmin.float())
     with pytest.raises(RuntimeError, match="16-row tiles"):
         kernel.q4_linear(x, qs.flatten(1), sc, m, d, dmin)
     with pytest.raises(RuntimeError, match="outs must fall in the last tile"):

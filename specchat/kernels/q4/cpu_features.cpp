@@ -14,7 +14,7 @@
 namespace cpu {
 
 #if defined(__x86_64__) || defined(_M_X64)
-bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"); }
 bool has_avx_vnni() { return has_avx2() && __builtin_cpu_supports("avxvnni"); }
 bool has_avx512_vnni() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

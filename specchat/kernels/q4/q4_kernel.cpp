@@ -107,7 +107,7 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   TORCH_CHECK(qs.dim() == 3 && sc.dim() == 3 && m.dim() == 3 && d.dim() == 3 && dmin.dim() == 3,
               "the weights must be in 16-row tiles (3-dimensional)");
   for (const auto& t : {qs, sc, m}) TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous(), "qs, sc and m must be contiguous uint8");
-  for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kFloat32 && t.is_contiguous(), "d and dmin must be contiguous float32");
+  for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kHalf && t.is_contiguous(), "d and dmin must be contiguous float16");
   const int64_t tiles = qs.size(0), groups = qs.size(1), blocks = d.size(1);
   TORCH_CHECK(bits_of(qs.size(2)) != 0, "qs must hold 4-, 6- or 7-bit levels (16, 24 or 32 bytes a row and group), not ",
               qs.size(2), " bytes a tile's group");
@@ -119,7 +119,7 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == TILE_ROWS, "sc must be [tiles, K/32, 16]");
   TORCH_CHECK(m.size(0) == tiles && m.size(1) * 2 == groups && m.size(2) == 2 * TILE_ROWS, "m must be [tiles, K/64, 32]");
   for (const auto& t : {d, dmin}) TORCH_CHECK(t.size(0) == tiles && t.size(1) == blocks && t.size(2) == TILE_ROWS,
-                                              "d and dmin must be float32 [tiles, blocks, 16]");
+                                              "d and dmin must be float16 [tiles, blocks, 16]");
   return groups;
 }
 
@@ -144,8 +144,8 @@ void check_count(const std::vector<torch::Tensor>& t) {
 Part part_from(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t column) {
   check_count(t);
   check_weights(x, t[0], t[1], t[2], t[3], t[4]);
-  const q4::Tiles w{t[0].data_ptr<uint8_t>(), t[1].data_ptr<uint8_t>(), t[2].data_ptr<uint8_t>(), t[3].data_ptr<float>(),
-                    t[4].data_ptr<float>(), t[0].size(1), t[3].size(1), bits_of(t[0].size(2))};
+  const q4::Tiles w{t[0].data_ptr<uint8_t>(), t[1].data_ptr<uint8_t>(), t[2].data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
+                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), t[0].size(1), t[3].size(1), bits_of(t[0].size(2))};
   return {w, t[0].size(0), column, x.size(1) / t[3].size(1)};
 }
 

@@ -81,7 +81,8 @@ template <int R>
 inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, int64_t first, int h, const __m256i* dot,
                       const __m256i* offset) {
   const int64_t lanes = (job.tile * w.blocks + b) * TILE_ROWS + h * 8;
-  const __m256 d = _mm256_loadu_ps(w.d + lanes), dmin = _mm256_loadu_ps(w.dmin + lanes);
+  const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + lanes)));
+  const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.dmin + lanes)));
   for (int r = 0; r < R; ++r) {
     float* out = job.out + (first + r) * job.stride + job.tile * TILE_ROWS + h * 8;
     const __m256 scale = _mm256_set1_ps(x.scales[(first + r) * w.blocks + b]);

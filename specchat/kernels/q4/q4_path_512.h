@@ -61,8 +61,9 @@ inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t f
 template <int R>
 inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, int64_t first, const __m512i* dot,
                       const __m512i* offset) {
-  const __m512 d = _mm512_loadu_ps(w.d + (job.tile * w.blocks + b) * TILE_ROWS);
-  const __m512 dmin = _mm512_loadu_ps(w.dmin + (job.tile * w.blocks + b) * TILE_ROWS);
+  const int64_t lanes = (job.tile * w.blocks + b) * TILE_ROWS;
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.d + lanes)));
+  const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.dmin + lanes)));
   for (int r = 0; r < R; ++r) {
     float* out = job.out + (first + r) * job.stride + job.tile * TILE_ROWS;
     const __m512 scale = _mm512_set1_ps(x.scales[(first + r) * w.blocks + b]);

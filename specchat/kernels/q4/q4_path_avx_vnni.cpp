@@ -4,9 +4,9 @@
 #include <cstdint>
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,avxvnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
 #else
-#pragma GCC target("avx2,fma,avxvnni")
+#pragma GCC target("avx2,fma,f16c,avxvnni")
 #endif
 
 #include "q4_path_256.h"

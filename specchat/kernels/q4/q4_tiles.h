@@ -15,7 +15,7 @@
 //   sc    uint8 [tiles, K/32, 16]: each group's scale, in units of its block's d
 //   m     uint8 [tiles, K/64, 16, 2]: each group's offset, in units of its block's dmin, groups 2p and
 //         2p+1 side by side per row (an int16 pair per lane once widened)
-//   d, dmin float [tiles, K/block, 16]
+//   d, dmin float16 [tiles, K/block, 16] (Q4_K's own width: its d and dmin are float16 too)
 //   w = d·sc·level − dmin·m
 // Activations [M, K] are int8 levels per row and block (scale amax/127).
 //
@@ -43,8 +43,8 @@ struct Tiles {
   const uint8_t* qs;
   const uint8_t* sc;
   const uint8_t* m;
-  const float* d;
-  const float* dmin;
+  const uint16_t* d;  // float16
+  const uint16_t* dmin;
   int64_t groups, blocks;  // per row: K/32 and K/block
   int bits;
 };

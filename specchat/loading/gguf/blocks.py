@@ -4,7 +4,7 @@ requantized, said in one notice line a model.
 llama.cpp's Q4_K stores w = d·sc·q − dmin·m in 256-blocks of eight 32-groups (6-bit sc and m, fp16 d
 and dmin) with the very nibble layout of kernels/q4/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
 with exactly the file's weights. Q5_K is the same with 5-bit q: the kernel's 6-bit levels hold it exactly.
-No other type fits the kernel's w = d·sc·level − dmin·m (one float d and dmin a 256-block, a uint8 sc and m
+No other type fits the kernel's w = d·sc·level − dmin·m (one float16 d and dmin a 256-block, a uint8 sc and m
 a 32-group, levels of at most 7 bits) in general: Q4_0, Q5_0, Q8_0 (and Q4_1, Q5_1) give each 32-group its own
 fp16 scale, which a shared d times an integer up to 255 does not reach (two fp16 scales in a block are rarely
 integer multiples of one float, the larger at most 255 times it), and Q8_0 needs 8-bit levels; Q6_K and Q2_K/Q3_K
