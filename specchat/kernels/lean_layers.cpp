@@ -73,21 +73,25 @@ Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
 }
 
 // A projection's weights and bias against the layer around it: `inputs` wide in, `outputs` wide out (its
-// parts side by side). Integer compares only, so every forward runs it for every layer.
-void check_projection(const Projection& projection, const char* name, int64_t inputs, int64_t outputs) {
-  int64_t total = 0;
-  for (const auto& part : projection.parts) {
-    const Q4Shape shape = q4_weight_shape(part);
-    TORCH_CHECK(shape.inputs == inputs, name, " takes ", shape.inputs, " inputs; the layer feeds it ", inputs);
-    total += shape.outputs;
-  }
-  TORCH_CHECK(total == outputs, name, " gives ", total, " outputs; the layer takes ", outputs);
+// parts side by side). Checks of the tensors' metadata only, so every forward runs it for every layer; what it
+// returns is the product to run in that forward (the weights' pointers read while they were checked).
+Q4Product checked_product(const Projection& projection, const char* name, int64_t inputs, int64_t outputs) {
+  Q4Product product = q4_product_of(projection.parts);
+  for (const auto& part : product.parts)
+    TORCH_CHECK(part.inputs == inputs, name, " takes ", part.inputs, " inputs; the layer feeds it ", inputs);
+  TORCH_CHECK(product.outputs == outputs, name, " gives ", product.outputs, " outputs; the layer takes ", outputs);
   const torch::Tensor& bias = projection.bias;
   if (bias.defined())
     TORCH_CHECK(bias.device().is_cpu() && bias.dim() == 1 && bias.scalar_type() == torch::kFloat32 &&
                 bias.is_contiguous() && bias.size(0) == outputs, name, "'s bias must be float32 [", outputs,
                 "] on the CPU, not ", bias.scalar_type(), " ", bias.sizes(), " on ", bias.device());
+  return product;
 }
+
+// A layer's four products, as checked_product gives them for one forward.
+struct LayerProducts {
+  Q4Product qkv, out, gate_up, down;
+};
 
 // x [rows, width] → RMSNorm(x) · weight, per row (sum of squares in 8 lanes, then lane_sum).
 void rms_norm_rows(const float* x, const float* weight, int64_t rows, int64_t width, double eps, float* out) {
@@ -358,14 +362,16 @@ class LeanLayers {
     const int64_t fed = hidden.size(1), width = hidden.size(2);
     check_tables(cos, sin, fed);
     check_caches(keys, values, fed, start);
-    for (const auto& layer : layers_) check_layer(layer, width_);  // the tensors may have changed since add_layer
+    std::vector<LayerProducts> products;  // the tensors may have changed since add_layer: checked again, all of them
+    products.reserve(layers_.size());
+    for (const auto& layer : layers_) products.push_back(check_layer(layer, width_));
     Stopwatch whole(times_, times_.total);
     c10::InferenceMode inference;
     auto state = hidden.reshape({fed, width}).clone(at::MemoryFormat::Contiguous);
     auto normed = torch::empty_like(state);
     auto attended = torch::empty({fed, heads_ * head_dim_}, state.options());
     for (size_t index = 0; index < layers_.size(); ++index)
-      layer(layers_[index], state, normed, attended, keys[index], values[index], cos, sin, start);
+      layer(layers_[index], products[index], state, normed, attended, keys[index], values[index], cos, sin, start);
     return state.view({1, fed, width});
   }
 
@@ -398,20 +404,21 @@ class LeanLayers {
   // What every layer's loops assume of its tensors: norms `width` wide, q/k/v from `width` to the heads, o_proj
   // from the heads back to `width` (added into the rows with their stride), gate/up to twice gate_width, down back
   // to `width`, each bias as wide as its outputs.
-  void check_layer(const Layer& layer, int64_t width) const {
+  LayerProducts check_layer(const Layer& layer, int64_t width) const {
     check_norm(layer.input_norm, width, "input_norm");
     check_norm(layer.post_norm, width, "post_norm");
     TORCH_CHECK(layer.gate_width > 0 && layer.gate_width % LANES == 0 && layer.gate_width <= MAX_SIZE,
                 "the MLP's width must be a positive multiple of 8, not ", layer.gate_width);
     const int64_t q_width = heads_ * head_dim_;
-    check_projection(layer.qkv, "q/k/v", width, q_width + 2 * kv_heads_ * head_dim_);
-    check_projection(layer.out, "o_proj", q_width, width);
-    check_projection(layer.gate_up, "gate/up", width, 2 * layer.gate_width);
-    check_projection(layer.down, "down", layer.gate_width, width);
+    LayerProducts products{checked_product(layer.qkv, "q/k/v", width, q_width + 2 * kv_heads_ * head_dim_),
+                           checked_product(layer.out, "o_proj", q_width, width),
+                           checked_product(layer.gate_up, "gate/up", width, 2 * layer.gate_width),
+                           checked_product(layer.down, "down", layer.gate_width, width)};
     if (layer.q_norm.defined()) check_norm(layer.q_norm, head_dim_, "q_norm");
     if (layer.k_norm.defined()) check_norm(layer.k_norm, head_dim_, "k_norm");
     if (layer.attention_out_norm.defined()) check_norm(layer.attention_out_norm, width, "the attention output's norm");
     if (layer.mlp_out_norm.defined()) check_norm(layer.mlp_out_norm, width, "the MLP output's norm");
+    return products;
   }
 
   void check_hidden(const torch::Tensor& hidden, int64_t start) const {
@@ -449,24 +456,24 @@ class LeanLayers {
   }
 
   // One decoder layer on state [fed, width], in place; normed and attended are scratch rows.
-  void layer(const Layer& layer, torch::Tensor& state, torch::Tensor& normed, torch::Tensor& attended,
+  void layer(const Layer& layer, const LayerProducts& products, torch::Tensor& state, torch::Tensor& normed, torch::Tensor& attended,
              const torch::Tensor& keys, const torch::Tensor& values, const torch::Tensor& cos,
              const torch::Tensor& sin, int64_t start) {
     const int64_t fed = state.size(0), width = state.size(1);
     float* rows = state.data_ptr<float>();
     rms_norm_rows(rows, layer.input_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
-    auto qkv = project(layer.qkv, normed);  // [fed, (heads + 2 kv_heads) head_dim]
+    auto qkv = project(products.qkv, layer.qkv.bias, normed);  // [fed, (heads + 2 kv_heads) head_dim]
     const int64_t table = layer.rope_table * fed * head_dim_;  // the layer's rows of cos and sin (check_tables)
     attention(layer, qkv, keys, values, cos.data_ptr<float>() + table, sin.data_ptr<float>() + table, start,
               attended.data_ptr<float>());
-    auto out = project(layer.out, attended);
+    auto out = project(products.out, layer.out.bias, attended);
     norm_rows_in_place(out, layer.attention_out_norm, layer.eps);
     add_rows(rows, width, out.data_ptr<float>(), width, fed, width);
     rms_norm_rows(rows, layer.post_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
-    const auto gate_up = project(layer.gate_up, normed);  // [fed, 2·gate_width] (check_layer)
+    const auto gate_up = project(products.gate_up, layer.gate_up.bias, normed);  // [fed, 2·gate_width] (check_layer)
     auto mixed = torch::empty({fed, layer.gate_width}, state.options());
     act_mul_rows(gate_up.data_ptr<float>(), fed, layer.gate_width, gelu_tanh_, mixed.data_ptr<float>());
-    auto down = project(layer.down, mixed);
+    auto down = project(products.down, layer.down.bias, mixed);
     norm_rows_in_place(down, layer.mlp_out_norm, layer.eps);
     add_rows(rows, width, down.data_ptr<float>(), width, fed, width);
   }
@@ -478,16 +485,16 @@ class LeanLayers {
                     rows.data_ptr<float>());
   }
 
-  // x [rows, in] → [rows, out] float32: the parts' kernel products side by side, plus the bias.
-  torch::Tensor project(const Projection& projection, const torch::Tensor& x) {
+  // x [rows, in] → [rows, out] float32: the product (its pointers read by this forward's check_layer), plus the bias.
+  torch::Tensor project(const Q4Product& product, const torch::Tensor& bias, const torch::Tensor& x) {
     Stopwatch watch(times_, times_.matmuls);
     torch::Tensor y;
     {
       Stopwatch kernel(times_, times_.kernel);
-      y = q4_linear_parts(x, projection.parts);
+      y = q4_run(product, x);
     }
-    if (projection.bias.defined())  // checked against the parts' widths when the layer was added
-      add_rows(y.data_ptr<float>(), y.size(1), projection.bias.data_ptr<float>(), 0, y.size(0), y.size(1));
+    if (bias.defined())  // checked against the parts' widths with the layer (check_layer)
+      add_rows(y.data_ptr<float>(), y.size(1), bias.data_ptr<float>(), 0, y.size(0), y.size(1));
     return y;
   }
 

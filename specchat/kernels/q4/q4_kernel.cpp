@@ -123,53 +123,47 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   return groups;
 }
 
-void check_weights(const torch::Tensor& x, const torch::Tensor& qs, const torch::Tensor& sc, const torch::Tensor& m,
-                   const torch::Tensor& d, const torch::Tensor& dmin) {
+void check_input(const torch::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", x.device());
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
-  const int64_t groups = check_tiles(qs, sc, m, d, dmin);
-  TORCH_CHECK(x.size(1) == groups * GROUP, "x is ", x.size(1), " wide; the weights take ", groups * GROUP);
 }
-
-// One weight matrix of a fused product, as the path functions read it, and where its outputs go.
-struct Part {
-  q4::Tiles w;
-  int64_t tiles, column, block;  // its 16-row tiles, its first output column, the inputs per block of x's scales
-};
 
 void check_count(const std::vector<torch::Tensor>& t) {
   TORCH_CHECK(t.size() == 5, "a w4a8 weight is 5 tensors (qs, sc, m, d, dmin), not ", t.size());
 }
 
-Part part_from(const torch::Tensor& x, const std::vector<torch::Tensor>& t, int64_t column) {
+Q4Part part_from(const std::vector<torch::Tensor>& t, int64_t column) {
   check_count(t);
-  check_weights(x, t[0], t[1], t[2], t[3], t[4]);
-  const q4::Tiles w{t[0].data_ptr<uint8_t>(), t[1].data_ptr<uint8_t>(), t[2].data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
-                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), t[0].size(1), t[3].size(1), bits_of(t[0].size(2))};
-  return {w, t[0].size(0), column, x.size(1) / t[3].size(1)};
+  const int64_t groups = check_tiles(t[0], t[1], t[2], t[3], t[4]);
+  const q4::Tiles w{t[0].data_ptr<uint8_t>(), t[1].data_ptr<uint8_t>(), t[2].data_ptr<uint8_t>(),
+                    reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
+                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1), bits_of(t[0].size(2))};
+  return {w, t[0].size(0), column, groups * GROUP / t[3].size(1), groups * GROUP};
 }
 
 }  // namespace
 
-Q4Shape q4_weight_shape(const std::vector<torch::Tensor>& weight) {
-  check_count(weight);
-  const int64_t groups = check_tiles(weight[0], weight[1], weight[2], weight[3], weight[4]);
-  return {groups * GROUP, weight[0].size(0) * TILE_ROWS};
+Q4Product q4_product_of(const std::vector<std::vector<torch::Tensor>>& weights) {
+  TORCH_CHECK(!weights.empty(), "a product needs at least one weight");
+  Q4Product product;
+  for (const auto& t : weights) {
+    product.parts.push_back(part_from(t, product.outputs));
+    product.outputs += product.parts.back().tiles * TILE_ROWS;
+  }
+  return product;
 }
 
 // x [M, K] float32 → every part's W x side by side [M, Σ tiles·16]: x mapped onto int8 once per block
 // size the parts use, and all the parts' tiles shared out in one parallel loop (one wait, not one a part).
 // Each tile's outputs are what q4_linear gives for that part alone, bit for bit.
-torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& weights) {
-  TORCH_CHECK(!weights.empty(), "a product needs at least one weight");
-  auto input = x.contiguous();  // x itself is checked with the first weight
-  std::vector<Part> parts;
-  int64_t columns = 0;
-  for (const auto& t : weights) {
-    parts.push_back(part_from(input, t, columns));
-    columns += parts.back().tiles * TILE_ROWS;
-  }
-  const int64_t rows = input.size(0), width = input.size(1);
+torch::Tensor q4_run(const Q4Product& product, const torch::Tensor& x) {
+  TORCH_CHECK(!product.parts.empty(), "a product needs at least one weight");
+  check_input(x);
+  for (const auto& part : product.parts)
+    TORCH_CHECK(x.size(1) == part.inputs, "x is ", x.size(1), " wide; the weights take ", part.inputs);
+  const auto input = x.contiguous();
+  const auto& parts = product.parts;
+  const int64_t rows = input.size(0), width = input.size(1), columns = product.outputs;
   const Path& path = *selected().load();
   std::map<int64_t, Activations> quantized;  // by block size
   for (const auto& part : parts)
@@ -182,15 +176,15 @@ torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<tor
   }
   auto out = torch::empty({rows, columns}, x.options());
   float* outs = out.data_ptr<float>();
-  const TileProduct product = path.product;
+  const TileProduct tile_product = path.product;
   at::parallel_for(0, columns / TILE_ROWS, 1, [&](int64_t begin, int64_t end) {
     size_t p = 0;
     for (int64_t tile = begin; tile < end;) {  // runs of at most tiles_a_job tiles of one part
       while (tile * TILE_ROWS >= parts[p].column + parts[p].tiles * TILE_ROWS) ++p;
-      const Part& part = parts[p];
+      const Q4Part& part = parts[p];
       const int64_t first_tile = part.column / TILE_ROWS;
       const int64_t run = std::min({end, first_tile + part.tiles, tile + path.tiles_a_job}) - tile;
-      product(part.w, activations[p], {tile - first_tile, 0, rows, outs + part.column, columns, run});
+      tile_product(part.w, activations[p], {tile - first_tile, 0, rows, outs + part.column, columns, run});
       tile += run;
     }
   });
@@ -198,6 +192,12 @@ torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<tor
   for (int64_t r = 0; r < rows; ++r)
     if (!any.finite[r]) out[r].fill_(std::numeric_limits<float>::quiet_NaN());
   return out;
+}
+
+// The weights checked and read (q4_product_of), then run on x: what one call of the module does.
+torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& weights) {
+  check_input(x);
+  return q4_run(q4_product_of(weights), x);
 }
 
 // x [M, K] float32 → W x [M, outs] float32 (outs: the true output rows, at most tiles·16; −1: all).

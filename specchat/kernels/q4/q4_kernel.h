@@ -2,6 +2,8 @@
 #pragma once
 #include <torch/extension.h>
 
+#include "q4_tiles.h"
+
 // x [M, K] float32 → W x [M, outs] float32, the weights in 16-row tiles (q4_tiles.h).
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                         torch::Tensor dmin, int64_t outs);
@@ -10,11 +12,23 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor sc, tor
 // [M, Σ tiles·16]: x quantized once, one parallel loop over all their tiles; the same bits as q4_linear's.
 torch::Tensor q4_linear_parts(torch::Tensor x, const std::vector<std::vector<torch::Tensor>>& weights);
 
-// A w4a8 weight (qs, sc, m, d, dmin) checked as the product checks it: its inputs (K) and outputs (tiles·16).
-struct Q4Shape {
-  int64_t inputs, outputs;
+// One weight of a product as the code paths read it (q4_tiles.h), where its outputs go among the product's, and
+// the inputs it takes.
+struct Q4Part {
+  q4::Tiles w;
+  int64_t tiles, column, block, inputs;  // its 16-row tiles, its first output column, inputs a block, K
 };
-Q4Shape q4_weight_shape(const std::vector<torch::Tensor>& weight);
+
+// Weights (each 5 tensors: qs, sc, m, d, dmin) checked as q4_linear_parts checks them, and their raw pointers: a
+// product to run (q4_run) while its tensors stay as they were checked. Outputs: Σ tiles·16.
+struct Q4Product {
+  std::vector<Q4Part> parts;
+  int64_t outputs = 0;
+};
+Q4Product q4_product_of(const std::vector<std::vector<torch::Tensor>>& weights);
+
+// x [M, K] float32 (checked here) → the product's outputs [M, outputs]; its weights are not looked at again.
+torch::Tensor q4_run(const Q4Product& product, const torch::Tensor& x);
 
 std::string kernel_path();                    // the code path the product runs
 std::vector<std::string> kernel_paths();      // the paths this CPU can run, fastest first
