@@ -269,7 +269,11 @@ def test_the_kv_cache_comparison_measures_bfloat16_against_float32_on_one_model(
     results = targets.compare_kv_caches(Config(), 40, lines.append)
     assert runner(model).kv_dtype == torch.bfloat16  # the last pass ran on bfloat16 keys and values
     assert [r["kv_cache"] for r in results] == ["float16", "bfloat16"]
-    assert all(r["tokens"] == 40 and 0.9 <= r["top1"] <= 1.0 and 0 < r["kl"] < 0.01 for r in results)
+    # top-1 is a float32 share: 36 of 40 reads 0.89999998. Near-ties flip on a random tiny model: seeds 1-8 gave 35
+    # to 40 of 40 (KL 0.0015-0.0038); a broken cache would give KL far above 0.01.
+    assert all(
+        r["tokens"] == 40 and 0.85 <= r["top1"] + 1e-6 and r["top1"] <= 1.0 and 0 < r["kl"] < 0.01 for r in results
+    )
     assert results[0]["kl"] < results[1]["kl"]  # float16 keeps 3 more bits of each number
     assert "float16 keys and values against float32" in lines[0] and "bfloat16 keys" in lines[1]
 
