@@ -4,6 +4,7 @@ timings on a GGUF file, llama-bench's JSON read back, and the table that puts th
     python scripts/real_shape.py build --shape llama-1b|qwen3-1.7b|tiny-llama|tiny-qwen3 --out DIR
     python scripts/real_shape.py specchat --gguf FILE --threads 2 --tokens 64 --repeats 3 --json OUT
     python scripts/real_shape.py table RESULTS.jsonl
+    python scripts/real_shape.py paired --gguf FILE --llama-bench BIN [--pairs 20 --tokens 32] --json OUT
 
 `build` writes an HF checkpoint (bfloat16, random normal weights, std 0.02, norms 1) with the bundled
 pair's Qwen tokenizer (the one specchat reads from the bundled drafter's GGUF), for llama.cpp's own
@@ -11,6 +12,8 @@ convert_hf_to_gguf.py. `specchat` loads the file as the chat would (`target.sour
 config otherwise, no drafter), then times target-only decode through the engine (greedy, no stop token,
 prefill left out) and T(1), T(5): one target forward over 1 or 5 new tokens after a CONTEXT-token context
 (the prompt llama-bench's pp tests read at depth CONTEXT too), medians of REPEATS×5 forwards.
+`paired` times the two tools in pairs seconds apart (llama-bench tg of one run, then one specchat decode in a
+process that loaded the file once, or the other way round), for ratios that see nearly the same machine.
 """
 
 from __future__ import annotations
@@ -140,37 +143,87 @@ def build(shape: str, out: Path, tokenizer_cache: Path, untied: bool = False) ->
     print(f"{out}: {shape} ({architecture}), {params / 1e9:.2f}B parameters, vocab {len(tokenizer)}, {tied}")
 
 
-def measure_specchat(gguf: Path, threads: int, tokens: int, repeats: int, context: int) -> dict:
-    import torch
-
-    torch.set_num_threads(threads)
+def specchat_decoder(gguf: Path, tokens: int, context: int):
+    """The file loaded as the chat loads it (no drafter): (pair, load seconds, the CONTEXT-token prompt, reply), where
+    reply() decodes `tokens` new tokens target-only after the prompt (greedy, no stop token) and gives their tok/s."""
     from specchat.config import SamplingConfig, SpeculationConfig, load_config
-    from specchat.kernels.build import running_path
     from specchat.loading.models import load_pair
     from specchat.progress import to_stderr
-    from specchat.spec import model_io
     from specchat.spec.engine import Engine, run_to_end
 
     cfg = load_config(None, [f"target.source={gguf}", "drafter.source=", "speculation.mode=target"])
     started = time.perf_counter()
     pair = load_pair(cfg, to_stderr())
     load_s = time.perf_counter() - started
-    facts = pair.target_facts
     engine = Engine(pair.target, pair.tokenizer, None, eos_ids=(), vocab_size=pair.vocab_size, probs=pair.probs)
     prompt = pair.tokenizer.encode("def reverse(lst):\n    return lst[::-1]\n" * 8)[:context]
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=tokens)
     speculation = SpeculationConfig(gamma=0, mode="target")
 
-    def reply():
+    def reply() -> float:
         engine.reset()
-        return run_to_end(engine.steps(prompt, sampling, speculation)).stats
-
-    reply()  # warm-up: compiled paths, first-touch of the weights
-    decode = []
-    for _ in range(repeats):
-        stats = reply()
+        stats = run_to_end(engine.steps(prompt, sampling, speculation)).stats
         # the prefill reads all but the prompt's last token: each of the new_tokens is one forward of one token
-        decode.append(stats.new_tokens / stats.generation_s)
+        return stats.new_tokens / stats.generation_s
+
+    return pair, load_s, prompt, reply
+
+
+def measure_paired(gguf: Path, bench: Path, threads: int, tokens: int, pairs: int, context: int) -> dict:
+    """PAIRS pairs, seconds apart, of llama-bench tg (-n TOKENS at depth CONTEXT, one run) and one specchat decode of
+    as many tokens in this process (loaded once), taking turns going first: each pair's ratio sees nearly the same
+    machine, where `specchat` and llama-bench's rounds run a minute apart (this VM's bandwidth moves by 1.8x)."""
+    import subprocess
+
+    import torch
+
+    torch.set_num_threads(threads)
+    _, _, _, reply = specchat_decoder(gguf, tokens, context)
+    reply()  # warm-up: compiled paths, first-touch of the weights
+    command = [str(bench), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-d", str(context)]
+    command += ["-t", str(threads), "-r", "1", "-o", "json"]
+
+    def llama_cpp() -> float:
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        return json.loads(done.stdout)[0]["avg_ts"]
+
+    ours, theirs = [], []
+    for index in range(pairs):
+        if index % 2:
+            ours.append(reply())
+            theirs.append(llama_cpp())
+        else:
+            theirs.append(llama_cpp())
+            ours.append(reply())
+        print(
+            f"pair {index + 1}: specchat {ours[-1]:.1f} tok/s, llama.cpp {theirs[-1]:.1f}, ratio {ours[-1] / theirs[-1]:.3f}"
+        )
+    ratios = sorted(a / b for a, b in zip(ours, theirs))
+    return {
+        "file": gguf.name,
+        "pairs": pairs,
+        "tokens": tokens,
+        "threads": threads,
+        "specchat_tok_s": ours,
+        "llama_cpp_tok_s": theirs,
+        "ratio_median": statistics.median(ratios),
+        "ratio_quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
+        "pairs_above_1": sum(r > 1 for r in ratios),
+        "cpu": cpu_name(),
+    }
+
+
+def measure_specchat(gguf: Path, threads: int, tokens: int, repeats: int, context: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    from specchat.kernels.build import running_path
+    from specchat.spec import model_io
+
+    pair, load_s, prompt, reply = specchat_decoder(gguf, tokens, context)
+    facts = pair.target_facts
+    reply()  # warm-up: compiled paths, first-touch of the weights
+    decode = [reply() for _ in range(repeats)]
     times = {}
     with torch.inference_mode():
         cache = model_io.new_cache(pair.target)
@@ -299,6 +352,14 @@ def main(argv=None) -> int:
     lb.add_argument("--file", required=True)
     lb.add_argument("--context", type=int, default=CONTEXT)
     lb.add_argument("--json", type=Path, required=True)
+    pp = sub.add_parser("paired", help="llama-bench tg and specchat decode in pairs, seconds apart")
+    pp.add_argument("--gguf", type=Path, required=True)
+    pp.add_argument("--llama-bench", type=Path, required=True, help="llama.cpp's built llama-bench")
+    pp.add_argument("--threads", type=int, default=2)
+    pp.add_argument("--tokens", type=int, default=32)
+    pp.add_argument("--pairs", type=int, default=20)
+    pp.add_argument("--context", type=int, default=CONTEXT)
+    pp.add_argument("--json", type=Path, required=True, help="JSON-lines file the result is appended to")
     t = sub.add_parser("table", help="the side-by-side table of a results file")
     t.add_argument("results", type=Path)
     args = parser.parse_args(argv)
@@ -307,6 +368,16 @@ def main(argv=None) -> int:
         return 0
     if args.command == "table":
         print(table(args.results))
+        return 0
+    if args.command == "paired":
+        row = measure_paired(args.gguf, args.llama_bench, args.threads, args.tokens, args.pairs, args.context)
+        with args.json.open("a") as out:
+            out.write(json.dumps(row) + "\n")
+        print(
+            f"{row['file']}: {row['pairs']} pairs, specchat ÷ llama.cpp median {row['ratio_median']:.3f} "
+            f"(quartiles {row['ratio_quartiles'][0]:.3f}–{row['ratio_quartiles'][1]:.3f}), "
+            f"{row['pairs_above_1']} of {row['pairs']} above 1"
+        )
         return 0
     if args.command == "specchat":
         try:
