@@ -5,32 +5,11 @@
 #include <cstring>
 #include <vector>
 
+#include "../simd.h"  // half_to_float: a scalar function, compiled with this file's plain flags
 #include "q4_tiles.h"
 
 namespace q4 {
 namespace {
-
-// A float16's value as float32, exactly (every float16 is a float32); what _mm256/_mm512_cvtph_ps give.
-float half_value(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1fu) {
-    bits = sign | 0x7f800000u | (mantissa << 13);  // infinity or NaN
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;  // ±0
-  } else {  // subnormal: m · 2^-24, normalised
-    int shift = 0;
-    uint32_t m = mantissa;
-    while (!(m & 0x400u)) m <<= 1, ++shift;
-    bits = sign | ((113u - shift) << 23) | ((m & 0x3ffu) << 13);
-  }
-  float value;
-  static_assert(sizeof value == sizeof bits);
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
 
 // One tile's group of levels as 8 vectors of 64 bytes: vector q holds L[j][4q + t] at byte 4j + t.
 void unpack(const uint8_t* qs, int bits, uint8_t vectors[8][64]) {
@@ -113,8 +92,8 @@ void tile_portable(const Tiles& w, const Rows& x, const Job& job) {
       const float scale = x.scales[(job.first + r) * w.blocks + b];
       float* out = job.out + (job.first + r) * job.stride + job.tile * TILE_ROWS;
       for (int j = 0; j < TILE_ROWS; ++j) {
-        out[j] = std::fma(static_cast<float>(dot[r][j]), half_value(d[j]) * scale, out[j]);
-        out[j] = std::fma(-static_cast<float>(offset[r][j]), half_value(dmin[j]) * scale, out[j]);
+        out[j] = std::fma(static_cast<float>(dot[r][j]), simd::half_to_float(d[j]) * scale, out[j]);
+        out[j] = std::fma(-static_cast<float>(offset[r][j]), simd::half_to_float(dmin[j]) * scale, out[j]);
       }
     }
   }
