@@ -55,6 +55,7 @@ HEADERS = [
     "q4/q4_tiles.h",
     "q4/q4_path_256.h",
     "q4/q4_path_512.h",
+    "q4/tile_shares.h",
     "simd.h",
 ]
 BASE_FLAGS = ["-O3", "-ffp-contract=off"]  # no contraction: every row, and every path, rounds alike

@@ -113,6 +113,26 @@ def test_several_weights_in_one_call_give_each_weights_own_bits_side_by_side(ker
         kernel.q4_linear_parts(x[:, :256], [list(parts[0].tensors())])
 
 
+@pytest.mark.parametrize("threads", [2, 3, 7])
+def test_the_tiles_shared_out_among_threads_give_one_threads_bits(kernel, threads):
+    """Each thread takes its own share, then tiles from the back of the others' (tile_shares.h): every tile runs
+    once, whichever thread runs it, with more threads than tiles too (one tile: 16 outputs)."""
+    torch.manual_seed(threads)
+    parts = [Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, 256) * 0.1, 4)) for outs in (16, 400, 96)]
+    weights = [list(p.tensors()) for p in parts]
+    x = torch.randn(3, 256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [kernel.q4_linear_parts(x, [w]) for w in weights] + [kernel.q4_linear_parts(x, weights)]
+        torch.set_num_threads(threads)
+        for _ in range(20):  # which thread takes which tile changes from run to run
+            shared = [kernel.q4_linear_parts(x, [w]) for w in weights] + [kernel.q4_linear_parts(x, weights)]
+            assert all(torch.equal(a, s) for a, s in zip(alone, shared, strict=True))
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("bits", [4, 6])
 def test_on_every_path_a_row_gets_the_same_bits_alone_or_anywhere_in_a_batch(kernel, path, bits):
