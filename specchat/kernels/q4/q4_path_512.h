@@ -28,7 +28,8 @@ inline void unpack(const uint8_t* qs, __m512i* v) {
       for (int e = 0; e < 2; ++e) {
         const __m512i top = _mm512_loadu_si512(qs + 256 + e * 64);
         const __m512i shifted[4] = {_mm512_slli_epi16(top, 4), _mm512_slli_epi16(top, 2), top, _mm512_srli_epi16(top, 2)};
-        for (int s = 0; s < 4; ++s) v[4 * e + s] = _mm512_or_si512(v[4 * e + s], _mm512_and_si512(shifted[s], bits_4_5));
+        for (int s = 0; s < 4; ++s)  // v | (shifted & bits_4_5) in one instruction (0xF8: A | (B & C))
+          v[4 * e + s] = _mm512_ternarylogic_epi32(v[4 * e + s], shifted[s], bits_4_5, 0xF8);
       }
     }
   }
