@@ -17,11 +17,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 from specchat.config import Config, ModelConfig, drafter_needed
 from specchat.errors import ModelLoadError
 from specchat.loading.attach import attach, sampling_probs
 from specchat.loading.checkpoint import checkpoint_for
 from specchat.loading.devices import dtype_name
+from specchat.loading.huge_pages import huge_pages_offered, into_huge_pages, w4a8_tensors
 from specchat.loading.pair_check import PairCheck, judge_pair
 from specchat.loading.plan import ModelPlan, plan_model, plan_pair
 from specchat.loading.quantize import quantize
@@ -114,6 +117,15 @@ def load_model(
     return load_planned(plan_model(mc, role, kv_cache=kv_cache, progress=progress), progress, tokenizers)
 
 
+def in_huge_pages(model: nn.Module, label: str, progress: Progress | None) -> None:
+    """The model's w4a8 tiles moved into 2 MB pages where the system offers them (loading/huge_pages.py), before
+    the compiled layer loop takes their addresses."""
+    tiles = w4a8_tensors(model)
+    if tiles and huge_pages_offered():
+        report(progress, f"moving {label}'s weights into 2 MB pages", None)
+        into_huge_pages(tiles)
+
+
 def load_planned(plan: ModelPlan, progress: Progress | None = None, tokenizers: dict | None = None):
     """The materialise and attach stages of one planned model: (model, tokenizer, ModelFacts)."""
     start = time.perf_counter()
@@ -126,6 +138,7 @@ def load_planned(plan: ModelPlan, progress: Progress | None = None, tokenizers: 
     tensors = model_tensors(model)
     populate(read_whole(model, tensors))  # mapped weights: resident now, not a page fault at a time
     memory = tensor_bytes(tensors)
+    in_huge_pages(model, plan.label, progress)
     attached = attach(model, plan, progress)
     facts = ModelFacts(
         plan.source.name,

@@ -1,0 +1,102 @@
+"""The w4a8 tiles moved into 2 MB pages.
+
+A decode step reads every weight once: 1.1 GB a token for a Qwen3-1.7B-shaped Q4_K_M file. In 4 KB pages that
+is 270,000 pages a token, each a TLB miss and a page walk, and the hardware prefetchers stop at each page's end.
+llama.cpp maps its GGUF file, and Linux mapped 346 of that file's 1107 MB in 2 MB pages. Here the tiles
+are copied into one anonymous region that asks for transparent huge pages (madvise MADV_HUGEPAGE), 2 MB-aligned,
+each storage 64-byte aligned, and every tensor is pointed at its copy (Tensor.set_), so views of one storage stay
+views of one. One process alternating 12 times (AMD EPYC Zen 4, 2 vCPUs): a token 1.043× faster on the Qwen3-1.7B
+shape, 1.022× on the Llama-3.2-1B shape.
+
+Linux only, where transparent huge pages are not switched off ("never"); elsewhere nothing moves. The region lives
+as long as any of the tensors does.
+"""
+
+from __future__ import annotations
+
+import mmap
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specchat.quant.w4a8 import Q4Linear
+
+HUGE_PAGE = 2 << 20
+ALIGN = 64  # each storage's first byte, as torch's allocator aligns them (the kernels read them with SIMD loads)
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def huge_pages_offered(setting: Path = THP_SETTING) -> bool:
+    """Whether this system gives a region that asks for them transparent huge pages (Linux, not "[never]")."""
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        text = setting.read_text()
+    except OSError:
+        return False
+    return "[" in text and "[never]" not in text
+
+
+def w4a8_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors of every w4a8 layer's tiles, and of the fused tiles of the groups they belong to (Q4Group:
+    what the compiled layer loop reads), each once."""
+    tensors: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, Q4Linear):
+            groups = [module.group[0].fused] if module.group else []
+            for tiles in [module.tiles, *groups]:
+                tensors.update((id(tensor), tensor) for tensor in tiles.tensors())
+    return list(tensors.values())
+
+
+def into_huge_pages(tensors: list[torch.Tensor], setting: Path = THP_SETTING) -> int:
+    """Move the CPU tensors' storages into one region of 2 MB pages; returns the bytes moved (0: none)."""
+    storages = _storages(tensors)
+    if not storages or not huge_pages_offered(setting):
+        return 0
+    offsets, total = _layout(storages)
+    region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:
+        region.close()
+        return 0
+    arena = torch.frombuffer(region, dtype=torch.uint8)  # holds the region while any tensor points into it
+    start = -arena.data_ptr() % HUGE_PAGE
+    with torch.no_grad():
+        while storages:  # each old storage let go once its tensors have moved: the copy never holds both in whole
+            address, (storage, views) = storages.popitem()
+            first = start + offsets[address]
+            arena[first : first + storage.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+            for view in views:
+                at = first // view.element_size() + view.storage_offset()
+                view.set_(arena.untyped_storage(), at, view.size(), view.stride())
+            del storage, views
+    return total
+
+
+Storages = dict[int, tuple[torch.UntypedStorage, list[torch.Tensor]]]  # address: (storage, the tensors viewing it)
+
+
+def _storages(tensors: list[torch.Tensor]) -> Storages:
+    """The non-empty CPU storages of `tensors`, each tensor once."""
+    storages: Storages = {}
+    seen: set[int] = set()
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if tensor.device.type != "cpu" or not storage.nbytes() or id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        storages.setdefault(storage.data_ptr(), (storage, []))[1].append(tensor)
+    return storages
+
+
+def _layout(storages: Storages) -> tuple[dict[int, int], int]:
+    """Each storage's first byte in the region (ALIGN-aligned, in address order), and the bytes it takes."""
+    offsets, total = {}, 0
+    for address in sorted(storages):
+        offsets[address] = total
+        total += -(-storages[address][0].nbytes() // ALIGN) * ALIGN
+    return offsets, total
