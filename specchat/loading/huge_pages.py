@@ -57,7 +57,10 @@ def into_huge_pages(tensors: list[torch.Tensor], setting: Path = THP_SETTING) ->
     if not storages or not huge_pages_offered(setting):
         return 0
     offsets, total = _layout(storages)
-    region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    try:  # no room for the region, or a kernel that refuses the advice: the tiles stay where they are
+        region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
+    except OSError:
+        return 0
     try:
         region.madvise(mmap.MADV_HUGEPAGE)
     except OSError:

@@ -104,3 +104,27 @@ def test_loading_a_w4a8_model_moves_its_tiles(tokenizer, tmp_path, monkeypatch):
     monkeypatch.setattr(models, "into_huge_pages", lambda tensors: moved.append(tensors))
     models.load_model(ModelConfig(source=str(path), dtype="float32", quantization="w4a8"))
     assert moved and len(moved[0]) >= 5 * 7  # a layer's seven linears (each 5 tensors), the head's too
+
+
+@pytest.mark.parametrize("fails", ["mmap", "madvise"])
+def test_the_tiles_stay_where_they_are_when_the_region_cannot_be_had(monkeypatch, tmp_path, fails):
+    path = tmp_path / "enabled"
+    path.write_text("always [madvise] never")
+    monkeypatch.setattr(huge_pages.sys, "platform", "linux")
+
+    class Region:
+        def __init__(self, *args, **kwargs):
+            if fails == "mmap":
+                raise OSError(12, "Cannot allocate memory")
+
+        def madvise(self, *args):
+            raise OSError(22, "Invalid argument")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(huge_pages.mmap, "mmap", Region)
+    tensor = torch.arange(5000, dtype=torch.float32)
+    address = tensor.data_ptr()
+    assert into_huge_pages([tensor], path) == 0
+    assert tensor.data_ptr() == address and torch.equal(tensor, torch.arange(5000, dtype=torch.float32))
