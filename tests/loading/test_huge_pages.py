@@ -128,3 +128,14 @@ def test_the_tiles_stay_where_they_are_when_the_region_cannot_be_had(monkeypatch
     address = tensor.data_ptr()
     assert into_huge_pages([tensor], path) == 0
     assert tensor.data_ptr() == address and torch.equal(tensor, torch.arange(5000, dtype=torch.float32))
+
+
+@offered
+def test_an_inference_tensor_stays_where_it_is_and_the_others_move():
+    with torch.inference_mode():
+        made_in_inference = torch.arange(3000, dtype=torch.float32)
+    plain = torch.arange(3000, dtype=torch.float32)
+    addresses = [made_in_inference.data_ptr(), plain.data_ptr()]
+    assert into_huge_pages([made_in_inference, plain]) > 0
+    assert made_in_inference.data_ptr() == addresses[0] and plain.data_ptr() != addresses[1]
+    assert torch.equal(plain, made_in_inference)
