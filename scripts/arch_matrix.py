@@ -1,7 +1,7 @@
 """Every GGUF architecture specchat runs × every block type it reads, as a user loads them (issue 52's table).
 
 Per case: a tiny random target in that type's blocks and a float32 drafter of the same architecture, written by the
-gguf package as the loading tests write them (tests/model_files.py; run from the repository root), loaded with the
+gguf package as the loading tests write them (tests/model_files.py's typed_pair_files; run from the repository root), loaded with the
 default config; then the target's path (the lean forward and its compiled layers, or transformers; the w4a8 levels;
 the file's blocks as stored or requantized), whether greedy speculative gives target-only's tokens, and tok/s of
 each (tiny models: the figures show overheads, not speed). A case that fails to load is a row with its error.
@@ -21,21 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 KINDS = ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "IQ4_XS")
-WIDE = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # every row a whole number of 256-blocks
 HEADER = "| architecture | type | path | exact | target-only tok/s | speculative tok/s |\n|---|---|---|---|---|---|"
-
-
-def case_files(folder: Path, tok, kind: str, architecture: str) -> tuple[Path, Path]:
-    """(target in `kind` blocks, float32 drafter), as tests/loading/test_gguf_types.py writes them."""
-    from model_files import tiny_model, vocab_size, write_gguf, write_gguf_in
-
-    rows = vocab_size(tok, architecture)
-    target = tiny_model(architecture, rows, seed=1, **WIDE)
-    drafter = tiny_model(architecture, rows, seed=2)
-    return (
-        write_gguf_in(folder / "target.gguf", target, tok, kind, architecture=architecture, seed=3),
-        write_gguf(folder / "drafter.gguf", drafter, tok, architecture=architecture),
-    )
 
 
 def timed_reply(pair, mode: str, ids: list[int], tokens: int) -> tuple[list[int], float]:
@@ -57,6 +43,8 @@ def levels(model) -> str:
 
 def row(tok, kind: str, architecture: str, tokens: int) -> str:
     """One case's table row."""
+    from model_files import typed_pair_files
+
     from specchat.config import load_config
     from specchat.errors import one_line
     from specchat.loading.models import load_pair
@@ -65,7 +53,7 @@ def row(tok, kind: str, architecture: str, tokens: int) -> str:
         os.environ["SPECCHAT_CACHE"] = str(Path(folder) / "cache")
         said: list[str] = []
         try:
-            target, drafter = case_files(Path(folder), tok, kind, architecture)
+            target, drafter = typed_pair_files(Path(folder), tok, kind, architecture)
             config = load_config(None, [f"target.source={target}", f"drafter.source={drafter}"])
             pair = load_pair(config, lambda message, fraction: said.append(str(message)))
         except Exception as err:  # a row, not the end of the table

@@ -256,3 +256,17 @@ def write_gguf_in(path, model, tokenizer, kind: str, architecture: str = "qwen2"
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+BLOCK_WIDE = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # every row a whole number of 256-blocks
+
+
+def typed_pair_files(folder, tokenizer, kind: str, architecture: str):
+    """(target file in `kind` blocks, BLOCK_WIDE; float32 drafter file) of one architecture, in `folder`."""
+    rows = vocab_size(tokenizer, architecture)
+    target = tiny_model(architecture, rows, seed=1, **BLOCK_WIDE)
+    drafter = tiny_model(architecture, rows, seed=2)
+    return (
+        write_gguf_in(folder / "target.gguf", target, tokenizer, kind, architecture=architecture, seed=3),
+        write_gguf(folder / "drafter.gguf", drafter, tokenizer, architecture=architecture),
+    )

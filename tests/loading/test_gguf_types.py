@@ -13,7 +13,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
-from model_files import greedy_reply, random_blocks, tiny_model, vocab_size, write_gguf, write_gguf_in
+from model_files import BLOCK_WIDE, greedy_reply, random_blocks, tiny_model, typed_pair_files, vocab_size
 from test_gguf_architectures import cache, on_the_cpu, tok
 
 from specchat.config import ModelConfig, load_config
@@ -36,18 +36,6 @@ ALL = [
 ]
 SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in ALL if case not in FAST]
 FIDELITY = "fidelity: python -m specchat.bench.targets --gguf FILE"
-WIDE = {"hidden_size": 256, "intermediate_size": 256, "head_dim": 64}  # every row a whole number of 256-blocks
-
-
-def files(folder, tok, kind: str, architecture: str):
-    """(target file in `kind` blocks, float32 drafter file) of one architecture."""
-    rows = vocab_size(tok, architecture)
-    target = tiny_model(architecture, rows, seed=1, **WIDE)
-    drafter = tiny_model(architecture, rows, seed=2)
-    return (
-        write_gguf_in(folder / "target.gguf", target, tok, kind, architecture=architecture, seed=3),
-        write_gguf(folder / "drafter.gguf", drafter, tok, architecture=architecture),
-    )
 
 
 def prompt_ids(tok) -> list[int]:
@@ -74,7 +62,7 @@ def within_a_step(quantized: torch.Tensor, wanted: torch.Tensor, bits: int) -> b
 
 @pytest.mark.parametrize("kind, architecture", FAST + SLOW)
 def test_a_file_of_each_type_loads_with_the_default_config_and_stays_exact(tmp_path, tok, kernel, kind, architecture):
-    target, drafter = files(tmp_path, tok, kind, architecture)
+    target, drafter = typed_pair_files(tmp_path, tok, kind, architecture)
     lines = []
     pair = load_pair(
         load_config(None, [f"target.source={target}", f"drafter.source={drafter}"]),
@@ -103,7 +91,7 @@ def test_a_file_of_each_type_loads_with_the_default_config_and_stays_exact(tmp_p
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
 def test_q4_0_and_q8_0_files_load_unquantized_from_their_full_conversion(tmp_path, tok, kind):
-    target, drafter = files(tmp_path, tok, kind, "qwen2")
+    target, drafter = typed_pair_files(tmp_path, tok, kind, "qwen2")
     pair = load_pair(
         load_config(None, [f"target.source={target}", f"drafter.source={drafter}", "target.quantization=none"])
     )
@@ -123,7 +111,7 @@ def test_the_full_conversion_path_takes_q5_k_as_stored_and_says_what_it_requanti
     from specchat.loading.gguf import tensors
 
     monkeypatch.setattr(tensors, "streamable", lambda gguf: False)
-    target, drafter = files(tmp_path, tok, kind, "qwen2")
+    target, drafter = typed_pair_files(tmp_path, tok, kind, "qwen2")
     lines = []
     pair = load_pair(
         load_config(None, [f"target.source={target}", f"drafter.source={drafter}"]),
@@ -152,7 +140,7 @@ def test_decoded_q5_k_blocks_give_gguf_pys_own_weights():
 def test_a_type_gguf_py_cannot_dequantize_is_one_line(tmp_path, tok):
     import gguf
 
-    model = tiny_model("qwen2", vocab_size(tok), seed=1, **WIDE)
+    model = tiny_model("qwen2", vocab_size(tok), seed=1, **BLOCK_WIDE)
     path = tmp_path / "q8_1.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen2")
     from model_files import _gguf_tensors, _write_gguf_header, _write_gguf_tokenizer
@@ -197,7 +185,7 @@ def test_the_notice_reaches_a_json_one_shot_once_on_stderr_and_the_json_stays_wh
 
     from specchat.tui.cli import main
 
-    target, drafter = files(tmp_path, tok, "Q8_0", "qwen2")
+    target, drafter = typed_pair_files(tmp_path, tok, "Q8_0", "qwen2")
     out, err = io.StringIO(), io.StringIO()
     argv = ["--json", "--prompt", "hi", "--target", str(target), "--drafter", str(drafter), "sampling.max_new_tokens=4"]
     assert main(argv, compare=None, stdin=io.StringIO(), stdout=out, stderr=err) == 0, err.getvalue()
@@ -211,7 +199,7 @@ def test_the_notice_reaches_a_json_one_shot_once_on_stderr_and_the_json_stays_wh
 def test_the_fidelity_bench_compares_a_file_with_its_own_dequantized_weights(tmp_path, tok, kernel, capsys):
     from specchat.bench import targets
 
-    target, _ = files(tmp_path, tok, "Q6_K", "qwen2")
+    target, _ = typed_pair_files(tmp_path, tok, "Q6_K", "qwen2")
     assert targets.main(["--gguf", str(target), "--tokens", "64"]) == 0
     types, reference, result = capsys.readouterr().out.strip().splitlines()
     assert (
