@@ -2,6 +2,7 @@
 
     python -m specchat.bench.profile [--config FILE] [--gamma 4] [--context 256] [--repeats 9] [key=value ...]
     python -m specchat.bench.profile --prefill 512 2048 8192 [--chunk N]   (prompt reading: bench/prefill.py)
+    python -m specchat.bench.profile --rows 1 5 9 17 33 65   (T(n): a target forward of n rows, what a copy costs)
 
 For one decode step of the target (1 token), a verification forward of the target (gamma+1 tokens)
 and one decode step of the drafter (1 token, with the drafter's restricted head as the chat runs it),
@@ -157,6 +158,13 @@ def parse_args(argv):
         help="instead: how fast each model reads a prompt of N tokens, and the split",
     )
     parser.add_argument(
+        "--rows",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead: the target's forward of N rows after the context, T(N) and T(N)/T(1) (verifying N-1 drafts)",
+    )
+    parser.add_argument(
         "--chunk",
         type=int,
         default=PREFILL_CHUNK,
@@ -174,9 +182,10 @@ def main(argv=None) -> int:
         or args.repeats < 1
         or args.chunk < 1
         or min(args.prefill or [1]) < 1
+        or min(args.rows or [1]) < 1
     ):
         print(
-            "specchat bench profile: error: --gamma ≥ 1, --context > gamma, --repeats, --chunk and --prefill ≥ 1",
+            "specchat bench profile: error: --gamma ≥ 1, --context > gamma, --repeats, --chunk, --prefill, --rows ≥ 1",
             file=sys.stderr,
         )
         return 2
@@ -193,6 +202,8 @@ def main(argv=None) -> int:
     if args.prefill:
         return _prefill_report(pair, fixed_text(), args.prefill, args.chunk)
     context = pair.tokenizer.encode(fixed_text())[: args.context]
+    if args.rows:
+        return _rows_report(pair, context, args.rows, args.repeats)
     vocab_limit = cfg.speculation.drafter_vocab
     print(
         f"target {pair.target_facts.name} ({pair.target_facts.quantization}, {pair.target_facts.dtype}); "
@@ -202,6 +213,35 @@ def main(argv=None) -> int:
     print(forward_table(forward_rows(pair, context, args.gamma, vocab_limit, args.repeats)) + "\n")
     width = vocab_limit if 0 < vocab_limit < pair.vocab_size else pair.vocab_size
     print(host_table(host_rows(pair, args.gamma, width, args.repeats, real_logits(pair, context, args.gamma))))
+    return 0
+
+
+@torch.inference_mode()
+def row_costs(pair, context: list[int], rows: list[int], repeats: int) -> dict[int, float]:
+    """Median ms of a target forward of n rows after `context`, per n: T(n), what verifying n-1 drafts costs."""
+    target, cache = pair.target, model_io.new_cache(pair.target)
+    model_io.forward(target, cache, context, keep=1)
+    length = len(context)
+    return {n: _forward_ms(target, cache, (context * (n // length + 1))[:n], length, repeats) for n in rows}
+
+
+def _forward_ms(target, cache, ids: list[int], length: int, repeats: int) -> float:
+    fed = _ids_like(target, ids)
+    run = lambda: model_io.forward_tensor(target, cache, fed, keep=len(ids))
+    return statistics.median(seconds_of(run, lambda: model_io.crop_to(cache, length)) for _ in range(repeats)) * 1e3
+
+
+def _rows_report(pair, context: list[int], rows: list[int], repeats: int) -> int:
+    costs = row_costs(pair, context, sorted(set([1, *rows])), repeats)
+    print(
+        f"target {pair.target_facts.name} ({pair.target_facts.quantization}); kernel {running_path() or '—'}; "
+        f"{len(context)}-token context; {torch.get_num_threads()} threads; medians of {repeats}\n"
+    )
+    lines = ["| rows n | T(n) ms | T(n)/T(1) | per extra row, × T(1) |", "|---|---|---|---|"]
+    for n, ms in costs.items():
+        extra = f"{(ms / costs[1] - 1) / (n - 1):.3f}" if n > 1 else "—"
+        lines.append(f"| {n} | {ms:.1f} | {ms / costs[1]:.2f} | {extra} |")
+    print("\n".join(lines))
     return 0
 
 

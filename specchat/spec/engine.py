@@ -26,7 +26,7 @@ from specchat.memory import release_freed_memory, resident_bytes
 from specchat.spec import model_io
 from specchat.spec.detok import Detokenizer, Tokenizer
 from specchat.spec.drafters.base import CachedDrafter, Drafter, DraftPlan
-from specchat.spec.drafters.lookup_drafter import LookupDrafter
+from specchat.spec.drafters.lookup import common_prefix_len
 from specchat.spec.drafters.mixed import MixedDrafter
 from specchat.spec.drafters.retokenize import TextTokenizer
 from specchat.spec.drafters.self_layers import check_self_layers, self_drafter, self_layers
@@ -42,14 +42,6 @@ from specchat.spec.step import StepResult, drafter_step, speculative_step
 from specchat.spec.timing import clock
 
 # (bundled w8a8 target, this CPU: 60-80 prompt tok/s at 16-256 tokens a chunk, so 128 costs nothing)
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
 
 
 @dataclass(frozen=True)
@@ -91,7 +83,7 @@ class Engine:
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
         self.drafters: dict[str, Drafter] = {
-            "lookup": LookupDrafter(self.vocab_size),
+            "lookup": MixedDrafter(None, self.vocab_size),
             "auto": MixedDrafter(drafter, self.vocab_size),
         }
         if drafter is not None:
@@ -285,14 +277,22 @@ class Engine:
         return self.target_seen
 
     def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
-        """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Never past max_new_tokens."""
+        """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Copies (the auto and lookup drafters')
+        are planned apart, by the policy's copy record, except where the drafter copies alone with a fixed gamma:
+        there gamma is the copy's length. Never past max_new_tokens."""
         if speculation.mode == "target":
             return DraftPlan(0)
-        plan = self.policy.plan() if isinstance(speculation.gamma, Auto) else DraftPlan(speculation.gamma)
+        if isinstance(speculation.gamma, Auto):
+            plan = self.policy.plan()
+        else:
+            copies_alone = self.drafter is self.drafters["lookup"]
+            copy = speculation.gamma if copies_alone or not speculation.gamma else self.policy.copy_length()
+            plan = DraftPlan(speculation.gamma, copy=copy)
         gamma = max(0, min(plan.gamma, remaining - 1))
         return dataclasses.replace(
             plan,
             gamma=gamma,
+            copy=max(0, min(plan.copy, remaining - 1)) if isinstance(self.drafter, MixedDrafter) else 0,
             min_confidence=speculation.draft_confidence,
             room=max(0, remaining - 1),
             verified=True,

@@ -17,6 +17,10 @@ drops below path_floor(): one more token then adds about path * alpha expected t
 c * speedup tokens its drafter forward would buy at the current rate. `scale` calibrates the
 drafter's confidences: accepted tokens over the summed confidences of the tokens that were judged
 (those up to the first rejection).
+
+Copies from the conversation (prompt lookup) are planned apart (copy_length.py): a copy costs no drafter
+forward, so its length comes from the copies' own record and the target's row cost, and a copy is offered
+every step a match exists, whether or not the drafter model pays. Copies teach nothing of alpha or c.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from specchat.config import GAMMA_MAX
+from specchat.spec.copy_length import CopyRecord
 from specchat.spec.drafters.base import DraftPlan
 from specchat.spec.metrics import leviathan_speedup
 
@@ -36,6 +41,8 @@ class GammaPolicy(Protocol):
     """Plans each auto-gamma step's draft and learns from every step's outcome."""
 
     def plan(self) -> DraftPlan: ...
+
+    def copy_length(self) -> int: ...
 
     def observe_step(self, step: StepResult) -> None: ...
 
@@ -55,6 +62,7 @@ class AutoGamma:
     max_draft: int = 12  # draft cap while drafts end by confidence (a chosen gamma above it raises it)
     said: float = 1.0  # decayed sums for calibrating the drafter's confidences
     seen: float = 1.0
+    copies: CopyRecord = field(default_factory=CopyRecord)  # how far copies of this chat were accepted
     _idle_steps: int = 0
 
     def __post_init__(self) -> None:
@@ -100,10 +108,20 @@ class AutoGamma:
         """Off or a one-token probe while drafting does not pay; otherwise a draft that runs on while
         the drafter is sure enough, even where the geometric model picks gamma 1: the per-token
         floor, not gamma, decides where a draft of easy tokens ends."""
-        gamma = self.best_gamma()
+        gamma, copy = self.best_gamma(), self.copy_length()
         if gamma == 0:
-            return DraftPlan(self._probe_or_off())  # no early end
-        return DraftPlan(max(gamma, self.max_draft), self.path_floor(gamma), self.calibration)
+            return DraftPlan(self._probe_or_off(), copy=copy)  # no early end
+        return DraftPlan(max(gamma, self.max_draft), self.path_floor(gamma), self.calibration, copy=copy)
+
+    def copy_length(self) -> int:
+        """How long a copy may run this step: from the copies' record and the target's cost per row."""
+        return self.copies.best_length(self.row_cost)
+
+    @property
+    def row_cost(self) -> float | None:
+        """r: what one more verified row costs, in one-row target steps (None until rows have varied)."""
+        fit = self.target_rows.fit()
+        return None if fit is None else fit[1] / fit[0]
 
     @property
     def calibration(self) -> float:
@@ -131,8 +149,9 @@ class AutoGamma:
         if step.target_fed and step.target_timed:
             self.observe_cost("target", step.target_seconds)
             self.target_rows.observe(step.target_fed, step.target_seconds)
-        if step.draft is not None and not step.draft.by_plan:
-            return  # a copy drafted past the plan says nothing of the drafter the plan is for
+        if step.draft is not None and step.draft.copied:
+            self.copies.observe(step.drafted, step.accepted)
+            return  # a copy says nothing of the drafter model's alpha
         self.observe(step.drafted, step.accepted)
         if step.draft is not None:
             self.observe_confidences(step.draft.confidences, step.accepted)

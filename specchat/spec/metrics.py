@@ -46,7 +46,12 @@ class ReplyStats:
     drafted: int = 0
     accepted: int = 0
     draft_steps: int = 0  # steps that drafted at least one token
-    copied_steps: int = 0  # of those, steps the auto drafter drafted by a copy from the chat
+    copied_steps: int = 0  # of those, steps drafted by a copy from the chat (the auto and lookup drafters)
+    model_steps: int = 0  # of those, steps a drafter model drafted
+    target_only_steps: int = 0  # steps with a target forward and no draft
+    copy_s: float = 0.0  # wall time of the copied steps (the step's drafting, verification and bookkeeping)
+    model_s: float = 0.0  # ... of the model-drafted steps
+    target_only_s: float = 0.0  # ... of the target-only steps
     rejections: int = 0  # steps that ended with a rejected draft
     target_forwards: int = 0
     drafter_forwards: int = 0
@@ -159,6 +164,7 @@ class StatsRecorder:
     def __init__(self, mode: str, gamma: Gamma, prompt_tokens: int, reused_tokens: int):
         self.stats = ReplyStats(mode=mode, gamma=gamma, prompt_tokens=prompt_tokens, reused_tokens=reused_tokens)
         self._start = time.perf_counter()
+        self._step_began = self._start  # where the next step's time starts: after the last step or the prompt
         self._first_token_at: float | None = None
 
     def record(self, step: StepResult, kept: int) -> None:
@@ -170,8 +176,8 @@ class StatsRecorder:
         else:
             self.record_drafts(step.drafted, step.accepted)
         self.record_tokens(kept)
+        self.record_kind(step)
         s = self.stats
-        s.copied_steps += 1 if step.draft is not None and step.drafted and not step.draft.by_plan else 0
         for seconds, timed in step.drafter_forwards():
             s.drafter_forwards += 1
             s.drafter_time_s += seconds if timed else 0.0
@@ -180,6 +186,21 @@ class StatsRecorder:
             s.target_forwards += 1
             s.target_time_s += step.target_seconds if step.target_timed else 0.0
             s.target_timed += 1 if step.target_timed else 0
+
+    def record_kind(self, step: StepResult) -> None:
+        """Count the step as copied, model-drafted or target-only, with the wall time since the last step."""
+        now = time.perf_counter()
+        seconds, self._step_began = now - self._step_began, now
+        s = self.stats
+        if step.drafted and step.draft is not None and step.draft.copied:
+            s.copied_steps += 1
+            s.copy_s += seconds
+        elif step.drafted:
+            s.model_steps += 1
+            s.model_s += seconds
+        elif step.target_fed:
+            s.target_only_steps += 1
+            s.target_only_s += seconds
 
     def record_drafts(self, drafted: int, accepted: int) -> None:
         s = self.stats
@@ -199,6 +220,7 @@ class StatsRecorder:
     def record_prefill(self, tokens: int, seconds: float) -> None:
         self.stats.prefill_tokens += tokens
         self.stats.prefill_s += seconds
+        self._step_began = time.perf_counter()
 
     def record_tokens(self, n: int) -> None:
         if n and self._first_token_at is None:

@@ -75,11 +75,11 @@ def speculative_step(
     vocab_size: int,
     probs: ProbsFn = probs_from_logits,
 ) -> StepResult:
-    """Draft up to plan.gamma tokens, verify them with one target forward; the target's cache grows.
+    """Draft up to plan.gamma tokens (a copy: up to plan.copy), verify them with one target forward; the target's cache grows.
     `probs` computes the target's p (the drafter's q: plan.probs, the engine gives both the same)."""
     if plan.gamma and drafter is None:
         raise ValueError("a step that drafts needs a drafter")
-    draft = drafter.propose(ids, plan, sampling, generator) if plan.gamma and drafter is not None else empty_draft()
+    draft = drafter.propose(ids, plan, sampling, generator) if plan.drafts and drafter is not None else empty_draft()
     device = model_io.input_device(target)
     drafts = draft.tokens.to(device)  # [drafted]; drafted <= gamma (a draft may end early)
     drafted = drafts.shape[0]

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from specchat.session.stop_strings import STOP_STRING
 from specchat.spec.metrics import ReplyStats
-from specchat.tui.render import as_table, gamma_text
+from specchat.tui.render import as_table, gamma_text, time_split
 
 
 def _bar(fraction: float, width: int = 24) -> str:
@@ -59,9 +59,11 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
         ),
         (
             "steps",
-            f"{stats.target_forwards} target forwards · {stats.drafter_forwards} drafter forwards "
+            f"{stats.target_forwards} target forwards ({stats.copied_steps} copied, {stats.model_steps} "
+            f"model-drafted, {stats.target_only_steps} target-only) · {stats.drafter_forwards} drafter forwards "
             f"· {stats.tokens_per_step:.2f} tok/step",
         ),
+        ("time split", time_split(stats)),
         ("cost c", f"{stats.cost_ratio:.3f} (drafter forward ÷ target forward)"),
         (
             "speedup",

@@ -267,7 +267,7 @@ def test_sampled_speculation_with_the_auto_drafter_matches_target_distribution(
     sources = Counter()
 
     def observe(stats, steps):
-        sources.update("copy" if not s.draft.by_plan else "model" for s in steps if s.draft and len(s.draft.tokens))
+        sources.update("copy" if s.draft.copied else "model" for s in steps if s.draft and len(s.draft.tokens))
 
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, drafter="auto"), runs, 4, observe=observe)

@@ -31,6 +31,10 @@ def sample_stats(**changes) -> ReplyStats:
         drafted=88,
         accepted=71,
         draft_steps=22,
+        model_steps=22,
+        target_only_steps=6,
+        model_s=8.0,
+        target_only_s=1.8,
         rejections=5,
         target_forwards=28,
         drafter_forwards=88,
@@ -174,7 +178,8 @@ last reply  mode spec
 tokens      96 new (the end-of-turn token included) · 30 prompt (0 reused from the previous turn's cache, 0 read)
 time        9.80 s · ttft 0.31 s · prompt read in 0.00 s · 9.8 tok/s generating
 acceptance  accepted 71/88 drafts (81%) · γ 4
-steps       28 target forwards · 88 drafter forwards · 3.43 tok/step
+steps       28 target forwards (0 copied, 22 model-drafted, 6 target-only) · 88 drafter forwards · 3.43 tok/step
+time split  reading 0.00 s · copies 0.00 s · model drafts 8.00 s · target-only 1.80 s
 cost c      0.100 (drafter forward ÷ target forward)
 speedup     measured 0.98× (vs one target forward per token) · predicted 3.13× (Leviathan et al., α per draft 0.93, γ 4, c 0.10)
 memory      resident memory unknown · target KV cache 0.0 MiB allocated, 126 tokens held

@@ -25,7 +25,7 @@ class DraftPlan:
     probability is below `min_confidence`, or once the estimated chance that all its tokens are
     accepted (the product of min(1, confidence_scale * confidence)) is below `path_floor`."""
 
-    gamma: int
+    gamma: int  # the drafter model's tokens (0: the model drafts nothing this step)
     path_floor: float = 0.0  # 0: no early end by the path
     confidence_scale: float = 1.0
     min_confidence: float = 0.0  # 0: no early end by one doubtful token
@@ -33,6 +33,12 @@ class DraftPlan:
     verified: bool = False  # the target verifies the draft (drafter-only mode: no): a drafter whose q is
     #                                one-hot then proposes its most likely tokens, which p accepts most often
     probs: ProbsFn = probs_from_logits  # what computes q: the engine's, the one its step computes p with
+    copy: int = 0  # tokens a copy from the conversation may draft, decided apart from gamma (copy_length.py)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the step asks its drafter at all: for the model's tokens, or for a copy."""
+        return self.gamma > 0 or self.copy > 0
 
     @property
     def tracks_confidence(self) -> bool:
@@ -49,9 +55,13 @@ class Draft:
     vocab: DraftVocab | None = None  # maps a row's positions to ids when the drafter scores a subset
     sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
     #                                   its verdict (step.py), `confidences` may be empty
-    by_plan: bool = True  # False: a copy the mixed drafter made past the plan; auto gamma learns no alpha from it
     source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation) |
     #                        text (a drafter model of another tokenizer, its text re-tokenized: text.py)
+
+    @property
+    def copied(self) -> bool:
+        """A copy from the conversation: auto gamma learns no alpha or c of the drafter model from it."""
+        return self.source == "lookup"
 
     def top_at(
         self, position: int, sampling: SamplingConfig, probs: ProbsFn = probs_from_logits

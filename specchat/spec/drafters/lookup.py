@@ -19,6 +19,14 @@ MAX_GUESS = 3  # guessed tokens per drafter forward: on a CPU a forward over 4 t
 # one over 1 token (int8 0.5B drafter: 39 vs 36 ms), over 7 tokens almost two
 
 
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
 def match_length(ids: list[int], end: int, limit: int) -> int:
     """How many tokens ending at `end` equal the newest tokens of ids (at most `limit`)."""
     n = 0
@@ -27,12 +35,12 @@ def match_length(ids: list[int], end: int, limit: int) -> int:
     return n
 
 
-def continuation(
-    ids: list[int], k: int, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM, window: int = WINDOW
-) -> list[int]:
-    """Up to k tokens that followed the longest (then latest) earlier match of ids' newest tokens."""
-    if k <= 0 or len(ids) <= min_ngram:
-        return []
+def match_start(
+    ids: list[int], min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM, window: int = WINDOW
+) -> int | None:
+    """Where what followed the longest (then latest) earlier match of ids' newest tokens begins, or None."""
+    if len(ids) <= min_ngram:
+        return None
     newest, lowest = ids[-1], max(0, len(ids) - 1 - window)
     best_n, best_end = 0, -1
     for end in range(len(ids) - 2, lowest - 1, -1):
@@ -43,9 +51,15 @@ def continuation(
             best_n, best_end = n, end
             if n == max_ngram:
                 break
-    if best_n < min_ngram:
-        return []
-    return ids[best_end + 1 : best_end + 1 + k]
+    return best_end + 1 if best_n >= min_ngram else None
+
+
+def continuation(
+    ids: list[int], k: int, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM, window: int = WINDOW
+) -> list[int]:
+    """Up to k tokens that followed the longest (then latest) earlier match of ids' newest tokens."""
+    start = match_start(ids, min_ngram, max_ngram, window) if k > 0 else None
+    return [] if start is None else ids[start : start + k]
 
 
 class Guesser(Protocol):

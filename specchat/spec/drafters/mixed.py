@@ -10,7 +10,6 @@ tokens: it catches up on the committed ones when it next drafts, as after any st
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection
 
 import torch
@@ -18,19 +17,14 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.spec import model_io
 from specchat.spec.drafters.base import Draft, Drafter, DraftPlan
-from specchat.spec.drafters.lookup import MIN_NGRAM, WINDOW, continuation
-from specchat.spec.drafters.lookup_drafter import LookupDrafter
+from specchat.spec.drafters.lookup import MIN_NGRAM, WINDOW, common_prefix_len, match_start
+from specchat.spec.drafters.lookup_drafter import copy_draft
 
 COPY_MATCH = MIN_NGRAM  # copy where prompt lookup finds a match at all (the newest 3 tokens occurred before)
-COPY_TOKENS = 4  # tokens a first copy drafts
-MAX_COPY = 16  # a copy taken whole doubles the next one, up to this; one that is not starts again at 4.
-# Measured with speculation.prompt_lookup on (the bundled config's), two runs of the bench's 4 edit and 4 fresh
-# prompts each (Intel Xeon, avx512-vnni/amx, where 9 verified rows cost 1.75 one-row steps and 17 cost 2.8):
-# 1.73x / 1.76x and 1.70x / 1.86x target-only (greedy / sampled), against 1.61x / 1.65x and 1.64x / 1.60x with
-# copies of 4 always and no lookup in the model's forwards; alone, each of the two measured within the noise.
-# On an AVX2 EPYC with the kernel of the release before (every verified row dearer) doubling measured worse.
-# MAX_COPY 32 against 16 (the 4 edit prompts, 2 runs, interleaved): 39.86 / 38.70 tok/s against 39.67 / 39.74
-# (greedy / sampled), 7.8 / 7.5 tokens a step against 7.3 / 7.9: no better; copies of 16 are taken 15.1 tokens deep.
+COPY_TOKENS = 4  # tokens a first copy drafts; one taken whole doubles the next, up to the plan's copy length
+# (copy_length.py), and one that is not starts again at 4. The doubling measured ahead of copies of 4 always
+# (Intel Xeon, the bench's 4 edit and 4 fresh prompts: 1.73x / 1.76x against 1.61x / 1.65x target-only).
+RESUME_TOKENS = COPY_TOKENS  # a guess that the source goes on past a one-token edit is drafted this long
 
 
 class MixedDrafter:
@@ -38,9 +32,9 @@ class MixedDrafter:
 
     def __init__(self, drafter: Drafter | None, vocab_size: int) -> None:
         self.drafter = drafter  # the drafter model's Drafter, or None
-        self.lookup = LookupDrafter(vocab_size)
+        self.vocab_size = vocab_size
         self.copy_tokens = COPY_TOKENS
-        self.last_copy: tuple[int, list[int]] = (0, [])  # where the last step's copy began, and its tokens
+        self.last_copy: tuple[int, list[int], int] = (0, [], 0)  # where the last copy began, its tokens, its source
 
     @property
     def model(self) -> model_io.Model | None:
@@ -57,20 +51,48 @@ class MixedDrafter:
             self.drafter.configure(vocab_limit, always_ids, lookup, context)
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
-        self.copy_tokens = self._next_copy_tokens(ids)
-        copy = continuation(ids[-WINDOW:], min(self.copy_tokens, plan.room), min_ngram=COPY_MATCH)
-        self.last_copy = (len(ids), copy)
-        if not copy and self.drafter is not None:
-            return self.drafter.propose(ids, plan, sampling, generator)
-        return dataclasses.replace(
-            self.lookup.copy_draft(copy, sampling), by_plan=not copy
-        )  # empty: no match, no model
+        """A copy where the conversation offers one (up to plan.copy tokens), else the model's draft of plan.gamma
+        tokens (none when gamma is 0: the step is the target's alone)."""
+        copy = self._copy(ids, min(plan.copy, plan.room))
+        if copy or self.drafter is None or not plan.gamma:
+            return copy_draft(copy, sampling, self.vocab_size)
+        return self.drafter.propose(ids, plan, sampling, generator)
+
+    def _copy(self, ids: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens that followed the newest tokens' earlier match; failing a match, the source of
+        the last copy past the one token the target put in its place (an edit of one token: a rename)."""
+        if limit <= 0:
+            self.last_copy = (len(ids), [], 0)
+            return []
+        self.copy_tokens = min(self._next_copy_tokens(ids), limit)
+        source = match_start(ids[-WINDOW:], COPY_MATCH)
+        offset = len(ids) - min(len(ids), WINDOW)
+        if source is not None:
+            source += offset
+        else:
+            source = self._resume_at(ids)
+            self.copy_tokens = min(self.copy_tokens, RESUME_TOKENS)
+        copy = ids[source : source + self.copy_tokens] if source is not None else []
+        self.last_copy = (len(ids), copy, source or 0)
+        return copy
+
+    def _resume_at(self, ids: list[int]) -> int | None:
+        """Where the last copy's source goes on if the target replaced one of its tokens (or left one out), or
+        None: the last step drafted no copy, took none of it, or took it whole."""
+        start, last, source = self.last_copy
+        taken = common_prefix_len(ids[start:], last)
+        if not last or taken == 0 or taken >= len(last) or len(ids) != start + taken + 1:
+            return None
+        skipped = source + taken + 1  # the source token the target replaced, passed over
+        if skipped < len(ids) - 1 and ids[-1] == ids[skipped]:  # the target left one source token out
+            skipped += 1
+        return skipped if skipped < len(ids) else None
 
     def _next_copy_tokens(self, ids: list[int]) -> int:
         """Twice the last copy's length if the target took it whole (it now stands in ids), else COPY_TOKENS."""
-        start, last = self.last_copy
+        start, last, _ = self.last_copy
         taken_whole = bool(last) and ids[start : start + len(last)] == last
-        return min(MAX_COPY, 2 * self.copy_tokens) if taken_whole else COPY_TOKENS
+        return 2 * self.copy_tokens if taken_whole else COPY_TOKENS
 
     def rollback(self, committed_len: int) -> None:
         if self.drafter is not None:
@@ -81,6 +103,6 @@ class MixedDrafter:
             self.drafter.catch_up(ids, upto)
 
     def reset(self) -> None:
-        self.copy_tokens, self.last_copy = COPY_TOKENS, (0, [])
+        self.copy_tokens, self.last_copy = COPY_TOKENS, (0, [], 0)
         if self.drafter is not None:
             self.drafter.reset()

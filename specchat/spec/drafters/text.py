@@ -22,7 +22,7 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.spec.drafters.base import Draft, DraftPlan
-from specchat.spec.drafters.lookup_drafter import LookupDrafter
+from specchat.spec.drafters.lookup_drafter import copy_draft
 from specchat.spec.drafters.model import ModelDrafter
 from specchat.spec.drafters.retokenize import (
     TextMirror,
@@ -56,7 +56,6 @@ class TextDrafter:
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
         self.vocab_size = vocab_size  # the target's
         self.mirror = TextMirror(target_tokenizer, drafter_tokenizer)
-        self.copies = LookupDrafter(vocab_size)  # makes the one-hot drafts
         self.ends = text_ends(target_tokenizer, drafter_tokenizer)
         self.stream: list[int] = []  # the drafter ids its cache stands for (a prefix of them)
         self.seen = 0  # committed target ids it has read
@@ -91,7 +90,7 @@ class TextDrafter:
         """Up to plan.gamma target ids: the text of plan.gamma + 1 drafter tokens, re-tokenized."""
         stream = self._sync(ids)
         if not stream:
-            return self.copies.copy_draft([], sampling)
+            return copy_draft([], sampling, self.vocab_size)
         law = dataclasses.replace(sampling, greedy=True) if plan.verified else sampling
         # the plan's calibration is learnt from the one-hot drafts' confidences (1.0 each), not from the model's own
         own = dataclasses.replace(plan, gamma=plan.gamma + 1, confidence_scale=1.0)
@@ -100,7 +99,7 @@ class TextDrafter:
         self.stream = stream + drafted  # the cache holds all but the newest drafted id
         proposal = self._target_ids(ids, stream, drafted, final=not plan.verified)
         return dataclasses.replace(
-            self.copies.copy_draft(proposal[: min(plan.gamma, plan.room)], sampling),
+            copy_draft(proposal[: min(plan.gamma, plan.room)], sampling, self.vocab_size),
             forwards=draft.forwards,
             source="text",
         )

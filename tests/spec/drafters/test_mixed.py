@@ -3,12 +3,13 @@ model elsewhere; exact either way, and auto gamma learns the model's alpha only 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import hf_greedy, make_engine, prompt_ids
 
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.drafters.base import Draft, DraftPlan
-from specchat.spec.drafters.mixed import COPY_TOKENS, MAX_COPY, MixedDrafter
+from specchat.spec.drafters.mixed import COPY_TOKENS, MixedDrafter
 from specchat.spec.gamma import AutoGamma
 from specchat.spec.step import StepResult
 
@@ -38,14 +39,14 @@ def repeated(n: int) -> list[int]:
 def test_a_match_is_copied_without_the_model_and_marked_off_plan():
     model = CountingDrafter()
     mixed = MixedDrafter(model, vocab_size=512)
-    draft = mixed.propose(repeated(40), DraftPlan(gamma=3), GREEDY, torch.Generator())
-    assert draft.tokens.tolist() == list(range(109, 109 + COPY_TOKENS)) and not draft.by_plan
+    draft = mixed.propose(repeated(40), DraftPlan(gamma=3, copy=16), GREEDY, torch.Generator())
+    assert draft.tokens.tolist() == list(range(109, 109 + COPY_TOKENS)) and draft.copied
     assert model.proposals == 0
 
 
 def test_a_copy_never_passes_the_reply_s_room():
     draft = MixedDrafter(CountingDrafter(), 512).propose(
-        repeated(30), DraftPlan(gamma=3, room=2), GREEDY, torch.Generator()
+        repeated(30), DraftPlan(gamma=3, room=2, copy=16), GREEDY, torch.Generator()
     )
     assert draft.tokens.tolist() == [109, 110]  # COPY_TOKENS would be 4
 
@@ -53,21 +54,21 @@ def test_a_copy_never_passes_the_reply_s_room():
 def test_no_match_leaves_drafting_to_the_model():
     model = CountingDrafter()
     ids = [1, 2, 3, 4, 9, 1, 2, 8, 4]  # the newest tokens never occurred before as three in a row
-    draft = MixedDrafter(model, 512).propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator())
-    assert draft.tokens.tolist() == [7] and draft.by_plan and model.proposals == 1
+    draft = MixedDrafter(model, 512).propose(ids, DraftPlan(gamma=3, copy=16), GREEDY, torch.Generator())
+    assert draft.tokens.tolist() == [7] and not draft.copied and model.proposals == 1
 
 
 def test_without_a_model_auto_drafts_copies_alone():
     ids = [1, 2, 3, 4, 9, 1, 2, 3, 4]
     mixed = MixedDrafter(None, 512)
-    assert mixed.propose(ids, DraftPlan(gamma=2), GREEDY, torch.Generator()).tokens.tolist() == [9, 1, 2, 3]
-    assert mixed.propose([1, 2, 3], DraftPlan(gamma=2), GREEDY, torch.Generator()).tokens.tolist() == []
+    assert mixed.propose(ids, DraftPlan(gamma=2, copy=8), GREEDY, torch.Generator()).tokens.tolist() == [9, 1, 2, 3]
+    assert mixed.propose([1, 2, 3], DraftPlan(gamma=2, copy=8), GREEDY, torch.Generator()).tokens.tolist() == []
 
 
 def test_auto_gamma_learns_no_alpha_from_a_copy():
     policy = AutoGamma()
     before = policy.alpha
-    copy = Draft(torch.tensor([1, 2, 3]), None, [], [1.0] * 3, by_plan=False)
+    copy = Draft(torch.tensor([1, 2, 3]), None, [], [1.0] * 3, source="lookup")
     policy.observe_step(StepResult([1, 2, 9], [], [3], drafted=3, accepted=2, draft=copy))
     assert policy.alpha == before
     model_draft = Draft(torch.tensor([1, 2, 3]), None, [], [1.0] * 3)
@@ -89,10 +90,13 @@ def test_the_stats_line_counts_the_copied_steps(target, similar_drafter_model, t
 
     engine = make_engine(target, similar_drafter_model, tokenizer)
     done = list(engine.stream(prompt_ids(tokenizer, PASTED), GREEDY, SpeculationConfig(gamma=3, drafter="auto")))[-1]
-    assert 1 <= done.stats.copied_steps <= done.stats.draft_steps
-    assert f" · {done.stats.copied_steps}/{done.stats.draft_steps} steps copied" in stats_line(done.stats)
-    done.stats.copied_steps = 0  # a reply with no copy says nothing of them
-    assert "copied" not in stats_line(done.stats) and "drafter" not in stats_line(done.stats)
+    s = done.stats
+    assert 1 <= s.copied_steps <= s.draft_steps == s.copied_steps + s.model_steps
+    assert s.copied_steps + s.model_steps + s.target_only_steps == s.target_forwards
+    split = f" · steps {s.copied_steps} copied, {s.model_steps} model, {s.target_only_steps} target-only"
+    assert split in stats_line(s)
+    s.copied_steps = 0  # a reply with no copy says nothing of them
+    assert "copied" not in stats_line(s) and "drafter" not in stats_line(s)
 
 
 def test_each_drafted_token_says_which_source_drafted_it(target, similar_drafter_model, tokenizer):
@@ -109,16 +113,43 @@ def test_each_drafted_token_says_which_source_drafted_it(target, similar_drafter
 
 
 def test_a_copy_taken_whole_doubles_the_next_one_and_one_refused_starts_again_at_four():
-    mixed = MixedDrafter(CountingDrafter(), 512)
+    mixed, plan = MixedDrafter(CountingDrafter(), 512), DraftPlan(gamma=3, copy=16)
     block = list(range(100, 160))
     ids = block + [5, 6] + block[:3]  # the newest 3 tokens occurred before: copies continue block
     lengths = []
     for _ in range(3):  # each copy taken whole: 4, 8, 16
-        copy = mixed.propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator()).tokens.tolist()
+        copy = mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens.tolist()
         lengths.append(len(copy))
         ids = ids + copy + [block[len(ids) - 62 + len(copy)]]  # the copy, then the target's bonus token
-    copy = mixed.propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator()).tokens.tolist()
-    lengths.append(len(copy))  # capped at MAX_COPY
+    copy = mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens.tolist()
+    lengths.append(len(copy))  # capped at the plan's copy length
     ids = ids + copy[:2] + [7, 8, 9] + block[:3]  # two of that copy taken, then a fresh match
-    lengths.append(len(mixed.propose(ids, DraftPlan(gamma=3), GREEDY, torch.Generator()).tokens))
-    assert lengths == [COPY_TOKENS, 8, MAX_COPY, MAX_COPY, COPY_TOKENS]
+    lengths.append(len(mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens))
+    assert lengths == [COPY_TOKENS, 8, 16, 16, COPY_TOKENS]
+
+
+def test_a_copy_is_offered_when_the_model_drafts_nothing():
+    """Auto gamma's verdict on the drafter model (gamma 0) holds back the model, never a copy."""
+    model = CountingDrafter()
+    mixed = MixedDrafter(model, 512)
+    copy = mixed.propose(repeated(40), DraftPlan(gamma=0, copy=16), GREEDY, torch.Generator())
+    assert copy.tokens.tolist() == list(range(109, 113)) and copy.copied
+    no_match = [1, 2, 3, 4, 9, 1, 2, 8, 4]
+    assert mixed.propose(no_match, DraftPlan(gamma=0, copy=16), GREEDY, torch.Generator()).tokens.tolist() == []
+    assert model.proposals == 0
+
+
+@pytest.mark.parametrize("edit", ["replaced", "left out"])
+def test_a_copy_goes_on_past_a_one_token_edit_without_a_fresh_match(edit):
+    """A rename: the target puts its own token where the source had another; the copy resumes after it."""
+    mixed, plan = MixedDrafter(CountingDrafter(), 512), DraftPlan(gamma=0, copy=16)
+    source = list(range(100, 140))
+    ids = source + [5, 6] + source[:3]
+    copy = mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens.tolist()
+    assert copy == source[3:7]
+    corrected = 99 if edit == "replaced" else source[6]  # the target refused source[5]
+    ids = ids + copy[:2] + [corrected]  # newest 3: source[3], source[4], corrected: never seen in a row
+    resumed = mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens.tolist()
+    assert resumed == (source[6:10] if edit == "replaced" else source[7:11])
+    ids = ids + [42]  # that guess refused at once: no further guessing, and no match
+    assert mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens.tolist() == []
