@@ -56,6 +56,8 @@ class Measurement:
     cost_ratio: float | None = None
     mean_gamma: float | None = None
     predicted: float | None = None
+    steps: tuple[int, int, int] | None = None  # target steps copied, model-drafted, target-only
+    split_s: tuple[float, float, float, float] | None = None  # seconds reading, copies, model drafts, target-only
 
     @property
     def tokens_per_s(self) -> float:
@@ -226,6 +228,8 @@ class Runner:
             s.cost_ratio if spec else None,
             s.mean_gamma if spec else None,
             s.predicted_speedup if spec else None,
+            (s.copied_steps, s.model_steps, s.target_only_steps) if spec else None,
+            (s.prefill_s, s.copy_s, s.model_s, s.target_only_s) if spec else None,
         )
 
     def _hf(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:

@@ -23,6 +23,7 @@ COLUMNS = (
     "c",
     "bound",
     "of bound",
+    "edit steps copy/model/target",
     "exact",
 )
 
@@ -33,6 +34,11 @@ def _num(value, fmt: str) -> str:
 
 def _ratio(value) -> str:
     return "—" if value is None else f"{value:.2f}×"
+
+
+def _steps(steps) -> str:
+    """`38/21/2`: the edit prompts' target steps that were copied, model-drafted and target-only."""
+    return "—" if not steps else "/".join(str(n) for n in steps)
 
 
 def _exact(row: dict) -> str:
@@ -61,6 +67,7 @@ def table_cells(row: dict) -> list[str]:
         _num(row["c"], ".2f"),
         _num(row["predicted"], ".2f"),
         _num(row.get("of_predicted"), ".0%"),
+        _steps(row.get("steps_edit")),
         _exact(row),
     ]
 

@@ -145,6 +145,13 @@ def median(values):
     return statistics.median(values) if values else None
 
 
+def summed(parts: list) -> list | None:
+    """Element-wise sums of equal-length tuples (None where there are none, or where one is None)."""
+    if not parts or any(part is None for part in parts):
+        return None
+    return [sum(values) for values in zip(*parts)]
+
+
 def ratios_of_kind(row: Row, kind: str) -> list[float]:
     """The row's per-prompt ratios over its own target-only, on the prompts of one kind."""
     return [v for v, prompt_kind in zip(row.vs_target, row.kinds) if prompt_kind == kind]
@@ -173,6 +180,8 @@ def summarise(row: Row) -> dict:
         "exact": (not row.mismatches) if row.setting == "greedy" else None,
         "mismatched_prompts": row.mismatches,
         "tokens": [m.new_tokens for m in ms],
+        "steps_edit": summed([m.steps for m, kind in zip(ms, row.kinds) if kind == "edit"]),
+        "split_s_edit": summed([m.split_s for m, kind in zip(ms, row.kinds) if kind == "edit"]),
     }
     if summary["predicted"] and summary["vs_target"]:
         summary["of_predicted"] = summary["vs_target"] / summary["predicted"]

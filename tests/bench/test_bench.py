@@ -74,12 +74,12 @@ def test_bench_runs_every_method_and_checks_greedy_exactness(
 
 TABLE = """\
 | setting | method | tok/s | × target | × target code | × target edit | worst × target | × HF same drafter | × HF unquantized drafter | \
-× llama.cpp | acceptance | tok/step | c | bound | of bound | exact |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| greedy | specchat target-only | 3.50 | 1.00× | 1.00× | — | 1.00× | 0.70× | — | 0.40× | — | 1.00 | — | — | — | yes |
-| greedy | HF assisted γ4 | 5.00 | 1.46× | 1.67× | — | 1.25× | 1.00× | — | 0.56× | — | — | — | — | — | yes |
-| greedy | specchat γ4 | 7.75 | 2.25× | 2.50× | — | 2.00× | 1.55× | — | 0.88× | 70% | 3.00 | 0.15 | 2.50 | 90% | NO: chat |
-| greedy | llama.cpp target-only | 9.00 | 1.00× | 1.00× | — | 1.00× | 1.80× | — | 1.00× | — | — | — | — | — | yes |"""
+× llama.cpp | acceptance | tok/step | c | bound | of bound | edit steps copy/model/target | exact |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| greedy | specchat target-only | 3.50 | 1.00× | 1.00× | — | 1.00× | 0.70× | — | 0.40× | — | 1.00 | — | — | — | — | yes |
+| greedy | HF assisted γ4 | 5.00 | 1.46× | 1.67× | — | 1.25× | 1.00× | — | 0.56× | — | — | — | — | — | — | yes |
+| greedy | specchat γ4 | 7.75 | 2.25× | 2.50× | — | 2.00× | 1.55× | — | 0.88× | 70% | 3.00 | 0.15 | 2.50 | 90% | — | NO: chat |
+| greedy | llama.cpp target-only | 9.00 | 1.00× | 1.00× | — | 1.00× | 1.80× | — | 1.00× | — | — | — | — | — | — | yes |"""
 
 
 def test_the_report_table_from_known_measurements():

@@ -24,7 +24,8 @@ COPY_MATCH = MIN_NGRAM  # copy where prompt lookup finds a match at all (the new
 COPY_TOKENS = 4  # tokens a first copy drafts; one taken whole doubles the next, up to the plan's copy length
 # (copy_length.py), and one that is not starts again at 4. The doubling measured ahead of copies of 4 always
 # (Intel Xeon, the bench's 4 edit and 4 fresh prompts: 1.73x / 1.76x against 1.61x / 1.65x target-only).
-RESUME_TOKENS = COPY_TOKENS  # a guess that the source goes on past a one-token edit is drafted this long
+RESUME_TOKENS = COPY_TOKENS  # a guess (past a one-token edit, or from a short match) is drafted this long
+SHORT_MATCH = 1  # where no model drafts, a match of the newest token alone is worth a short guess
 
 
 class MixedDrafter:
@@ -53,24 +54,29 @@ class MixedDrafter:
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         """A copy where the conversation offers one (up to plan.copy tokens), else the model's draft of plan.gamma
         tokens (none when gamma is 0: the step is the target's alone)."""
-        copy = self._copy(ids, min(plan.copy, plan.room))
+        model_drafts = self.drafter is not None and plan.gamma > 0
+        copy = self._copy(ids, min(plan.copy, plan.room), SHORT_MATCH if not model_drafts else COPY_MATCH)
         if copy or self.drafter is None or not plan.gamma:
             return copy_draft(copy, sampling, self.vocab_size)
         return self.drafter.propose(ids, plan, sampling, generator)
 
-    def _copy(self, ids: list[int], limit: int) -> list[int]:
+    def _copy(self, ids: list[int], limit: int, shortest: int) -> list[int]:
         """Up to `limit` tokens that followed the newest tokens' earlier match; failing a match, the source of
-        the last copy past the one token the target put in its place (an edit of one token: a rename)."""
+        the last copy past the one token the target put in its place (an edit of one token: a rename); failing
+        that, a short guess from a match of `shortest` tokens (fewer than COPY_MATCH where no model drafts)."""
         if limit <= 0:
             self.last_copy = (len(ids), [], 0)
             return []
         self.copy_tokens = min(self._next_copy_tokens(ids), limit)
-        source = match_start(ids[-WINDOW:], COPY_MATCH)
         offset = len(ids) - min(len(ids), WINDOW)
+        source = match_start(ids[-WINDOW:], COPY_MATCH)
         if source is not None:
             source += offset
         else:
             source = self._resume_at(ids)
+            if source is None and shortest < COPY_MATCH:
+                found = match_start(ids[-WINDOW:], shortest, max_ngram=COPY_MATCH - 1)
+                source = None if found is None else found + offset
             self.copy_tokens = min(self.copy_tokens, RESUME_TOKENS)
         copy = ids[source : source + self.copy_tokens] if source is not None else []
         self.last_copy = (len(ids), copy, source or 0)
