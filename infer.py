@@ -1,3 +1,3 @@
-from specchat.tui.cli import main
+from specchat.entry import main
 
 raise SystemExit(main())

@@ -89,15 +89,18 @@ class LlamaCppRunner:
         common = dict(n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
         target = str(gguf_path(cfg.target.source))
         self.target = Llama(model_path=target, **common)
+        # A draft model's loop keeps every row's logits: with logits_all unset, llama-cpp-python sizes them for
+        # n_batch (512) rows and fails once a reply passes the 512th token ("could not broadcast").
+        drafting = dict(common, logits_all=True)
         self.ngram = Llama(
-            model_path=target, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=NGRAM_TOKENS), **common
+            model_path=target, draft_model=LlamaPromptLookupDecoding(num_pred_tokens=NGRAM_TOKENS), **drafting
         )
         self.drafter = None
         drafter = gguf_path(cfg.drafter.source) if cfg.drafter.source else None
         if drafter:
             draft_llama = Llama(model_path=str(drafter), **common)
             self.drafter = type("Drafter", (GreedyDrafter, LlamaDraftModel), {})(draft_llama)
-            self.speculative = Llama(model_path=target, draft_model=self.drafter, **common)
+            self.speculative = Llama(model_path=target, draft_model=self.drafter, **drafting)
 
     def generate(self, ids: list[int], sampling: SamplingConfig, eos_ids, gamma: int | str | None):
         """(new ids, seconds) for one reply; gamma None: target-only, NGRAM: prompt-lookup drafts."""

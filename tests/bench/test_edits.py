@@ -10,7 +10,9 @@ from specchat.bench.edits import reply, reply_line
 from specchat.config import AUTO, SpeculationConfig
 from specchat.spec.drafters.lookup import match_start
 
-PASTE = "Rename total to amount:\ndef add(total, x):\n    total = total + x\n\ndef add(total, x):\n    total = total + x\n"
+PASTE = (
+    "Rename total to amount:\ndef add(total, x):\n    total = total + x\n\ndef add(total, x):\n    total = total + x\n"
+)
 
 
 def test_a_target_only_reply_is_held_back_where_a_copy_matched_and_speculation_is_not(

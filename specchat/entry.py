@@ -1,0 +1,16 @@
+"""`specchat` and `python infer.py`: the chat (tui/cli.py), or with `serve` first, the server (serve/cli.py)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        from specchat.serve.cli import main as serve
+
+        return serve(argv[1:])
+    from specchat.tui.cli import main as chat
+
+    return chat(argv)

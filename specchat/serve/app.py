@@ -1,0 +1,246 @@
+"""The HTTP routes (Starlette): /v1/chat/completions, /v1/completions, /v1/models, /health.
+
+Each reply runs on a worker thread of its own (the engine is synchronous); its events reach the response
+through an asyncio queue. A streamed reply is sent as server-sent events, one chunk per decoding step (its
+tokens' text, ids and origins); a client that goes away sets the reply's cancel flag, which the engine reads
+after the step in flight. Bodies are read to at most `max_body` bytes; with an API key every route but /health
+asks for it (`Authorization: Bearer KEY`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from specchat.config import Config
+from specchat.memory import resident_bytes
+from specchat.serve.protocol import (
+    Chunks,
+    Reply,
+    Request,
+    RequestError,
+    completion,
+    error_body,
+    read_chat,
+    read_completion,
+)
+from specchat.serve.service import Busy, Plan, Service
+from specchat.spec.events import ReplyDone, StepDone, Token
+
+MAX_BODY = 8 * 2**20  # bytes of a request body
+RETRY_AFTER_S = 2
+DISCONNECT_POLL_S = 0.1
+_END = object()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An error raised while the reply ran, carried to the response."""
+
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str  # the name /v1/models lists and every response carries
+    config: Config  # the server's settings, which a request's fields override
+    api_key: str = ""
+    max_body: int = MAX_BODY
+
+
+def build_app(service: Service, settings: Settings) -> Starlette:
+    async def health(request: HttpRequest) -> Response:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": settings.model,
+                "admitted": service.admitted_now,
+                "replies": dict(service.finished),
+                "resident_bytes": resident_bytes(),
+            }
+        )
+
+    async def models(request: HttpRequest) -> Response:
+        refused = _refused(request, settings)
+        if refused:
+            return refused
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": settings.model, "object": "model", "created": 0, "owned_by": "specchat"}],
+            }
+        )
+
+    async def chat(request: HttpRequest) -> Response:
+        return await _complete(request, service, settings, read_chat, chat=True)
+
+    async def completions(request: HttpRequest) -> Response:
+        return await _complete(request, service, settings, read_completion, chat=False)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.service = service
+    return app
+
+
+def _error(message: str, status: int, kind: str = "invalid_request_error", **headers: str) -> JSONResponse:
+    return JSONResponse(error_body(message, kind), status_code=status, headers=headers or None)
+
+
+def _refused(request: HttpRequest, settings: Settings) -> JSONResponse | None:
+    """401 unless the request carries the API key (when the server has one)."""
+    if not settings.api_key:
+        return None
+    given = request.headers.get("authorization", "")
+    if hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+        return None
+    return _error("a valid API key is needed: Authorization: Bearer KEY", 401, "authentication_error")
+
+
+async def _body(request: HttpRequest, limit: int) -> Any:
+    """The JSON body, read to at most `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise RequestError(f"the request body is over {limit} bytes", status=413)
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > limit:
+            raise RequestError(f"the request body is over {limit} bytes", status=413)
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise RequestError("the request body is not JSON") from None
+
+
+async def _complete(
+    request: HttpRequest, service: Service, settings: Settings, read: Callable[[Any, Config], Request], chat: bool
+) -> Response:
+    refused = _refused(request, settings)
+    if refused:
+        return refused
+    try:
+        asked = read(await _body(request, settings.max_body), settings.config)
+        plan = service.plan(asked)
+        release = service.admit()
+    except RequestError as err:
+        return _error(str(err), err.status, err.kind)
+    except Busy:
+        return _error(
+            "the server is busy: every place in its queue is taken",
+            429,
+            "rate_limit_error",
+            **{"Retry-After": str(RETRY_AFTER_S)},
+        )
+    cancel = threading.Event()
+    events = _run(service, plan, cancel, release)
+    if asked.stream:
+        chunks = Chunks(settings.model, chat)
+        return StreamingResponse(
+            _sse(events, chunks, len(plan.prompt_ids), asked.include.get("usage", True), cancel),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    return await _whole(request, events, cancel, settings.model, chat, len(plan.prompt_ids))
+
+
+def _run(service: Service, plan: Plan, cancel: threading.Event, release: Callable[[], None]) -> asyncio.Queue:
+    """Start the reply on a worker thread; its events (then a Failure, if one, then _END) arrive on the queue."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def produce() -> None:
+        try:
+            for event in service.events(plan, cancel):
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+        except BaseException as err:  # carried to the response as one error
+            loop.call_soon_threadsafe(queue.put_nowait, Failure(err))
+        finally:
+            release()
+            loop.call_soon_threadsafe(queue.put_nowait, _END)
+
+    threading.Thread(target=produce, name="specchat-reply", daemon=True).start()
+    return queue
+
+
+async def _whole(
+    request: HttpRequest, events: asyncio.Queue, cancel: threading.Event, model: str, chat: bool, prompt_tokens: int
+) -> Response:
+    """Wait for the whole reply, cancelling it if the client goes away."""
+    origins: list[str] = []
+    done: ReplyDone | None = None
+    while True:
+        try:
+            item = await asyncio.wait_for(events.get(), DISCONNECT_POLL_S)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                cancel.set()
+            continue
+        if item is _END:
+            break
+        if isinstance(item, Failure):
+            return _failure(item.error)
+        if isinstance(item, Token):
+            origins.append(item.origin.value)
+        elif isinstance(item, ReplyDone):
+            done = item
+    if done is None:
+        return _error("the reply ended without its end", 500, "server_error")
+    reply = Reply(done.text, list(done.ids), origins[: len(done.ids)], done.stop_reason, prompt_tokens, done.stats)
+    return JSONResponse(completion(reply, model, chat))
+
+
+def _failure(error: BaseException) -> JSONResponse:
+    if isinstance(error, ValueError):
+        return _error(f"the reply failed: {error}", 400)
+    return _error(f"the reply failed: {type(error).__name__}: {error}", 500, "server_error")
+
+
+def _sse_line(payload: Any) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _sse(
+    events: asyncio.Queue, chunks: Chunks, prompt_tokens: int, with_usage: bool, cancel: threading.Event
+) -> AsyncIterator[str]:
+    """The reply as server-sent events: a chunk per step, the last with the finish reason (and usage), [DONE]."""
+    pending: list[Token] = []
+    try:
+        if chunks.chat:
+            yield _sse_line(chunks.first())
+        while True:
+            item = await events.get()
+            if item is _END:
+                break
+            if isinstance(item, Failure):
+                yield _sse_line(error_body(f"the reply failed: {item.error}", "server_error"))
+                break
+            if isinstance(item, Token):
+                pending.append(item)
+            elif isinstance(item, (StepDone, ReplyDone)) and pending:
+                yield _sse_line(
+                    chunks.text(
+                        "".join(t.text for t in pending), [t.id for t in pending], [t.origin.value for t in pending]
+                    )
+                )
+                pending = []
+            if isinstance(item, ReplyDone):
+                yield _sse_line(chunks.last(item.stop_reason, prompt_tokens, item.stats, with_usage))
+        yield "data: [DONE]\n\n"
+    finally:
+        cancel.set()  # the client went away (or the reply is done): the engine stops after its step

@@ -1,0 +1,246 @@
+"""The OpenAI chat-completions wire format: requests read and bounded, responses and stream chunks written.
+
+Every field a request may carry is checked here, once, into a `Request`; anything else is a `RequestError` that
+the app answers with one JSON error (OpenAI's shape) and an HTTP status, never a traceback. The settings a request
+may change (temperature, top_p, top_k, seed, max_tokens, gamma, drafter) go through the config's own validators,
+so the server accepts exactly what the chat accepts. specchat's own fields ride along where clients ignore what
+they do not know: `specchat.origins` (which model produced each token) in every chunk, the reply's statistics in
+`usage.specchat`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specchat.config import Config, ConfigError, from_mapping, to_wire
+from specchat.spec.metrics import ReplyStats
+
+MAX_MESSAGES = 4096
+MAX_STOPS = 4  # as OpenAI's API
+MAX_STOP_CHARS = 256
+ROLES = ("system", "user", "assistant")
+FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}
+
+
+class RequestError(ValueError):
+    """A request the server will not run: its HTTP status and OpenAI's error type."""
+
+    def __init__(self, message: str, status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.kind = status, kind
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion request, checked: a chat (messages) or a plain prompt, and the settings it runs with."""
+
+    config: Config  # the server's config with the request's settings applied
+    messages: tuple[dict[str, str], ...] = ()  # a chat (/v1/chat/completions)
+    prompt: str | None = None  # a plain text prompt (/v1/completions)
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    max_tokens: int = 0  # 0: as many as the context window leaves
+    include: dict[str, bool] = field(default_factory=dict)  # stream_options.include_usage
+
+
+def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def read_chat(body: Any, base: Config) -> Request:
+    """A /v1/chat/completions body, checked."""
+    body = _object(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list of {role, content} objects")
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES}")
+    checked = tuple(_message(m, i) for i, m in enumerate(messages))
+    if checked[-1]["role"] == "assistant":
+        raise RequestError("the last message must be the user's (or the system's), not the assistant's")
+    return _request(body, base, messages=checked)
+
+
+def read_completion(body: Any, base: Config) -> Request:
+    """A /v1/completions body, checked: one prompt string."""
+    body = _object(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestError("'prompt' must be a non-empty string")
+    return _request(body, base, prompt=prompt)
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    return body
+
+
+def _message(message: Any, index: int) -> dict[str, str]:
+    if not isinstance(message, dict):
+        raise RequestError(f"messages[{index}] must be an object with 'role' and 'content'")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise RequestError(f"messages[{index}].role must be one of {', '.join(ROLES)}")
+    if isinstance(content, list):  # content parts: the text ones, joined
+        parts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+        if len(parts) != len(content) or not all(isinstance(text, str) for text in parts):
+            raise RequestError(f"messages[{index}].content: only text parts are understood")
+        content = "".join(parts)  # type: ignore[arg-type]
+    if not isinstance(content, str):
+        raise RequestError(f"messages[{index}].content must be a string")
+    return {"role": role, "content": content}
+
+
+def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("'stream' must be true or false")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise RequestError("'max_tokens' must be a positive integer")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError("'stream_options' must be an object")
+    return Request(
+        _settings(body, base),
+        stop=_stops(body.get("stop")),
+        stream=stream,
+        max_tokens=max_tokens or 0,
+        include={"usage": bool(options.get("include_usage", True))},
+        **what,
+    )
+
+
+def _settings(body: dict[str, Any], base: Config) -> Config:
+    """The server's config with the request's sampling and speculation settings, each validated as the chat does."""
+    sampling = {key: body[key] for key in ("temperature", "top_p", "top_k", "seed") if body.get(key) is not None}
+    speculation = {key: body[key] for key in ("gamma", "drafter") if body.get(key) is not None}
+    if isinstance(sampling.get("temperature"), int) and not isinstance(sampling["temperature"], bool):
+        sampling["temperature"] = float(sampling["temperature"])
+    if isinstance(sampling.get("top_p"), int) and not isinstance(sampling["top_p"], bool):
+        sampling["top_p"] = float(sampling["top_p"])
+    try:
+        return from_mapping({"sampling": sampling, "speculation": speculation}, base)
+    except ConfigError as err:
+        raise RequestError(str(err).replace("sampling.", "").replace("speculation.", "")) from None
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("'stop' must be a non-empty string or a list of them")
+    if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
+        raise RequestError(f"'stop': at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
+    return tuple(stops)
+
+
+# ----- responses ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reply:
+    """What the response needs of one finished reply."""
+
+    text: str
+    ids: list[int]
+    origins: list[str]
+    stop_reason: str
+    prompt_tokens: int
+    stats: ReplyStats
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:24]}"
+
+
+def finish_reason(stop_reason: str) -> str:
+    return FINISH_REASONS.get(stop_reason, "stop")
+
+
+def usage(prompt_tokens: int, stats: ReplyStats) -> dict[str, Any]:
+    """OpenAI's usage, with the reply's speculation figures in `specchat`."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": stats.new_tokens,
+        "total_tokens": prompt_tokens + stats.new_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.reused_tokens},  # KV kept from the last request
+        "specchat": {
+            "mode": stats.mode,
+            "drafter": stats.drafter,
+            "gamma": to_wire("speculation.gamma", stats.gamma),
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "acceptance": stats.acceptance_rate,
+            "tokens_per_target_forward": stats.tokens_per_step,
+            "target_forwards": stats.target_forwards,
+            "steps": {
+                "copied": stats.copied_steps,
+                "model_drafted": stats.model_steps,
+                "target_only": stats.target_only_steps,
+            },
+            "prompt_seconds": stats.prefill_s,
+            "seconds": stats.wall_s,
+            "tokens_per_second": stats.generation_tokens_per_s,
+        },
+    }
+
+
+def completion(reply: Reply, model: str, chat: bool) -> dict[str, Any]:
+    """The whole response of a request that did not stream."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reply.stop_reason), "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": reply.text}
+    else:
+        choice["text"] = reply.text
+    return {
+        "id": new_id("chatcmpl" if chat else "cmpl"),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage(reply.prompt_tokens, reply.stats),
+        "specchat": {"origins": reply.origins, "token_ids": reply.ids},
+    }
+
+
+@dataclass
+class Chunks:
+    """The chunks of one streamed response, all under one id."""
+
+    model: str
+    chat: bool
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = new_id("chatcmpl" if self.chat else "cmpl")
+        self.created = int(time.time())
+
+    def _chunk(self, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "logprobs": None, **choice}],
+            **extra,
+        }
+
+    def first(self) -> dict[str, Any]:
+        """The chat stream's opening chunk: the role, no text."""
+        return self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+
+    def text(self, text: str, ids: list[int], origins: list[str]) -> dict[str, Any]:
+        body = {"delta": {"content": text}} if self.chat else {"text": text}
+        return self._chunk({**body, "finish_reason": None}, specchat={"origins": origins, "token_ids": ids})
+
+    def last(self, stop_reason: str, prompt_tokens: int, stats: ReplyStats, with_usage: bool) -> dict[str, Any]:
+        body = {"delta": {}} if self.chat else {"text": ""}
+        extra = {"usage": usage(prompt_tokens, stats)} if with_usage else {}
+        return self._chunk({**body, "finish_reason": finish_reason(stop_reason)}, **extra)
