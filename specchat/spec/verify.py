@@ -45,7 +45,9 @@ def verify_sampled(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, gener
     p_x = p[rows, drafts]  # [gamma]
     q_x = q[rows, drafts]  # [gamma]
     u = torch.rand(gamma, generator=generator, device=p.device)
-    accepted = first_refusal(u * q_x > p_x)  # accept iff u < p/q, written without division
+    # accept iff u < p/q, written without division and so that NaN refuses: a comparison with NaN is false, and a
+    # drafter whose q is NaN must not pass its drafts (the residual below then falls back to p itself)
+    accepted = first_refusal(~(u * q_x <= p_x))
     return Verdict(accepted, sample(_next_row(p, q, accepted, gamma).unsqueeze(0), generator)[0])
 
 

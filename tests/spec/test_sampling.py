@@ -112,6 +112,15 @@ def test_verify_sampled_accepts_when_p_covers_q_and_resamples_from_the_residual(
         assert verdict.accepted == 0 and verdict.next_token in (0, 1)
 
 
+def test_a_drafter_whose_q_is_nan_has_every_draft_refused_and_the_token_drawn_from_p():
+    """Every comparison with NaN is false: written as `u * q > p` refuses, NaN passed every draft (sampled mode)."""
+    p = torch.tensor([[0.25, 0.75, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    nan_q = torch.full((2, 3), float("nan"))
+    for seed in range(20):
+        verdict = verify_sampled(torch.tensor([1, 2]), nan_q, p, make_generator(seed))
+        assert int(verdict.accepted) == 0 and int(verdict.next_token) in (0, 1)
+
+
 def test_residual_is_normalised_positive_part():
     r = residual(torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.5, 0.3]))
     assert torch.allclose(r, torch.tensor([1.0, 0.0, 0.0]))
