@@ -134,14 +134,23 @@ def test_a_copy_is_offered_when_the_model_drafts_nothing():
     mixed = MixedDrafter(model, 512)
     copy = mixed.propose(repeated(40), DraftPlan(gamma=0, copy=16), GREEDY, torch.Generator())
     assert copy.tokens.tolist() == list(range(109, 113)) and copy.copied
-    no_match = [1, 2, 3, 4, 9, 1, 2, 8, 4]
+    short_match = [1, 2, 3, 4, 9, 1, 2, 8, 4]  # only the newest token occurred before: a 4-token guess after it
+    assert mixed.propose(short_match, DraftPlan(gamma=0, copy=16), GREEDY, torch.Generator()).tokens.tolist() == [
+        9,
+        1,
+        2,
+        8,
+    ]
+    assert mixed.propose(short_match, DraftPlan(gamma=3, copy=16), GREEDY, torch.Generator()).tokens.tolist() == [7]
+    no_match = [1, 2, 3, 4, 9, 1, 2, 8, 5]
     assert mixed.propose(no_match, DraftPlan(gamma=0, copy=16), GREEDY, torch.Generator()).tokens.tolist() == []
-    assert model.proposals == 0
+    assert model.proposals == 1
 
 
 @pytest.mark.parametrize("edit", ["replaced", "left out"])
 def test_a_copy_goes_on_past_a_one_token_edit_without_a_fresh_match(edit):
-    """A rename: the target puts its own token where the source had another; the copy resumes after it."""
+    """A rename: the target puts its own token where the source had another; where the model drafts nothing,
+    the copy resumes after it (where the model drafts, the model does)."""
     mixed, plan = MixedDrafter(CountingDrafter(), 512), DraftPlan(gamma=0, copy=16)
     source = list(range(100, 140))
     ids = source + [5, 6] + source[:3]
@@ -149,7 +158,12 @@ def test_a_copy_goes_on_past_a_one_token_edit_without_a_fresh_match(edit):
     assert copy == source[3:7]
     corrected = 99 if edit == "replaced" else source[6]  # the target refused source[5]
     ids = ids + copy[:2] + [corrected]  # newest 3: source[3], source[4], corrected: never seen in a row
+    mixed.last_copy = (len(ids) - 3, copy, 3)
+    model = mixed.drafter
+    assert mixed.propose(ids, DraftPlan(gamma=3, copy=16), GREEDY, torch.Generator()).tokens.tolist() == [7]
+    assert model.proposals == 1
+    mixed.last_copy = (len(ids) - 3, copy, 3)
     resumed = mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens.tolist()
     assert resumed == (source[6:10] if edit == "replaced" else source[7:11])
-    ids = ids + [42]  # that guess refused at once: no further guessing, and no match
+    ids = ids + [42]  # that guess refused at once: no further resuming, and 42 never occurred before
     assert mixed.propose(ids, plan, GREEDY, torch.Generator()).tokens.tolist() == []
