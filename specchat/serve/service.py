@@ -17,7 +17,7 @@ from typing import Any
 
 from specchat.config import SamplingConfig, SpeculationConfig, drafter_needed
 from specchat.serve.protocol import Request, RequestError
-from specchat.session.chat import render_prompt
+from specchat.session.chat import TemplateFailure, render_prompt
 from specchat.session.stop_strings import StopFilter, StopOrCancel
 from specchat.spec.events import ReplyDone
 
@@ -100,18 +100,14 @@ class Service:
         return Plan(ids, sampling, dataclasses.replace(speculation, compare="off"), self.template_stops + request.stop)
 
     def _prompt_ids(self, request: Request) -> list[int]:
+        if request.prompt is not None:
+            return list(self.tokenizer.encode(request.prompt))
+        messages = [dict(m) for m in request.messages]
+        system = "" if any(m["role"] == "system" for m in messages) else self.system_prompt
         try:
-            if request.prompt is not None:
-                return list(self.tokenizer.encode(request.prompt))
-            messages = [dict(m) for m in request.messages]
-            system = "" if any(m["role"] == "system" for m in messages) else self.system_prompt
             return render_prompt(self.tokenizer, system, messages)
-        except RequestError:
-            raise
-        except Exception as err:  # the model's chat template refused the conversation: say why, in one line
-            raise RequestError(
-                f"the chat template could not render the messages: {type(err).__name__}: {err}"
-            ) from None
+        except TemplateFailure as err:
+            raise RequestError(str(err)) from None
 
     def events(self, plan: Plan, cancel: threading.Event) -> Iterator[Any]:
         """The reply's events (Token, StepDone, ReplyDone, ...), cut at the stop strings; one reply at a time."""

@@ -34,8 +34,23 @@ CUT_MARKS = {  # how a reply that did not reach its end of turn is marked in the
 
 def render_prompt(tokenizer, system_prompt: str, messages: list[dict[str, str]]) -> list[int]:
     """Token ids of the system prompt (if any) + messages + the assistant's generation prompt, in the
-    tokenizer's chat template. The chat and the benchmark both build their prompts here. A template
-    that rejects the system role (gemma's) gets the system text at the top of the first user turn."""
+    tokenizer's chat template. The chat, the server and the benchmark all build their prompts here. A template
+    that rejects the system role (gemma's) gets the system text at the top of the first user turn. A template
+    that fails any other way (its own raise_exception, a syntax or sandbox error, a range too big) is a
+    TemplateFailure: one line, the template's words quoted."""
+    try:
+        return _render(tokenizer, system_prompt, messages)
+    except ChatError:
+        raise
+    except Exception as err:  # the template is a GGUF's or a folder's text: anything it does is the file's fault
+        words = " ".join(str(err).split())[:TEMPLATE_WORDS]
+        raise TemplateFailure(f"the model's chat template failed: {type(err).__name__}: {words}") from None
+
+
+TEMPLATE_WORDS = 200  # characters of a template's error quoted
+
+
+def _render(tokenizer, system_prompt: str, messages: list[dict[str, str]]) -> list[int]:
     from jinja2 import TemplateError
 
     conversation = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -63,6 +78,10 @@ def _encode(tokenizer, conversation: list[dict[str, str]]) -> list[int]:
 
 class ChatError(ValueError):
     """A message for the user (one line) about something a chat turn cannot do."""
+
+
+class TemplateFailure(ChatError):
+    """The model's chat template could not render the conversation."""
 
 
 @dataclass(frozen=True)

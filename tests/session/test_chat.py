@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import threading
@@ -10,7 +11,7 @@ import pytest
 from conftest import make_engine
 
 from specchat.config import Config, SamplingConfig, with_value
-from specchat.session.chat import ChatError, ChatSession, Notice
+from specchat.session.chat import ChatError, ChatSession, Notice, TemplateFailure, render_prompt
 from specchat.spec.events import ReplyDone, Token
 from specchat.tui.transcript import save_transcript
 
@@ -67,12 +68,29 @@ def test_a_template_without_a_system_role_gets_the_system_text_in_the_first_user
         "hi<end_of_turn>\n<start_of_turn>user\nagain<end_of_turn>\n<start_of_turn>model\n"
     )
     assert messages[0]["content"] == "hello"  # the history itself is untouched
-    from jinja2 import TemplateError
-
     broken = copy.deepcopy(tokenizer)
     broken.chat_template = "{{ raise_exception('broken') }}"
-    with pytest.raises(TemplateError):  # a template that fails for another reason still says so
+    with pytest.raises(TemplateFailure, match="chat template failed: TemplateError: broken"):  # still says so
         render_prompt(broken, "", messages)
+
+
+@pytest.mark.parametrize(
+    "template, words",
+    [
+        ("{{ raise_exception('no system role, ever') }}", "TemplateError: no system role, ever"),
+        ("{% for x in messages %}{{ x.content ", "TemplateSyntaxError"),
+        ("{% for i in range(10**9) %}x{% endfor %}", "OverflowError"),
+        ("{{ ''.__class__.__mro__ }}", "SecurityError"),
+    ],
+)
+def test_a_failing_chat_template_is_one_line_naming_its_error(tokenizer, template, words):
+    hostile = copy.deepcopy(tokenizer)
+    hostile.chat_template = template
+    with pytest.raises(TemplateFailure) as failure:
+        render_prompt(hostile, "sys", [{"role": "user", "content": "hi"}])
+    message = str(failure.value)
+    assert message.startswith("the model's chat template failed: ") and words in message
+    assert "\n" not in message and len(message) < 300
 
 
 def test_history_grows_and_the_next_prompt_extends_the_last(session):

@@ -435,3 +435,15 @@ def test_system_and_max_flags(pair, tokenizer):
     assert data["stats"]["new_tokens"] == 3 and data["stop_reason"] == "max_tokens"
     status, _, err = run_cli(["--prompt", "hi", "--max", "lots"], pair)
     assert status == 2 and err == "specchat: error: sampling.max_new_tokens must be an integer or off, got 'lots'\n"
+
+
+def test_a_failing_chat_template_ends_the_start_in_one_line(tokenizer, target, unrelated_drafter_model):
+    import copy
+
+    hostile = copy.deepcopy(tokenizer)
+    hostile.chat_template = "{{ raise_exception('this template refuses everything') }}"
+    status, out, err = run_cli(["--prompt", "hello"], tiny_pair(hostile, target, unrelated_drafter_model))
+    assert status == 1 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        "specchat: error: the model's chat template failed: TemplateError: this template refuses everything"
+    )
