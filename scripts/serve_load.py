@@ -4,7 +4,8 @@ leaving mid-stream; every completed reply is checked against the same prompt's f
     python scripts/serve_load.py [--url http://127.0.0.1:8080] [--requests 200] [--clients 16] [--leave-every 3]
                                  [--max-tokens 8]
 
-Prints the outcome counts (ok, left, 429, wrong, error, hung), the server's resident memory before and after
+A client answered 429 waits the Retry-After seconds and asks again (--retries times). Prints the outcome counts
+(ok, left, 429, wrong, error, hung) and the 429 answers seen, the server's resident memory before and after
 (/health), and the wall time. Exits 1 if any reply was wrong, any request failed other than 429, or any hung.
 """
 
@@ -30,6 +31,9 @@ def parse_args(argv):
     parser.add_argument("--leave-every", type=int, default=3, help="every Nth request leaves mid-stream")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a request counts as hung")
+    parser.add_argument(
+        "--retries", type=int, default=100, help="times a client answered 429 waits Retry-After and asks again"
+    )
     return parser.parse_args(argv)
 
 
@@ -42,7 +46,18 @@ def streamed_text(sse: str) -> str:
     return "".join(parts)
 
 
-def one_request(url: str, n: int, args, expected: dict[str, str]) -> str:
+def one_request(url: str, n: int, args, expected: dict[str, str], refusals: Counter) -> str:
+    """One client's request, asked again after each 429 (up to --retries): its outcome."""
+    for _ in range(args.retries + 1):
+        outcome, wait = attempt(url, n, args, expected)
+        if outcome != "429":
+            return outcome
+        refusals["429"] += 1
+        time.sleep(wait)
+    return "429"
+
+
+def attempt(url: str, n: int, args, expected: dict[str, str]) -> tuple[str, float]:
     text = PROMPTS[n % len(PROMPTS)]
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": args.max_tokens, "temperature": 0}
     try:
@@ -50,21 +65,21 @@ def one_request(url: str, n: int, args, expected: dict[str, str]) -> str:
             if args.leave_every and n % args.leave_every == 0:
                 with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}) as reply:
                     if reply.status_code == 429:
-                        return "429"
+                        return "429", float(reply.headers.get("retry-after", 1))
                     next(reply.iter_lines())
-                return "left"
+                return "left", 0.0
             stream = n % 2 == 1
             reply = client.post(f"{url}/v1/chat/completions", json={**body, "stream": stream})
             if reply.status_code == 429:
-                return "429"
+                return "429", float(reply.headers.get("retry-after", 1))
             if reply.status_code != 200:
-                return "error"
+                return "error", 0.0
             got = streamed_text(reply.text) if stream else reply.json()["choices"][0]["message"]["content"]
-            return "ok" if got == expected[text] else "wrong"
+            return ("ok" if got == expected[text] else "wrong"), 0.0
     except httpx.TimeoutException:
-        return "hung"
+        return "hung", 0.0
     except httpx.HTTPError:
-        return "error"
+        return "error", 0.0
 
 
 def main(argv=None) -> int:
@@ -80,8 +95,9 @@ def main(argv=None) -> int:
             ]
     began = time.perf_counter()
     with ThreadPoolExecutor(args.clients) as pool:
-        futures = [pool.submit(one_request, url, n, args, expected) for n in range(args.requests)]
-        outcomes = Counter()
+        refusals: Counter = Counter()
+        futures = [pool.submit(one_request, url, n, args, expected, refusals) for n in range(args.requests)]
+        outcomes: Counter = Counter()
         for future in futures:
             try:
                 outcomes[future.result(timeout=args.timeout)] += 1
@@ -93,7 +109,8 @@ def main(argv=None) -> int:
         after = client.get(f"{url}/health").json()
     print(
         f"{args.requests} requests, {args.clients} clients, every {args.leave_every}rd leaving mid-stream, "
-        f"{args.max_tokens} tokens each: {dict(outcomes)} in {seconds:.1f} s; server resident "
+        f"{args.max_tokens} tokens each: {dict(outcomes)} in {seconds:.1f} s ({refusals['429']} answers 429, each "
+        f"asked again after Retry-After); server resident "
         f"{before['resident_bytes'] / 2**20:.0f} MiB before, {after['resident_bytes'] / 2**20:.0f} MiB after; "
         f"admitted now {after['admitted']}; replies by stop reason {after['replies']}"
     )
