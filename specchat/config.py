@@ -177,7 +177,12 @@ def undecodable_at(text: str) -> int | None:
     return next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
 
 
+SYSTEM_PROMPT_CHARS = 1_000_000  # a system prompt longer than this fits no context window the chat can run
+
+
 def _check_text(v: str) -> str | None:
+    if len(v) > SYSTEM_PROMPT_CHARS:
+        return f"at most {SYSTEM_PROMPT_CHARS:,} characters (this holds {len(v):,})"
     return None if undecodable_at(v) is None else "UTF-8 text (this holds a byte the terminal could not decode)"
 
 
@@ -355,7 +360,7 @@ def parse_value(text: str, current: Any, key: str) -> Any:
         if isinstance(err, ConfigError):
             raise
         kind = _WORDS_FOR_KEY.get(key) or _KIND_WORDS.get(type(current).__name__, type(current).__name__)
-        raise ConfigError(f"{key} must be {kind}, got '{text}'") from None
+        raise ConfigError(f"{key} must be {kind}, got {quoted(text)}") from None
     return text
 
 
@@ -388,20 +393,29 @@ def _coerce_toml(value: Any, current: Any, key: str) -> Any:
         value = from_wire(key, value)
         if isinstance(value, (Auto, Random)) or _plain_int(value):
             return value
-        raise ConfigError(f"{key} must be {_WORDS_FOR_KEY[key]}, got {value!r}")
+        raise ConfigError(f"{key} must be {_WORDS_FOR_KEY[key]}, got {quoted(value)}")
     if isinstance(current, bool) != isinstance(value, bool):
         want = _KIND_WORDS.get(type(current).__name__, type(current).__name__)
-        raise ConfigError(f"{key} must be {want}, got {value!r}")
+        raise ConfigError(f"{key} must be {want}, got {quoted(value)}")
     if isinstance(current, float) and isinstance(value, int):
         return float(value)
     if isinstance(current, tuple) and isinstance(value, list):
         if not all(isinstance(item, str) for item in value):
-            raise ConfigError(f"{key} must be {_KIND_WORDS['tuple']}, got {value!r}")
+            raise ConfigError(f"{key} must be {_KIND_WORDS['tuple']}, got {quoted(value)}")
         return tuple(value)
     if type(value) is not type(current):
         want = _KIND_WORDS.get(type(current).__name__, type(current).__name__)
-        raise ConfigError(f"{key} must be {want}, got {value!r}")
+        raise ConfigError(f"{key} must be {want}, got {quoted(value)}")
     return value
+
+
+QUOTED_CHARS = 80  # of a refused value, quoted in its error line
+
+
+def quoted(value: Any) -> str:
+    """A refused value as its error line quotes it: repr, cut to QUOTED_CHARS (a value may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= QUOTED_CHARS else f"{text[: QUOTED_CHARS - 1]}… ({len(text):,} characters)"
 
 
 def with_value(cfg: Config, key: str, value: Any) -> Config:
@@ -413,7 +427,7 @@ def with_value(cfg: Config, key: str, value: Any) -> Config:
     check = _validator(section, name)
     problem = check(value) if check else None
     if problem:
-        raise ConfigError(f"{key} must be {problem}, got {value!r}")
+        raise ConfigError(f"{key} must be {problem}, got {quoted(value)}")
     new_section = dataclasses.replace(getattr(cfg, section), **{name: value})
     return dataclasses.replace(cfg, **{section: new_section})
 

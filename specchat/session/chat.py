@@ -202,12 +202,18 @@ class ChatSession:
     def fit_prompt(self, messages: list[dict[str, str]]) -> tuple[list[int], int]:
         """Render, dropping the oldest user/assistant pairs until the reply fits; (ids, turns dropped)."""
         budget = self.context_limit - self.reply_room
-        dropped = 0
         ids = self.render(messages)
-        while len(ids) > budget and len(messages) > 1:
-            messages = messages[2:]
-            dropped += 1
-            ids = self.render(messages)
+        dropped = 0
+        if len(ids) > budget and len(messages) > 1:  # the fewest pairs dropped that fit: a search, not one by one
+            low, high = 1, (len(messages) - 1) // 2  # the newest message always stays
+            while low < high:
+                middle = (low + high) // 2
+                if len(self.render(messages[2 * middle :])) <= budget:
+                    high = middle
+                else:
+                    low = middle + 1
+            dropped = low
+            ids = self.render(messages[2 * dropped :])
         if len(ids) > budget:
             cap = self.config.sampling.max_new_tokens
             room = (

@@ -279,7 +279,7 @@ class Engine:
     def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
         """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Copies (the auto and lookup drafters')
         are planned apart, by the policy's copy record, except where the drafter copies alone with a fixed gamma:
-        there gamma is the copy's length. Never past max_new_tokens."""
+        there gamma caps the copy's length. Never past max_new_tokens."""
         if speculation.mode == "target":
             return DraftPlan(0)
         if isinstance(speculation.gamma, Auto):

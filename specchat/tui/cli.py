@@ -150,11 +150,23 @@ def warm_up(session: ChatSession) -> PairCost | None:
     mode = "spec" if session.has_drafter else "target"
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
     ids = session.render([{"role": "user", "content": "Say hello."}])
+    check_system_prompt_fits(session, len(ids))
     run_to_end(session.engine.steps(ids, sampling, dataclasses.replace(cfg.speculation, mode=mode)))
     cost = _timed_cost(session, ids, sampling) if mode == "spec" and cfg.speculation.drafter != "lookup" else None
     session.engine.reset()
     session.engine.use_policy(AutoGamma())  # warm-up timings include first-call set-up: learn c afresh
     return cost
+
+
+def check_system_prompt_fits(session: ChatSession, tokens: int) -> None:
+    """Refuse, before any forward, a system prompt that leaves no room for a message and its reply."""
+    room = session.context_limit - session.reply_room
+    if tokens > room:
+        raise ChatError(
+            f"the system prompt with a short message is {tokens:,} tokens, and {max(room, 0):,} fit (context "
+            f"{session.context_limit:,} minus {session.reply_room:,} kept for the reply); shorten it (--system, "
+            f"ui.system_prompt) or raise ui.context_limit"
+        )
 
 
 def _timed_cost(session: ChatSession, ids: list[int], sampling) -> PairCost | None:

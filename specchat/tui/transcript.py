@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
-from specchat.config import Config, ConfigError, as_flat_dict, from_wire, to_wire, with_value
+from specchat.config import Config, ConfigError, as_flat_dict, from_wire, problem, to_wire, with_value
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
 from specchat.spec.metrics import ReplyStats
@@ -114,27 +116,44 @@ def save_transcript(session: ChatSession, path_text: str, overwrite: bool = Fals
 
 def load_transcript(session: ChatSession, path_text: str) -> int:
     """Reopen a `.json` transcript (/save PATH.json): its turns, system prompt and settings (those read when the
-    models load stay as they are). Returns the number of turns; a file that cannot be used changes nothing."""
+    models load stay as they are). Returns the number of turns. The file must be a regular file of at most
+    LOAD_BYTES; it is read, parsed and checked whole before anything changes, so a file that cannot be used
+    changes nothing."""
     path = Path(path_text).expanduser()
     if path.suffix.lower() != ".json":
         raise ChatError(f"cannot load '{path_text}': /load reads a .json transcript (/save PATH.json writes one)")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_bounded(path, LOAD_BYTES, path_text))
     except OSError as err:
         raise ChatError(f"cannot load '{path_text}': {err.strerror or err}") from None
-    except ValueError as err:
-        raise ChatError(f"cannot load '{path_text}': not JSON ({err})") from None
+    except (ValueError, RecursionError) as err:
+        raise ChatError(f"cannot load '{path_text}': not JSON ({str(err)[:200]})") from None
     config, turns = loaded_parts(data, path_text, session.config)
+    records = [loaded_record(turn, path_text) for turn in turns]
+    messages = [
+        m
+        for turn in turns
+        for m in ({"role": "user", "content": turn["user"]}, {"role": "assistant", "content": turn["reply"]})
+    ]
     session.config = config
-    session.restore(
-        [
-            m
-            for turn in turns
-            for m in ({"role": "user", "content": turn["user"]}, {"role": "assistant", "content": turn["reply"]})
-        ],
-        [loaded_record(turn) for turn in turns],
-    )
+    session.restore(messages, records)
     return len(turns)
+
+
+LOAD_BYTES = 16 * 2**20  # the largest transcript /load reads
+
+
+def read_bounded(path: Path, limit: int, path_text: str) -> str:
+    """A regular file's text, at most `limit` bytes: never a FIFO, a device or a link to one (opened without
+    blocking, checked before a byte is read), never more than the limit."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ChatError(f"cannot load '{path_text}': not a regular file")
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ChatError(f"cannot load '{path_text}': larger than {limit // 2**20} MiB")
+    return data.decode("utf-8")
 
 
 def loaded_parts(data: Any, path_text: str, config: Config) -> tuple[Config, list[dict[str, Any]]]:
@@ -156,9 +175,30 @@ def loaded_parts(data: Any, path_text: str, config: Config) -> tuple[Config, lis
         raise ChatError(f"cannot load '{path_text}': {err}") from None
 
 
-def loaded_record(turn: dict[str, Any]) -> ReplyRecord:
-    names = {f.name for f in dataclasses.fields(ReplyStats)}
-    stats = {k: v for k, v in dict(turn.get("stats") or {}).items() if k in names}
+def loaded_record(turn: dict[str, Any], path_text: str = "") -> ReplyRecord:
+    """A turn's record, its stats checked field by field against ReplyStats' own types (one ChatError line)."""
+    fields = {f.name: f for f in dataclasses.fields(ReplyStats)}
+    stats = {k: v for k, v in dict(turn.get("stats") or {}).items() if k in fields}
     stats["gamma"] = from_wire("speculation.gamma", stats.get("gamma", 0))  # auto is written as -1
-    stats["accepted_histogram"] = {int(k): v for k, v in dict(stats.get("accepted_histogram") or {}).items()}
+    try:
+        stats["accepted_histogram"] = {int(k): int(v) for k, v in dict(stats.get("accepted_histogram") or {}).items()}
+    except (TypeError, ValueError):
+        raise ChatError(f"cannot load '{path_text}': a turn's accepted_histogram is not counts") from None
+    for name, value in stats.items():
+        if not _fits(fields[name], value):
+            raise ChatError(f"cannot load '{path_text}': a turn's stats field {name} is {type(value).__name__}")
     return ReplyRecord(turn["user"], turn["reply"], ReplyStats(**stats), str(turn.get("stop_reason", "eos")))
+
+
+def _fits(field: dataclasses.Field, value: Any) -> bool:
+    """Whether a loaded value has the type of the stats field's default (ints where floats go)."""
+    if field.name == "gamma":
+        return problem("speculation.gamma", value) is None
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, list):
+        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return isinstance(value, type(default))

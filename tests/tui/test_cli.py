@@ -447,3 +447,20 @@ def test_a_failing_chat_template_ends_the_start_in_one_line(tokenizer, target, u
     assert err.splitlines()[-1] == (
         "specchat: error: the model's chat template failed: TemplateError: this template refuses everything"
     )
+
+
+def test_a_system_prompt_past_the_context_is_refused_before_any_forward(pair):
+    began = time.perf_counter()
+    status, out, err = run_cli(["--prompt", "hi", "--system", "word " * 4000, "ui.context_limit=1024"], pair)
+    assert status == 1 and out == "" and "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert (
+        last.startswith("specchat: error: the system prompt with a short message is ") and "fit (context 1,024" in last
+    )
+    assert time.perf_counter() - began < 10
+
+
+def test_a_huge_setting_is_refused_in_one_short_line(pair):
+    status, out, err = run_cli(["--prompt", "hi", "--system", "x" * 1_000_001], pair)
+    assert status == 2 and err.count("\n") == 1 and len(err) < 300
+    assert "ui.system_prompt must be at most 1,000,000 characters (this holds 1,000,001)" in err

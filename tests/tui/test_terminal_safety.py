@@ -183,8 +183,19 @@ def test_each_control_character_has_one_visible_form(char, shown):
     assert visible(f"a{char}b") == f"a{shown}b"
 
 
+@pytest.mark.parametrize(
+    "char", ["\u202e", "\u202a", "\u2066", "\u2069", "\u200b", "\u2060", "\ufeff", "\u2028", "\u2029", "\u180e"]
+)
+def test_characters_that_reorder_or_hide_text_are_shown_by_their_code(char):
+    """Trojan Source: `if admin \u202e} {` reads reversed on a terminal; the view names the character instead."""
+    assert visible(f"a{char}b") == f"a<U+{ord(char):04X}>b"
+    escaped = json_text({"t": f"a{char}b"})
+    assert char not in escaped and f"\\u{ord(char):04x}" in escaped  # JSON on a terminal: escaped, still exact
+    assert json.loads(escaped)["t"] == f"a{char}b"
+
+
 def test_text_without_controls_is_shown_as_it_is():
-    text = "line\n\ttabbed 🦜 مرحبا e\u0301 \u00a0\u00a1 ^[ \\x1b [red]x[/red]"
+    text = "line\n\ttabbed 🦜 مرحبا e\u0301 \u00a0\u00a1 ^[ \\x1b [red]x[/red] 👨\u200d👩 می\u200cخواهم \u200f"
     assert visible(text) == text
 
 

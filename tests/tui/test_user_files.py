@@ -191,3 +191,49 @@ def test_an_undecodable_byte_typed_at_the_prompt_is_stored_as_typed_in_one_recor
     assert "Unhandled exception" not in out.getvalue() + "".join(capfd.readouterr())
     assert [m["content"] for m in session.messages] == ["hello", "Hello"]
     assert list(open_history(path)[0].load_history_strings())[-1] == "caf\ufffd au lait"
+
+
+def saved_transcript(tmp_path) -> dict:
+    session = answered_session(2)
+    assert not build_registry().run(session, f"/save {tmp_path / 'chat.json'}").error
+    return json.loads((tmp_path / "chat.json").read_text())
+
+
+def load_line(session: ChatSession, path) -> str:
+    outcome = build_registry().run(session, f"/load {path}")
+    assert outcome.error
+    return str(outcome.message)
+
+
+def test_load_reads_regular_files_only_and_never_blocks_on_a_fifo(tmp_path):
+    fifo, zero = tmp_path / "pipe.json", tmp_path / "zero.json"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    session = answered_session()
+    for path in (fifo, zero):
+        assert "not a regular file" in load_line(session, path)
+    assert len(session.records) == 1  # the conversation is untouched
+
+
+def test_load_refuses_a_file_past_its_size_bound(tmp_path):
+    big = tmp_path / "big.json"
+    big.write_text('{"system": "' + "x" * (16 * 2**20) + '", "turns": []}')
+    assert "larger than 16 MiB" in load_line(answered_session(), big)
+
+
+def test_a_transcript_with_a_bad_stats_field_changes_nothing(tmp_path):
+    data = saved_transcript(tmp_path)
+    data["config"]["sampling.temperature"] = 0.5
+    data["turns"][1]["stats"]["new_tokens"] = "abc"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    session = answered_session()
+    before = session.config
+    assert "stats field new_tokens is str" in load_line(session, bad)
+    assert session.config is before and len(session.records) == 1
+    data["turns"][1]["stats"]["new_tokens"] = 7
+    bad.write_text(json.dumps(data))
+    assert not build_registry().run(session, f"/load {bad}").error
+    assert len(session.records) == 2 and session.config.sampling.temperature == 0.5
+    assert not build_registry().run(session, "/stats").error  # what loads, /stats and /save can use
+    assert not build_registry().run(session, f"/save {tmp_path / 'again.json'}").error
