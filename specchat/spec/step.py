@@ -100,7 +100,7 @@ def speculative_step(
         verdict.accepted, verdict.next_token, drafts, p_drafts_on_device, p_emitted_on_device, unread
     )
     seconds = clock(target) - start
-    if p is not None and any(math.isnan(value) for value in p_emitted):
+    if any(math.isnan(value) for value in p_emitted):  # greedy too: NaN logits' argmax is no token either
         raise NoLawError()  # the emitted token's p is NaN where the target's law is: read with the rest, no extra read
     if len(sure):
         draft.confidences = sure

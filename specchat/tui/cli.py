@@ -28,6 +28,7 @@ from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.spec.engine import Engine, run_to_end
 from specchat.spec.events import ReplyDone, Token
 from specchat.spec.gamma import AutoGamma
+from specchat.spec.sampling import NoLawError
 from specchat.tui import render
 from specchat.tui.commands import build_registry
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
@@ -90,7 +91,7 @@ def default_compare(pair) -> CompareFn:
     return view_compare_fn(Comparer(pair))
 
 
-USER_ERRORS = (UsageError, ConfigError, ChatError, ModelLoadError)  # one line, no traceback
+USER_ERRORS = (UsageError, ConfigError, ChatError, ModelLoadError, NoLawError)  # one line, no traceback
 
 
 STEP_LINE_FROM_S = 2.0  # a loading step that took this long stays on screen, with its time, once it is done

@@ -237,11 +237,13 @@ def test_sample_at_the_top_of_the_unit_interval_still_avoids_zero_probability_id
     assert sample(probs, make_generator(0)).tolist() == [0, 3]
 
 
+@pytest.mark.parametrize("temperature", [0.7, 0.0])
 @pytest.mark.parametrize("row", ["+inf", "nan"])
 @pytest.mark.parametrize("mode,gamma", [("spec", 4), ("target", 0)])
-def test_a_target_whose_logits_are_not_finite_stops_the_reply_with_one_error(tokenizer, row, mode, gamma):
+def test_a_target_whose_logits_are_not_finite_stops_the_reply_with_one_error(tokenizer, row, mode, gamma, temperature):
     """+inf or NaN logits give NaN probabilities (the torch code and the compiled one alike): the step refuses
-    them once it reads its p back, instead of drawing some token; nothing is emitted from them."""
+    them once it reads its p back, instead of drawing some token; nothing is emitted from them. Greedy too: the
+    argmax of a NaN row is no token (before, greedy gave an empty reply that said nothing)."""
     import copy
 
     from conftest import make_engine
@@ -258,7 +260,9 @@ def test_a_target_whose_logits_are_not_finite_stops_the_reply_with_one_error(tok
     events = []
     with pytest.raises(NoLawError, match="not a distribution"):
         for event in engine.stream(
-            [5, 6, 7], SamplingConfig(temperature=0.7, max_new_tokens=8), SpeculationConfig(gamma=gamma, mode=mode)
+            [5, 6, 7],
+            SamplingConfig(temperature=temperature, max_new_tokens=8),
+            SpeculationConfig(gamma=gamma, mode=mode),
         ):
             events.append(event)
     assert not [e for e in events if isinstance(e, Token)]

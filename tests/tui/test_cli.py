@@ -464,3 +464,18 @@ def test_a_huge_setting_is_refused_in_one_short_line(pair):
     status, out, err = run_cli(["--prompt", "hi", "--system", "x" * 1_000_001], pair)
     assert status == 2 and err.count("\n") == 1 and len(err) < 300
     assert "ui.system_prompt must be at most 1,000,000 characters (this holds 1,000,001)" in err
+
+
+@pytest.mark.parametrize("temperature", ["0", "0.7"])
+def test_a_target_whose_logits_are_nan_ends_the_start_in_one_line(tokenizer, temperature):
+    import torch
+    from tiny_models import build_model
+
+    target = build_model(len(tokenizer), seed=1, layers=2)
+    with torch.no_grad():
+        target.lm_head.weight.fill_(float("nan"))
+    status, out, err = run_cli(
+        ["--prompt", "hi", f"sampling.temperature={temperature}"], tiny_pair(tokenizer, target, with_drafter=False)
+    )
+    assert status == 1 and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("specchat: error: the target's probabilities for the next token are not")
