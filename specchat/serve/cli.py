@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Callable
 from typing import TextIO
@@ -56,10 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check(args) -> None:
+    """The options, and that the address can be listened on, before the models load."""
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be from 1 to 65535, got {args.port}")
     if args.queue < 1:
         raise UsageError(f"--queue must be at least 1, got {args.queue}")
+    try:
+        socket.create_server((args.host, args.port)).close()
+    except OSError as err:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}") from None
 
 
 def serve(args, load: Callable, stderr: TextIO, run: Callable | None = None) -> int:

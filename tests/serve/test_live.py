@@ -3,7 +3,6 @@ mid-reply, and a small load test (concurrent clients, a third of them leaving mi
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import uvicorn
-from test_server import ASK, one_shot, started
+from test_server import ASK, free_port, one_shot, started
 from tinypair import tiny_pair
 
 PROMPTS = ["hello there", "write a list", "what is a tree", "say three words"]
@@ -20,12 +19,6 @@ PROMPTS = ["hello there", "write a list", "what is a tree", "say three words"]
 @pytest.fixture(scope="module")
 def pair(tokenizer, target, similar_drafter_model):
     return tiny_pair(tokenizer, target, similar_drafter_model)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 
 import pytest
 from starlette.testclient import TestClient
@@ -24,10 +25,16 @@ def pair(tokenizer, target, similar_drafter_model):
     return tiny_pair(tokenizer, target, similar_drafter_model)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def started(pair, *argv: str):
     """The app `specchat serve` would run, and what it said on stderr."""
     apps, err = [], io.StringIO()
-    args = serve_cli.build_parser().parse_args([*argv, *SETTINGS])
+    args = serve_cli.build_parser().parse_args(["--port", str(free_port()), *argv, *SETTINGS])
     assert serve_cli.serve(args, loader(pair), err, run=lambda app, host, port: apps.append(app)) == 0
     return apps[0], err.getvalue()
 
@@ -35,7 +42,7 @@ def started(pair, *argv: str):
 @pytest.fixture(scope="module")
 def client(pair):
     app, said = started(pair)
-    assert "on http://127.0.0.1:8080/v1" in said
+    assert "tiny-target on http://127.0.0.1:" in said
     return TestClient(app)
 
 
@@ -162,3 +169,14 @@ def test_bad_server_options_are_one_line(pair, argv, words):
     assert serve_cli.main(argv, load=loader(pair), stderr=err) == 2
     assert err.getvalue().startswith("specchat serve: error: ") and words in err.getvalue()
     assert err.getvalue().count("\n") == 1
+
+
+def test_an_address_in_use_is_one_line_before_the_models_load(pair):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        err, calls = io.StringIO(), len(pair.progress_calls)
+        assert serve_cli.main(["--port", str(port)], load=loader(pair), stderr=err) == 2
+    assert err.getvalue().startswith(f"specchat serve: error: cannot listen on 127.0.0.1:{port}: ")
+    assert len(pair.progress_calls) == calls  # nothing was loaded
