@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
-    parser.add_argument("--prompt", metavar="TEXT", help="answer one prompt and exit (stdin works too)")
+    parser.add_argument(
+        "--prompt", metavar="TEXT", help="answer one prompt and exit (- reads it from stdin; piped stdin works too)"
+    )
     parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
     parser.add_argument(
@@ -206,8 +208,11 @@ def read_config(args) -> Config:
 
 
 def one_shot_text(args, stdin: TextIO) -> str | None:
-    """The one-shot prompt: --prompt, or stdin when it is not a terminal; None means interactive."""
-    if args.prompt is not None:
+    """The one-shot prompt: --prompt (`--prompt -`: read stdin), or stdin when it is not a terminal; None means
+    interactive."""
+    if args.prompt == "-":
+        text = stdin.read()
+    elif args.prompt is not None:
         text = args.prompt
     elif not stdin.isatty():
         text = stdin.read()

@@ -479,3 +479,12 @@ def test_a_target_whose_logits_are_nan_ends_the_start_in_one_line(tokenizer, tem
     )
     assert status == 1 and "Traceback" not in err
     assert err.splitlines()[-1].startswith("specchat: error: the target's probabilities for the next token are not")
+
+
+def test_prompt_dash_reads_the_prompt_from_stdin(pair):
+    """`--prompt -` is stdin's text, as in most tools, never a literal '-' sent to the model."""
+    args = ["--json", "sampling.max_new_tokens=4"]
+    status, out, err = run_cli(["--prompt", "-", *args], pair, stdin=Tty("what is a list?\n"))
+    assert status == 0, err
+    status, expected, err = run_cli(["--prompt", "what is a list?", *args], pair)
+    assert json.loads(out)["prompt_ids"] == json.loads(expected)["prompt_ids"]
