@@ -136,7 +136,7 @@ async def _complete(
         return refused
     try:
         asked = read(await _body(request, settings.max_body), settings.config)
-        plan = service.plan(asked)
+        plan = await asyncio.to_thread(service.plan, asked)  # a long prompt's tokenizing must not stall the loop
         release = service.admit()
     except RequestError as err:
         return _error(str(err), err.status, err.kind)

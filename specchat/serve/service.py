@@ -56,6 +56,7 @@ class Service:
         self.max_waiting = max_waiting
         self._engine_free = threading.Lock()
         self._count = threading.Lock()
+        self._tokenizing = threading.Lock()  # one prompt rendered at a time (a fast tokenizer is not re-entrant)
         self.admitted_now = 0
         self.finished: Counter[str] = Counter()  # replies by stop reason (eos, max_tokens, cancelled, ...)
 
@@ -77,7 +78,8 @@ class Service:
 
     def plan(self, request: Request) -> Plan:
         """The prompt's ids and settings, checked against the context window before any forward."""
-        ids = self._prompt_ids(request)
+        with self._tokenizing:
+            ids = self._prompt_ids(request)
         room = self.context_limit - len(ids)
         if room < 1:
             raise RequestError(
