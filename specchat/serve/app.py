@@ -164,15 +164,21 @@ def _run(service: Service, plan: Plan, cancel: threading.Event, release: Callabl
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
+    def send(item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the server stopped (its loop is closed): nobody is listening, end the reply
+            cancel.set()
+
     def produce() -> None:
         try:
             for event in service.events(plan, cancel):
-                loop.call_soon_threadsafe(queue.put_nowait, event)
+                send(event)
         except BaseException as err:  # carried to the response as one error
-            loop.call_soon_threadsafe(queue.put_nowait, Failure(err))
+            send(Failure(err))
         finally:
             release()
-            loop.call_soon_threadsafe(queue.put_nowait, _END)
+            send(_END)
 
     threading.Thread(target=produce, name="specchat-reply", daemon=True).start()
     return queue
