@@ -98,6 +98,8 @@ def _message(message: Any, index: int) -> dict[str, str]:
 
 
 def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
+    if body.get("n", 1) != 1:
+        raise RequestError("'n' must be 1: the server writes one reply a request")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise RequestError("'stream' must be true or false")

@@ -116,6 +116,7 @@ def test_plain_completions_and_the_model_list(client):
         ({**ASK, "max_tokens": 10**9}, 400, "does not fit"),
         ({**ASK, "stop": ["a"] * 9}, 400, "stop"),
         ({**ASK, "stream": "yes"}, 400, "stream"),
+        ({**ASK, "n": 3}, 400, "'n' must be 1"),
         ([1, 2], 400, "JSON object"),
     ],
 )
