@@ -136,7 +136,8 @@ def test_model_load_error_is_one_line(pair):
 
 
 def test_too_long_prompt_is_refused_in_one_line(tokenizer, target, unrelated_drafter_model):
-    small = tiny_pair(tokenizer, target, unrelated_drafter_model, context_limit=40)
+    """The system prompt and a short message fit (80 tokens: the warm-up runs); 50 words do not."""
+    small = tiny_pair(tokenizer, target, unrelated_drafter_model, context_limit=80)
     status, _, err = run_cli(["--prompt", "word " * 50, "sampling.max_new_tokens=4"], small)
     assert status == 1
     progress_lines, error = err.rstrip("\n").rsplit("\n", 1)
