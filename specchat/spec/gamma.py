@@ -55,7 +55,8 @@ class AutoGamma:
     drafter_n: float = 0.0
     target_s: float = 0.0
     target_n: float = 0.0
-    target_rows: RowCostFit = field(init=False)  # T(n) of the target's forwards by rows fed, at this decay
+    target_rows: RowCostFit = field(init=False)  # T(n) of the target's forwards by rows fed, copies left out
+    copy_rows: RowCostFit = field(init=False)  # the same over every forward, long copies' included: for copies
     decay: float = 0.9
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
@@ -67,6 +68,7 @@ class AutoGamma:
 
     def __post_init__(self) -> None:
         self.target_rows = RowCostFit(self.decay)
+        self.copy_rows = RowCostFit(self.decay)
 
     @property
     def alpha(self) -> float:
@@ -119,8 +121,9 @@ class AutoGamma:
 
     @property
     def row_cost(self) -> float | None:
-        """r: what one more verified row costs, in one-row target steps (None until rows have varied)."""
-        fit = self.target_rows.fit()
+        """r: what one more verified row costs, in one-row target steps (None until rows have varied), fitted over
+        every forward: a copy's 17-65 rows cost more a row than a draft's few (T(n) is convex on a CPU)."""
+        fit = self.copy_rows.fit()
         return None if fit is None else fit[1] / fit[0]
 
     @property
@@ -146,10 +149,13 @@ class AutoGamma:
         for seconds, timed in step.drafter_forwards():
             if timed:
                 self.observe_cost("drafter", seconds)
+        copied = step.draft is not None and step.draft.copied
         if step.target_fed and step.target_timed:
             self.observe_cost("target", step.target_seconds)
-            self.target_rows.observe(step.target_fed, step.target_seconds)
-        if step.draft is not None and step.draft.copied:
+            self.copy_rows.observe(step.target_fed, step.target_seconds)
+            if not copied:  # the model's plan prices the rows its own drafts feed
+                self.target_rows.observe(step.target_fed, step.target_seconds)
+        if copied:
             self.copies.observe(step.drafted, step.accepted)
             return  # a copy says nothing of the drafter model's alpha
         self.observe(step.drafted, step.accepted)

@@ -3,6 +3,7 @@ accepted and what the target's extra rows cost, and a copy is offered whatever a
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import hf_greedy, make_engine, prompt_ids
 
@@ -96,3 +97,19 @@ def test_the_reply_says_how_its_steps_and_time_were_split(target, similar_drafte
     assert s.copied_steps >= 1 and s.target_only_steps >= 1
     split = s.prefill_s + s.copy_s + s.model_s + s.target_only_s
     assert 0 < split <= s.wall_s and split > 0.8 * s.wall_s
+
+
+def test_long_copies_price_the_copies_rows_but_not_the_model_drafts():
+    """T(n) is convex on a CPU: a copy's 33 rows cost more a row than a draft's 5, so the model's plan is fitted
+    without them (measured: shared fits planned shorter model drafts on fresh prompts), the copies' with them."""
+    policy = AutoGamma()
+    model = Draft(torch.tensor([1, 2, 3, 4]), None, [], [0.9] * 4)
+    copy = Draft(torch.tensor(list(range(32))), None, [], [1.0] * 32, source="lookup")
+    for _ in range(6):
+        policy.observe_step(StepResult([1], [], [], 0, 0, None, 0.020, 1))
+        policy.observe_step(StepResult([1, 2, 3, 4, 5], [], [], 4, 4, model, 0.024, 5))
+        policy.observe_step(StepResult(list(range(33)), [], [], 32, 32, copy, 0.110, 33))
+    one_row, per_row = policy.target_rows.fit()
+    assert per_row == pytest.approx(0.001) and one_row == pytest.approx(0.020)
+    assert policy.row_cost == pytest.approx(policy.copy_rows.fit()[1] / policy.copy_rows.fit()[0])
+    assert policy.row_cost > 0.1
