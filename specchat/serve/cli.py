@@ -16,7 +16,7 @@ from specchat.config import ConfigError, set_from_text
 from specchat.errors import ModelLoadError
 from specchat.serve.app import MAX_BODY, Settings, build_app
 from specchat.serve.service import MAX_WAITING, Service
-from specchat.tui.cli import OneLineParser, UsageError, prepare, read_config
+from specchat.tui.cli import OneLineParser, UsageError, add_pair_options, prepare, read_pair_config
 from specchat.tui.render import make_console
 from specchat.tui.safe_text import visible
 
@@ -48,11 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"requests admitted at once, one running (default {MAX_WAITING})",
     )
-    parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
-    parser.add_argument("--target", metavar="SOURCE", help="the target model: a .gguf file, a folder, bundled:NAME")
-    parser.add_argument("--drafter", metavar="SOURCE", help="the drafter model, as --target")
-    parser.add_argument("--system", metavar="TEXT", help="the system prompt of a chat that brings none")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    add_pair_options(parser)  # --system: for a chat that brings no system message
     return parser
 
 
@@ -70,9 +66,7 @@ def check(args) -> None:
 
 def serve(args, load: Callable, stderr: TextIO, run: Callable | None = None) -> int:
     check(args)
-    args.prompt, args.json, args.no_color, args.max = None, False, True, None  # the chat's options the server lacks
-    cfg = read_config(args)
-    cfg = set_from_text(cfg, "speculation.compare", "off")
+    cfg = set_from_text(read_pair_config(args), "speculation.compare", "off")
     status = make_console(False, stderr)
     pair, session, _ = prepare(cfg, load, None, status)
     service = Service(

@@ -99,7 +99,7 @@ class Service:
         if problem:
             raise RequestError(f"drafter: {problem}")
         sampling = dataclasses.replace(cfg.sampling, max_new_tokens=request.max_tokens or room)
-        return Plan(ids, sampling, dataclasses.replace(speculation, compare="off"), self.template_stops + request.stop)
+        return Plan(ids, sampling, speculation, self.template_stops + request.stop)
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.prompt is not None:

@@ -65,24 +65,29 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
+    add_pair_options(parser)
     parser.add_argument(
         "--prompt", metavar="TEXT", help="answer one prompt and exit (- reads it from stdin; piped stdin works too)"
     )
     parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
     parser.add_argument(
-        "--target", metavar="SOURCE", help="the target model: a .gguf file, a folder, bundled:NAME (target.source)"
-    )
-    parser.add_argument("--drafter", metavar="SOURCE", help="the drafter model, as --target (drafter.source)")
-    parser.add_argument("--system", metavar="TEXT", help="the system prompt (ui.system_prompt)")
-    parser.add_argument(
         "--max",
         metavar="N",
         help="most new tokens per reply, or off (sampling.max_new_tokens; default off: to the end of the turn)",
     )
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     return parser
+
+
+def add_pair_options(parser: argparse.ArgumentParser) -> None:
+    """The options the chat and `specchat serve` share: the config, the pair, the system prompt, overrides."""
+    parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
+    parser.add_argument(
+        "--target", metavar="SOURCE", help="the target model: a .gguf file, a folder, bundled:NAME (target.source)"
+    )
+    parser.add_argument("--drafter", metavar="SOURCE", help="the drafter model, as --target (drafter.source)")
+    parser.add_argument("--system", metavar="TEXT", help="the system prompt (ui.system_prompt)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
 
 
 def default_compare(pair) -> CompareFn:
@@ -193,13 +198,19 @@ def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: 
     return with_progress(console, work)
 
 
-def read_config(args) -> Config:
+def read_pair_config(args) -> Config:
+    """The config as add_pair_options' options make it."""
     cfg = load_config(args.config, args.overrides)
     for flag, key in ((args.target, "target.source"), (args.drafter, "drafter.source")):
         if flag is not None:
             cfg = set_from_text(cfg, key, flag)
     if args.system is not None:
         cfg = set_from_text(cfg, "ui.system_prompt", args.system)
+    return cfg
+
+
+def read_config(args) -> Config:
+    cfg = read_pair_config(args)
     if args.max is not None:
         cfg = set_from_text(cfg, "sampling.max_new_tokens", args.max)
     if args.no_color:
