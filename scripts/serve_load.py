@@ -12,13 +12,14 @@ A client answered 429 waits the Retry-After seconds and asks again (--retries ti
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, TimeoutError
 
 import httpx
+
+from specchat.serve.protocol import streamed_text
 
 PROMPTS = ["Say hello.", "Name three colours.", "What is 2+2?", "Reverse a list in Python.", "Define KV cache."]
 
@@ -35,15 +36,6 @@ def parse_args(argv):
         "--retries", type=int, default=100, help="times a client answered 429 waits Retry-After and asks again"
     )
     return parser.parse_args(argv)
-
-
-def streamed_text(sse: str) -> str:
-    parts = []
-    for line in sse.splitlines():
-        if line.startswith("data: {"):
-            choice = json.loads(line[6:])["choices"][0]
-            parts.append(choice.get("delta", {}).get("content") or "")
-    return "".join(parts)
 
 
 def one_request(url: str, n: int, args, expected: dict[str, str], refusals: Counter) -> str:

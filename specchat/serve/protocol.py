@@ -10,6 +10,7 @@ they do not know: `specchat.origins` (which model produced each token) in every 
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -246,3 +247,13 @@ class Chunks:
         body = {"delta": {}} if self.chat else {"text": ""}
         extra = {"usage": usage(prompt_tokens, stats)} if with_usage else {}
         return self._chunk({**body, "finish_reason": finish_reason(stop_reason)}, **extra)
+
+
+def streamed_text(sse: str) -> str:
+    """The reply's text from a streamed chat response's body (the chunks Chunks writes, as a client reads them)."""
+    parts = []
+    for line in sse.splitlines():
+        if line.startswith("data: {"):
+            choice = json.loads(line[len("data: ") :])["choices"][0]
+            parts.append(choice.get("delta", {}).get("content") or "")
+    return "".join(parts)

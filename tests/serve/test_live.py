@@ -13,6 +13,8 @@ import uvicorn
 from test_server import ASK, free_port, one_shot, started
 from tinypair import tiny_pair
 
+from specchat.serve.protocol import streamed_text
+
 PROMPTS = ["hello there", "write a list", "what is a tree", "say three words"]
 
 
@@ -93,7 +95,7 @@ def test_concurrent_clients_get_exact_replies_or_429_and_none_hangs(pair, live):
                 return "429"
             assert reply.status_code == 200, reply.text
             if body["stream"]:
-                return "ok" if _streamed_text(reply.text) == expected[text] else "wrong"
+                return "ok" if streamed_text(reply.text) == expected[text] else "wrong"
             return "ok" if reply.json()["choices"][0]["message"]["content"] == expected[text] else "wrong"
 
     with ThreadPoolExecutor(8) as pool:
@@ -103,14 +105,3 @@ def test_concurrent_clients_get_exact_replies_or_429_and_none_hangs(pair, live):
     while service.admitted_now and time.monotonic() < deadline:
         time.sleep(0.02)
     assert service.admitted_now == 0
-
-
-def _streamed_text(sse: str) -> str:
-    import json
-
-    parts = []
-    for line in sse.splitlines():
-        if line.startswith("data: {"):
-            choice = json.loads(line[6:])["choices"][0]
-            parts.append(choice.get("delta", {}).get("content") or "")
-    return "".join(parts)
