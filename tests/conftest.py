@@ -13,6 +13,7 @@ import pytest
 HELPERS = (
     "GREEDY",
     "CheapDrafterGamma",
+    "FixedCostGamma",
     "ScriptedEngine",
     "assert_greedy_spec_is_target_only",
     "assert_multi_turn_exact",

@@ -24,17 +24,25 @@ def make_engine(target, drafter_model, tokenizer, eos_ids=(), policy=None) -> En
     return Engine(target, tokenizer, drafter, eos_ids=eos_ids, policy=policy)
 
 
-class CheapDrafterGamma(AutoGamma):
-    """Auto gamma that takes the drafter to cost a tenth of the target, as the int8 0.5B drafter does
-    (the tiny test drafters cost about as much as the tiny targets, so auto gamma would not draft)."""
+class FixedCostGamma(AutoGamma):
+    """Auto gamma that takes the drafter to cost `cost` target steps, whatever the clock says."""
+
+    cost = 0.1
 
     @property
     def cost_ratio(self) -> float:
-        return 0.1
+        return self.cost
 
     @property
     def planning_ratio(self) -> float:
-        return 0.1
+        return self.cost
+
+
+class CheapDrafterGamma(FixedCostGamma):
+    """Auto gamma that takes the drafter to cost a tenth of the target, as the int8 0.5B drafter does
+    (the tiny test drafters cost about as much as the tiny targets, so auto gamma would not draft)."""
+
+    cost = 0.1
 
 
 def prompt_ids(tokenizer, text: str) -> list[int]:

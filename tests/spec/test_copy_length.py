@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import hf_greedy, make_engine, prompt_ids
+from conftest import FixedCostGamma, hf_greedy, make_engine, prompt_ids
 
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.spec.copy_length import MAX_COPY, CopyRecord
@@ -42,16 +42,10 @@ def test_a_copy_past_its_end_says_nothing_of_the_positions_after_it():
     assert record.refused[1] == 1.0 and record.judged[2] < 1.0
 
 
-class CostlyDrafterGamma(AutoGamma):
+class CostlyDrafterGamma(FixedCostGamma):
     """Auto gamma that takes the drafter model to cost 1.5 target steps: it never pays."""
 
-    @property
-    def cost_ratio(self) -> float:
-        return 1.5
-
-    @property
-    def planning_ratio(self) -> float:
-        return 1.5
+    cost = 1.5
 
 
 def test_auto_gamma_plans_copies_while_the_model_drafter_does_not_pay():
