@@ -42,7 +42,7 @@ bench: install-models $(VENV)/.installed-bench
 	$(PY) -m specchat.bench $(BENCH_ARGS)
 
 # Lint and format (pyproject.toml's [tool.ruff]); `ruff format .` writes the format it checks. mypy: strict on
-# spec/, config.py and api.py (pyproject.toml's [tool.mypy]).
+# speculative/, config.py and api.py (pyproject.toml's [tool.mypy]).
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -13,7 +13,7 @@
 # end on purpose. Any report ends the process (abort_on_error) and is written to $ASAN_DIR/reports/asan.*
 # (pytest captures stderr); the run fails when one is there.
 #
-#   scripts/asan_kernels.sh              # fuzz + tests/kernels + the kernel's tests in quant/, spec/, runtime/
+#   scripts/asan_kernels.sh              # fuzz + tests/kernels + the kernel's tests in quant/, speculative/, runtime/
 #   scripts/asan_kernels.sh -k fuzz      # extra arguments go to pytest
 # The first run compiles the instrumented module: about 15 minutes on 2 busy cores.
 set -euo pipefail
@@ -53,7 +53,7 @@ print("asan_kernels: instrumented module", module.__file__)
 PY
 status=0
 "$PYTHON" -m pytest -q -p no:cacheprovider -p no:xdist -m "not slow" \
-  tests/kernels tests/quant/test_w4a8.py tests/spec/test_sampling.py tests/runtime/test_lean_native.py "$@" || status=$?
+  tests/kernels tests/quant/test_w4a8.py tests/speculative/test_sampling.py tests/runtime/test_lean_native.py "$@" || status=$?
 if compgen -G "$ASAN_DIR/reports/asan.*" > /dev/null; then
   echo "asan_kernels: AddressSanitizer reports:" >&2
   cat "$ASAN_DIR"/reports/asan.* >&2

@@ -149,7 +149,7 @@ def specchat_decoder(gguf: Path, tokens: int, context: int):
     from specchat.config import SamplingConfig, SpeculationConfig, load_config
     from specchat.loading.models import load_pair
     from specchat.progress import to_stderr
-    from specchat.spec.engine import Engine, run_to_end
+    from specchat.speculative.engine import Engine, run_to_end
 
     cfg = load_config(None, [f"target.source={gguf}", "drafter.source=", "speculation.mode=target"])
     started = time.perf_counter()
@@ -218,7 +218,7 @@ def measure_specchat(gguf: Path, threads: int, tokens: int, repeats: int, contex
 
     torch.set_num_threads(threads)
     from specchat.kernels.build import running_path
-    from specchat.spec import model_io
+    from specchat.speculative import model_io
 
     pair, load_s, prompt, reply = specchat_decoder(gguf, tokens, context)
     facts = pair.target_facts

@@ -11,9 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the
 from tiny_models import build_model, build_tokenizer
 
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.engine import Engine
-from specchat.spec.events import ReplyDone
+from specchat.speculative.drafters.model import ModelDrafter
+from specchat.speculative.engine import Engine
+from specchat.speculative.events import ReplyDone
 
 SAMPLING = SamplingConfig(max_new_tokens=200)
 

@@ -15,7 +15,7 @@ from specchat.threads import set_wait_policy
 set_wait_policy()  # before torch is imported (specchat/threads.py)
 
 from specchat.api import Generation, autoregressive_generate, load_pair, speculative_generate, stream  # noqa: E402
-from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token  # noqa: E402
+from specchat.speculative.events import Origin, Rejected, ReplyDone, StepDone, Token  # noqa: E402
 
 __all__ = [
     "speculative_generate",

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specchat.config import AUTO, GAMMA_MAX, RANDOM, Auto, Config, Gamma, SamplingConfig, SpeculationConfig, problem
-from specchat.spec.detok import Tokenizer
-from specchat.spec.engine import Engine, Models
-from specchat.spec.events import Event, ReplyDone, Token
-from specchat.spec.metrics import ReplyStats
-from specchat.spec.model_io import Model
+from specchat.speculative.detok import Tokenizer
+from specchat.speculative.engine import Engine, Models
+from specchat.speculative.events import Event, ReplyDone, Token
+from specchat.speculative.metrics import ReplyStats
+from specchat.speculative.model_io import Model
 
 if TYPE_CHECKING:
     from specchat.loading.models import LoadedPair

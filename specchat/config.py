@@ -51,7 +51,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Auto:
-    """gamma "auto": the gamma policy plans each step's draft from the measured alpha and c (spec/gamma.py)."""
+    """gamma "auto": the gamma policy plans each step's draft from the measured alpha and c (speculative/gamma.py)."""
 
     def __str__(self) -> str:
         return "auto"

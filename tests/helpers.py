@@ -10,11 +10,11 @@ import math
 import torch
 
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.engine import Engine
-from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token
-from specchat.spec.gamma import AutoGamma
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.drafters.model import ModelDrafter
+from specchat.speculative.engine import Engine
+from specchat.speculative.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.speculative.gamma import AutoGamma
+from specchat.speculative.metrics import ReplyStats
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 
@@ -90,7 +90,7 @@ def run_reply(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
 
 
 def reference_probs(logits: torch.Tensor, sampling: SamplingConfig) -> dict[int, float]:
-    """Next-token law written from the definitions, independent of specchat.spec.sampling: softmax of
+    """Next-token law written from the definitions, independent of specchat.speculative.sampling: softmax of
     logits / T over the top_k tokens, then the most likely of those until their mass reaches top_p,
     renormalized; a token tied with the last one kept at either cut is kept too. Plain Python, float64."""
     scaled = [x / sampling.temperature for x in logits.double().tolist()]
@@ -118,7 +118,7 @@ def hf_greedy(model, ids, n):
 
 
 class ScriptedEngine:
-    """Stands in for spec.engine.Engine in UI tests: each stream() call replays the next canned
+    """Stands in for speculative.engine.Engine in UI tests: each stream() call replays the next canned
     reply's events (Token/Rejected/StepDone, then its ReplyDone) with no model, so a test can assert
     the whole screen. Like the real engine, `ids` holds the prompt plus the reply afterwards."""
 

@@ -14,8 +14,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.loading.models import LoadedPair
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.engine import Engine
+from specchat.speculative.drafters.model import ModelDrafter
+from specchat.speculative.engine import Engine
 
 PROMPT = "def reverse(lst):"
 

@@ -7,7 +7,7 @@ import torch
 from conftest import hf_greedy
 
 import specchat
-from specchat.spec.events import Origin, ReplyDone, Token
+from specchat.speculative.events import Origin, ReplyDone, Token
 
 PROMPT = "def reverse(lst):"
 

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.memory import resident_bytes
-from specchat.spec import model_io
+from specchat.speculative import model_io
 from specchat.tui.stats_view import memory_text
 
 
@@ -59,7 +59,7 @@ def test_a_lean_cache_counts_its_capacity():
 
 
 def test_a_reply_gives_the_heaps_freed_pages_back_before_it_reads_its_resident_memory(target, tokenizer, monkeypatch):
-    from specchat.spec import engine as engine_module
+    from specchat.speculative import engine as engine_module
 
     calls = []
     monkeypatch.setattr(engine_module, "release_freed_memory", lambda: calls.append("release"))

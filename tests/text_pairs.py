@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.spec.events import ReplyEnd
+from specchat.speculative.events import ReplyEnd
 
 OTHER_CORPUS = ["Completely different words train this other tokenizer; for each line it reads, it writes."] * 30
 Z = 4.5  # as tests/guarantees/test_distribution.py: a correct engine fails with probability < 1e-3

@@ -28,8 +28,8 @@ from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.errors import ModelLoadError
 from specchat.progress import to_stderr
 from specchat.session.chat import render_prompt
-from specchat.spec.model_io import forward, new_cache
-from specchat.spec.sampling import probs_from_logits
+from specchat.speculative.model_io import forward, new_cache
+from specchat.speculative.sampling import probs_from_logits
 
 
 @dataclasses.dataclass

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 from specchat.config import AUTO, ConfigError, SamplingConfig, load_config
 from specchat.errors import ModelLoadError
-from specchat.spec.drafters import model as model_drafter
-from specchat.spec.drafters.lookup import match_start
-from specchat.spec.events import ReplyEnd
-from specchat.spec.gamma import AutoGamma
-from specchat.spec.metrics import ReplyStats
-from specchat.spec.step import StepResult
+from specchat.speculative.drafters import model as model_drafter
+from specchat.speculative.drafters.lookup import match_start
+from specchat.speculative.events import ReplyEnd
+from specchat.speculative.gamma import AutoGamma
+from specchat.speculative.metrics import ReplyStats
+from specchat.speculative.step import StepResult
 
 
 @dataclass

@@ -32,7 +32,7 @@ from specchat.bench.synthetic import SHAPES, checkpoint, prompt_ids
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 VARIANTS = {  # name -> (dtype, quantization) of the target
     "bf16": ("bfloat16", "none"),

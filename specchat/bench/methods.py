@@ -12,9 +12,9 @@ from transformers import GenerationConfig
 
 from specchat.config import AUTO, Auto, Config, SamplingConfig, SpeculationConfig, seed_for_reply, show_value
 from specchat.session.chat import render_prompt
-from specchat.spec.engine import Engine, run_to_end
-from specchat.spec.gamma import AutoGamma
-from specchat.spec.model_io import input_device
+from specchat.speculative.engine import Engine, run_to_end
+from specchat.speculative.gamma import AutoGamma
+from specchat.speculative.model_io import input_device
 
 SPEC_GAMMAS = (4, 6, 8, AUTO)
 LLAMACPP_TARGET_ONLY = "llama.cpp target-only"

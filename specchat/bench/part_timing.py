@@ -13,7 +13,7 @@ from torch import nn
 
 from specchat.quant import w4a8, w8a8
 from specchat.runtime import lean
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 PARTS = ("matmuls", "kernel", "attention", "other")
 

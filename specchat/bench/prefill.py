@@ -3,14 +3,14 @@
     python -m specchat.bench.profile --prefill 512 2048 8192 [--chunk 128]
 
 Each model of the pair reads a prompt of N tokens into an empty cache, `chunk` tokens a forward as the
-chat reads a pasted prompt (spec/model_io.py's PREFILL_CHUNK unless told), once untimed by hooks for
+chat reads a pasted prompt (speculative/model_io.py's PREFILL_CHUNK unless told), once untimed by hooks for
 the total and once with them for the split: matmuls (of which the w4a8 kernel), attention, and the rest.
 """
 
 from __future__ import annotations
 
 from specchat.bench.part_timing import split_forward
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 
 def prompt_ids(tokenizer, text: str, length: int) -> list[int]:

@@ -32,11 +32,11 @@ from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.errors import ModelLoadError
 from specchat.kernels.build import running_path
 from specchat.progress import to_stderr
-from specchat.spec import model_io
-from specchat.spec.drafters.vocab import DraftVocab
-from specchat.spec.model_io import PREFILL_CHUNK
-from specchat.spec.sampling import greedy_of, make_generator, pick
-from specchat.spec.verify import verify_greedy, verify_sampled
+from specchat.speculative import model_io
+from specchat.speculative.drafters.vocab import DraftVocab
+from specchat.speculative.model_io import PREFILL_CHUNK
+from specchat.speculative.sampling import greedy_of, make_generator, pick
+from specchat.speculative.verify import verify_greedy, verify_sampled
 
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
 

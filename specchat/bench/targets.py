@@ -28,9 +28,9 @@ import torch
 
 from specchat.config import QUANTIZATIONS, ConfigError, load_config
 from specchat.errors import ModelLoadError
-from specchat.spec.model_io import crop_to, forward, new_cache
+from specchat.speculative.model_io import crop_to, forward, new_cache
 
-TEXT_FILES = ("README.md", "specchat/spec/engine.py")
+TEXT_FILES = ("README.md", "specchat/speculative/engine.py")
 CHUNK = 256
 VERIFY_ROWS = (1, 5, 9)
 
@@ -128,7 +128,7 @@ def compare_kv_caches(cfg, tokens: int, say) -> list[dict]:
     from specchat.bench.prefill import prompt_ids
     from specchat.loading.models import load_model
     from specchat.runtime.lean import attach_lean
-    from specchat.spec.model_io import runner
+    from specchat.speculative.model_io import runner
 
     model, tokenizer, facts = load_model(cfg.target, role="target", kv_cache="float32")
     if runner(model) is None or runner(model).native_reason:

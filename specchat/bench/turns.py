@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from specchat.config import Config, with_value
 from specchat.session.chat import ChatSession
-from specchat.spec.engine import Engine
-from specchat.spec.events import ReplyDone
+from specchat.speculative.engine import Engine
+from specchat.speculative.events import ReplyDone
 
 TURNS = (
     "Write a Python function that checks whether a string is a palindrome.",

@@ -1,4 +1,4 @@
-// Logits → sampling probabilities in one pass over each row: what specchat/spec/sampling.py's
+// Logits → sampling probabilities in one pass over each row: what specchat/speculative/sampling.py's
 // probs_from_logits computes in torch (temperature, top-k, top-p, the same kept tokens), without its
 // ten passes over a 152k-wide row. A sampled step calls it on the verified rows and on every drafted
 // token's row.

@@ -15,8 +15,8 @@ from specchat.loading.hfquiet import quiet_renamed_cache_argument
 from specchat.loading.plan import ModelPlan
 from specchat.progress import Progress, notify
 from specchat.runtime.lean import attach_lean
-from specchat.spec.model_io import RUNNER
-from specchat.spec.sampling import ProbsFn, compiled_probs, probs_from_logits
+from specchat.speculative.model_io import RUNNER
+from specchat.speculative.sampling import ProbsFn, compiled_probs, probs_from_logits
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,6 @@ RENAMED_CACHE = r"`past_key_values` is deprecated"
 def quiet_renamed_cache_argument() -> None:
     """Drop transformers' FutureWarning that forward's past_key_values is now called cache (5.24 and later): a
     model on transformers' forward warns mid-chat on stderr, and the old name is the one every 5.x release takes
-    (spec/model_io.py passes it). Idempotent."""
+    (speculative/model_io.py passes it). Idempotent."""
 
     warnings.filterwarnings("ignore", message=RENAMED_CACHE, category=FutureWarning)

@@ -34,7 +34,7 @@ from specchat.loading.tokenizer_check import output_width, stop_ids
 from specchat.loading.weights import load_weights
 from specchat.memory import release_freed_memory
 from specchat.progress import Progress, report
-from specchat.spec.sampling import ProbsFn, probs_from_logits
+from specchat.speculative.sampling import ProbsFn, probs_from_logits
 
 __all__ = ["ModelLoadError", "ModelFacts", "LoadedPair", "load_pair", "load_model"]
 

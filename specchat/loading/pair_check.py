@@ -6,7 +6,7 @@
   drafter drafts the target's ids below its own width; the ids past it are never drafted, and the target
   still scores all of its own, so the output stays exactly the target's.
 - text: different tokenizers (or padding wider than PAD_LIMIT). The drafter drafts text, which is
-  re-tokenized into the target's ids and proposed one-hot (spec/drafters/text.py): exact as well.
+  re-tokenized into the target's ids and proposed one-hot (speculative/drafters/text.py): exact as well.
 
 Whether BOS, EOS and the chat template agree is said, not enforced: stop tokens and the template are the
 target's either way, so a difference costs acceptance only.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specchat.errors import ModelLoadError
-from specchat.spec.drafters.vocab import head_width
+from specchat.speculative.drafters.vocab import head_width
 
 PAD_LIMIT = 128
 

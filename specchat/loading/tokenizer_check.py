@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from specchat.errors import ModelLoadError
 from specchat.loading.pair_check import judge_pair
-from specchat.spec.drafters.retokenize import special_tokens
-from specchat.spec.drafters.vocab import head_width
+from specchat.speculative.drafters.retokenize import special_tokens
+from specchat.speculative.drafters.vocab import head_width
 
 # End-of-turn tokens of common chat templates; each counts as a stop token when the tokenizer
 # has it as a special token.

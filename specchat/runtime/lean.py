@@ -33,8 +33,8 @@ from torch import nn
 from specchat.quant import w4a8, w8a8
 from specchat.runtime import architectures, fused, lean_native, rope
 from specchat.runtime.attention import batch_invariant_attention
-from specchat.spec import model_io
-from specchat.spec.model_io import RUNNER, input_device
+from specchat.speculative import model_io
+from specchat.speculative.model_io import RUNNER, input_device
 
 # How the compiled layer loop stores keys and values: float16 and bfloat16 take half the bytes of float32
 # (their rounding is measured by python -m specchat.bench.targets --kv-cache); the Python loop keeps its

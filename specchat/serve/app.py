@@ -35,7 +35,7 @@ from specchat.serve.protocol import (
     read_completion,
 )
 from specchat.serve.service import Busy, Plan, Service
-from specchat.spec.events import ReplyDone, StepDone, Token
+from specchat.speculative.events import ReplyDone, StepDone, Token
 
 MAX_BODY = 8 * 2**20  # bytes of a request body
 RETRY_AFTER_S = 2

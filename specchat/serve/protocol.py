@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specchat.config import Config, ConfigError, from_mapping, to_wire
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.metrics import ReplyStats
 
 MAX_MESSAGES = 4096
 MAX_STOPS = 4  # as OpenAI's API

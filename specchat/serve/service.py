@@ -19,7 +19,7 @@ from specchat.config import SamplingConfig, SpeculationConfig, drafter_needed
 from specchat.serve.protocol import Request, RequestError
 from specchat.session.chat import TemplateFailure, render_prompt
 from specchat.session.stop_strings import StopFilter, StopOrCancel
-from specchat.spec.events import ReplyDone
+from specchat.speculative.events import ReplyDone
 
 MAX_WAITING = 8  # requests admitted at once (one runs, the rest wait); more are answered 429
 

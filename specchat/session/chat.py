@@ -15,9 +15,9 @@ from typing import Any
 
 from specchat.config import RANDOM, Config, SamplingConfig, drafter_needed, undecodable_at
 from specchat.session.stop_strings import StopFilter, StopOrCancel
-from specchat.spec.events import Rejected, ReplyDone, Token
-from specchat.spec.insight import Rejection
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Rejected, ReplyDone, Token
+from specchat.speculative.insight import Rejection
+from specchat.speculative.metrics import ReplyStats
 
 # compare_fn(session, prompt_ids, done, cancel) -> renderables/events to show after a reply.
 # specchat/session/compare.py provides it; without it, compare mode only records the setting.

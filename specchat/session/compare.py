@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 
 from specchat.session.stop_strings import STOP_STRING
-from specchat.spec import model_io
-from specchat.spec.engine import Engine, run_to_end
-from specchat.spec.events import ReplyDone
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative import model_io
+from specchat.speculative.engine import Engine, run_to_end
+from specchat.speculative.events import ReplyDone
+from specchat.speculative.metrics import ReplyStats
 
 NEAR_TIE = 0.05  # the least margin called a near tie (float32 logits)
 TIE_ULPS = 2  # and at least this many units in the last place of the logits' dtype at the top logit

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specchat.config import seed_for_reply
-from specchat.spec.drafters.self_layers import layer_count, self_layers
-from specchat.spec.engine import Engine, run_to_end
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.drafters.self_layers import layer_count, self_layers
+from specchat.speculative.engine import Engine, run_to_end
+from specchat.speculative.metrics import ReplyStats
 
 NO_DRAFTER = "none"
 RACE_RUNS = 3  # runs per contender: enough for a spread, short enough to wait for

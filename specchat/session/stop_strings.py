@@ -12,7 +12,7 @@ import dataclasses
 import threading
 from typing import Any
 
-from specchat.spec.events import ReplyDone, Token
+from specchat.speculative.events import ReplyDone, Token
 
 STOP_STRING = "stop_string"  # the stop reason of a reply cut at a stop string
 

@@ -25,10 +25,10 @@ from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair, reply_stops
 from specchat.progress import Notice, each_message_once
 from specchat.session.chat import ChatError, ChatSession, CompareFn
-from specchat.spec.engine import Engine, run_to_end
-from specchat.spec.events import ReplyDone, Token
-from specchat.spec.gamma import AutoGamma
-from specchat.spec.sampling import NoLawError
+from specchat.speculative.engine import Engine, run_to_end
+from specchat.speculative.events import ReplyDone, Token
+from specchat.speculative.gamma import AutoGamma
+from specchat.speculative.sampling import NoLawError
 from specchat.tui import render
 from specchat.tui.commands import build_registry
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal

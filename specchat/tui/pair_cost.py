@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specchat.spec.metrics import ReplyStats, leviathan_speedup
+from specchat.speculative.metrics import ReplyStats, leviathan_speedup
 
 FALLBACK_GAMMA = 4  # the γ the line is about when speculation.gamma is auto
 GOOD_ALPHA = 0.8  # the acceptance the line quotes a speedup for

@@ -20,8 +20,8 @@ from rich.text import Text
 
 from specchat.config import QUANTIZATIONS, Gamma, show_value
 from specchat.session.chat import CONTEXT_FULL, CUT_MARKS
-from specchat.spec.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.safe_text import visible
 
 STYLES = {

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from rich.markdown import Markdown
 from rich.text import Text
 
-from specchat.spec.events import Token
+from specchat.speculative.events import Token
 from specchat.tui.render import MARKS, STYLES
 from specchat.tui.safe_text import visible
 

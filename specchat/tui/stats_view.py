@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.session.stop_strings import STOP_STRING
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.render import as_table, gamma_text, time_split
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatError, ChatSession, ReplyRecord
-from specchat.spec.events import Origin
+from specchat.speculative.events import Origin
 from specchat.tui.safe_text import json_text
 
 USAGE = "usage /trace PATH.jsonl (the last reply) or /trace all PATH.jsonl (the whole session)"

@@ -18,7 +18,7 @@ from typing import Any
 from specchat.config import Config, ConfigError, as_flat_dict, from_wire, problem, to_wire, with_value
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.render import stats_line
 from specchat.tui.safe_text import json_text, visible
 

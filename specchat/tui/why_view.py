@@ -2,7 +2,7 @@
 
 p is the target's probability of the drafted token, q the drafter's, under the sampling settings
 (plain softmax in greedy mode, where the rule compares argmaxes and the logit margin says by how much
-the target preferred its own token); see spec/insight.py.
+the target preferred its own token); see speculative/insight.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.session.chat import ChatSession
-from specchat.spec.insight import Ranked, Rejection
+from specchat.speculative.insight import Ranked, Rejection
 from specchat.tui.render import as_table
 from specchat.tui.safe_text import json_text
 

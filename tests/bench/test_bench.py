@@ -250,7 +250,7 @@ def test_the_kv_cache_comparison_measures_bfloat16_against_float32_on_one_model(
     from specchat.loading import models
     from specchat.quant.w4a8 import quantize_w4a8
     from specchat.runtime.lean import attach_lean
-    from specchat.spec.model_io import runner
+    from specchat.speculative.model_io import runner
 
     model = build_model(len(tokenizer), seed=3, layers=2, hidden=128)
     quantize_w4a8(model, None, kernel)

@@ -8,7 +8,7 @@ from conftest import make_engine, prompt_ids
 
 from specchat.bench.edits import reply, reply_line
 from specchat.config import AUTO, SpeculationConfig
-from specchat.spec.drafters.lookup import match_start
+from specchat.speculative.drafters.lookup import match_start
 
 PASTE = (
     "Rename total to amount:\ndef add(total, x):\n    total = total + x\n\ndef add(total, x):\n    total = total + x\n"

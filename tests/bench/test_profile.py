@@ -14,7 +14,7 @@ from torch import nn
 from specchat.bench import part_timing, profile
 from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 
 class SleepyLinear(nn.Linear):
@@ -102,7 +102,7 @@ def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tok
 
 
 def test_host_rows_time_greedy_and_sampled_verification(tokenizer):
-    from specchat.spec.sampling import probs_from_logits
+    from specchat.speculative.sampling import probs_from_logits
 
     pair = SimpleNamespace(vocab_size=len(tokenizer), probs=probs_from_logits)
     peaked = torch.full((9, len(tokenizer)), -30.0)

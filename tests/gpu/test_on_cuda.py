@@ -15,8 +15,8 @@ from tiny_models import build_model, build_tokenizer
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig
 from specchat.loading.models import load_pair
 from specchat.session.compare import Comparer
-from specchat.spec.engine import Engine
-from specchat.spec.sampling import make_generator
+from specchat.speculative.engine import Engine
+from specchat.speculative.sampling import make_generator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -118,7 +118,7 @@ def test_device_map_auto_spreads_the_target_over_two_gpus(dirs, tok):
 
 
 def test_a_step_on_cuda_reads_the_device_once_or_twice(dirs, tok):
-    """The explicit synchronize calls of the timed regions (spec/timing.py) are not counted: they are the cost ratio's."""
+    """The explicit synchronize calls of the timed regions (speculative/timing.py) are not counted: they are the cost ratio's."""
     from syncs import reads_per_step
 
     pair = pair_on_cuda(dirs)

@@ -65,8 +65,8 @@ from specchat.runtime import lean
 from specchat.runtime.lean import LeanCache
 from specchat.session.chat import ChatSession, Notice
 from specchat.session.compare import Comparer, CompareReport
-from specchat.spec import model_io
-from specchat.spec.events import ReplyDone, StepDone, Token
+from specchat.speculative import model_io
+from specchat.speculative.events import ReplyDone, StepDone, Token
 from specchat.tui.commands import build_registry
 
 STEPS = 130  # per session; two sessions (260 steps)

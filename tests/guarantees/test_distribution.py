@@ -25,13 +25,13 @@ import pytest
 import torch
 from conftest import CheapDrafterGamma, make_engine, prompt_ids, reference_probs
 
-import specchat.spec.engine
-import specchat.spec.step
+import specchat.speculative.engine
+import specchat.speculative.step
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
-from specchat.spec.events import ReplyEnd
-from specchat.spec.sampling import sample
-from specchat.spec.step import StepResult
-from specchat.spec.verify import Verdict
+from specchat.speculative.events import ReplyEnd
+from specchat.speculative.sampling import sample
+from specchat.speculative.step import StepResult
+from specchat.speculative.verify import Verdict
 
 SAMPLING = SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2)
 RUNS = 3000
@@ -165,7 +165,7 @@ def test_the_check_catches_a_verifier_without_residual_resampling(
     setting, target, similar_drafter_model, tokenizer, monkeypatch
 ):
     ids, joint = setting
-    monkeypatch.setattr(specchat.spec.step, "verify_sampled", broken_verify_sampled)
+    monkeypatch.setattr(specchat.speculative.step, "verify_sampled", broken_verify_sampled)
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = empirical_first_two(engine_replies(engine, ids, 1), 1, RUNS)
     assert check(joint, counts, "mutant: no residual resample") > 1.0
@@ -440,11 +440,11 @@ def prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, t
     position 0, where the mutant is right, so the other cases cannot see it."""
     import types
 
-    from specchat.spec import model_io
+    from specchat.speculative import model_io
 
     ids, _ = setting
     mutant = types.SimpleNamespace(**{**vars(model_io), "forward": forward_numbering_from_zero})
-    monkeypatch.setattr(specchat.spec.engine, "model_io", mutant)  # the engine's prompt reading only
+    monkeypatch.setattr(specchat.speculative.engine, "model_io", mutant)  # the engine's prompt reading only
     engine = make_engine(target, similar_drafter_model, tokenizer)
     reply, second = follow_up_replies(engine, ids, " over the lazy", tokenizer)
     counts = empirical_first_two(reply, 3, runs)
@@ -477,14 +477,14 @@ def drafter_ignoring_the_sampling_settings(
 ) -> float:
     """Drafter-only replies drawn from the drafter's plain softmax (temperature 1, no top-k or top-p)."""
     ids, _ = setting
-    real_drafter_step = specchat.spec.engine.drafter_step
+    real_drafter_step = specchat.speculative.engine.drafter_step
 
     def plain_drafter_step(drafter, committed, sampling, generator, *probs):
         return real_drafter_step(
             drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator, *probs
         )
 
-    monkeypatch.setattr(specchat.spec.engine, "drafter_step", plain_drafter_step)
+    monkeypatch.setattr(specchat.speculative.engine, "drafter_step", plain_drafter_step)
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, mode="drafter"), runs, 2)
     return check(exact_first_two(unrelated_drafter_model, ids, SAMPLING), counts, f"mutant: plain drafter, {runs} runs")

@@ -6,8 +6,8 @@ import pytest
 from conftest import GREEDY, CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
 
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
-from specchat.spec.events import Origin, Rejected, StepDone, Token
-from specchat.spec.step import StepResult
+from specchat.speculative.events import Origin, Rejected, StepDone, Token
+from specchat.speculative.step import StepResult
 
 PROMPTS = ["def reverse(lst):", "The quick brown", "Hello, how are you"]
 

@@ -18,15 +18,15 @@ import pytest
 import torch
 from conftest import hf_greedy, make_engine, prompt_ids
 
-import specchat.spec.drafters.model
-import specchat.spec.engine
-import specchat.spec.step
+import specchat.speculative.drafters.model
+import specchat.speculative.engine
+import specchat.speculative.step
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.spec import model_io
-from specchat.spec.drafters.vocab import DraftVocab
-from specchat.spec.events import Token
-from specchat.spec.step import StepResult
-from specchat.spec.verify import Verdict, verify_greedy
+from specchat.speculative import model_io
+from specchat.speculative.drafters.vocab import DraftVocab
+from specchat.speculative.events import Token
+from specchat.speculative.step import StepResult
+from specchat.speculative.verify import Verdict, verify_greedy
 
 N = 32
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=N)
@@ -97,11 +97,11 @@ def _crashing_rollback(self, committed_len) -> None:
 def test_a_mutant_that_only_crashes_is_not_counted_as_caught(target, similar_drafter_model, tokenizer, monkeypatch):
     """Neither check returns False for an engine that raises: the exception reaches the mutant's test, which fails."""
     with monkeypatch.context() as patch:
-        patch.setattr(specchat.spec.step, "verify_greedy", _crashing_verify)
+        patch.setattr(specchat.speculative.step, "verify_greedy", _crashing_verify)
         with pytest.raises(RuntimeError, match="a mutant that crashes"):
             greedy_is_exact(target, similar_drafter_model, tokenizer)
     with monkeypatch.context() as patch:
-        patch.setattr(specchat.spec.drafters.model.ModelDrafter, "rollback", _crashing_rollback)
+        patch.setattr(specchat.speculative.drafters.model.ModelDrafter, "rollback", _crashing_rollback)
         with pytest.raises(RuntimeError, match="a mutant that crashes"):
             drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
@@ -118,7 +118,7 @@ def _shifted_crop(shift: int):
 def test_a_target_crop_that_keeps_a_rejected_draft_breaks_exactness(
     target, similar_drafter_model, tokenizer, monkeypatch
 ):
-    monkeypatch.setattr(specchat.spec.engine, "model_io", _shifted_crop(1))
+    monkeypatch.setattr(specchat.speculative.engine, "model_io", _shifted_crop(1))
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
 
@@ -145,9 +145,9 @@ def test_a_drafter_that_keeps_a_refused_draft_is_caught_by_the_drafter_check(
     target, similar_drafter_model, tokenizer, monkeypatch
 ):
     monkeypatch.setattr(
-        specchat.spec.drafters.model.ModelDrafter,
+        specchat.speculative.drafters.model.ModelDrafter,
         "propose",
-        reads_the_refused_draft(specchat.spec.drafters.model.ModelDrafter.propose),
+        reads_the_refused_draft(specchat.speculative.drafters.model.ModelDrafter.propose),
     )
     assert greedy_is_exact(target, similar_drafter_model, tokenizer)  # verification hides it...
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)  # ...this does not
@@ -159,7 +159,9 @@ def test_a_drafter_that_counts_a_token_fewer_than_it_holds_is_caught_by_the_draf
     """Wrong on purpose: the drafter's count of the ids its cache stands for is one short, so it reads a
     committed token a second time, one place later than it stands."""
     monkeypatch.setattr(
-        specchat.spec.drafters.model.ModelDrafter, "seen", property(lambda self: max(0, self.gap.seen(self.cached) - 1))
+        specchat.speculative.drafters.model.ModelDrafter,
+        "seen",
+        property(lambda self: max(0, self.gap.seen(self.cached) - 1)),
     )
     assert not drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 
@@ -183,7 +185,7 @@ def bonus_from_the_wrong_row(drafts, target_logits, choice=None) -> Verdict:
 
 
 def test_a_bonus_token_from_the_wrong_row_breaks_exactness(target, tokenizer, monkeypatch):
-    monkeypatch.setattr(specchat.spec.step, "verify_greedy", bonus_from_the_wrong_row)
+    monkeypatch.setattr(specchat.speculative.step, "verify_greedy", bonus_from_the_wrong_row)
     assert not greedy_is_exact(target, target, tokenizer)  # a drafter equal to the target: all accepted
 
 
@@ -194,7 +196,7 @@ def drafts_checked_one_row_late(drafts, target_logits, choice=None) -> Verdict:
 
 
 def test_drafts_verified_against_the_next_row_break_exactness(target, similar_drafter_model, tokenizer, monkeypatch):
-    monkeypatch.setattr(specchat.spec.step, "verify_greedy", drafts_checked_one_row_late)
+    monkeypatch.setattr(specchat.speculative.step, "verify_greedy", drafts_checked_one_row_late)
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
 

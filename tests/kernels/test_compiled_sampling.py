@@ -1,12 +1,12 @@
-"""kernels/sampling.cpp: the compiled sampling probabilities against spec/sampling.py's torch code, on rows as
-wide as the bundled vocabulary (the definitions themselves: tests/spec/test_sampling.py, on both codes)."""
+"""kernels/sampling.cpp: the compiled sampling probabilities against speculative/sampling.py's torch code, on rows as
+wide as the bundled vocabulary (the definitions themselves: tests/speculative/test_sampling.py, on both codes)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import specchat.spec.sampling as sampling
+import specchat.speculative.sampling as sampling
 from specchat.config import SamplingConfig
 
 

@@ -11,7 +11,7 @@ from model_files import greedy_reply, logits, tiny_model, vocab_size, write_gguf
 from test_gguf_architectures import default_pair, prompt_ids
 from tiny_models import CHATML, build_tokenizer
 
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 on_the_cpu, cache = architectures.on_the_cpu, architectures.cache  # its autouse fixtures, here too
 SHAPE = {"head_dim": 32, "sliding_window": 8}  # query_pre_attn_scalar: no GGUF key, the default 256

@@ -22,7 +22,7 @@ from model_files import (
 from test_gguf_architectures import cache, default_pair, gguf_pair, on_the_cpu, prompt_ids, tok
 from tiny_models import CHATML
 
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' fixtures, on here too
 

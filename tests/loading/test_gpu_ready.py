@@ -210,7 +210,7 @@ def count_syncs(monkeypatch) -> list:
 
 
 def test_cuda_devices_of_a_model_follow_its_device_map(tok):
-    from specchat.spec.timing import cuda_devices
+    from specchat.speculative.timing import cuda_devices
 
     model = build_model(len(tok), seed=1, layers=1, hidden=32)
     assert cuda_devices(model) == set()
@@ -224,8 +224,8 @@ def test_cuda_devices_of_a_model_follow_its_device_map(tok):
 def test_each_timed_forward_synchronizes_the_models_cuda_devices(tok, monkeypatch, device_map, expected):
     """The pair runs on the CPU; a device_map saying cuda makes the timing code treat it as on the GPU."""
     from specchat.config import SamplingConfig, SpeculationConfig
-    from specchat.spec.drafters.model import ModelDrafter
-    from specchat.spec.engine import Engine
+    from specchat.speculative.drafters.model import ModelDrafter
+    from specchat.speculative.engine import Engine
 
     target = build_model(len(tok), seed=1, layers=2)
     drafter = build_model(len(tok), seed=2, layers=1, hidden=32)
@@ -258,8 +258,8 @@ def sync_counts(target, drafter_model, tokenizer, gamma: int, temperature: float
     from syncs import reads_per_step
 
     from specchat.config import SamplingConfig, SpeculationConfig
-    from specchat.spec.drafters.model import ModelDrafter
-    from specchat.spec.engine import Engine
+    from specchat.speculative.drafters.model import ModelDrafter
+    from specchat.speculative.engine import Engine
 
     engine = Engine(target, tokenizer, ModelDrafter(drafter_model, len(tokenizer)), eos_ids=())
     sampling = SamplingConfig(temperature=temperature, top_k=40, max_new_tokens=40, seed=3)

@@ -20,9 +20,9 @@ from specchat.loading import plan as planning
 from specchat.loading.gguf import convert as gguf_convert
 from specchat.loading.models import ModelFacts, ModelLoadError, load_model, load_pair
 from specchat.loading.shared_tokenizer import tokenizer_digest
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.engine import Engine
-from specchat.spec.sampling import probs_from_logits
+from specchat.speculative.drafters.model import ModelDrafter
+from specchat.speculative.engine import Engine
+from specchat.speculative.sampling import probs_from_logits
 
 
 @pytest.fixture(autouse=True)

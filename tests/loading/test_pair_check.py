@@ -13,9 +13,9 @@ from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair
 from specchat.loading.pair_check import PAD_LIMIT, judge_pair
 from specchat.loading.tokenizer_check import check_pair
-from specchat.spec.drafters.model import ModelDrafter
-from specchat.spec.drafters.text import TextDrafter
-from specchat.spec.engine import Engine
+from specchat.speculative.drafters.model import ModelDrafter
+from specchat.speculative.drafters.text import TextDrafter
+from specchat.speculative.engine import Engine
 from specchat.tui.render import banner
 
 

@@ -124,7 +124,7 @@ def test_a_small_pair_under_the_bundled_config_answers_and_stays_exact(tmp_path,
 
     from specchat.loading.models import load_pair
     from specchat.quant.w4a8 import Q4Linear
-    from specchat.spec.sampling import probs_from_logits
+    from specchat.speculative.sampling import probs_from_logits
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     directory = qwen_dir(tmp_path, hidden, build_tokenizer())

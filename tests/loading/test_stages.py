@@ -19,7 +19,7 @@ from specchat.loading.quantize import quantize
 from specchat.loading.shared_tokenizer import shared_tokenizer
 from specchat.loading.weights import load_weights
 from specchat.quant.int8_weights import Int8Linear
-from specchat.spec.sampling import probs_from_logits
+from specchat.speculative.sampling import probs_from_logits
 
 FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
 

@@ -9,7 +9,7 @@ import torch
 from tiny_models import build_model
 
 from specchat.quant.int8_weights import Int8Linear, quantize_linears
-from specchat.spec.drafters.vocab import DraftVocab, head_rows
+from specchat.speculative.drafters.vocab import DraftVocab, head_rows
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -17,7 +17,7 @@ from specchat.quant import shared, w8a8
 from specchat.quant.int8_weights import Int8Block, Int8Linear
 from specchat.quant.w8a8 import W8A8Linear, quantize_w8a8
 from specchat.runtime.attention import use_batch_invariant_attention
-from specchat.spec.model_io import crop_to
+from specchat.speculative.model_io import crop_to
 
 
 def w8a8_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -130,7 +130,7 @@ def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_ap
     """q/k/v and gate/up packed together (one kernel call each) against every layer packed alone, on a
     Qwen2 model (attention biases), through the lean forward and through transformers' modules."""
     from specchat.runtime import lean
-    from specchat.spec import model_io
+    from specchat.speculative import model_io
 
     config = Qwen2Config(
         vocab_size=256,

@@ -14,7 +14,7 @@ from test_lean import logits_in_pieces as pieces_after_a_crop
 from transformers import DynamicCache
 
 from specchat.runtime import architectures, lean
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 IDS = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(1)).tolist()
 LEAN = {

@@ -18,7 +18,7 @@ from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
 from specchat.runtime.attention import use_batch_invariant_attention
 from specchat.runtime.lean import LeanCache, LeanForward
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 WINDOW = 8
 IDS = torch.randint(0, 384, (48,), generator=torch.Generator().manual_seed(1)).tolist()

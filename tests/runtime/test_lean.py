@@ -16,7 +16,7 @@ from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
 from specchat.runtime.attention import use_batch_invariant_attention
 from specchat.runtime.lean import LeanCache
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 TEXT = "def reverse(lst):\n    return lst[::-1]\n" * 4
 

@@ -17,7 +17,7 @@ from specchat.config import AUTO
 from specchat.quant.w4a8 import Q4Block, quantize_w4a8
 from specchat.runtime import lean
 from specchat.runtime.lean import LeanCache, LeanForward
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 
 def qwen2_model(vocab_size: int, seed: int) -> Qwen2ForCausalLM:

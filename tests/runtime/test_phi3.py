@@ -16,7 +16,7 @@ from test_lean_native import assert_near_the_python_loop, run_steps, w4a8
 
 from specchat.runtime import fused, lean
 from specchat.runtime.lean import LeanCache, LeanForward
-from specchat.spec import model_io
+from specchat.speculative import model_io
 
 VOCAB = 384
 IDS = torch.randint(3, VOCAB, (40,), generator=torch.Generator().manual_seed(1)).tolist()

@@ -12,7 +12,7 @@ from conftest import make_engine
 
 from specchat.config import Config, SamplingConfig, with_value
 from specchat.session.chat import ChatError, ChatSession, Notice, TemplateFailure, render_prompt
-from specchat.spec.events import ReplyDone, Token
+from specchat.speculative.events import ReplyDone, Token
 from specchat.tui.transcript import save_transcript
 
 CONFIG = Config(sampling=SamplingConfig(max_new_tokens=8))

@@ -62,14 +62,14 @@ def test_sampled_compare_uses_the_same_seed(target, similar_drafter_model, token
 
 
 def test_with_a_random_seed_the_rerun_uses_the_replys_own_seed(target, similar_drafter_model, tokenizer, monkeypatch):
-    import specchat.spec.engine
+    import specchat.speculative.engine
 
     session, _ = session_with_compare(target, similar_drafter_model, tokenizer, temperature=0.9)
     session.config = with_value(session.config, "sampling.seed", RANDOM)
     seeds = []
-    real = specchat.spec.engine.make_generator
+    real = specchat.speculative.engine.make_generator
     monkeypatch.setattr(
-        specchat.spec.engine, "make_generator", lambda seed, device: seeds.append(seed) or real(seed, device)
+        specchat.speculative.engine, "make_generator", lambda seed, device: seeds.append(seed) or real(seed, device)
     )
     events = list(session.reply("The quick brown"))
     [report] = reports(events)
@@ -156,8 +156,8 @@ def test_the_speedup_compares_generation_not_the_reruns_reading_of_the_conversat
     """Compare turned on late: the target-only rerun reads the whole conversation (19 s here) while the reply
     reused its cache. The speedup is generation against generation (1.11×, not the 22× the wall times give),
     each side's reading is shown apart, and the rerun's first token is timed from the end of its reading."""
-    from specchat.spec.events import ReplyEnd
-    from specchat.spec.metrics import ReplyStats
+    from specchat.speculative.events import ReplyEnd
+    from specchat.speculative.metrics import ReplyStats
     from specchat.tui.compare_view import run_summary, verdict_line
 
     session, comparer = session_with_compare(target, similar_drafter_model, tokenizer)

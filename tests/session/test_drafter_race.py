@@ -10,8 +10,8 @@ from conftest import make_engine
 from specchat.config import Config, SamplingConfig, SpeculationConfig
 from specchat.session.chat import ChatSession
 from specchat.session.drafter_race import RACE_RUNS, RaceRun, race, winner
-from specchat.spec.metrics import ReplyStats
-from specchat.spec.model_io import cache_length
+from specchat.speculative.metrics import ReplyStats
+from specchat.speculative.model_io import cache_length
 from specchat.tui.commands import build_registry
 from specchat.tui.compare_view import race_view
 from specchat.tui.render import make_console

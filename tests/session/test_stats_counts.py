@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specchat.spec.metrics import StatsRecorder
+from specchat.speculative.metrics import StatsRecorder
 
 
 def step(drafted: int, accepted: int):

@@ -11,8 +11,8 @@ from specchat.config import Config, SamplingConfig, SpeculationConfig
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer, CompareReport
 from specchat.session.stop_strings import STOP_STRING, StopFilter, held_length
-from specchat.spec.events import Origin, ReplyDone, Token
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Origin, ReplyDone, Token
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.cli import start_session
 
 B, D = Origin.BONUS, Origin.DRAFTED

@@ -12,7 +12,7 @@ from conftest import make_engine, reference_probs
 
 from specchat.config import Config, SamplingConfig, SpeculationConfig, with_value
 from specchat.session.chat import ChatSession
-from specchat.spec.events import Origin
+from specchat.speculative.events import Origin
 from specchat.tui.commands import build_registry
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=24)

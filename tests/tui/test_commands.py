@@ -12,8 +12,8 @@ from rich.console import Console
 
 from specchat.config import AUTO, RANDOM, Config, SamplingConfig, UIConfig, all_keys
 from specchat.session.chat import ChatSession, Notice
-from specchat.spec.events import Origin
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Origin
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.commands import Command, Outcome, Registry, build_registry
 from specchat.tui.safe_text import visible
 

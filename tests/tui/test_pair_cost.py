@@ -10,7 +10,7 @@ from rich.console import Console
 from tinypair import loader, tiny_pair
 
 from specchat.config import Config, SpeculationConfig
-from specchat.spec.metrics import ReplyStats, leviathan_speedup
+from specchat.speculative.metrics import ReplyStats, leviathan_speedup
 from specchat.tui import cli, render
 from specchat.tui.pair_cost import PairCost, measured_cost
 

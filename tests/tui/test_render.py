@@ -10,8 +10,8 @@ from rich.console import Console
 
 from specchat.config import AUTO
 from specchat.session.chat import ReplyRecord, SessionTotals
-from specchat.spec.events import Origin, Rejected, ReplyDone, StepDone, Token
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Origin, Rejected, ReplyDone, StepDone, Token
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui import render, stats_view
 
 ESCAPE = re.compile(r"\x1b\[")

@@ -15,8 +15,8 @@ from prompt_toolkit.output import DummyOutput
 
 from specchat.config import RANDOM, Config, SamplingConfig, with_value
 from specchat.session.chat import ChatSession
-from specchat.spec.events import Origin, Rejected, Token
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Origin, Rejected, Token
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.commands import build_registry
 from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import QUIT_HINT, Repl, open_history, toggle_compare, toolbar_text

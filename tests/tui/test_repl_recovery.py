@@ -14,7 +14,7 @@ from prompt_toolkit.output import DummyOutput
 
 from specchat.config import Config, SamplingConfig
 from specchat.session.chat import ChatSession
-from specchat.spec.events import Token
+from specchat.speculative.events import Token
 from specchat.tui.commands import Command, Registry, build_registry
 from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import DEBUG_ENV, Repl

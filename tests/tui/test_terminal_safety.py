@@ -19,9 +19,9 @@ from rich.console import Console
 from specchat.config import Config
 from specchat.session.chat import ChatSession
 from specchat.session.compare import CompareReport, Divergence, Run
-from specchat.spec.events import Origin, Rejected
-from specchat.spec.insight import Rejection
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Origin, Rejected
+from specchat.speculative.insight import Rejection
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.cli import run_once
 from specchat.tui.commands import build_registry
 from specchat.tui.compare_view import CompareView

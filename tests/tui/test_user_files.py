@@ -20,8 +20,8 @@ from prompt_toolkit.output import DummyOutput
 from specchat.config import Config
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import ChatSession
-from specchat.spec.events import Origin
-from specchat.spec.metrics import ReplyStats
+from specchat.speculative.events import Origin
+from specchat.speculative.metrics import ReplyStats
 from specchat.tui.commands import build_registry
 from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import Repl, open_history

@@ -6,8 +6,8 @@ import torch
 from rich.console import Console
 
 from specchat.config import SamplingConfig
-from specchat.spec.insight import rejection_at
-from specchat.spec.sampling import probs_from_logits
+from specchat.speculative.insight import rejection_at
+from specchat.speculative.sampling import probs_from_logits
 from specchat.tui.why_view import rejection_detail
 
 

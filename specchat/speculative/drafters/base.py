@@ -1,0 +1,98 @@
+"""Drafters propose tokens for the target to verify.
+
+Every drafter follows the `Drafter` protocol: `configure` (the drafter-specific speculation options),
+`propose(ids, plan, sampling, generator) -> Draft`, `rollback(committed_len)` and `reset()`.
+A drafter keeps its own state (e.g. a KV cache) in step with the committed sequence `ids`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specchat.config import SamplingConfig
+from specchat.speculative.drafters.vocab import DraftVocab
+from specchat.speculative.insight import drafter_top
+from specchat.speculative.sampling import ProbsFn, probs_from_logits
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """One step's drafting: at most `gamma` tokens. The draft ends early after a token whose drafter
+    probability is below `min_confidence`, or once the estimated chance that all its tokens are
+    accepted (the product of min(1, confidence_scale * confidence)) is below `path_floor`."""
+
+    gamma: int  # the drafter model's tokens (0: the model drafts nothing this step)
+    path_floor: float = 0.0  # 0: no early end by the path
+    confidence_scale: float = 1.0
+    min_confidence: float = 0.0  # 0: no early end by one doubtful token
+    room: int = 1 << 30  # tokens the reply has left after the target's own: no draft goes past it
+    verified: bool = False  # the target verifies the draft (drafter-only mode: no): a drafter whose q is
+    #                                one-hot then proposes its most likely tokens, which p accepts most often
+    probs: ProbsFn = probs_from_logits  # what computes q: the engine's, the one its step computes p with
+    copy: int = 0  # tokens a copy from the conversation may draft, decided apart from gamma (copy_length.py)
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the step asks its drafter at all: for the model's tokens, or for a copy."""
+        return self.gamma > 0 or self.copy > 0
+
+    @property
+    def tracks_confidence(self) -> bool:
+        return bool(self.min_confidence or self.path_floor)
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [k] int64, on the drafter's device
+    q_probs: torch.Tensor | None  # [k, vocab] drafter probabilities (None when greedy)
+    forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
+    confidences: list[float] = field(default_factory=list)  # per token: the drafter's q of it (see `sure`)
+    rows: list[torch.Tensor] = field(default_factory=list)  # per token: the [1, width] logits it came from
+    vocab: DraftVocab | None = None  # maps a row's positions to ids when the drafter scores a subset
+    sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
+    #                                   its verdict (step.py), `confidences` may be empty
+    source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation) |
+    #                        text (a drafter model of another tokenizer, its text re-tokenized: text.py)
+
+    @property
+    def copied(self) -> bool:
+        """A copy from the conversation: auto gamma learns no alpha or c of the drafter model from it."""
+        return self.source == "lookup"
+
+    def top_at(
+        self, position: int, sampling: SamplingConfig, probs: ProbsFn = probs_from_logits
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
+        on the device; None for a drafter without a distribution (prompt lookup: q is one-hot)."""
+        if not self.rows:
+            return None
+        row = self.rows[position]
+        ids = self.vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if self.vocab else None
+        return drafter_top(row, sampling, ids, probs)
+
+
+class Drafter(Protocol):
+    @property
+    def seen(self) -> int: ...  # committed ids its cache stands for (what drafter-only mode has read of a prompt)
+
+    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool, context: int = 0) -> None: ...
+
+    def propose(
+        self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator
+    ) -> Draft: ...
+
+    def rollback(self, committed_len: int) -> None: ...
+
+    def catch_up(self, ids: list[int], upto: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+
+class CachedDrafter(Drafter, Protocol):
+    """A drafter model's Drafter: fresh() gives one on the same model with a cache of its own (Engine.fork)."""
+
+    def fresh(self) -> CachedDrafter: ...

@@ -1,0 +1,367 @@
+"""The speculative decoding loop: plan -> step -> commit -> roll back, as a stream of events.
+
+State between replies: `ids` is the committed sequence (prompt + reply); the target's cache covers
+ids[:len(ids)-1] after every step (the newest token is fed next step), and so does the drafter's,
+except after a step whose drafts were all accepted, when it lags one more token and catches up
+on its next forward. A new prompt that extends `ids` reuses both caches up to the common prefix.
+
+`steps()` yields each StepResult (token ids, origins, rejected drafts) and a final ReplyEnd, with no
+text; `stream()` wraps it with detokenized text for the UI (mlx-lm's split).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specchat.config import Auto, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
+from specchat.memory import release_freed_memory, resident_bytes
+from specchat.speculative import model_io
+from specchat.speculative.detok import Detokenizer, Tokenizer
+from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan
+from specchat.speculative.drafters.lookup import common_prefix_len
+from specchat.speculative.drafters.mixed import MixedDrafter
+from specchat.speculative.drafters.retokenize import TextTokenizer
+from specchat.speculative.drafters.self_layers import check_self_layers, self_drafter, self_layers
+from specchat.speculative.drafters.text import drafter_for
+from specchat.speculative.events import Event, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
+from specchat.speculative.gamma import AutoGamma, GammaPolicy
+from specchat.speculative.insight import accept_probability
+from specchat.speculative.metrics import StatsRecorder
+from specchat.speculative.model_io import Model
+from specchat.speculative.origin import Origin
+from specchat.speculative.sampling import ProbsFn, make_generator, probs_from_logits
+from specchat.speculative.step import StepResult, drafter_step, speculative_step
+from specchat.speculative.timing import clock
+
+# (bundled w8a8 target, this CPU: 60-80 prompt tok/s at 16-256 tokens a chunk, so 128 costs nothing)
+
+
+@dataclass(frozen=True)
+class Models:
+    """What an engine runs on, for callers without a loaded pair (api.py): a LoadedPair has these fields too."""
+
+    target: Model
+    drafter: Model | None
+    tokenizer: Tokenizer
+    eos_ids: Iterable[int]
+    vocab_size: int
+    drafter_tokenizer: TextTokenizer | None = None  # the drafter's own tokenizer where it drafts text (text.py)
+    probs: ProbsFn = probs_from_logits
+
+
+class Engine:
+    """Build one with Engine.for_pair (the chat, compare, the API, the bench) or fork() an engine to rerun on
+    its models; the constructor is the primitive under both."""
+
+    def __init__(
+        self,
+        target: Model,
+        tokenizer: Tokenizer,
+        drafter: CachedDrafter | None,
+        eos_ids: Iterable[int],
+        vocab_size: int | None = None,
+        policy: GammaPolicy | None = None,
+        probs: ProbsFn = probs_from_logits,
+    ) -> None:
+        self.target = target
+        self.probs = probs  # what computes p and q (sampling.py): chosen where the pair is loaded
+        self.tokenizer = tokenizer
+        self.drafter: Drafter | None = drafter
+        self.model_drafter = drafter  # the drafter model's, which fork() copies (None: no drafter model)
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+        self.vocab_size = vocab_size or len(tokenizer)
+        self.device = model_io.input_device(target)
+        self.cache = model_io.new_cache(target)
+        self.ids: list[int] = []
+        self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
+        self.drafters: dict[str, Drafter] = {
+            "lookup": MixedDrafter(None, self.vocab_size),
+            "auto": MixedDrafter(drafter, self.vocab_size),
+        }
+        if drafter is not None:
+            self.drafters["model"] = drafter
+
+    @classmethod
+    def for_pair(cls, pair: Models | Any, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
+        """An Engine (with its own caches and a fresh gamma policy unless given) on a loaded pair's models (or
+        Models): the drafter that fits the pair, and the sampling probabilities loading chose for it."""
+        drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
+        drafter = None
+        if with_drafter and pair.drafter is not None:
+            drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer)
+        probs = getattr(pair, "probs", probs_from_logits)  # loading's choice (models.py)
+        return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, probs)
+
+    def fork(self) -> Engine:
+        """An engine on the same models with caches of its own and a copy of this one's gamma policy."""
+        model = self.model_drafter
+        return Engine(
+            self.target,
+            self.tokenizer,
+            model.fresh() if model is not None else None,
+            self.eos_ids,
+            self.vocab_size,
+            copy.deepcopy(self.policy),
+            self.probs,
+        )
+
+    def use_policy(self, policy: GammaPolicy) -> None:
+        """Plan auto gamma with `policy` from the next step on (a fresh AutoGamma: learn the costs afresh)."""
+        self.policy = policy
+
+    @property
+    def has_model_drafter(self) -> bool:
+        return "model" in self.drafters
+
+    def drafter_problem(self, name: str) -> str | None:
+        """Why drafter `name` cannot draft here (an unknown name, or a self:N with N out of range)."""
+        n = self_layers(name)
+        if n is not None:
+            return check_self_layers(self.target, n)
+        return None if name in self.drafters or name == "model" else f"no drafter named {name}"
+
+    def _drafter_named(self, name: str) -> Drafter:
+        """drafters[name], building a self:N drafter on first use (it shares the target's weights)."""
+        if name not in self.drafters:
+            problem = self.drafter_problem(name)
+            if problem:
+                raise ValueError(problem)
+            layers = self_layers(name)
+            assert layers is not None  # drafter_problem names every other unknown drafter
+            self.drafters[name] = self_drafter(self.target, layers, self.vocab_size)
+        return self.drafters[name]
+
+    def use_drafter(self, name: str) -> None:
+        """Make drafters[name] the one that drafts. It starts from an empty cache: what it cached when
+        it last drafted may belong to another conversation."""
+        chosen = self._drafter_named(name)
+        if chosen is not self.drafter:
+            chosen.reset()
+            self.drafter = chosen
+
+    # ----- state -------------------------------------------------------------------------------
+    @property
+    def target_seen(self) -> int:
+        return model_io.cache_length(self.cache)
+
+    def reset(self) -> None:
+        """Forget every cached token (both models). The gamma policy keeps what it learnt."""
+        self.cache = model_io.new_cache(self.target)
+        self.ids = []
+        for drafter in self.drafters.values():
+            drafter.reset()
+
+    def _adopt_prompt(self, prompt_ids: list[int]) -> int:
+        """Make `prompt_ids` the committed sequence, keeping cached KV for the common prefix."""
+        keep = min(common_prefix_len(self.ids, prompt_ids), len(prompt_ids) - 1)
+        model_io.crop_to(self.cache, min(self.target_seen, keep))
+        if self.drafter:
+            self.drafter.rollback(keep + 1)
+        self.ids = list(prompt_ids)
+        return keep
+
+    # ----- the loop ----------------------------------------------------------------------------
+    def stream(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingConfig,
+        speculation: SpeculationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Generate one reply to `prompt_ids`: Token/Rejected/StepDone events and a final ReplyDone."""
+        detok = Detokenizer(self.tokenizer)
+        for item in self.steps(prompt_ids, sampling, speculation, cancel):
+            if isinstance(item, ReplyEnd):
+                yield ReplyDone(item.stats, detok.text, item.ids, item.stop_reason, item.seed)
+            elif isinstance(item, PrefillProgress):
+                yield item
+            else:
+                yield from _step_events(item, detok, sampling.is_greedy)
+
+    def steps(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingConfig,
+        speculation: SpeculationConfig,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
+        """Generate one reply: PrefillProgress while a new prompt is read, committed StepResults (token
+        ids, no text) and a final ReplyEnd."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        missing = drafter_needed(self.has_model_drafter, speculation.mode, drafter=speculation.drafter)
+        if missing:
+            raise ValueError(missing)
+        wanted = "model" if speculation.mode == "drafter" else speculation.drafter
+        if wanted in self.drafters or self_layers(wanted) is not None:
+            self.use_drafter(wanted)
+        try:
+            yield from self._run(list(prompt_ids), sampling, speculation, cancel or threading.Event())
+        except BaseException:
+            self.reset()  # an interrupted forward may leave caches half-updated
+            raise
+
+    def _run(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingConfig,
+        speculation: SpeculationConfig,
+        cancel: threading.Event,
+    ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
+        if self.drafter:
+            # drafter mode answers with the drafter's own view of everything; target mode leaves its cache as spec set it
+            context = 0 if speculation.mode == "drafter" else speculation.drafter_context
+            self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup, context)
+        self._adopt_prompt(prompt_ids)  # the reused tokens: those the leading model's cache still holds
+        recorder = StatsRecorder(
+            speculation.mode, speculation.gamma, len(prompt_ids), self._prompt_read(speculation.mode)
+        )
+        recorder.stats.drafter = speculation.drafter if speculation.mode == "spec" else ""
+        seed = seed_for_reply(sampling.seed)
+        generator = make_generator(seed, self.device)
+        yield from self._prefill(speculation.mode, cancel, recorder)
+        produced, stop_reason, index = 0, "max_tokens", 0
+        while produced < sampling.max_new_tokens:
+            if cancel.is_set():
+                stop_reason = "cancelled"
+                break
+            remaining = sampling.max_new_tokens - produced
+            computed = self._step(speculation, sampling, remaining, generator)
+            step, finished = self._commit(computed, remaining, index)
+            index += 1
+            produced += len(step.tokens)
+            recorder.record(step, kept=len(step.tokens))
+            if finished or produced >= sampling.max_new_tokens:
+                step = dataclasses.replace(step, last=True)
+            yield step
+            if finished:
+                stop_reason = "eos"
+                break
+        release_freed_memory()  # a prompt's chunks leave freed activations with the heap
+        recorder.record_memory(model_io.cache_bytes(self.cache), resident_bytes())
+        yield ReplyEnd(recorder.finish(), tuple(self.ids[len(prompt_ids) :]), stop_reason, seed)
+
+    def _prefill(self, mode: str, cancel: threading.Event, recorder: StatsRecorder) -> Iterator[PrefillProgress]:
+        """Read a new prompt (all but its newest token, which the first step feeds) into the caches of
+        the models the mode uses, model_io.PREFILL_CHUNK tokens at a time, with progress after each chunk.
+        Cancelling stops between chunks: the caches then hold a prefix of the prompt, which the next
+        reply reuses or crops like any other."""
+        end, start = len(self.ids) - 1, self._prompt_read(mode)
+        began = time.perf_counter()
+        chunk = model_io.PREFILL_CHUNK
+        chunk_ends = [*range(start + chunk, end, chunk), end] if end > start else []
+        for upto in chunk_ends:
+            if cancel.is_set():
+                break
+            if mode != "drafter":
+                model_io.forward(self.target, self.cache, self.ids[self.target_seen : upto], keep=1)
+            if self.drafter and mode != "target":
+                self.drafter.catch_up(self.ids, upto)
+            yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
+        recorder.record_prefill(
+            self._prompt_read(mode) - start, clock(self.target, getattr(self.drafter, "model", None)) - began
+        )
+
+    def _prompt_read(self, mode: str) -> int:
+        """Tokens in the cache of the model that leads the mode (the drafter's in drafter mode)."""
+        if mode == "drafter":
+            return self.drafter.seen if self.drafter is not None else 0
+        return self.target_seen
+
+    def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
+        """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Copies (the auto and lookup drafters')
+        are planned apart, by the policy's copy record, except where the drafter copies alone with a fixed gamma:
+        there gamma caps the copy's length. Never past max_new_tokens."""
+        if speculation.mode == "target":
+            return DraftPlan(0)
+        if isinstance(speculation.gamma, Auto):
+            plan = self.policy.plan()
+        else:
+            copies_alone = self.drafter is self.drafters["lookup"]
+            copy = speculation.gamma if copies_alone or not speculation.gamma else self.policy.copy_length()
+            plan = DraftPlan(speculation.gamma, copy=copy)
+        gamma = max(0, min(plan.gamma, remaining - 1))
+        return dataclasses.replace(
+            plan,
+            gamma=gamma,
+            copy=max(0, min(plan.copy, remaining - 1)) if isinstance(self.drafter, MixedDrafter) else 0,
+            min_confidence=speculation.draft_confidence,
+            room=max(0, remaining - 1),
+            verified=True,
+            probs=self.probs,
+        )
+
+    def _step(
+        self, speculation: SpeculationConfig, sampling: SamplingConfig, remaining: int, generator: torch.Generator
+    ) -> StepResult:
+        if speculation.mode == "drafter":
+            if self.drafter is None:
+                raise ValueError(drafter_needed(False, "drafter"))
+            return drafter_step(self.drafter, self.ids, sampling, generator, self.probs)
+        plan = self._draft_plan(speculation, remaining)
+        step = speculative_step(
+            self.target, self.cache, self.drafter, self.ids, plan, sampling, generator, self.vocab_size, self.probs
+        )
+        self.policy.observe_step(step)
+        return step
+
+    def _commit(self, step: StepResult, remaining: int, index: int) -> tuple[StepResult, bool]:
+        """Append the step's tokens (cut at EOS and at the token limit); roll caches back. The committed step:
+        a copy of `step`, cut likewise, at place `index` of the reply; and True at EOS."""
+        keep = len(step.tokens[:remaining])
+        hit_eos = False
+        for i, token in enumerate(step.tokens[:keep]):
+            if token in self.eos_ids:
+                keep, hit_eos = i + 1, True
+                break
+        rejection = step.rejection if step.rejection is None else dataclasses.replace(step.rejection, step=index)
+        committed = dataclasses.replace(step, index=index, rejection=rejection)
+        if keep < len(step.tokens):
+            committed = dataclasses.replace(
+                committed,
+                tokens=step.tokens[:keep],
+                origins=step.origins[:keep],
+                p_tokens=step.p_tokens[:keep],
+                q_tokens=step.q_tokens[:keep],
+            )
+            if hit_eos:
+                committed = dataclasses.replace(committed, rejected=[], rejection=None)
+        self.ids.extend(committed.tokens)
+        model_io.crop_to(self.cache, min(self.target_seen, len(self.ids) - 1))
+        if self.drafter:
+            self.drafter.rollback(len(self.ids))
+        return committed, hit_eos
+
+
+def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator[Event]:
+    """A committed step as events: accepted drafts, the rejected ones, the target's token, each
+    token with its p and q (speculative/insight.py)."""
+    n_accepted = sum(1 for o in step.origins if o == Origin.DRAFTED)
+    for i, (token, origin) in enumerate(zip(step.tokens, step.origins)):
+        if i == n_accepted and step.rejected:
+            yield Rejected(tuple(step.rejected), detok.decode(step.rejected), step.rejection)
+        text = detok.push(token)
+        if step.last and i == len(step.tokens) - 1:
+            text += detok.flush()  # a tail held back for an incomplete character, now final
+        p, q = step.p_tokens[i], step.q_tokens[i]
+        drafted = origin == Origin.DRAFTED
+        accept_p = accept_probability(p, q, greedy, True) if drafted and p is not None and q is not None else None
+        source = step.draft.source if drafted and step.draft is not None else ""
+        yield Token(token, text, origin, step.index, i, p, q, accept_p, source)
+    yield StepDone(step.drafted, step.accepted)
+
+
+def run_to_end(steps: Iterable[object]) -> ReplyEnd | None:
+    """Run a reply's steps (Engine.steps) to their end; its ReplyEnd (None where a stand-in engine gave none)."""
+    final = None
+    for item in steps:
+        final = item if isinstance(item, ReplyEnd) else final
+    return final

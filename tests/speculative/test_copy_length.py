@@ -1,0 +1,109 @@
+"""Copies are planned apart from the drafter model: their length comes from how far copies of this chat were
+accepted and what the target's extra rows cost, and a copy is offered whatever auto gamma says of the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FixedCostGamma, hf_greedy, make_engine, prompt_ids
+
+from specchat.config import AUTO, SamplingConfig, SpeculationConfig
+from specchat.speculative.copy_length import MAX_COPY, CopyRecord
+from specchat.speculative.drafters.base import Draft
+from specchat.speculative.drafters.lookup import match_start
+from specchat.speculative.engine import run_to_end
+from specchat.speculative.gamma import AutoGamma
+from specchat.speculative.step import StepResult
+
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=48)
+
+
+def test_copies_taken_whole_plan_longer_copies_than_copies_refused_early():
+    whole, broken = CopyRecord(), CopyRecord()
+    for _ in range(20):
+        whole.observe(16, 16)
+        broken.observe(16, 2)
+    assert whole.best_length(0.05) > 16 > broken.best_length(0.05)
+    assert broken.survival(4)[2] < 0.2 < whole.survival(16)[-1]
+
+
+def test_dearer_rows_plan_shorter_copies():
+    record = CopyRecord()
+    lengths = [record.best_length(r) for r in (0.02, 0.1, 0.3, 1.0)]
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
+    assert 1 <= lengths[-1] and lengths[0] <= MAX_COPY
+
+
+def test_a_copy_past_its_end_says_nothing_of_the_positions_after_it():
+    record = CopyRecord()
+    record.observe(4, 4)
+    assert record.judged[:5] == [1.0, 1.0, 1.0, 1.0, 0.0] and sum(record.refused) == 0
+    record.observe(4, 1)  # the second token refused: judged at positions 1 and 2, refused at 2
+    assert record.refused[1] == 1.0 and record.judged[2] < 1.0
+
+
+class CostlyDrafterGamma(FixedCostGamma):
+    """Auto gamma that takes the drafter model to cost 1.5 target steps: it never pays."""
+
+    cost = 1.5
+
+
+def test_auto_gamma_plans_copies_while_the_model_drafter_does_not_pay():
+    policy = CostlyDrafterGamma()
+    assert policy.best_gamma() == 0
+    plans = [policy.plan() for _ in range(8)]
+    assert all(plan.copy >= 4 for plan in plans) and [plan.gamma for plan in plans].count(0) == 7
+    copy = Draft(torch.tensor([1, 2, 3, 4]), None, [], [1.0] * 4, source="lookup")
+    before = policy.alpha
+    policy.observe_step(StepResult([1, 2, 3, 4, 5], [], [], drafted=4, accepted=4, draft=copy))
+    assert policy.copies.copies == 1 and policy.alpha == before
+
+
+PASTE = (
+    "Rename total to amount:\ndef add(total, x):\n    total = total + x\n\ndef add(total, x):\n    total = total + x\n"
+)
+
+
+def test_with_a_drafter_that_does_not_pay_no_target_only_step_is_taken_where_a_copy_matches(
+    target, similar_drafter_model, tokenizer
+):
+    """The held-back pattern: auto gamma turns the model off, and the free copy must not go with it. The paste
+    ends as it began, so the first step has a match (the tiny random target seldom copies after that)."""
+    ids = prompt_ids(tokenizer, PASTE)
+    engine = make_engine(target, similar_drafter_model, tokenizer, policy=CostlyDrafterGamma())
+    speculation = SpeculationConfig(gamma=AUTO, drafter="auto")
+    seen, held_back, steps = list(ids), 0, []
+    for item in engine.steps(ids, GREEDY, speculation):
+        if isinstance(item, StepResult):
+            held_back += 1 if not item.drafted and match_start(seen) is not None else 0
+            seen += item.tokens
+            steps.append(item)
+    assert seen[len(ids) :] == hf_greedy(target, ids, 48)
+    assert match_start(ids) is not None and steps[0].draft is not None and steps[0].draft.copied
+    assert steps[0].drafted >= 4 and held_back == 0
+
+
+def test_the_reply_says_how_its_steps_and_time_were_split(target, similar_drafter_model, tokenizer):
+    engine = make_engine(target, similar_drafter_model, tokenizer, policy=CostlyDrafterGamma())
+    end = run_to_end(engine.steps(prompt_ids(tokenizer, PASTE), GREEDY, SpeculationConfig(gamma=AUTO, drafter="auto")))
+    s = end.stats
+    assert s.copied_steps + s.model_steps + s.target_only_steps == s.target_forwards
+    assert s.copied_steps >= 1 and s.target_only_steps >= 1
+    split = s.prefill_s + s.copy_s + s.model_s + s.target_only_s
+    assert 0 < split <= s.wall_s and split > 0.8 * s.wall_s
+
+
+def test_long_copies_price_the_copies_rows_but_not_the_model_drafts():
+    """T(n) is convex on a CPU: a copy's 33 rows cost more a row than a draft's 5, so the model's plan is fitted
+    without them (measured: shared fits planned shorter model drafts on fresh prompts), the copies' with them."""
+    policy = AutoGamma()
+    model = Draft(torch.tensor([1, 2, 3, 4]), None, [], [0.9] * 4)
+    copy = Draft(torch.tensor(list(range(32))), None, [], [1.0] * 32, source="lookup")
+    for _ in range(6):
+        policy.observe_step(StepResult([1], [], [], 0, 0, None, 0.020, 1))
+        policy.observe_step(StepResult([1, 2, 3, 4, 5], [], [], 4, 4, model, 0.024, 5))
+        policy.observe_step(StepResult(list(range(33)), [], [], 32, 32, copy, 0.110, 33))
+    one_row, per_row = policy.target_rows.fit()
+    assert per_row == pytest.approx(0.001) and one_row == pytest.approx(0.020)
+    assert policy.row_cost == pytest.approx(policy.copy_rows.fit()[1] / policy.copy_rows.fit()[0])
+    assert policy.row_cost > 0.1
