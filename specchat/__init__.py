@@ -8,14 +8,19 @@
 Public names: speculative_generate, autoregressive_generate, stream, load_pair, Generation, and the
 events stream() yields: Token (id, text, origin: an Origin), Rejected, StepDone, ReplyDone.
 The chat itself: `python infer.py` (see the README).
+
+Importing specchat changes nothing in the process: no environment variable, and torch loads only when a public
+name is first used. The programs (the chat, the server, the bench) set OpenMP's wait policy first (threads.py).
 """
 
-from specchat.threads import set_wait_policy
+from __future__ import annotations
 
-set_wait_policy()  # before torch is imported (specchat/threads.py)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from specchat.api import Generation, autoregressive_generate, load_pair, speculative_generate, stream  # noqa: E402
-from specchat.speculative.events import Origin, Rejected, ReplyDone, StepDone, Token  # noqa: E402
+if TYPE_CHECKING:
+    from specchat.api import Generation, autoregressive_generate, load_pair, speculative_generate, stream
+    from specchat.speculative.events import Origin, Rejected, ReplyDone, StepDone, Token
 
 __all__ = [
     "speculative_generate",
@@ -29,3 +34,13 @@ __all__ = [
     "StepDone",
     "ReplyDone",
 ]
+_EVENTS = ("Origin", "Token", "Rejected", "StepDone", "ReplyDone")
+_HOMES = {name: "specchat.speculative.events" if name in _EVENTS else "specchat.api" for name in __all__}
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module on first use (PEP 562)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'specchat' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

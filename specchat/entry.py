@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 
+from specchat.threads import set_wait_policy
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    set_wait_policy()  # before the chat or the server loads torch (threads.py)
     if argv[:1] == ["serve"]:
         from specchat.serve.cli import main as serve
 

@@ -6,8 +6,9 @@ hundred parallel regions of a forward waits a scheduler time slice for it, and t
 step took 2.8 s instead of 79 ms here. Spinning 10,000 times covers the gaps inside a forward
 (the same 79 ms on a quiet machine) and sleeps between them: 0.23–0.26 s with a core busy.
 
-It must be set before torch loads libgomp, so specchat sets it on import, unless the user chose
-a wait policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT) already.
+It must be set before torch loads libgomp, so the programs (entry.py: the chat and the server; the bench's
+package) set it first thing, unless the user chose a wait policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT) already.
+Importing specchat as a library sets nothing: a program that uses the API keeps its own environment.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ import os
 
 import pytest
 
+from specchat.threads import set_wait_policy
+
+set_wait_policy()  # the tests run torch as the programs do (threads.py); importing specchat sets nothing
+
 HELPERS = (
     "GREEDY",
     "CheapDrafterGamma",

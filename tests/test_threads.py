@@ -1,4 +1,5 @@
-"""specchat shortens OpenMP's spin before torch loads it, and leaves a user's own choice alone."""
+"""The programs shorten OpenMP's spin before torch loads it; importing specchat as a library changes nothing;
+a user's own choice is left alone."""
 
 from __future__ import annotations
 
@@ -9,19 +10,30 @@ import sys
 from specchat.threads import SPIN_COUNT, set_wait_policy
 
 
-def spin_count_seen_by_a_fresh_process() -> str:
+def seen_by_a_fresh_process(code: str) -> str:
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    code = "import specchat, os, sys; assert 'torch' in sys.modules; print(os.environ.get('GOMP_SPINCOUNT', '-'))"
     return subprocess.run(
         [sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True
     ).stdout.strip()
 
 
-def test_importing_specchat_sets_the_spin_count_before_torch_loads():
-    assert spin_count_seen_by_a_fresh_process() == SPIN_COUNT
-    # torch is imported by specchat's own import, after the policy is set
-    source = open(os.path.join(os.path.dirname(__file__), "..", "specchat", "__init__.py")).read()
-    assert source.index("set_wait_policy()") < source.index("from specchat.api")
+def test_importing_specchat_changes_no_environment_and_loads_no_torch():
+    code = "import specchat, os, sys; print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT', '-'))"
+    assert seen_by_a_fresh_process(code) == "False -"
+    code = "import specchat, os; specchat.stream; print(os.environ.get('GOMP_SPINCOUNT', '-'))"
+    assert seen_by_a_fresh_process(code) == "-"  # using the API loads torch, and still sets nothing
+
+
+def test_the_programs_set_the_spin_count_before_torch_loads():
+    code = (
+        "import os, sys, specchat.entry as e\n"
+        "sys.argv = ['specchat', '--help']\n"
+        "try:\n    e.main()\nexcept SystemExit:\n    pass\n"
+        "print(os.environ.get('GOMP_SPINCOUNT', '-'))"
+    )
+    assert seen_by_a_fresh_process(code).splitlines()[-1] == SPIN_COUNT
+    code = "import os, sys, specchat.bench; print('torch' in sys.modules, os.environ.get('GOMP_SPINCOUNT', '-'))"
+    assert seen_by_a_fresh_process(code) == f"False {SPIN_COUNT}"
 
 
 def test_a_users_own_wait_policy_is_kept():
