@@ -16,7 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specchat.config import AUTO, GAMMA_MAX, RANDOM, Auto, Config, Gamma, SamplingConfig, SpeculationConfig, problem
+from specchat.config import (
+    AUTO,
+    GAMMA_MAX,
+    RANDOM,
+    Auto,
+    Config,
+    Gamma,
+    Mode,
+    SamplingConfig,
+    SpeculationConfig,
+    problem,
+)
 from specchat.speculative.detok import Tokenizer
 from specchat.speculative.engine import Engine, Models
 from specchat.speculative.events import Event, ReplyDone, Token
@@ -147,7 +158,7 @@ def stream(
     sampling = _sampling(temperature, top_k, top_p, max_new_tokens, seed)
     speculation = SpeculationConfig(
         gamma=_gamma(gamma, drafter),
-        mode="spec" if drafter is not None else "target",
+        mode=Mode.SPEC if drafter is not None else Mode.TARGET,
         drafter_vocab=_non_negative("drafter_vocab", drafter_vocab),
     )
     engine = _engine(drafter, target, tokenizer, eos_token_ids)

@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Union
 
@@ -37,7 +38,27 @@ KERNELS = ("auto", "portable", "avx2", "avx-vnni", "avx512-vnni", "amx")  # the 
 KV_CACHES = ("bfloat16", "float16", "float32")  # how the compiled layer loop stores keys and values
 INVARIANT_MODES = (*W8A8_MODES, *W4A8_MODES)
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
-MODES = ("spec", "target", "drafter")
+
+
+class Mode(str, Enum):
+    """Who answers: the pair speculatively (SPEC), the target alone (TARGET), or the drafter alone (DRAFTER).
+    Settings hold it as its value's text ("spec"), and say it so."""
+
+    SPEC = "spec"
+    TARGET = "target"
+    DRAFTER = "drafter"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:  # as settings are shown (/set, /config): the text a user types
+        return repr(self.value)
+
+
+MODES = tuple(mode.value for mode in Mode)
 VIEWS = ("origin", "markdown")  # how a finished reply is shown: as it streamed, or also as Markdown
 COMPARE = ("off", "on", "drafter")
 DRAFTERS = ("model", "lookup", "auto", "self:N")  # who drafts in spec mode: the drafter model, prompt lookup (no
@@ -105,7 +126,7 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class SpeculationConfig:
     gamma: Gamma = 4  # drafted tokens per step; 0 = target-only; AUTO = the policy plans each step
-    mode: str = "spec"  # spec | target | drafter
+    mode: Mode = Mode.SPEC  # spec | target | drafter (settings give the text; __post_init__ makes it a Mode)
     compare: str = "off"  # off | on | drafter
     extra_eos: tuple[str, ...] = ()  # extra stop strings (each must be a single token)
     drafter_vocab: int = 0  # drafter proposes only ids below this (0 = its whole vocabulary); still exact
@@ -115,6 +136,10 @@ class SpeculationConfig:
     drafter: str = (
         "model"  # model (the drafter model) | lookup (prompt lookup, no model) | auto (either, per step) | self:N
     )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mode, str) and self.mode in MODES:  # the text a setting gives; another is the validator's
+            object.__setattr__(self, "mode", Mode(self.mode))
 
 
 @dataclass(frozen=True)
@@ -146,14 +171,14 @@ class Config:
 GAMMA_MAX = 16
 
 
-def drafter_needed(has_drafter: bool, mode: str, compare: str = "off", drafter: str = "model") -> str | None:
+def drafter_needed(has_drafter: bool, mode: Mode | str, compare: str = "off", drafter: str = "model") -> str | None:
     """Why a speculation mode (and compare setting, and drafter kind) cannot run without a drafter model;
     None when it can. Prompt lookup drafts with no model, but only in spec mode.
 
     The one place that decides it: loading, the CLI, the session, the commands and the engine ask here."""
     if has_drafter:
         return None
-    if mode == "drafter" or (mode == "spec" and drafter == "model"):
+    if mode == Mode.DRAFTER or (mode == Mode.SPEC and drafter == "model"):
         return f"mode '{mode}' needs a drafter model"
     if compare == "drafter":
         return "compare 'drafter' needs a drafter model"
@@ -403,6 +428,8 @@ def _coerce_toml(value: Any, current: Any, key: str) -> Any:
         if not all(isinstance(item, str) for item in value):
             raise ConfigError(f"{key} must be {_KIND_WORDS['tuple']}, got {quoted(value)}")
         return tuple(value)
+    if isinstance(current, Enum) and isinstance(value, str):
+        return value  # a Mode's text: its validator judges it, and the settings make it a Mode
     if type(value) is not type(current):
         want = _KIND_WORDS.get(type(current).__name__, type(current).__name__)
         raise ConfigError(f"{key} must be {want}, got {quoted(value)}")

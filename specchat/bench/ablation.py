@@ -20,10 +20,10 @@ from rich.table import Table
 
 from specchat.bench.methods import Method, Runner
 from specchat.bench.suite import SETTINGS, load_prompts
-from specchat.config import AUTO, SpeculationConfig, load_config
+from specchat.config import AUTO, Mode, SpeculationConfig, load_config
 from specchat.loading.models import load_model, load_pair
 
-TARGET = Method("target-only", "specchat", "target")
+TARGET = Method("target-only", "specchat", Mode.TARGET)
 BASELINE = "default levers (auto γ)"
 
 
@@ -35,7 +35,7 @@ def lookup_switched(spec: SpeculationConfig) -> tuple[str, SpeculationConfig]:
 
 def variants(cfg, pair, unquantized, wanted: list[str]) -> dict[str, Runner]:
     spec, system = cfg.speculation, cfg.ui.system_prompt
-    auto, fixed = Method("auto", "specchat", "spec", AUTO), Method("γ4", "specchat", "spec", 4)
+    auto, fixed = Method("auto", "specchat", Mode.SPEC, AUTO), Method("γ4", "specchat", Mode.SPEC, 4)
     runners = {BASELINE: Runner(pair, [TARGET, auto], system, spec)}
     if "lookup" in wanted:
         label, switched = lookup_switched(spec)

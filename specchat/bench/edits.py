@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from specchat.config import AUTO, ConfigError, SamplingConfig, load_config
+from specchat.config import AUTO, ConfigError, Mode, SamplingConfig, load_config
 from specchat.errors import ModelLoadError
 from specchat.speculative.drafters import model as model_drafter
 from specchat.speculative.drafters.lookup import match_start
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
     if args.slow_drafter:
         slow_down_drafter(args.slow_drafter)
     prompts = [p for p in load_prompts(None, False) if p["kind"] == "edit"]
-    spec = dataclasses.replace(cfg.speculation, gamma=AUTO, mode="spec", drafter="auto")
-    target_only = dataclasses.replace(cfg.speculation, gamma=0, mode="target")
+    spec = dataclasses.replace(cfg.speculation, gamma=AUTO, mode=Mode.SPEC, drafter="auto")
+    target_only = dataclasses.replace(cfg.speculation, gamma=0, mode=Mode.TARGET)
     reply(runner.engine, runner.prompt_ids(prompts[0]), spec, 16)  # warm-up
     ratios, mismatches = [], 0
     for _ in range(args.rounds):

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from specchat.bench.methods import Method, Runner
+from specchat.bench.methods import ASSISTED, Method, Runner
 from specchat.bench.synthetic import SHAPES, checkpoint, prompt_ids
-from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig
+from specchat.config import Config, Mode, ModelConfig, SamplingConfig, SpeculationConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair
 from specchat.speculative import model_io
@@ -43,10 +43,10 @@ VARIANTS = {  # name -> (dtype, quantization) of the target
 SMALL_DRAFTER = {"tiny": "tiny", "0.5b": "0.5b", "1.5b": "0.5b", "7b": "0.5b"}
 GAMMA = 4
 METHODS = (
-    Method("specchat target-only", "specchat", "target"),
-    Method("specchat γ4", "specchat", "spec", GAMMA),
-    Method("HF target-only", "hf", "target"),
-    Method("HF assisted γ4", "hf", "assisted", GAMMA),
+    Method("specchat target-only", "specchat", Mode.TARGET),
+    Method("specchat γ4", "specchat", Mode.SPEC, GAMMA),
+    Method("HF target-only", "hf", Mode.TARGET),
+    Method("HF assisted γ4", "hf", ASSISTED, GAMMA),
 )
 QUICK = dict(shapes=["1.5b"], variants=["bf16"], pairs=["small", "self"], new_tokens=32, prompts=2)
 FULL = dict(
@@ -77,7 +77,7 @@ def pair_config(target_dir: Path, drafter_dir: Path, variant: str, pair: str, de
     return Config(
         target=ModelConfig(source=str(target_dir), dtype=dtype, quantization=quantization, device=device),
         drafter=ModelConfig(source=str(drafter_dir), dtype=dtype, quantization=drafter_quant, device=device),
-        speculation=SpeculationConfig(mode="spec"),
+        speculation=SpeculationConfig(mode=Mode.SPEC),
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
-from specchat.config import AUTO, Auto, Config, SamplingConfig, SpeculationConfig, seed_for_reply, show_value
+from specchat.config import AUTO, Auto, Config, Mode, SamplingConfig, SpeculationConfig, seed_for_reply, show_value
 from specchat.session.chat import render_prompt
 from specchat.speculative.engine import Engine, run_to_end
 from specchat.speculative.gamma import AutoGamma
@@ -23,11 +23,14 @@ HF_GAMMAS = (4, 8)
 DRAFTER_ROW_GAMMA = 4  # the lookup and self:N rows draft as many as the model row γ4
 
 
+ASSISTED = "assisted"  # a Method's mode for transformers' assisted generation (beside the Modes)
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
     kind: str  # "specchat" | "hf" | "llama.cpp"
-    mode: str  # "target" | "spec" | "assisted"
+    mode: Mode | str  # a Mode, or ASSISTED (transformers' assisted generation)
     gamma: int | Auto | str | None = None  # None: not speculative; AUTO: specchat's auto gamma; llama.cpp's "ngram"
     schedule: str = "constant"  # HF assisted: "constant" or "default" (transformers' own heuristic)
     drafter: str = "loaded"  # HF assisted: "loaded" (specchat's, as configured) or "unquantized"
@@ -72,7 +75,10 @@ def default_methods(
     Each of `drafters` (lookup, self:N: no drafter model needed) adds a specchat row at γ
     DRAFTER_ROW_GAMMA. Each of `other_targets` (target quantizations) adds specchat's rows on that
     target; `llamacpp` adds llama.cpp's target-only, speculative and n-gram rows on the same GGUF files."""
-    methods = [Method(target_only_name(""), "specchat", "target"), Method("HF generate target-only", "hf", "target")]
+    methods = [
+        Method(target_only_name(""), "specchat", Mode.TARGET),
+        Method("HF generate target-only", "hf", Mode.TARGET),
+    ]
     if cfg.drafter.source:
         methods += _hf_assisted("loaded", "")
         if cfg.drafter.quantization != "none":
@@ -80,17 +86,17 @@ def default_methods(
         methods += _specchat_spec("")
     methods += [_drafter_row(name) for name in drafters]
     for quantization in other_targets:
-        methods.append(Method(target_only_name(quantization), "specchat", "target", target=quantization))
+        methods.append(Method(target_only_name(quantization), "specchat", Mode.TARGET, target=quantization))
         methods += _specchat_spec(quantization) if cfg.drafter.source else []
     if llamacpp:
         from specchat.bench.llamacpp import GAMMAS, NGRAM
 
-        methods.append(Method(LLAMACPP_TARGET_ONLY, "llama.cpp", "target"))
+        methods.append(Method(LLAMACPP_TARGET_ONLY, "llama.cpp", Mode.TARGET))
         methods += [
-            Method(f"llama.cpp speculative γ{g}", "llama.cpp", "spec", g)
+            Method(f"llama.cpp speculative γ{g}", "llama.cpp", Mode.SPEC, g)
             for g in (GAMMAS if cfg.drafter.source else ())
         ]
-        methods.append(Method("llama.cpp n-gram", "llama.cpp", "spec", NGRAM))
+        methods.append(Method("llama.cpp n-gram", "llama.cpp", Mode.SPEC, NGRAM))
     return methods
 
 
@@ -98,7 +104,7 @@ def _drafter_row(name: str) -> Method:
     """A row for one drafter: at γ DRAFTER_ROW_GAMMA, or auto γ for `auto` (its copies plan themselves)."""
     gamma = AUTO if name == "auto" else DRAFTER_ROW_GAMMA
     return Method(
-        f"specchat {name} γ{show_value('speculation.gamma', gamma)}", "specchat", "spec", gamma, speculator=name
+        f"specchat {name} γ{show_value('speculation.gamma', gamma)}", "specchat", Mode.SPEC, gamma, speculator=name
     )
 
 
@@ -114,14 +120,14 @@ def target_only_name(target: str) -> str:
 def _specchat_spec(target: str) -> list[Method]:
     suffix = _target_suffix(target)
     return [
-        Method(f"specchat γ{show_value('speculation.gamma', g)}{suffix}", "specchat", "spec", g, target=target)
+        Method(f"specchat γ{show_value('speculation.gamma', g)}{suffix}", "specchat", Mode.SPEC, g, target=target)
         for g in SPEC_GAMMAS
     ]
 
 
 def _hf_assisted(drafter: str, suffix: str) -> list[Method]:
-    methods = [Method(f"HF assisted γ{g}{suffix}", "hf", "assisted", g, drafter=drafter) for g in HF_GAMMAS]
-    return methods + [Method(f"HF assisted default{suffix}", "hf", "assisted", None, "default", drafter)]
+    methods = [Method(f"HF assisted γ{g}{suffix}", "hf", ASSISTED, g, drafter=drafter) for g in HF_GAMMAS]
+    return methods + [Method(f"HF assisted default{suffix}", "hf", ASSISTED, None, "default", drafter)]
 
 
 class Runner:
@@ -218,7 +224,7 @@ class Runner:
         )
         done = run_to_end(engine.steps(ids, sampling, speculation))
         s = done.stats
-        spec = method.mode == "spec"
+        spec = method.mode == Mode.SPEC
         return Measurement(
             done.ids,
             s.new_tokens,
@@ -234,7 +240,7 @@ class Runner:
 
     def _hf(self, method: Method, ids: list[int], sampling: SamplingConfig) -> Measurement:
         kwargs = {}
-        if method.mode == "assisted":
+        if method.mode == ASSISTED:
             kwargs["assistant_model"] = self.drafters[method.drafter]
             self._configure_assistant(method, kwargs["assistant_model"])
         device = input_device(self.pair.target)

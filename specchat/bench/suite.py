@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specchat.bench.methods import LLAMACPP_TARGET_ONLY, Measurement, Method, Runner, default_methods
+from specchat.bench.methods import ASSISTED, LLAMACPP_TARGET_ONLY, Measurement, Method, Runner, default_methods
 from specchat.bench.turns import compare_reuse
-from specchat.config import QUANTIZATIONS, ConfigError, SamplingConfig, load_config, with_value
+from specchat.config import QUANTIZATIONS, ConfigError, Mode, SamplingConfig, load_config, with_value
 from specchat.errors import ModelLoadError
 
 PROMPTS_FILE = Path(__file__).parent.parent / "prompts" / "bench.json"
@@ -117,7 +117,7 @@ def _best_hf(rows, setting, results: dict[str, Measurement], drafter: str) -> Me
     assisted = [
         m
         for name, m in results.items()
-        if rows[(setting, name)].method.mode == "assisted" and rows[(setting, name)].method.drafter == drafter
+        if rows[(setting, name)].method.mode == ASSISTED and rows[(setting, name)].method.drafter == drafter
     ]
     return max(assisted, key=lambda m: m.tokens_per_s, default=None)
 
@@ -159,7 +159,7 @@ def ratios_of_kind(row: Row, kind: str) -> list[float]:
 
 def summarise(row: Row) -> dict:
     ms = row.measurements
-    speculative = row.method.kind == "specchat" and row.method.mode == "spec"
+    speculative = row.method.kind == "specchat" and row.method.mode == Mode.SPEC
     summary = {
         "setting": row.setting,
         "method": row.method.name,

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from specchat.config import SamplingConfig, SpeculationConfig, drafter_needed
+from specchat.config import Mode, SamplingConfig, SpeculationConfig, drafter_needed
 from specchat.serve.protocol import Request, RequestError
 from specchat.session.chat import TemplateFailure, render_prompt
 from specchat.session.stop_strings import StopFilter, StopOrCancel
@@ -95,7 +95,9 @@ class Service:
         cfg = request.config
         speculation = cfg.speculation
         problem = drafter_needed(self.engine.has_model_drafter, speculation.mode, drafter=speculation.drafter)
-        problem = problem or (self.engine.drafter_problem(speculation.drafter) if speculation.mode == "spec" else None)
+        problem = problem or (
+            self.engine.drafter_problem(speculation.drafter) if speculation.mode == Mode.SPEC else None
+        )
         if problem:
             raise RequestError(f"drafter: {problem}")
         sampling = dataclasses.replace(cfg.sampling, max_new_tokens=request.max_tokens or room)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specchat.config import RANDOM, Config, SamplingConfig, drafter_needed, undecodable_at
+from specchat.config import RANDOM, Config, Mode, SamplingConfig, drafter_needed, undecodable_at
 from specchat.session.stop_strings import StopFilter, StopOrCancel
 from specchat.speculative.events import Rejected, ReplyDone, Token
 from specchat.speculative.insight import Rejection
@@ -236,9 +236,9 @@ class ChatSession:
         speculation = self.config.speculation
         problem = drafter_needed(self.has_drafter, speculation.mode, drafter=speculation.drafter)
         if problem:
-            hint = "/drafter lookup or /mode target" if speculation.mode == "spec" else "/mode target"
+            hint = "/drafter lookup or /mode target" if speculation.mode == Mode.SPEC else "/mode target"
             raise ChatError(f"{problem}, and none is loaded; use {hint}")
-        unusable = self.engine.drafter_problem(speculation.drafter) if speculation.mode == "spec" else None
+        unusable = self.engine.drafter_problem(speculation.drafter) if speculation.mode == Mode.SPEC else None
         if unusable:
             raise ChatError(f"{unusable}; choose another with /drafter")
 

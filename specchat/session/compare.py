@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specchat.config import Mode
 from specchat.session.stop_strings import STOP_STRING
 from specchat.speculative import model_io
 from specchat.speculative.engine import Engine, run_to_end
@@ -37,7 +38,7 @@ def tie_threshold(top_logit: float, dtype: torch.dtype) -> float:
 
 @dataclass(frozen=True)
 class Run:
-    label: str  # the chat's reply: its mode ("spec" | "target" | "drafter"); a rerun: "target-only" | "drafter-only"
+    label: str  # the chat's reply: its mode (a Mode's text); a rerun: "target-only" | "drafter-only"
     text: str
     ids: tuple[int, ...]
     stats: ReplyStats
@@ -93,21 +94,21 @@ class Comparer:
     ) -> Iterator[CompareReport]:
         cfg = session.config
         sampling = dataclasses.replace(session.sampling_for(prompt_ids), seed=done.seed)  # the reply's seed and cap
-        runs = [self._rerun(self.target_engine, "target", prompt_ids, cfg, sampling, cancel)]
+        runs = [self._rerun(self.target_engine, Mode.TARGET, prompt_ids, cfg, sampling, cancel)]
         if cfg.speculation.compare == "drafter" and self.drafter_engine is not None:
-            runs.append(self._rerun(self.drafter_engine, "drafter", prompt_ids, cfg, sampling, cancel))
+            runs.append(self._rerun(self.drafter_engine, Mode.DRAFTER, prompt_ids, cfg, sampling, cancel))
         if any(r is None for r in runs):
             return  # cancelled during a rerun: nothing fair to show
         if done.stop_reason == STOP_STRING:  # the reply was cut there; the reruns were not
             runs = [self._clipped(run, len(done.ids)) for run in runs]
-        spec = Run(cfg.speculation.mode, done.text, done.ids, done.stats)
+        spec = Run(str(cfg.speculation.mode), done.text, done.ids, done.stats)
         greedy = cfg.sampling.is_greedy
         divergence = None
         if greedy and spec.ids != runs[0].ids:
             divergence = self.explain(prompt_ids, spec.ids, runs[0].ids)
         yield CompareReport(spec, tuple(runs), greedy, divergence)
 
-    def _rerun(self, engine: Engine, mode: str, prompt_ids, cfg, sampling, cancel) -> Run | None:
+    def _rerun(self, engine: Engine, mode: Mode, prompt_ids, cfg, sampling, cancel) -> Run | None:
         """The same prompt on a rerun engine's own caches, token ids only; the text is decoded once."""
         speculation = dataclasses.replace(cfg.speculation, mode=mode)
         final = run_to_end(engine.steps(prompt_ids, sampling, speculation, cancel))

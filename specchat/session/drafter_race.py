@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specchat.config import seed_for_reply
+from specchat.config import Mode, seed_for_reply
 from specchat.speculative.drafters.self_layers import layer_count, self_layers
 from specchat.speculative.engine import Engine, run_to_end
 from specchat.speculative.metrics import ReplyStats
@@ -91,7 +91,7 @@ def race_sampling(session):
 
 def one_run(session, name: str, sampling, cancel: threading.Event) -> ReplyStats | None:
     """One contender's run on a fresh engine; None when cancelled."""
-    mode, drafter = ("target", "model") if name == NO_DRAFTER else ("spec", name)
+    mode, drafter = (Mode.TARGET, "model") if name == NO_DRAFTER else (Mode.SPEC, name)
     speculation = dataclasses.replace(session.config.speculation, mode=mode, drafter=drafter)
     final = run_to_end(session.engine.fork().steps(session.last_prompt_ids, sampling, speculation, cancel))
     return None if final is None or final.stop_reason == "cancelled" else final.stats

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from specchat.config import Auto, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
+from specchat.config import Auto, Mode, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.speculative import model_io
 from specchat.speculative.detok import Detokenizer, Tokenizer
@@ -200,7 +200,7 @@ class Engine:
         missing = drafter_needed(self.has_model_drafter, speculation.mode, drafter=speculation.drafter)
         if missing:
             raise ValueError(missing)
-        wanted = "model" if speculation.mode == "drafter" else speculation.drafter
+        wanted = "model" if speculation.mode == Mode.DRAFTER else speculation.drafter
         if wanted in self.drafters or self_layers(wanted) is not None:
             self.use_drafter(wanted)
         try:
@@ -218,13 +218,13 @@ class Engine:
     ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
         if self.drafter:
             # drafter mode answers with the drafter's own view of everything; target mode leaves its cache as spec set it
-            context = 0 if speculation.mode == "drafter" else speculation.drafter_context
+            context = 0 if speculation.mode == Mode.DRAFTER else speculation.drafter_context
             self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup, context)
         self._adopt_prompt(prompt_ids)  # the reused tokens: those the leading model's cache still holds
         recorder = StatsRecorder(
             speculation.mode, speculation.gamma, len(prompt_ids), self._prompt_read(speculation.mode)
         )
-        recorder.stats.drafter = speculation.drafter if speculation.mode == "spec" else ""
+        recorder.stats.drafter = speculation.drafter if speculation.mode == Mode.SPEC else ""
         seed = seed_for_reply(sampling.seed)
         generator = make_generator(seed, self.device)
         yield from self._prefill(speculation.mode, cancel, recorder)
@@ -249,7 +249,7 @@ class Engine:
         recorder.record_memory(model_io.cache_bytes(self.cache), resident_bytes())
         yield ReplyEnd(recorder.finish(), tuple(self.ids[len(prompt_ids) :]), stop_reason, seed)
 
-    def _prefill(self, mode: str, cancel: threading.Event, recorder: StatsRecorder) -> Iterator[PrefillProgress]:
+    def _prefill(self, mode: Mode, cancel: threading.Event, recorder: StatsRecorder) -> Iterator[PrefillProgress]:
         """Read a new prompt (all but its newest token, which the first step feeds) into the caches of
         the models the mode uses, model_io.PREFILL_CHUNK tokens at a time, with progress after each chunk.
         Cancelling stops between chunks: the caches then hold a prefix of the prompt, which the next
@@ -261,18 +261,18 @@ class Engine:
         for upto in chunk_ends:
             if cancel.is_set():
                 break
-            if mode != "drafter":
+            if mode != Mode.DRAFTER:
                 model_io.forward(self.target, self.cache, self.ids[self.target_seen : upto], keep=1)
-            if self.drafter and mode != "target":
+            if self.drafter and mode != Mode.TARGET:
                 self.drafter.catch_up(self.ids, upto)
             yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
         recorder.record_prefill(
             self._prompt_read(mode) - start, clock(self.target, getattr(self.drafter, "model", None)) - began
         )
 
-    def _prompt_read(self, mode: str) -> int:
+    def _prompt_read(self, mode: Mode) -> int:
         """Tokens in the cache of the model that leads the mode (the drafter's in drafter mode)."""
-        if mode == "drafter":
+        if mode == Mode.DRAFTER:
             return self.drafter.seen if self.drafter is not None else 0
         return self.target_seen
 
@@ -280,7 +280,7 @@ class Engine:
         """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Copies (the auto and lookup drafters')
         are planned apart, by the policy's copy record, except where the drafter copies alone with a fixed gamma:
         there gamma caps the copy's length. Never past max_new_tokens."""
-        if speculation.mode == "target":
+        if speculation.mode == Mode.TARGET:
             return DraftPlan(0)
         if isinstance(speculation.gamma, Auto):
             plan = self.policy.plan()
@@ -302,9 +302,9 @@ class Engine:
     def _step(
         self, speculation: SpeculationConfig, sampling: SamplingConfig, remaining: int, generator: torch.Generator
     ) -> StepResult:
-        if speculation.mode == "drafter":
+        if speculation.mode == Mode.DRAFTER:
             if self.drafter is None:
-                raise ValueError(drafter_needed(False, "drafter"))
+                raise ValueError(drafter_needed(False, Mode.DRAFTER))
             return drafter_step(self.drafter, self.ids, sampling, generator, self.probs)
         plan = self._draft_plan(speculation, remaining)
         step = speculative_step(

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specchat.config import Gamma, to_wire
+from specchat.config import Gamma, Mode, to_wire
 
 if TYPE_CHECKING:
     from specchat.speculative.step import StepResult
@@ -38,7 +38,7 @@ def leviathan_speedup(alpha: float, gamma: int, c: float) -> float:
 
 @dataclass
 class ReplyStats:
-    mode: str = "spec"
+    mode: Mode = Mode.SPEC
     gamma: Gamma = 0  # the setting the reply ran with (AUTO: planned per step; see mean_gamma)
     drafter: str = ""  # who drafted in spec mode: model | lookup | auto | self:N
     prompt_tokens: int = 0
@@ -161,7 +161,7 @@ class ReplyStats:
 class StatsRecorder:
     """Collects one reply's counters and timings while the engine runs."""
 
-    def __init__(self, mode: str, gamma: Gamma, prompt_tokens: int, reused_tokens: int):
+    def __init__(self, mode: Mode, gamma: Gamma, prompt_tokens: int, reused_tokens: int):
         self.stats = ReplyStats(mode=mode, gamma=gamma, prompt_tokens=prompt_tokens, reused_tokens=reused_tokens)
         self._start = time.perf_counter()
         self._step_began = self._start  # where the next step's time starts: after the last step or the prompt

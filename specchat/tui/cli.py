@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from specchat.config import Config, ConfigError, drafter_needed, load_config, set_from_text, with_value
+from specchat.config import Config, ConfigError, Mode, drafter_needed, load_config, set_from_text, with_value
 from specchat.errors import ModelLoadError
 from specchat.loading.models import load_pair, reply_stops
 from specchat.progress import Notice, each_message_once
@@ -155,12 +155,12 @@ def warm_up(session: ChatSession) -> PairCost | None:
     """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply; then,
     with a drafter, a second one timed for the pair's expected speed (tui/pair_cost.py)."""
     cfg = session.config
-    mode = "spec" if session.has_drafter else "target"
+    mode = Mode.SPEC if session.has_drafter else Mode.TARGET
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
     ids = session.render([{"role": "user", "content": "Say hello."}])
     check_system_prompt_fits(session, len(ids))
     run_to_end(session.engine.steps(ids, sampling, dataclasses.replace(cfg.speculation, mode=mode)))
-    cost = _timed_cost(session, ids, sampling) if mode == "spec" and cfg.speculation.drafter != "lookup" else None
+    cost = _timed_cost(session, ids, sampling) if mode == Mode.SPEC and cfg.speculation.drafter != "lookup" else None
     session.engine.reset()
     session.engine.use_policy(AutoGamma())  # warm-up timings include first-call set-up: learn c afresh
     return cost
@@ -181,7 +181,7 @@ def _timed_cost(session: ChatSession, ids: list[int], sampling) -> PairCost | No
     gamma = session.config.speculation.gamma
     gamma = gamma if isinstance(gamma, int) and gamma > 0 else FALLBACK_GAMMA
     session.engine.reset()
-    speculation = dataclasses.replace(session.config.speculation, mode="spec", gamma=gamma)
+    speculation = dataclasses.replace(session.config.speculation, mode=Mode.SPEC, gamma=gamma)
     end = run_to_end(session.engine.steps(ids, dataclasses.replace(sampling, max_new_tokens=8), speculation))
     return measured_cost(end.stats, gamma) if end is not None else None
 

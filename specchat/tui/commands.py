@@ -19,9 +19,11 @@ from prompt_toolkit.document import Document
 from rich.table import Table
 
 from specchat.config import (
+    MODES,
     VIEWS,
     WORD_SETTINGS,
     ConfigError,
+    Mode,
     all_keys,
     as_flat_dict,
     drafter_needed,
@@ -246,7 +248,9 @@ def cmd_sample(session: ChatSession, arg: str) -> Outcome:
 
 def cmd_mode(session: ChatSession, arg: str) -> Outcome:
     if arg and drafter_needed(session.has_drafter, arg, drafter=session.config.speculation.drafter):
-        possible = "target, or spec after /drafter lookup" if arg == "spec" else "target, and spec with /drafter lookup"
+        possible = (
+            "target, or spec after /drafter lookup" if arg == Mode.SPEC else "target, and spec with /drafter lookup"
+        )
         return fail(f"/mode: '{arg}' needs a drafter model, and none is loaded; possible: {possible}")
     outcome = show_or_set(session, "mode", "speculation.mode", "spec|target|drafter", arg)
     if not arg:
@@ -295,7 +299,7 @@ def race_lines(session: ChatSession, cancel: threading.Event, contenders_count: 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:
     if arg == "drafters":
         return cmd_compare_drafters(session)
-    if arg and drafter_needed(session.has_drafter, "target", arg):
+    if arg and drafter_needed(session.has_drafter, Mode.TARGET, arg):
         return fail("/compare: 'drafter' needs a drafter model, and none is loaded; use /compare on")
     outcome = show_or_set(session, "compare", "speculation.compare", "on|off|drafter", arg)
     if arg and session.compare_fn is None and session.config.speculation.compare != "off":
@@ -547,7 +551,7 @@ def setting_commands() -> list[Command]:
             "spec|target|drafter",
             "who writes: speculative, the target alone, the drafter alone",
             cmd_mode,
-            {"spec": None, "target": None, "drafter": None},
+            dict.fromkeys(MODES),
         ),
         Command(
             "compare",

@@ -18,7 +18,7 @@ from rich.control import Control, ControlType
 from rich.table import Table
 from rich.text import Text
 
-from specchat.config import QUANTIZATIONS, Gamma, show_value
+from specchat.config import QUANTIZATIONS, Gamma, Mode, show_value
 from specchat.session.chat import CONTEXT_FULL, CUT_MARKS
 from specchat.speculative.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
 from specchat.speculative.metrics import ReplyStats
@@ -40,9 +40,9 @@ LABELS = {
     Origin.DRAFTER: "drafter-only",
 }
 MODE_ORIGINS = {  # spec mode: a step that drafts nothing (auto γ, γ 0, no lookup match, the last token) is target-only
-    "spec": (Origin.DRAFTED, Origin.CORRECTED, Origin.BONUS, Origin.TARGET),
-    "target": (Origin.TARGET,),
-    "drafter": (Origin.DRAFTER,),
+    Mode.SPEC: (Origin.DRAFTED, Origin.CORRECTED, Origin.BONUS, Origin.TARGET),
+    Mode.TARGET: (Origin.TARGET,),
+    Mode.DRAFTER: (Origin.DRAFTER,),
 }
 # With colour off, runs of these origins are bracketed in the stream (docs/commands.md, "Without colour");
 # target-only and drafter-only text is left unmarked. Rare characters, so code's own brackets stay apart.
@@ -230,7 +230,7 @@ def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | Non
     parts = [f" {stats.new_tokens} tok", f"{stats.generation_tokens_per_s:.1f} tok/s", f"ttft {stats.ttft_s:.2f} s"]
     if stats.prefill_tokens:
         parts.append(prompt_text(stats))
-    if stats.mode == "spec":
+    if stats.mode == Mode.SPEC:
         parts.append(f"accepted {stats.accepted}/{stats.drafted} drafts ({stats.acceptance_rate:.0%})")
         parts.append(f"{stats.tokens_per_step:.1f} tok/step")
         parts.append(f"γ {gamma_text(stats.gamma, stats.mean_gamma)}")
@@ -272,16 +272,16 @@ def prompt_text(stats: ReplyStats) -> str:
     return f"prompt {stats.prefill_tokens:,} tok in {seconds} s" + (f" ({detail})" if detail else "")
 
 
-def legend(mode: str, color: bool, show_rejected: bool = False, marks: bool = True) -> Text:
+def legend(mode: Mode, color: bool, show_rejected: bool = False, marks: bool = True) -> Text:
     """Every origin the mode can show, in its colour, or (colour off) in its brackets; unmarked: the rest."""
     text = Text("legend: ")
     for origin in MODE_ORIGINS[mode]:
         opening, closing = MARKS.get(origin, ("", "")) if marks and not color else ("", "")
-        label = LABELS[origin] + (" step" if origin == Origin.TARGET and mode == "spec" else "")
+        label = LABELS[origin] + (" step" if origin == Origin.TARGET and mode == Mode.SPEC else "")
         unmarked = " (unmarked)" if marks and not color and not opening else ""
         text.append(opening + label + closing + unmarked, style=STYLES[origin] if color else "")
         text.append("  ")
-    if show_rejected and mode == "spec":
+    if show_rejected and mode == Mode.SPEC:
         text.append("rejected" if color else "~~rejected~~", style=REJECTED_STYLE if color else "")
         text.append("  ")
     text.append(" /help for commands", style=NOTE_STYLE if color else "")
@@ -291,7 +291,7 @@ def legend(mode: str, color: bool, show_rejected: bool = False, marks: bool = Tr
 class Legend:
     """The legend as the console it is drawn on can show it: in colour, or with the brackets of plain mode."""
 
-    def __init__(self, mode: str, show_rejected: bool = False, marks: bool = True):
+    def __init__(self, mode: Mode, show_rejected: bool = False, marks: bool = True):
         self.mode, self.show_rejected, self.marks = mode, show_rejected, marks
 
     def __rich_console__(self, console: Console, options):

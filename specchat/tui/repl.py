@@ -23,7 +23,7 @@ from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 
-from specchat.config import with_value
+from specchat.config import Mode, with_value
 from specchat.session.chat import ChatError, ChatSession
 from specchat.tui import render
 from specchat.tui.commands import Clip, Registry, write_free_name
@@ -126,7 +126,7 @@ def toolbar_text(session: ChatSession) -> str:
     acceptance, context."""
     s, sp = session.config.sampling, session.config.speculation
     parts = [sp.mode]
-    if sp.mode == "spec":
+    if sp.mode == Mode.SPEC:
         parts += [f"drafter {sp.drafter}", f"γ {render.gamma_text(sp.gamma)}"]
     parts += (
         ["greedy"] if s.is_greedy else [f"temp {s.temperature:g}", f"top-k {s.top_k or 'off'}", f"top-p {s.top_p:g}"]

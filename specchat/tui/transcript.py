@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from specchat.config import Config, ConfigError, as_flat_dict, from_wire, problem, to_wire, with_value
+from specchat.config import Config, ConfigError, Mode, as_flat_dict, from_wire, problem, to_wire, with_value
 from specchat.fileio import write_text_atomic
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
 from specchat.speculative.metrics import ReplyStats
@@ -187,6 +187,7 @@ def loaded_record(turn: dict[str, Any], path_text: str = "") -> ReplyRecord:
     for name, value in stats.items():
         if not _fits(fields[name], value):
             raise ChatError(f"cannot load '{path_text}': a turn's stats field {name} is {type(value).__name__}")
+    stats["mode"] = Mode(stats.get("mode", Mode.SPEC))
     return ReplyRecord(turn["user"], turn["reply"], ReplyStats(**stats), str(turn.get("stop_reason", "eos")))
 
 
@@ -194,6 +195,8 @@ def _fits(field: dataclasses.Field, value: Any) -> bool:
     """Whether a loaded value has the type of the stats field's default (ints where floats go)."""
     if field.name == "gamma":
         return problem("speculation.gamma", value) is None
+    if field.name == "mode":
+        return problem("speculation.mode", value) is None
     default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(value, bool) and isinstance(default, bool)
