@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import random
-import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Union
+
+from specchat import drafter_kinds
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,9 +62,6 @@ class Mode(str, Enum):
 MODES = tuple(mode.value for mode in Mode)
 VIEWS = ("origin", "markdown")  # how a finished reply is shown: as it streamed, or also as Markdown
 COMPARE = ("off", "on", "drafter")
-DRAFTERS = ("model", "lookup", "auto", "self:N")  # who drafts in spec mode: the drafter model, prompt lookup (no
-# model), each step the one of the two that fits (a copy where the chat offers a match), or the target's
-# own first N layers (no second model)
 
 
 class ConfigError(ValueError):
@@ -133,9 +131,7 @@ class SpeculationConfig:
     draft_confidence: float = 0.0  # end a draft after a token the drafter gives less probability (0 = off)
     prompt_lookup: bool = False  # the drafter checks prompt-lookup guesses in the same forward (lookup.py)
     drafter_context: int = 0  # the drafter model keeps a longer conversation's first N/4 and last 3N/4 tokens (0 = all)
-    drafter: str = (
-        "model"  # model (the drafter model) | lookup (prompt lookup, no model) | auto (either, per step) | self:N
-    )
+    drafter: str = "model"  # a kind's name from drafter_kinds.py: model | lookup | auto | self:N
 
     def __post_init__(self) -> None:
         if isinstance(self.mode, str) and self.mode in MODES:  # the text a setting gives; another is the validator's
@@ -178,7 +174,7 @@ def drafter_needed(has_drafter: bool, mode: Mode | str, compare: str = "off", dr
     The one place that decides it: loading, the CLI, the session, the commands and the engine ask here."""
     if has_drafter:
         return None
-    if mode == Mode.DRAFTER or (mode == Mode.SPEC and drafter == "model"):
+    if mode == Mode.DRAFTER or (mode == Mode.SPEC and drafter_kinds.needs_model(drafter)):
         return f"mode '{mode}' needs a drafter model"
     if compare == "drafter":
         return "compare 'drafter' needs a drafter model"
@@ -242,11 +238,7 @@ VALIDATORS: dict[tuple[str, str], Validator] = {
     ),
     ("speculation", "mode"): _one_of(MODES),
     ("speculation", "compare"): _one_of(COMPARE),
-    ("speculation", "drafter"): lambda v: (
-        None
-        if v in DRAFTERS[:3] or re.fullmatch(r"self:[1-9][0-9]{0,2}", v)
-        else "model, lookup, auto or self:N (the target's first N layers draft)"
-    ),
+    ("speculation", "drafter"): drafter_kinds.problem,
     ("speculation", "draft_confidence"): lambda v: None if 0.0 <= v < 1.0 else "a probability in [0, 1) (0 = off)",
     ("speculation", "drafter_vocab"): lambda v: (
         None if v == 0 or 256 <= v <= 10_000_000 else "0 (the whole vocabulary) or an id limit of at least 256"

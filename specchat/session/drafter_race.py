@@ -16,8 +16,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from specchat import drafter_kinds
 from specchat.config import Mode, seed_for_reply
-from specchat.speculative.drafters.self_layers import layer_count, self_layers
+from specchat.speculative.drafters.registry import default_name
 from specchat.speculative.engine import Engine, run_to_end
 from specchat.speculative.metrics import ReplyStats
 
@@ -72,13 +73,17 @@ def winner(runs: list[RaceRun]) -> RaceRun | None:
 
 
 def contenders(engine: Engine, current: str) -> list[str]:
-    """None, the drafter model if loaded, lookup, auto (with a model), and a self drafter: the current one if it is self:N,
-    else the target's first quarter of layers."""
-    names = [NO_DRAFTER, *(name for name in ("model", "lookup") if name in engine.drafters)]
-    names += ["auto"] if engine.has_model_drafter else []  # with no model, auto is lookup alone
-    if self_layers(current) is None:
-        current = f"self:{max(1, layer_count(engine.target) // 4)}"
-    return names + ([current] if engine.drafter_problem(current) is None else [])
+    """None, then every kind of drafter that can draft here (drafter_kinds.py): one that takes a number as the
+    current name where it is that kind's, else with the number a race tries (self:N: a quarter of the layers).
+    With no drafter model, auto is lookup alone and is left out."""
+    parsed = drafter_kinds.parse(current)
+    names = [NO_DRAFTER]
+    for kind in drafter_kinds.KINDS:
+        if kind.name == "auto" and not engine.has_model_drafter:
+            continue
+        name = current if parsed and parsed[0] is kind else default_name(kind, engine.setup)
+        names += [name] if engine.drafter_problem(name) is None else []
+    return names
 
 
 def race_sampling(session):

@@ -28,8 +28,8 @@ from specchat.speculative.detok import Detokenizer, Tokenizer
 from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan
 from specchat.speculative.drafters.lookup import common_prefix_len
 from specchat.speculative.drafters.mixed import MixedDrafter
+from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable, build
 from specchat.speculative.drafters.retokenize import TextTokenizer
-from specchat.speculative.drafters.self_layers import check_self_layers, self_drafter, self_layers
 from specchat.speculative.drafters.text import drafter_for
 from specchat.speculative.events import Event, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.speculative.gamma import AutoGamma, GammaPolicy
@@ -82,12 +82,9 @@ class Engine:
         self.cache = model_io.new_cache(target)
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
-        self.drafters: dict[str, Drafter] = {
-            "lookup": MixedDrafter(None, self.vocab_size),
-            "auto": MixedDrafter(drafter, self.vocab_size),
-        }
+        self.drafters: dict[str, Drafter] = {}  # by name, each built on first use (drafters/registry.py)
         if drafter is not None:
-            self.drafters["model"] = drafter
+            self.drafters["model"] = drafter  # the one that drafts until a reply asks for another
 
     @classmethod
     def for_pair(cls, pair: Models | Any, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
@@ -119,24 +116,26 @@ class Engine:
 
     @property
     def has_model_drafter(self) -> bool:
-        return "model" in self.drafters
+        return self.model_drafter is not None
+
+    @property
+    def setup(self) -> DrafterSetup:
+        """What a drafter kind builds on (drafters/registry.py)."""
+        return DrafterSetup(self.target, self.model_drafter, self.vocab_size)
 
     def drafter_problem(self, name: str) -> str | None:
-        """Why drafter `name` cannot draft here (an unknown name, or a self:N with N out of range)."""
-        n = self_layers(name)
-        if n is not None:
-            return check_self_layers(self.target, n)
-        return None if name in self.drafters or name == "model" else f"no drafter named {name}"
+        """Why drafter `name` cannot draft here (no kind's name, no drafter model for it, a self:N with N out of
+        range); None where it can."""
+        try:
+            self._drafter_named(name)
+        except DrafterUnusable as err:
+            return str(err)
+        return None
 
     def _drafter_named(self, name: str) -> Drafter:
-        """drafters[name], building a self:N drafter on first use (it shares the target's weights)."""
+        """drafters[name], built on first use by its kind's row (a self:N drafter shares the target's weights)."""
         if name not in self.drafters:
-            problem = self.drafter_problem(name)
-            if problem:
-                raise ValueError(problem)
-            layers = self_layers(name)
-            assert layers is not None  # drafter_problem names every other unknown drafter
-            self.drafters[name] = self_drafter(self.target, layers, self.vocab_size)
+            self.drafters[name] = build(name, self.setup)
         return self.drafters[name]
 
     def use_drafter(self, name: str) -> None:
@@ -201,8 +200,8 @@ class Engine:
         if missing:
             raise ValueError(missing)
         wanted = "model" if speculation.mode == Mode.DRAFTER else speculation.drafter
-        if wanted in self.drafters or self_layers(wanted) is not None:
-            self.use_drafter(wanted)
+        if speculation.mode != Mode.TARGET:
+            self.use_drafter(wanted)  # DrafterUnusable (a ValueError) where it cannot draft here
         try:
             yield from self._run(list(prompt_ids), sampling, speculation, cancel or threading.Event())
         except BaseException:
@@ -285,7 +284,7 @@ class Engine:
         if isinstance(speculation.gamma, Auto):
             plan = self.policy.plan()
         else:
-            copies_alone = self.drafter is self.drafters["lookup"]
+            copies_alone = self.drafter is self.drafters.get("lookup")
             copy = speculation.gamma if copies_alone or not speculation.gamma else self.policy.copy_length()
             plan = DraftPlan(speculation.gamma, copy=copy)
         gamma = max(0, min(plan.gamma, remaining - 1))

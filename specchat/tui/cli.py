@@ -273,7 +273,7 @@ def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
             f"{problem}, but none was loaded; set drafter.source, speculation.drafter=lookup or speculation.mode=target"
         )
     engine = Engine.for_pair(pair)
-    problem = engine.drafter_problem(cfg.speculation.drafter)
+    problem = engine.drafter_problem(cfg.speculation.drafter) if cfg.speculation.mode == Mode.SPEC else None
     if problem:
         raise ConfigError(f"speculation.drafter: {problem}")
     return ChatSession(

@@ -18,6 +18,7 @@ from prompt_toolkit.completion import CompleteEvent, Completer, Completion, Nest
 from prompt_toolkit.document import Document
 from rich.table import Table
 
+from specchat import drafter_kinds
 from specchat.config import (
     MODES,
     VIEWS,
@@ -263,10 +264,10 @@ def cmd_mode(session: ChatSession, arg: str) -> Outcome:
 def cmd_drafter(session: ChatSession, arg: str) -> Outcome:
     if arg == "model" and not session.has_drafter:
         return fail("/drafter: no drafter model is loaded; lookup or self:N (no second model) is possible")
-    problem = session.engine.drafter_problem(arg) if re.fullmatch(r"self:\d+", arg) else None
+    problem = session.engine.drafter_problem(arg) if arg and drafter_kinds.parse(arg) else None
     if problem:
         return fail(f"/drafter: {problem}")
-    return show_or_set(session, "drafter", "speculation.drafter", "model|lookup|auto|self:N", arg)
+    return show_or_set(session, "drafter", "speculation.drafter", drafter_kinds.usage(), arg)
 
 
 def cmd_compare_drafters(session: ChatSession) -> Outcome:
@@ -563,11 +564,10 @@ def setting_commands() -> list[Command]:
         ),
         Command(
             "drafter",
-            "model|lookup|auto|self:N",
-            "who drafts: the drafter model, prompt lookup (no model), auto (a copy where the chat offers "
-            "a match, else the model), or the target's first N layers",
+            drafter_kinds.usage(),
+            "who drafts: " + "; ".join(f"{kind.usage}, {kind.help}" for kind in drafter_kinds.KINDS),
             cmd_drafter,
-            {"model": None, "lookup": None, "auto": None, "self:4": None, "self:8": None},
+            dict.fromkeys(kind.name + (":4" if kind.argument else "") for kind in drafter_kinds.KINDS),
         ),
         Command(
             "show", "rejected on|off", "show rejected drafts dim and struck through", cmd_show, {"rejected": on_off}

@@ -19,6 +19,7 @@ from specchat.speculative import model_io
 from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan
 from specchat.speculative.drafters.lookup import MIN_NGRAM, WINDOW, common_prefix_len, match_start
 from specchat.speculative.drafters.lookup_drafter import copy_draft
+from specchat.speculative.drafters.registry import DrafterSetup
 
 COPY_MATCH = MIN_NGRAM  # copy where prompt lookup finds a match at all (the newest 3 tokens occurred before)
 COPY_TOKENS = 4  # tokens a first copy drafts; one taken whole doubles the next, up to the plan's copy length
@@ -116,3 +117,13 @@ class MixedDrafter:
         self.copy_tokens, self.last_copy = COPY_TOKENS, (0, [], 0)
         if self.drafter is not None:
             self.drafter.reset()
+
+
+def lookup_from_setup(setup: DrafterSetup, _: int | None) -> MixedDrafter:
+    """The `lookup` row's constructor (drafter_kinds.py): copies alone, no model."""
+    return MixedDrafter(None, setup.vocab_size)
+
+
+def auto_from_setup(setup: DrafterSetup, _: int | None) -> MixedDrafter:
+    """The `auto` row's constructor: a copy where the chat offers one, else the drafter model (if loaded)."""
+    return MixedDrafter(setup.model, setup.vocab_size)

@@ -11,9 +11,10 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.speculative import model_io
-from specchat.speculative.drafters.base import Draft, DraftPlan
+from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan
 from specchat.speculative.drafters.context import MIN_GAP, ContextGap
 from specchat.speculative.drafters.lookup import Guesser, NoGuess, PromptLookup
+from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
 from specchat.speculative.drafters.vocab import DraftVocab, head_width
 from specchat.speculative.readback import read_back
 from specchat.speculative.sampling import ProbsFn, greedy_of, pick
@@ -168,6 +169,14 @@ class ModelDrafter:
             short = self.vocab_size - logits.shape[-1]  # a padded target vocabulary's ids: never drafted
             return torch.nn.functional.pad(logits, (0, short), value=-torch.inf) if short else logits
         return vocab.logits(model_io.hidden_tensor(self.model, self.cache, step_ids, keep))  # [keep, width]
+
+
+def from_setup(setup: DrafterSetup, _: int | None) -> Drafter:
+    """The `model` row's constructor (drafter_kinds.py): the pair's drafter model, as loading made its Drafter
+    (a ModelDrafter, or a TextDrafter for a drafter of another tokenizer)."""
+    if setup.model is None:
+        raise DrafterUnusable("model: no drafter model is loaded")
+    return setup.model
 
 
 class _Drafting:

@@ -16,6 +16,7 @@ from torch import nn
 
 from specchat.speculative import model_io
 from specchat.speculative.drafters.model import ModelDrafter
+from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
 
 PREFIX = "self:"
 
@@ -71,3 +72,17 @@ def _decoder_attribute(model: Any) -> str:
 
 def self_drafter(model: model_io.Model, n: int, vocab_size: int) -> ModelDrafter:
     return ModelDrafter(truncated_model(model, n), vocab_size)
+
+
+def from_setup(setup: DrafterSetup, n: int | None) -> ModelDrafter:
+    """The `self:N` row's constructor (drafter_kinds.py)."""
+    n = quarter_of_layers(setup) if n is None else n
+    problem = check_self_layers(setup.target, n)
+    if problem:
+        raise DrafterUnusable(problem)
+    return self_drafter(setup.target, n, setup.vocab_size)
+
+
+def quarter_of_layers(setup: DrafterSetup) -> int:
+    """The N a drafter race tries where no self:N is set: a quarter of the target's layers."""
+    return max(1, layer_count(setup.target) // 4)

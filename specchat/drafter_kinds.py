@@ -1,0 +1,81 @@
+"""Every kind of drafter, one row each: the one table that config validation, `/drafter`, `/help`, the drafter
+race, the bench's `--drafters` and the docs read. A new kind is its own file (the drafter and the function that
+builds it) and one row here.
+
+A row names its constructor as "module:function" (as a package's entry points do): this table sits below the
+algorithm among the leaf modules, so that the settings can check a name, and the engine imports the constructor
+when it first drafts with the kind (speculative/drafters/registry.py). The constructor is called with a
+DrafterSetup (the target, the drafter model's Drafter or None, the vocabulary size) and the name's number (None
+where the kind takes none) and returns a Drafter, or raises DrafterUnusable with one line for the user.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+MAX_ARGUMENT = 999  # the largest N a name such as self:N takes
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    name: str
+    help: str  # one line: what drafts
+    build: str  # "module:function": function(setup, argument) -> Drafter
+    argument: str = ""  # "N": the name takes a whole number from 1 after a colon (self:N); "": none
+    default_argument: str = ""  # "module:function": function(setup) -> int, the N a race tries where none is set
+    needs_model: bool = False  # it drafts with the drafter model, so spec mode needs one loaded
+
+    @property
+    def usage(self) -> str:
+        return f"{self.name}:{self.argument}" if self.argument else self.name
+
+
+_DRAFTERS = "specchat.speculative.drafters"
+KINDS: list[DrafterKind] = [
+    DrafterKind("model", "the drafter model", f"{_DRAFTERS}.model:from_setup", needs_model=True),
+    DrafterKind("lookup", "prompt lookup: a copy from the chat (no model)", f"{_DRAFTERS}.mixed:lookup_from_setup"),
+    DrafterKind("auto", "a copy where the chat offers a match, else the model", f"{_DRAFTERS}.mixed:auto_from_setup"),
+    DrafterKind(
+        "self",
+        "the target's own first N layers draft, no second model",
+        f"{_DRAFTERS}.self_layers:from_setup",
+        argument="N",
+        default_argument=f"{_DRAFTERS}.self_layers:quarter_of_layers",
+    ),
+]
+
+
+def parse(name: object) -> tuple[DrafterKind, int | None] | None:
+    """The kind a drafter name names and its number (None where the kind takes none); None for no kind's name."""
+    if not isinstance(name, str):
+        return None
+    match = re.fullmatch(r"([a-z][a-z0-9_-]*)(?::([1-9][0-9]{0,2}))?", name)
+    if match is None:
+        return None
+    kind = next((k for k in KINDS if k.name == match.group(1)), None)
+    if kind is None or bool(kind.argument) != (match.group(2) is not None):
+        return None
+    return kind, int(match.group(2)) if match.group(2) else None
+
+
+def usage() -> str:
+    """The names as a command's usage says them: model|lookup|auto|self:N."""
+    return "|".join(kind.usage for kind in KINDS)
+
+
+def described() -> str:
+    """What a drafter name must be, for a refused value's message."""
+    names = [kind.usage + (f" ({kind.help})" if kind.argument else "") for kind in KINDS]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def problem(name: object) -> str | None:
+    """What a drafter setting must be, where `name` names no kind; None where it does."""
+    return None if parse(name) is not None else described()
+
+
+def needs_model(name: str) -> bool:
+    """Whether the named drafter drafts with the drafter model (an unknown name: no)."""
+    parsed = parse(name)
+    return parsed is not None and parsed[0].needs_model
