@@ -35,7 +35,7 @@ from specchat.progress import to_stderr
 from specchat.speculative import model_io
 from specchat.speculative.drafters.vocab import DraftVocab
 from specchat.speculative.model_io import PREFILL_CHUNK
-from specchat.speculative.sampling import greedy_of, make_generator, pick
+from specchat.speculative.sampling import make_generator
 from specchat.speculative.verify import verify_greedy, verify_sampled
 
 SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
@@ -94,13 +94,15 @@ def host_rows(
     )
     target, drafter = target[:, :width].float(), drafter[:, :width].float()
     drafts = drafter.argmax(-1)
-    probs = pair.probs  # what the chat computes p and q with (the compiled code where a w4a8 model runs)
-    q = probs(drafter, SAMPLED)
+    sampler = pair.sampler  # what the chat computes p and q with (the compiled code where a w4a8 model runs)
+    q = sampler.probs(drafter, SAMPLED)
     row = drafter[-1:, :draft_width]
     jobs = {
-        "verify, greedy (argmax and each row's log-sum-exp)": lambda: greedy_verdict(drafts, target, probs),
-        "verify, sampled (p from logits + rule)": lambda: verify_sampled(drafts, q, probs(target, SAMPLED), generator),
-        "drafter sampling of 1 token": lambda: pick(row, SAMPLED, generator, probs),
+        "verify, greedy (argmax and each row's log-sum-exp)": lambda: greedy_verdict(drafts, target, sampler),
+        "verify, sampled (p from logits + rule)": lambda: verify_sampled(
+            drafts, q, sampler.probs(target, SAMPLED), generator
+        ),
+        "drafter sampling of 1 token": lambda: sampler.pick(row, SAMPLED, generator),
     }
     return {
         name: statistics.median(seconds_of(job, lambda: None) for _ in range(repeats)) * 1e3
@@ -108,10 +110,10 @@ def host_rows(
     }
 
 
-def greedy_verdict(drafts: torch.Tensor, target: torch.Tensor, probs) -> None:
-    """What a greedy step computes on the host (step.py): the rows' argmax and log-sum-exp (greedy_of(probs):
+def greedy_verdict(drafts: torch.Tensor, target: torch.Tensor, sampler) -> None:
+    """What a greedy step computes on the host (step.py): the rows' argmax and log-sum-exp (the sampler's greedy rows:
     the compiled module's where the pair runs on it), then the verdict."""
-    choice, _ = greedy_of(probs)(target)
+    choice, _ = sampler.greedy(target)
     verify_greedy(drafts, target, choice)
 
 

@@ -16,7 +16,7 @@ from specchat.loading.plan import ModelPlan
 from specchat.progress import Progress, notify
 from specchat.runtime.lean import attach_lean
 from specchat.speculative.model_io import RUNNER
-from specchat.speculative.sampling import ProbsFn, compiled_probs, probs_from_logits
+from specchat.speculative.sampling import TORCH_SAMPLER, CompiledSampler, Sampler
 
 
 @dataclass(frozen=True)
@@ -40,11 +40,11 @@ def attach(model, plan: ModelPlan, progress: Progress | None = None) -> Attached
     return Attached(backend, running_path() if w4a8 else "")  # the path the kernel built above runs on
 
 
-def sampling_probs(*kernels: str) -> ProbsFn:
+def pair_sampler(*kernels: str) -> Sampler:
     """Where a model of the pair runs on the compiled w4a8 module (its kernel path named), the pair's sampling
     probabilities and greedy rows (argmax, log-sum-exp) come from it too (one pass or two over a row); else from
     the logits in torch."""
     if not any(kernels):
-        return probs_from_logits
+        return TORCH_SAMPLER
     kernel = q4_kernel()
-    return compiled_probs(kernel.top_p_probs, kernel.greedy_rows)
+    return CompiledSampler(kernel.top_p_probs, kernel.greedy_rows)

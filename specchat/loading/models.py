@@ -21,7 +21,7 @@ from torch import nn
 
 from specchat.config import Config, ModelConfig, drafter_needed
 from specchat.errors import ModelLoadError
-from specchat.loading.attach import attach, sampling_probs
+from specchat.loading.attach import attach, pair_sampler
 from specchat.loading.checkpoint import checkpoint_for
 from specchat.loading.devices import dtype_name
 from specchat.loading.huge_pages import huge_pages_offered, into_huge_pages, w4a8_tensors
@@ -34,7 +34,7 @@ from specchat.loading.tokenizer_check import output_width, stop_ids
 from specchat.loading.weights import load_weights
 from specchat.memory import release_freed_memory
 from specchat.progress import Progress, report
-from specchat.speculative.sampling import ProbsFn, probs_from_logits
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 
 __all__ = ["ModelLoadError", "ModelFacts", "LoadedPair", "load_pair", "load_model"]
 
@@ -68,7 +68,7 @@ class LoadedPair:
     drafter_facts: ModelFacts | None
     drafter_tokenizer: Any = None  # the drafter's own tokenizer where it drafts text (pair_check.py), else None
     pair_check: PairCheck | None = None  # how the drafter's tokens relate to the target's (None: no drafter)
-    probs: ProbsFn = probs_from_logits  # what computes sampling probabilities: the compiled module's with w4a8
+    sampler: Sampler = TORCH_SAMPLER  # what computes p, q and greedy rows: the compiled module's with w4a8
 
 
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
@@ -100,7 +100,7 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
         drafter_facts,
         drafter_tok if verdict and verdict.text_drafting else None,
         verdict,
-        sampling_probs(target_facts.kernel, drafter_facts.kernel if drafter_facts else ""),
+        pair_sampler(target_facts.kernel, drafter_facts.kernel if drafter_facts else ""),
     )
 
 

@@ -33,11 +33,11 @@ from specchat.speculative.drafters.retokenize import TextTokenizer
 from specchat.speculative.drafters.text import drafter_for
 from specchat.speculative.events import Event, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.speculative.gamma import AutoGamma, GammaPolicy
-from specchat.speculative.insight import accept_probability
+from specchat.speculative.insight import Rejection, accept_probability, rejection_at
 from specchat.speculative.metrics import StatsRecorder
 from specchat.speculative.model_io import Model
 from specchat.speculative.origin import Origin
-from specchat.speculative.sampling import ProbsFn, make_generator, probs_from_logits
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler, make_generator
 from specchat.speculative.step import StepResult, drafter_step, speculative_step
 from specchat.speculative.timing import clock
 
@@ -54,7 +54,7 @@ class Models:
     eos_ids: Iterable[int]
     vocab_size: int
     drafter_tokenizer: TextTokenizer | None = None  # the drafter's own tokenizer where it drafts text (text.py)
-    probs: ProbsFn = probs_from_logits
+    sampler: Sampler = TORCH_SAMPLER
 
 
 class Engine:
@@ -69,10 +69,10 @@ class Engine:
         eos_ids: Iterable[int],
         vocab_size: int | None = None,
         policy: GammaPolicy | None = None,
-        probs: ProbsFn = probs_from_logits,
+        sampler: Sampler = TORCH_SAMPLER,
     ) -> None:
         self.target = target
-        self.probs = probs  # what computes p and q (sampling.py): chosen where the pair is loaded
+        self.sampler = sampler  # what computes p and q (sampling.py): chosen where the pair is loaded
         self.tokenizer = tokenizer
         self.drafter: Drafter | None = drafter
         self.model_drafter = drafter  # the drafter model's, which fork() copies (None: no drafter model)
@@ -92,10 +92,10 @@ class Engine:
         Models): the drafter that fits the pair, and the sampling probabilities loading chose for it."""
         drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
         drafter = None
+        sampler = getattr(pair, "sampler", TORCH_SAMPLER)  # loading's choice (models.py)
         if with_drafter and pair.drafter is not None:
-            drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer)
-        probs = getattr(pair, "probs", probs_from_logits)  # loading's choice (models.py)
-        return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, probs)
+            drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer, sampler)
+        return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, sampler)
 
     def fork(self) -> Engine:
         """An engine on the same models with caches of its own and a copy of this one's gamma policy."""
@@ -107,7 +107,7 @@ class Engine:
             self.eos_ids,
             self.vocab_size,
             copy.deepcopy(self.policy),
-            self.probs,
+            self.sampler,
         )
 
     def use_policy(self, policy: GammaPolicy) -> None:
@@ -121,7 +121,7 @@ class Engine:
     @property
     def setup(self) -> DrafterSetup:
         """What a drafter kind builds on (drafters/registry.py)."""
-        return DrafterSetup(self.target, self.model_drafter, self.vocab_size)
+        return DrafterSetup(self.target, self.model_drafter, self.vocab_size, self.sampler)
 
     def drafter_problem(self, name: str) -> str | None:
         """Why drafter `name` cannot draft here (no kind's name, no drafter model for it, a self:N with N out of
@@ -234,12 +234,12 @@ class Engine:
                 break
             remaining = sampling.max_new_tokens - produced
             computed = self._step(speculation, sampling, remaining, generator)
-            step, finished = self._commit(computed, remaining, index)
+            step, finished = self._commit(computed, remaining, index, sampling)
             index += 1
             produced += len(step.tokens)
             recorder.record(step, kept=len(step.tokens))
             if finished or produced >= sampling.max_new_tokens:
-                step = dataclasses.replace(step, last=True)
+                step = dataclasses.replace(step, place=(step.index, True))
             yield step
             if finished:
                 stop_reason = "eos"
@@ -295,7 +295,6 @@ class Engine:
             min_confidence=speculation.draft_confidence,
             room=max(0, remaining - 1),
             verified=True,
-            probs=self.probs,
         )
 
     def _step(
@@ -304,40 +303,53 @@ class Engine:
         if speculation.mode == Mode.DRAFTER:
             if self.drafter is None:
                 raise ValueError(drafter_needed(False, Mode.DRAFTER))
-            return drafter_step(self.drafter, self.ids, sampling, generator, self.probs)
+            return drafter_step(self.drafter, self.ids, sampling, generator)
         plan = self._draft_plan(speculation, remaining)
         step = speculative_step(
-            self.target, self.cache, self.drafter, self.ids, plan, sampling, generator, self.vocab_size, self.probs
+            self.target, self.cache, self.drafter, self.ids, plan, sampling, generator, self.vocab_size, self.sampler
         )
         self.policy.observe_step(step)
         return step
 
-    def _commit(self, step: StepResult, remaining: int, index: int) -> tuple[StepResult, bool]:
+    def _commit(
+        self, step: StepResult, remaining: int, index: int, sampling: SamplingConfig
+    ) -> tuple[StepResult, bool]:
         """Append the step's tokens (cut at EOS and at the token limit); roll caches back. The committed step:
-        a copy of `step`, cut likewise, at place `index` of the reply; and True at EOS."""
+        a copy of `step`, cut likewise, at place `index` of the reply, with /why's record of a refused draft
+        (insight.py); and True at EOS."""
         keep = len(step.tokens[:remaining])
         hit_eos = False
         for i, token in enumerate(step.tokens[:keep]):
             if token in self.eos_ids:
                 keep, hit_eos = i + 1, True
                 break
-        rejection = step.rejection if step.rejection is None else dataclasses.replace(step.rejection, step=index)
-        committed = dataclasses.replace(step, index=index, rejection=rejection)
+        laws = dataclasses.replace(step.laws, rejection=self._rejection(step, index, sampling))
+        committed = dataclasses.replace(step, place=(index, False), laws=laws)
         if keep < len(step.tokens):
+            laws = dataclasses.replace(laws, p=laws.p[:keep], q=laws.q[:keep])
             committed = dataclasses.replace(
-                committed,
-                tokens=step.tokens[:keep],
-                origins=step.origins[:keep],
-                p_tokens=step.p_tokens[:keep],
-                q_tokens=step.q_tokens[:keep],
+                committed, tokens=step.tokens[:keep], origins=step.origins[:keep], laws=laws
             )
             if hit_eos:
-                committed = dataclasses.replace(committed, rejected=[], rejection=None)
+                judged = dataclasses.replace(step.judged, rejected=[])
+                committed = dataclasses.replace(
+                    committed, judged=judged, laws=dataclasses.replace(laws, rejection=None)
+                )
         self.ids.extend(committed.tokens)
         model_io.crop_to(self.cache, min(self.target_seen, len(self.ids) - 1))
         if self.drafter:
             self.drafter.rollback(len(self.ids))
         return committed, hit_eos
+
+    def _rejection(self, step: StepResult, index: int, sampling: SamplingConfig) -> Rejection | None:
+        """/why's record of the step's first refused draft, from the rows the step kept (insight.py); None when
+        every draft was accepted."""
+        if step.laws.refused_rows is None or step.draft is None:
+            return None
+        n, (logits, p) = step.accepted, step.laws.refused_rows
+        top = step.draft.top_at(n, sampling, self.sampler)
+        q = step.laws.confidences[n]
+        return rejection_at(index, n, step.rejected[0], step.tokens[n], logits, p, q, top, step.draft.source)
 
 
 def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator[Event]:

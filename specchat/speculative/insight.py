@@ -17,7 +17,7 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.speculative.readback import ints, read_back
-from specchat.speculative.sampling import ProbsFn, probs_from_logits
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 
 TOP = 5  # tokens of each model shown per rejection
 
@@ -124,8 +124,12 @@ def rejection_at(
 
 
 def drafter_top(
-    logits_row: torch.Tensor, sampling: SamplingConfig, ids: torch.Tensor | None, probs: ProbsFn = probs_from_logits
+    logits_row: torch.Tensor, sampling: SamplingConfig, ids: torch.Tensor | None, sampler: Sampler = TORCH_SAMPLER
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's top tokens at one drafted position, from its [1, width] logits row (on the device)."""
-    row = probs(logits_row, sampling)[0] if not sampling.is_greedy else torch.softmax(logits_row[0].float(), dim=-1)
+    row = (
+        sampler.probs(logits_row, sampling)[0]
+        if not sampling.is_greedy
+        else torch.softmax(logits_row[0].float(), dim=-1)
+    )
     return top(row, ids)

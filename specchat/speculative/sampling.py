@@ -13,14 +13,6 @@ import torch
 
 from specchat.config import SamplingConfig
 
-# What computes sampling probabilities: ([n, vocab] logits, settings) -> [n, vocab] float32 probabilities. The
-# engine is handed one (loading picks it: the compiled module's where a pair runs on it) and gives it to the step
-# and the drafters, so the target's p and the drafter's q always come from the same code.
-ProbsFn = Callable[[torch.Tensor, SamplingConfig], torch.Tensor]
-# What a greedy step computes of its rows: [n, vocab] logits -> ([n] argmax ids, the first of equal maxima; [n] their
-# log-sum-exp, for each token's p), on the logits' device. greedy_of(probs) gives the one that goes with a ProbsFn.
-GreedyFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
     gen = torch.Generator(device=device)
@@ -34,7 +26,7 @@ SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny  # a float32 division by 
 def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
     """[n, vocab] logits -> [n, vocab] float32 probabilities after temperature, top-k, top-p.
 
-    Greedy (temperature 0 or greedy=True) gives one-hot argmax rows. The torch code: the default ProbsFn.
+    Greedy (temperature 0 or greedy=True) gives one-hot argmax rows. The torch code: the default Sampler's.
     """
     logits = logits.float()
     if params.is_greedy:
@@ -53,7 +45,7 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
 
 
 def greedy_rows(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch code of a GreedyFn: argmax and logsumexp, each a pass of its own (several within logsumexp)."""
+    """The torch code of a greedy row: argmax and logsumexp, each a pass of its own (several within logsumexp)."""
     scores = logits.float()
     return scores.argmax(dim=-1), torch.logsumexp(scores, dim=-1)
 
@@ -64,19 +56,46 @@ class TopPProbs(Protocol):
     def __call__(self, logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor: ...
 
 
+class Sampler:
+    """What turns logits into laws and tokens, the one code for the target's p and the drafter's q: a row's
+    probabilities after temperature, top-k and top-p; a greedy row's argmax and log-sum-exp (for each token's p);
+    and a pick. This class is the torch code; loading chooses the pair's sampler (CompiledSampler where a model runs
+    on the compiled module) and the engine gives it once to its step and its drafters."""
+
+    def probs(self, logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
+        """[n, vocab] logits -> [n, vocab] float32 probabilities (probs_from_logits)."""
+        return probs_from_logits(logits, params)
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, vocab] logits -> ([n] argmax ids, the first of equal maxima; [n] their log-sum-exp), on their device."""
+        return greedy_rows(logits)
+
+    def pick(
+        self, logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next id from [1, vocab] logits: (id [1], probabilities [1, vocab], or None when greedy)."""
+        if params.is_greedy:
+            return logits.argmax(dim=-1), None
+        probs = self.probs(logits, params)
+        return sample(probs, generator), probs
+
+
+TORCH_SAMPLER = Sampler()
+
+
 @dataclass(frozen=True)
-class CompiledLaws:
-    """A ProbsFn whose sampled CPU rows take a compiled f(logits, temperature, top_k, top_p) (kernels/sampling.cpp:
+class CompiledSampler(Sampler):
+    """A Sampler whose sampled CPU rows take a compiled f(logits, temperature, top_k, top_p) (kernels/sampling.cpp:
     one pass over a row, where the torch code takes ten): the same kept tokens, and probabilities within float
     rounding of probs_from_logits (a token whose mass before it is within rounding of top_p may fall either side).
-    Greedy rows, other devices and other shapes take probs_from_logits. Its `greedy` is a GreedyFn on the compiled
+    Greedy rows, other devices and other shapes take the torch code. Its greedy rows take the compiled
     greedy_rows where one is given (two passes over a CPU row: the same ids as torch's argmax, log-sum-exps within
-    float rounding of torch's), else greedy_rows."""
+    float rounding of torch's)."""
 
     top_p_probs: TopPProbs
     native_greedy: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
 
-    def __call__(self, logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
         if params.is_greedy or logits.device.type != "cpu" or logits.dim() != 2:
             return probs_from_logits(logits, params)
         temperature = max(params.temperature, SMALLEST_TEMPERATURE)
@@ -87,18 +106,6 @@ class CompiledLaws:
             return greedy_rows(logits)
         ids, totals = self.native_greedy(logits.float())
         return ids, totals
-
-
-def compiled_probs(
-    top_p_probs: TopPProbs, native_greedy: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
-) -> ProbsFn:
-    """The compiled module's sampling probabilities, and its greedy rows where given (CompiledLaws)."""
-    return CompiledLaws(top_p_probs, native_greedy)
-
-
-def greedy_of(probs: ProbsFn) -> GreedyFn:
-    """The GreedyFn that goes with `probs`: the compiled one beside compiled probabilities, else the torch code."""
-    return probs.greedy if isinstance(probs, CompiledLaws) else greedy_rows
 
 
 TOP_P_CANDIDATES = 128  # the nucleus is looked for among this many tokens first (8× more if needed)
@@ -150,13 +157,3 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     threshold = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     drawn = torch.searchsorted(cumulative, threshold, right=True).squeeze(-1)
     return drawn.clamp(max=probs.shape[-1] - 1)
-
-
-def pick(
-    logits: torch.Tensor, params: SamplingConfig, generator: torch.Generator, probs_fn: ProbsFn = probs_from_logits
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Choose the next id from [1, vocab] logits. Returns (id [1], probs [1, vocab] or None when greedy)."""
-    if params.is_greedy:
-        return logits.argmax(dim=-1), None
-    probs = probs_fn(logits, params)
-    return sample(probs, generator), probs

@@ -102,9 +102,9 @@ def test_the_kernel_is_timed_inside_the_matmuls_of_a_quantized_model(target, tok
 
 
 def test_host_rows_time_greedy_and_sampled_verification(tokenizer):
-    from specchat.speculative.sampling import probs_from_logits
+    from specchat.speculative.sampling import TORCH_SAMPLER
 
-    pair = SimpleNamespace(vocab_size=len(tokenizer), probs=probs_from_logits)
+    pair = SimpleNamespace(vocab_size=len(tokenizer), sampler=TORCH_SAMPLER)
     peaked = torch.full((9, len(tokenizer)), -30.0)
     peaked[:, 7] = 0.0  # a real reply's narrow nucleus
     for logits in (None, (peaked[:5], peaked[5:])):

@@ -479,10 +479,8 @@ def drafter_ignoring_the_sampling_settings(
     ids, _ = setting
     real_drafter_step = specchat.speculative.engine.drafter_step
 
-    def plain_drafter_step(drafter, committed, sampling, generator, *probs):
-        return real_drafter_step(
-            drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator, *probs
-        )
+    def plain_drafter_step(drafter, committed, sampling, generator):
+        return real_drafter_step(drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator)
 
     monkeypatch.setattr(specchat.speculative.engine, "drafter_step", plain_drafter_step)
     engine = make_engine(target, unrelated_drafter_model, tokenizer)

@@ -54,9 +54,9 @@ def test_bad_settings_are_refused(kernel, temperature, top_p, top_k):
 
 
 def test_compiled_probs_take_the_modules_rows_on_the_cpu_and_the_torch_code_elsewhere(kernel):
-    """The ProbsFn a pair on the module samples with (loading/models.py): its sampled CPU rows are the module's,
+    """The Sampler a pair on the module samples with (loading/models.py): its sampled CPU rows are the module's,
     greedy rows the torch code's one-hot; loading the module changes nothing else (probs_from_logits stays torch)."""
-    probs = sampling.compiled_probs(kernel.top_p_probs)
+    probs = sampling.CompiledSampler(kernel.top_p_probs).probs
     logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(7))
     params = SamplingConfig(temperature=0.7, top_k=5, top_p=0.9)
     assert torch.equal(probs(logits, params), kernel.top_p_probs(logits, 0.7, 5, 0.9))
@@ -149,11 +149,11 @@ def test_greedy_rows_with_nan_or_infinities_follow_torch(kernel):
 
 
 def test_the_pairs_greedy_is_the_modules_on_the_cpu_and_the_torch_code_elsewhere(kernel):
-    probs = sampling.compiled_probs(kernel.top_p_probs, kernel.greedy_rows)
+    sampler = sampling.CompiledSampler(kernel.top_p_probs, kernel.greedy_rows)
     logits = greedy_cases()[:3]
     native_ids, native_totals = kernel.greedy_rows(logits)
-    ids, totals = sampling.greedy_of(probs)(logits)
+    ids, totals = sampler.greedy(logits)
     assert torch.equal(ids, native_ids) and torch.equal(totals, native_totals)
-    assert sampling.greedy_of(sampling.probs_from_logits) is sampling.greedy_rows
-    torch_ids, torch_totals = sampling.greedy_of(sampling.compiled_probs(kernel.top_p_probs))(logits)
+    assert torch.equal(sampling.TORCH_SAMPLER.greedy(logits)[0], sampling.greedy_rows(logits)[0])
+    torch_ids, torch_totals = sampling.CompiledSampler(kernel.top_p_probs).greedy(logits)
     assert torch.equal(torch_ids, logits.argmax(dim=-1)) and torch.equal(torch_totals, torch.logsumexp(logits, -1))

@@ -22,7 +22,7 @@ from specchat.loading.models import ModelFacts, ModelLoadError, load_model, load
 from specchat.loading.shared_tokenizer import tokenizer_digest
 from specchat.speculative.drafters.model import ModelDrafter
 from specchat.speculative.engine import Engine
-from specchat.speculative.sampling import probs_from_logits
+from specchat.speculative.sampling import TORCH_SAMPLER
 
 
 @pytest.fixture(autouse=True)
@@ -351,7 +351,7 @@ def test_bitsandbytes_target_gives_exact_greedy_speculation(target_dir, drafter_
     pair = load_pair(cfg)
     assert type(pair.target.model.layers[0].mlp.up_proj).__name__ == layer
     assert pair.target_facts.quantization == quantization
-    assert pair.probs is probs_from_logits  # no compiled module in this pair: the torch code samples
+    assert pair.sampler is TORCH_SAMPLER  # no compiled module in this pair: the torch code samples
     assert pair.target_facts.params == sum(p.numel() for p in target_dir[1].parameters())
     assert pair.target_facts.memory_bytes < target_dir[1].get_memory_footprint()
     for text in (PROMPT, "The quick brown", "Hello, how are you"):

@@ -124,7 +124,7 @@ def test_a_small_pair_under_the_bundled_config_answers_and_stays_exact(tmp_path,
 
     from specchat.loading.models import load_pair
     from specchat.quant.w4a8 import Q4Linear
-    from specchat.speculative.sampling import probs_from_logits
+    from specchat.speculative.sampling import CompiledSampler
 
     monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
     directory = qwen_dir(tmp_path, hidden, build_tokenizer())
@@ -141,4 +141,4 @@ def test_a_small_pair_under_the_bundled_config_answers_and_stays_exact(tmp_path,
         assert said[0].startswith(f"target qwen-{hidden}: {unfit} linear layer(s) stay unquantized")
     ids = pair.tokenizer("def add(a, b):")["input_ids"]
     assert greedy_reply(pair, "spec", ids, n=12) == greedy_reply(pair, "target", ids, n=12)
-    assert pair.probs is not probs_from_logits  # a pair on the compiled module samples with its probabilities
+    assert isinstance(pair.sampler, CompiledSampler)  # a pair on the compiled module samples with its probabilities

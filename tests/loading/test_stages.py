@@ -12,14 +12,14 @@ from tiny_models import build_model
 from specchat.config import Config, ModelConfig, RuntimeConfig
 from specchat.errors import ModelLoadError
 from specchat.loading import plan
-from specchat.loading.attach import attach, sampling_probs
+from specchat.loading.attach import attach, pair_sampler
 from specchat.loading.checkpoint import checkpoint_for, directory_identity
 from specchat.loading.plan import plan_model, plan_pair
 from specchat.loading.quantize import quantize
 from specchat.loading.shared_tokenizer import shared_tokenizer
 from specchat.loading.weights import load_weights
 from specchat.quant.int8_weights import Int8Linear
-from specchat.speculative.sampling import probs_from_logits
+from specchat.speculative.sampling import TORCH_SAMPLER
 
 FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
 
@@ -84,4 +84,4 @@ def test_attach_labels_the_forward_it_runs_on(model_dir):
         assert attached.backend in (
             {"transformers"} if backend == "transformers" else {"lean", "lean (compiled layers)"}
         )
-    assert sampling_probs("", "") is probs_from_logits
+    assert pair_sampler("", "") is TORCH_SAMPLER

@@ -203,7 +203,7 @@ def test_a_fork_runs_on_the_same_models_with_caches_and_a_policy_of_its_own(targ
     first = run_to_end(engine.steps(ids, GREEDY, spec))
     fork = engine.fork()
     assert fork.target is engine.target and fork.drafter.model is engine.drafter.model
-    assert fork.probs is engine.probs and fork.policy is not engine.policy and fork.ids == []
+    assert fork.sampler is engine.sampler and fork.policy is not engine.policy and fork.ids == []
     seen = engine.target_seen
     assert run_to_end(fork.steps(ids, GREEDY, spec)).ids == first.ids
     assert engine.target_seen == seen and engine.drafter is not fork.drafter

@@ -9,7 +9,7 @@ from specchat.config import SamplingConfig
 from specchat.speculative.drafters.base import DraftPlan
 from specchat.speculative.gamma import AutoGamma
 from specchat.speculative.metrics import StatsRecorder, leviathan_speedup
-from specchat.speculative.sampling import compiled_probs, make_generator, probs_from_logits, sample
+from specchat.speculative.sampling import TORCH_SAMPLER, CompiledSampler, make_generator, sample
 from specchat.speculative.verify import residual, verify_greedy, verify_sampled
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
@@ -17,11 +17,11 @@ LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
 
 @pytest.fixture(params=["torch", "compiled"])
 def probs_fn(request):
-    """probs_from_logits (the torch code), then compiled_probs on the compiled module's (kernels/sampling.cpp),
+    """The torch Sampler's probabilities, then a CompiledSampler's on the compiled module's (kernels/sampling.cpp),
     which a pair that runs on the module samples with; skipped where the module cannot be built."""
     if request.param == "torch":
-        return probs_from_logits
-    return compiled_probs(request.getfixturevalue("kernel").top_p_probs)
+        return TORCH_SAMPLER.probs
+    return CompiledSampler(request.getfixturevalue("kernel").top_p_probs).probs
 
 
 def test_greedy_is_one_hot_argmax(probs_fn):

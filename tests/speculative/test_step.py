@@ -10,11 +10,11 @@ from conftest import GREEDY, hf_greedy, make_engine, prompt_ids
 from specchat.config import SpeculationConfig
 from specchat.speculative.events import Origin
 from specchat.speculative.gamma import AutoGamma
-from specchat.speculative.step import StepResult
+from specchat.speculative.step import Judged, StepResult
 
 
 def test_a_step_result_cannot_be_assigned_to():
-    step = StepResult([1, 2], [Origin.DRAFTED, Origin.BONUS], [], drafted=1, accepted=1)
+    step = StepResult([1, 2], [Origin.DRAFTED, Origin.BONUS], Judged(1, 1))
     for name, value in (("last", True), ("index", 3), ("tokens", [1]), ("rejection", None)):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(step, name, value)

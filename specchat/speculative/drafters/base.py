@@ -16,7 +16,7 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.speculative.drafters.vocab import DraftVocab
 from specchat.speculative.insight import drafter_top
-from specchat.speculative.sampling import ProbsFn, probs_from_logits
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,6 @@ class DraftPlan:
     room: int = 1 << 30  # tokens the reply has left after the target's own: no draft goes past it
     verified: bool = False  # the target verifies the draft (drafter-only mode: no): a drafter whose q is
     #                                one-hot then proposes its most likely tokens, which p accepts most often
-    probs: ProbsFn = probs_from_logits  # what computes q: the engine's, the one its step computes p with
     copy: int = 0  # tokens a copy from the conversation may draft, decided apart from gamma (copy_length.py)
 
     @property
@@ -64,7 +63,7 @@ class Draft:
         return self.source == "lookup"
 
     def top_at(
-        self, position: int, sampling: SamplingConfig, probs: ProbsFn = probs_from_logits
+        self, position: int, sampling: SamplingConfig, sampler: Sampler = TORCH_SAMPLER
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
         on the device; None for a drafter without a distribution (prompt lookup: q is one-hot)."""
@@ -72,7 +71,7 @@ class Draft:
             return None
         row = self.rows[position]
         ids = self.vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if self.vocab else None
-        return drafter_top(row, sampling, ids, probs)
+        return drafter_top(row, sampling, ids, sampler)
 
 
 class Drafter(Protocol):

@@ -17,19 +17,19 @@ from specchat.speculative.drafters.lookup import Guesser, NoGuess, PromptLookup
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
 from specchat.speculative.drafters.vocab import DraftVocab, head_width
 from specchat.speculative.readback import read_back
-from specchat.speculative.sampling import ProbsFn, greedy_of, pick
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 from specchat.speculative.timing import clock
 
 
 def chosen(
-    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator, probs: ProbsFn
+    logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator, sampler: Sampler
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The drafter's token from [1, width] logits: (its position [1], q [1, width] or None when greedy, its
     probability [1]), on the device: q(x) when sampling, the softmax's largest entry when greedy."""
     if sampling.is_greedy:
-        position, total = greedy_of(probs)(logits)
+        position, total = sampler.greedy(logits)
         return position, None, torch.exp(logits[0, position].float() - total)
-    position, law = pick(logits, sampling, generator, probs)
+    position, law = sampler.pick(logits, sampling, generator)
     q = cast(torch.Tensor, law)  # a sampled pick gives its law
     return position, q, q[0, position]
 
@@ -37,8 +37,9 @@ def chosen(
 class ModelDrafter:
     """A small causal LM with its own KV cache. It sees only tokens it has not seen yet."""
 
-    def __init__(self, model: model_io.Model, vocab_size: int) -> None:
+    def __init__(self, model: model_io.Model, vocab_size: int, sampler: Sampler = TORCH_SAMPLER) -> None:
         self.model = model
+        self.sampler = sampler  # computes q: the engine's, the one its step computes p with
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
         # ids it scores: fewer than vocab_size where the target's vocabulary is padded wider (ids past it never drafted)
         self.width = min(vocab_size, head_width(model.get_output_embeddings()))
@@ -64,7 +65,7 @@ class ModelDrafter:
 
     def fresh(self) -> ModelDrafter:
         """A drafter on the same model with a cache of its own."""
-        return ModelDrafter(self.model, self.vocab_size)
+        return ModelDrafter(self.model, self.vocab_size, self.sampler)
 
     def reset(self) -> None:
         self.cache = model_io.new_cache(self.model)
@@ -122,7 +123,7 @@ class ModelDrafter:
         if self._short_of_gap:
             self.catch_up(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
         guessing = not isinstance(self.guesser, NoGuess)
-        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids), host=guessing or plan.tracks_confidence)
+        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids), self.sampler, guessing)
         # [>=1] tokens: the newest committed one, plus any catch-up
         feed = self._tensor(ids[self.seen :])
         while not drafting.finished:
@@ -191,9 +192,11 @@ class _Drafting:
         sampling: SamplingConfig,
         generator: torch.Generator,
         vocab: DraftVocab | None,
-        host: bool = False,
+        sampler: Sampler,
+        guessing: bool = False,
     ):
-        self.plan, self.sampling, self.generator, self.vocab, self.host = plan, sampling, generator, vocab, host
+        self.plan, self.sampling, self.generator, self.vocab, self.sampler = plan, sampling, generator, vocab, sampler
+        self.host = guessing or plan.tracks_confidence
         self.ids: list[torch.Tensor] = []  # per token: its id, [1] on the device
         self.sure: list[torch.Tensor] = []  # per token: the drafter's q of it, [1] on the device
         self.tokens: list[int] = []  # the same on the host, with `host` only
@@ -215,7 +218,7 @@ class _Drafting:
     def add(self, logits: torch.Tensor) -> int | None:
         """Draft one token from [1, width] logits; returns its id with `host`, else None (it stays on the device)."""
         # [1], [1, width] or None when greedy
-        position, q, chance = chosen(logits, self.sampling, self.generator, self.plan.probs)
+        position, q, chance = chosen(logits, self.sampling, self.generator, self.sampler)
         token = self.vocab.to_ids(position) if self.vocab else position  # [1]
         self.ids.append(token)
         self.sure.append(chance)

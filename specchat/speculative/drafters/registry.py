@@ -10,6 +10,7 @@ from typing import cast
 from specchat.drafter_kinds import DrafterKind, described, parse
 from specchat.speculative.drafters.base import Drafter
 from specchat.speculative.model_io import Model
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 
 
 class DrafterUnusable(ValueError):
@@ -23,6 +24,7 @@ class DrafterSetup:
     target: Model
     model: Drafter | None  # the drafter model's Drafter (None: no drafter model is loaded)
     vocab_size: int
+    sampler: Sampler = TORCH_SAMPLER  # computes q: the engine's, the one its step computes p with
 
 
 Builder = Callable[[DrafterSetup, "int | None"], Drafter]

@@ -17,6 +17,7 @@ from torch import nn
 from specchat.speculative import model_io
 from specchat.speculative.drafters.model import ModelDrafter
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 
 PREFIX = "self:"
 
@@ -70,8 +71,8 @@ def _decoder_attribute(model: Any) -> str:
     return next(str(name) for name, module in model.named_children() if module is decoder)
 
 
-def self_drafter(model: model_io.Model, n: int, vocab_size: int) -> ModelDrafter:
-    return ModelDrafter(truncated_model(model, n), vocab_size)
+def self_drafter(model: model_io.Model, n: int, vocab_size: int, sampler: Sampler = TORCH_SAMPLER) -> ModelDrafter:
+    return ModelDrafter(truncated_model(model, n), vocab_size, sampler)
 
 
 def from_setup(setup: DrafterSetup, n: int | None) -> ModelDrafter:
@@ -80,7 +81,7 @@ def from_setup(setup: DrafterSetup, n: int | None) -> ModelDrafter:
     problem = check_self_layers(setup.target, n)
     if problem:
         raise DrafterUnusable(problem)
-    return self_drafter(setup.target, n, setup.vocab_size)
+    return self_drafter(setup.target, n, setup.vocab_size, setup.sampler)
 
 
 def quarter_of_layers(setup: DrafterSetup) -> int:

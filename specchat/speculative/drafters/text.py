@@ -33,6 +33,7 @@ from specchat.speculative.drafters.retokenize import (
     special_tokens,
 )
 from specchat.speculative.model_io import Model
+from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 
 TAIL = 8  # newest committed target ids the draft's text is re-tokenized after
 CONTEXT = 4  # newest drafter ids decoded with the draft, so that a leading space of its first token stays
@@ -50,9 +51,14 @@ class TextDrafter:
     """Follows the Drafter protocol; proposes target ids for a drafter model that speaks another tokenizer."""
 
     def __init__(
-        self, model: Model, target_tokenizer: TextTokenizer, drafter_tokenizer: TextTokenizer, vocab_size: int
+        self,
+        model: Model,
+        target_tokenizer: TextTokenizer,
+        drafter_tokenizer: TextTokenizer,
+        vocab_size: int,
+        sampler: Sampler = TORCH_SAMPLER,
     ) -> None:
-        self.inner = ModelDrafter(model, len(drafter_tokenizer))  # drafts in the drafter's own ids
+        self.inner = ModelDrafter(model, len(drafter_tokenizer), sampler)  # drafts in the drafter's own ids
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
         self.vocab_size = vocab_size  # the target's
         self.mirror = TextMirror(target_tokenizer, drafter_tokenizer)
@@ -66,7 +72,9 @@ class TextDrafter:
 
     def fresh(self) -> TextDrafter:
         """A drafter on the same model and tokenizers with a cache of its own."""
-        return TextDrafter(self.inner.model, self.target_tokenizer, self.drafter_tokenizer, self.vocab_size)
+        return TextDrafter(
+            self.inner.model, self.target_tokenizer, self.drafter_tokenizer, self.vocab_size, self.inner.sampler
+        )
 
     def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
         """The model drafter's options, in the drafter's ids: its special ids stand for the target's stop ids."""
@@ -138,10 +146,14 @@ class TextDrafter:
 
 
 def drafter_for(
-    model: Model, vocab_size: int, target_tokenizer: object, drafter_tokenizer: TextTokenizer | None = None
+    model: Model,
+    vocab_size: int,
+    target_tokenizer: object,
+    drafter_tokenizer: TextTokenizer | None = None,
+    sampler: Sampler = TORCH_SAMPLER,
 ) -> ModelDrafter | TextDrafter:
     """The drafter for a drafter model: on the target's ids, or (given a tokenizer of its own) on text, where the
     target's tokenizer is a whole one too (loading gives a drafter a tokenizer only beside the target's own)."""
     if drafter_tokenizer is None:
-        return ModelDrafter(model, vocab_size)
-    return TextDrafter(model, cast(TextTokenizer, target_tokenizer), drafter_tokenizer, vocab_size)
+        return ModelDrafter(model, vocab_size, sampler)
+    return TextDrafter(model, cast(TextTokenizer, target_tokenizer), drafter_tokenizer, vocab_size, sampler)
