@@ -25,9 +25,8 @@ from specchat.config import Auto, Mode, SamplingConfig, SpeculationConfig, draft
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.speculative import model_io
 from specchat.speculative.detok import Detokenizer, Tokenizer
-from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan
+from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan, DraftView
 from specchat.speculative.drafters.lookup import common_prefix_len
-from specchat.speculative.drafters.mixed import MixedDrafter
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable, build
 from specchat.speculative.drafters.retokenize import TextTokenizer
 from specchat.speculative.drafters.text import drafter_for
@@ -82,6 +81,7 @@ class Engine:
         self.cache = model_io.new_cache(target)
         self.ids: list[int] = []
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
+        self.view = drafter.view if drafter is not None else DraftView(always_ids=self.eos_ids)
         self.drafters: dict[str, Drafter] = {}  # by name, each built on first use (drafters/registry.py)
         if drafter is not None:
             self.drafters["model"] = drafter  # the one that drafts until a reply asks for another
@@ -94,7 +94,8 @@ class Engine:
         drafter = None
         sampler = getattr(pair, "sampler", TORCH_SAMPLER)  # loading's choice (models.py)
         if with_drafter and pair.drafter is not None:
-            drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer, sampler)
+            view = DraftView(always_ids=frozenset(int(i) for i in pair.eos_ids))  # the settings' defaults
+            drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer, sampler, view)
         return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, sampler)
 
     def fork(self) -> Engine:
@@ -103,7 +104,7 @@ class Engine:
         return Engine(
             self.target,
             self.tokenizer,
-            model.fresh() if model is not None else None,
+            model.fresh(model.view) if model is not None else None,
             self.eos_ids,
             self.vocab_size,
             copy.deepcopy(self.policy),
@@ -121,7 +122,7 @@ class Engine:
     @property
     def setup(self) -> DrafterSetup:
         """What a drafter kind builds on (drafters/registry.py)."""
-        return DrafterSetup(self.target, self.model_drafter, self.vocab_size, self.sampler)
+        return DrafterSetup(self.target, self.model_drafter, self.vocab_size, self.sampler, self.view)
 
     def drafter_problem(self, name: str) -> str | None:
         """Why drafter `name` cannot draft here (no kind's name, no drafter model for it, a self:N with N out of
@@ -137,6 +138,20 @@ class Engine:
         if name not in self.drafters:
             self.drafters[name] = build(name, self.setup)
         return self.drafters[name]
+
+    def _view_for(self, speculation: SpeculationConfig) -> DraftView:
+        """The view the settings ask of a drafter model; drafter mode answers with the drafter's view of everything."""
+        context = 0 if speculation.mode == Mode.DRAFTER else speculation.drafter_context
+        return DraftView(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup, context)
+
+    def _use_view(self, view: DraftView) -> None:
+        """Draft with `view` from now on: the drafters are built anew on the same models (their caches too)."""
+        if view == self.view:
+            return
+        self.view, model = view, self.model_drafter
+        self.model_drafter = model.fresh(view) if model is not None else None
+        self.drafters = {"model": self.model_drafter} if self.model_drafter is not None else {}
+        self.drafter = self.model_drafter
 
     def use_drafter(self, name: str) -> None:
         """Make drafters[name] the one that drafts. It starts from an empty cache: what it cached when
@@ -163,7 +178,7 @@ class Engine:
         keep = min(common_prefix_len(self.ids, prompt_ids), len(prompt_ids) - 1)
         model_io.crop_to(self.cache, min(self.target_seen, keep))
         if self.drafter:
-            self.drafter.rollback(keep + 1)
+            self.drafter.observe(prompt_ids)  # it keeps what agrees with what it last observed
         self.ids = list(prompt_ids)
         return keep
 
@@ -201,6 +216,7 @@ class Engine:
             raise ValueError(missing)
         wanted = "model" if speculation.mode == Mode.DRAFTER else speculation.drafter
         if speculation.mode != Mode.TARGET:
+            self._use_view(self._view_for(speculation))
             self.use_drafter(wanted)  # DrafterUnusable (a ValueError) where it cannot draft here
         try:
             yield from self._run(list(prompt_ids), sampling, speculation, cancel or threading.Event())
@@ -215,10 +231,6 @@ class Engine:
         speculation: SpeculationConfig,
         cancel: threading.Event,
     ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
-        if self.drafter:
-            # drafter mode answers with the drafter's own view of everything; target mode leaves its cache as spec set it
-            context = 0 if speculation.mode == Mode.DRAFTER else speculation.drafter_context
-            self.drafter.configure(speculation.drafter_vocab, self.eos_ids, speculation.prompt_lookup, context)
         self._adopt_prompt(prompt_ids)  # the reused tokens: those the leading model's cache still holds
         recorder = StatsRecorder(
             speculation.mode, speculation.gamma, len(prompt_ids), self._prompt_read(speculation.mode)
@@ -263,16 +275,15 @@ class Engine:
             if mode != Mode.DRAFTER:
                 model_io.forward(self.target, self.cache, self.ids[self.target_seen : upto], keep=1)
             if self.drafter and mode != Mode.TARGET:
-                self.drafter.catch_up(self.ids, upto)
+                self.drafter.observe(self.ids, read=upto)
             yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
-        recorder.record_prefill(
-            self._prompt_read(mode) - start, clock(self.target, getattr(self.drafter, "model", None)) - began
-        )
+        drafter_model = self.model_drafter.model if self.model_drafter is not None else None
+        recorder.record_prefill(self._prompt_read(mode) - start, clock(self.target, drafter_model) - began)
 
     def _prompt_read(self, mode: Mode) -> int:
         """Tokens in the cache of the model that leads the mode (the drafter's in drafter mode)."""
         if mode == Mode.DRAFTER:
-            return self.drafter.seen if self.drafter is not None else 0
+            return self.drafter.observe(self.ids) if self.drafter is not None else 0
         return self.target_seen
 
     def _draft_plan(self, speculation: SpeculationConfig, remaining: int) -> DraftPlan:
@@ -291,7 +302,7 @@ class Engine:
         return dataclasses.replace(
             plan,
             gamma=gamma,
-            copy=max(0, min(plan.copy, remaining - 1)) if isinstance(self.drafter, MixedDrafter) else 0,
+            copy=max(0, min(plan.copy, remaining - 1)),  # only a drafter that copies reads it
             min_confidence=speculation.draft_confidence,
             room=max(0, remaining - 1),
             verified=True,
@@ -338,7 +349,7 @@ class Engine:
         self.ids.extend(committed.tokens)
         model_io.crop_to(self.cache, min(self.target_seen, len(self.ids) - 1))
         if self.drafter:
-            self.drafter.rollback(len(self.ids))
+            self.drafter.observe(self.ids)
         return committed, hit_eos
 
     def _rejection(self, step: StepResult, index: int, sampling: SamplingConfig) -> Rejection | None:

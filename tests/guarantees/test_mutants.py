@@ -90,7 +90,7 @@ def _crashing_verify(drafts, target_logits, choice=None) -> Verdict:
     raise RuntimeError("a mutant that crashes")
 
 
-def _crashing_rollback(self, committed_len) -> None:
+def _crashing_observe(self, ids, read=0) -> int:
     raise RuntimeError("a mutant that crashes")
 
 
@@ -101,7 +101,7 @@ def test_a_mutant_that_only_crashes_is_not_counted_as_caught(target, similar_dra
         with pytest.raises(RuntimeError, match="a mutant that crashes"):
             greedy_is_exact(target, similar_drafter_model, tokenizer)
     with monkeypatch.context() as patch:
-        patch.setattr(specchat.speculative.drafters.model.ModelDrafter, "rollback", _crashing_rollback)
+        patch.setattr(specchat.speculative.drafters.model.ModelDrafter, "observe", _crashing_observe)
         with pytest.raises(RuntimeError, match="a mutant that crashes"):
             drafts_follow_the_drafter(target, similar_drafter_model, tokenizer)
 

@@ -1,13 +1,13 @@
 """Drafters propose tokens for the target to verify.
 
-Every drafter follows the `Drafter` protocol: `configure` (the drafter-specific speculation options),
-`propose(ids, plan, sampling, generator) -> Draft`, `rollback(committed_len)` and `reset()`.
-A drafter keeps its own state (e.g. a KV cache) in step with the committed sequence `ids`.
+Every drafter follows the `Drafter` protocol: `propose(ids, plan, sampling, generator) -> Draft`,
+`observe(ids, read)` (the committed sequence after a step or a new prompt; it rolls back what disagrees and reads a
+prompt's chunk when asked) and `reset()`. A drafter keeps its own state (e.g. a KV cache) in step with the committed
+sequence `ids`. What a drafter model reads and scores (DraftView) is given when it is built, not through the protocol.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -16,7 +16,18 @@ import torch
 from specchat.config import SamplingConfig
 from specchat.speculative.drafters.vocab import DraftVocab
 from specchat.speculative.insight import drafter_top
+from specchat.speculative.model_io import Model
 from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
+
+
+@dataclass(frozen=True)
+class DraftView:
+    """What a drafter model reads and scores, set when it is built (speculation settings; a new view: a new drafter)."""
+
+    vocab_limit: int = 0  # 0: score the whole vocabulary; else ids below it, seen ones and always_ids (vocab.py)
+    always_ids: frozenset[int] = frozenset()  # ids always scored: the target's stop ids
+    lookup: bool = False  # check prompt-lookup guesses alongside the current token (lookup.py)
+    context: int = 0  # 0: the whole conversation in the cache; else its start and end (context.py)
 
 
 @dataclass(frozen=True)
@@ -75,23 +86,26 @@ class Draft:
 
 
 class Drafter(Protocol):
-    @property
-    def seen(self) -> int: ...  # committed ids its cache stands for (what drafter-only mode has read of a prompt)
-
-    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool, context: int = 0) -> None: ...
-
     def propose(
         self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator
     ) -> Draft: ...
 
-    def rollback(self, committed_len: int) -> None: ...
-
-    def catch_up(self, ids: list[int], upto: int) -> None: ...
+    def observe(self, ids: list[int], read: int = 0) -> int:
+        """The committed sequence is now `ids`; read ids[:read] now where read > 0. Returns how many of ids its
+        state stands for (0 for a drafter without a cache)."""
+        ...
 
     def reset(self) -> None: ...
 
 
 class CachedDrafter(Drafter, Protocol):
-    """A drafter model's Drafter: fresh() gives one on the same model with a cache of its own (Engine.fork)."""
+    """A drafter model's Drafter: fresh(view) gives one on the same model with a cache of its own and that view
+    (Engine.fork; the engine's view changed)."""
 
-    def fresh(self) -> CachedDrafter: ...
+    @property
+    def model(self) -> Model: ...  # the drafter model itself (what the engine's clock waits for on a GPU)
+
+    @property
+    def view(self) -> DraftView: ...  # what it reads and scores
+
+    def fresh(self, view: DraftView) -> CachedDrafter: ...

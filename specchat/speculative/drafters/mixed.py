@@ -10,12 +10,9 @@ tokens: it catches up on the committed ones when it next drafts, as after any st
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.speculative import model_io
 from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan
 from specchat.speculative.drafters.lookup import MIN_NGRAM, WINDOW, common_prefix_len, match_start
 from specchat.speculative.drafters.lookup_drafter import copy_draft
@@ -39,20 +36,6 @@ class MixedDrafter:
         self.vocab_size = vocab_size
         self.copy_tokens = COPY_TOKENS
         self.last_copy: tuple[int, list[int], int] = (0, [], 0)  # where the last copy began, its tokens, its source
-
-    @property
-    def model(self) -> model_io.Model | None:
-        """The drafter model itself (the engine's clock reads it), or None."""
-        model: model_io.Model | None = getattr(self.drafter, "model", None)
-        return model
-
-    @property
-    def seen(self) -> int:
-        return self.drafter.seen if self.drafter is not None else 0
-
-    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
-        if self.drafter is not None:
-            self.drafter.configure(vocab_limit, always_ids, lookup, context)
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         """A copy where the conversation offers one (up to plan.copy tokens), else the model's draft of plan.gamma
@@ -105,13 +88,8 @@ class MixedDrafter:
         taken_whole = bool(last) and ids[start : start + len(last)] == last
         return 2 * self.copy_tokens if taken_whole else COPY_TOKENS
 
-    def rollback(self, committed_len: int) -> None:
-        if self.drafter is not None:
-            self.drafter.rollback(committed_len)
-
-    def catch_up(self, ids: list[int], upto: int) -> None:
-        if self.drafter is not None:
-            self.drafter.catch_up(ids, upto)
+    def observe(self, ids: list[int], read: int = 0) -> int:
+        return self.drafter.observe(ids, read) if self.drafter is not None else 0
 
     def reset(self) -> None:
         self.copy_tokens, self.last_copy = COPY_TOKENS, (0, [], 0)

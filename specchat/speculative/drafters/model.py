@@ -4,16 +4,15 @@ vocabulary (vocab.py) and try prompt lookup first."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import cast
 
 import torch
 
 from specchat.config import SamplingConfig
 from specchat.speculative import model_io
-from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan
+from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan, DraftView
 from specchat.speculative.drafters.context import MIN_GAP, ContextGap
-from specchat.speculative.drafters.lookup import Guesser, NoGuess, PromptLookup
+from specchat.speculative.drafters.lookup import Guesser, NoGuess, PromptLookup, common_prefix_len
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
 from specchat.speculative.drafters.vocab import DraftVocab, head_width
 from specchat.speculative.readback import read_back
@@ -37,40 +36,45 @@ def chosen(
 class ModelDrafter:
     """A small causal LM with its own KV cache. It sees only tokens it has not seen yet."""
 
-    def __init__(self, model: model_io.Model, vocab_size: int, sampler: Sampler = TORCH_SAMPLER) -> None:
+    def __init__(
+        self, model: model_io.Model, vocab_size: int, sampler: Sampler = TORCH_SAMPLER, view: DraftView = DraftView()
+    ) -> None:
+        """`view`: score only ids below view.vocab_limit (+ seen ids + its always_ids; 0: all of them), check
+        prompt-lookup guesses alongside the current token with view.lookup, and keep at most about view.context
+        tokens of a long conversation (0: all of it)."""
         self.model = model
+        self.view = view
         self.sampler = sampler  # computes q: the engine's, the one its step computes p with
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
         # ids it scores: fewer than vocab_size where the target's vocabulary is padded wider (ids past it never drafted)
         self.width = min(vocab_size, head_width(model.get_output_embeddings()))
         self.cache = model_io.new_cache(model)
         self.device = model_io.input_device(model)
-        self.vocab_limit = 0  # 0: score the whole vocabulary; see speculative/drafters/vocab.py
-        self.always_ids: frozenset[int] = frozenset()
-        self.guesser: Guesser = NoGuess()  # prompt-lookup tokens checked in the same forward
-        self.context_limit = 0  # 0: the whole conversation in the cache; else see context.py
+        self.guesser: Guesser = PromptLookup() if view.lookup else NoGuess()  # checked in the same forward
         self.gap = ContextGap()
+        self.history: list[int] = []  # the committed ids it last observed
         self._vocab: DraftVocab | None = None
 
-    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
-        """Score only ids below vocab_limit (+ seen ids + always_ids; 0: all of them), check prompt-lookup
-        guesses alongside the current token when `lookup` is on, and keep at most about `context` tokens of
-        a long conversation (0: all of it; a new limit reads the conversation again)."""
-        if vocab_limit != self.vocab_limit or frozenset(always_ids) != self.always_ids:
-            self._vocab = None
-        if context != self.context_limit:
-            self.reset()
-        self.vocab_limit, self.always_ids, self.context_limit = vocab_limit, frozenset(always_ids), context
-        self.guesser = PromptLookup() if lookup else NoGuess()
-
-    def fresh(self) -> ModelDrafter:
-        """A drafter on the same model with a cache of its own."""
-        return ModelDrafter(self.model, self.vocab_size, self.sampler)
+    def fresh(self, view: DraftView) -> ModelDrafter:
+        """A drafter on the same model with a cache of its own and `view`."""
+        return ModelDrafter(self.model, self.vocab_size, self.sampler, view)
 
     def reset(self) -> None:
         self.cache = model_io.new_cache(self.model)
         self.gap = ContextGap()
+        self.history = []
         self._vocab = None
+
+    def observe(self, ids: list[int], read: int = 0) -> int:
+        """The committed sequence is now `ids`: keep what the cache holds of their common part with what it last
+        observed (never the newest id: it is fed next step); with `read`, read ids[:read] now (a prompt's chunk).
+        Returns how many of ids the cache stands for."""
+        extends = ids[: len(self.history)] == self.history  # a step's tokens, or a next turn's prompt
+        self.crop(len(ids) - 1 if extends else min(common_prefix_len(self.history, ids), len(ids) - 1))
+        self.history = list(ids)
+        if read:
+            self.read_to(ids, read)
+        return self.seen
 
     @property
     def cached(self) -> int:
@@ -87,19 +91,20 @@ class ModelDrafter:
         """A gap is planned and the cache has not reached its start yet."""
         return bool(self.gap.count) and self.cached < self.gap.start
 
-    def rollback(self, committed_len: int) -> None:
-        """Keep at most committed_len - 1 tokens: the newest committed token is fed next step."""
-        model_io.crop_to(self.cache, self.gap.cut(min(self.seen, committed_len - 1)))
+    def crop(self, keep: int) -> None:
+        """Keep at most the first `keep` committed ids in the cache (what agrees with the committed sequence)."""
+        model_io.crop_to(self.cache, self.gap.cut(min(self.seen, keep)))
         if self._vocab is not None:
-            self._vocab.keep_first(committed_len - 1)
+            self._vocab.keep_first(keep)
 
     @torch.inference_mode()
-    def catch_up(self, ids: list[int], upto: int) -> None:
+    def read_to(self, ids: list[int], upto: int) -> None:
         """Read ids[seen:upto] into the cache (a chunk of a long prompt), without scoring them; the middle of
         a conversation longer than the context limit is left out."""
-        if self.gap.count and len(ids) - self.seen >= self.context_limit + MIN_GAP:
+        if self.gap.count and len(ids) - self.seen >= self.view.context + MIN_GAP:
             self.reset()  # a second long stretch (another paste): the chat's start and end read anew, not all of it
-        self.gap.open(self.context_limit, len(ids), self.seen)
+            self.history = list(ids)
+        self.gap.open(self.view.context, len(ids), self.seen)
         if self._short_of_gap:  # up to the gap first, then past it
             self._read(ids[self.cached : min(upto, self.gap.start)])
         if upto > self.seen:
@@ -121,7 +126,7 @@ class ModelDrafter:
         The tokens stay on the device, each fed to the next forward as it is, unless the host must see each one:
         to end the draft early on its confidence, or to look for prompt-lookup guesses after it."""
         if self._short_of_gap:
-            self.catch_up(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
+            self.read_to(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
         guessing = not isinstance(self.guesser, NoGuess)
         drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids), self.sampler, guessing)
         # [>=1] tokens: the newest committed one, plus any catch-up
@@ -155,10 +160,10 @@ class ModelDrafter:
         drafting.forwards.append((feed.shape[0] + len(guess), clock(self.model) - start))
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
-        if not self.vocab_limit or self.vocab_limit >= self.width:
+        if not self.view.vocab_limit or self.view.vocab_limit >= self.width:
             return None
         if self._vocab is None:
-            self._vocab = DraftVocab(self.model.get_output_embeddings(), self.vocab_limit, self.always_ids)
+            self._vocab = DraftVocab(self.model.get_output_embeddings(), self.view.vocab_limit, self.view.always_ids)
         self._vocab.update(ids)
         return self._vocab
 

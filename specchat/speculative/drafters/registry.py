@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from specchat.drafter_kinds import DrafterKind, described, parse
-from specchat.speculative.drafters.base import Drafter
+from specchat.speculative.drafters.base import Drafter, DraftView
 from specchat.speculative.model_io import Model
 from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
 
@@ -25,6 +25,7 @@ class DrafterSetup:
     model: Drafter | None  # the drafter model's Drafter (None: no drafter model is loaded)
     vocab_size: int
     sampler: Sampler = TORCH_SAMPLER  # computes q: the engine's, the one its step computes p with
+    view: DraftView = DraftView()  # what a drafter model reads and scores
 
 
 Builder = Callable[[DrafterSetup, "int | None"], Drafter]

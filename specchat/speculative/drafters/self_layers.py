@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from specchat.speculative import model_io
+from specchat.speculative.drafters.base import DraftView
 from specchat.speculative.drafters.model import ModelDrafter
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
 from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
@@ -71,8 +72,10 @@ def _decoder_attribute(model: Any) -> str:
     return next(str(name) for name, module in model.named_children() if module is decoder)
 
 
-def self_drafter(model: model_io.Model, n: int, vocab_size: int, sampler: Sampler = TORCH_SAMPLER) -> ModelDrafter:
-    return ModelDrafter(truncated_model(model, n), vocab_size, sampler)
+def self_drafter(
+    model: model_io.Model, n: int, vocab_size: int, sampler: Sampler = TORCH_SAMPLER, view: DraftView = DraftView()
+) -> ModelDrafter:
+    return ModelDrafter(truncated_model(model, n), vocab_size, sampler, view)
 
 
 def from_setup(setup: DrafterSetup, n: int | None) -> ModelDrafter:
@@ -81,7 +84,7 @@ def from_setup(setup: DrafterSetup, n: int | None) -> ModelDrafter:
     problem = check_self_layers(setup.target, n)
     if problem:
         raise DrafterUnusable(problem)
-    return self_drafter(setup.target, n, setup.vocab_size, setup.sampler)
+    return self_drafter(setup.target, n, setup.vocab_size, setup.sampler, setup.view)
 
 
 def quarter_of_layers(setup: DrafterSetup) -> int:

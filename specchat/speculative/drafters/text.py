@@ -15,13 +15,12 @@ as configured, so that mode shows the drafter's own law.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 from typing import cast
 
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.speculative.drafters.base import Draft, DraftPlan
+from specchat.speculative.drafters.base import Draft, DraftPlan, DraftView
 from specchat.speculative.drafters.lookup_drafter import copy_draft
 from specchat.speculative.drafters.model import ModelDrafter
 from specchat.speculative.drafters.retokenize import (
@@ -57,12 +56,16 @@ class TextDrafter:
         drafter_tokenizer: TextTokenizer,
         vocab_size: int,
         sampler: Sampler = TORCH_SAMPLER,
+        view: DraftView = DraftView(),
     ) -> None:
-        self.inner = ModelDrafter(model, len(drafter_tokenizer), sampler)  # drafts in the drafter's own ids
         self.target_tokenizer, self.drafter_tokenizer = target_tokenizer, drafter_tokenizer
+        self.ends = text_ends(target_tokenizer, drafter_tokenizer)
+        # drafts in the drafter's own ids, where its special ids stand for the target's stop ids
+        own_view = dataclasses.replace(view, always_ids=frozenset(self.ends))
+        self.inner = ModelDrafter(model, len(drafter_tokenizer), sampler, own_view)
+        self.view = view
         self.vocab_size = vocab_size  # the target's
         self.mirror = TextMirror(target_tokenizer, drafter_tokenizer)
-        self.ends = text_ends(target_tokenizer, drafter_tokenizer)
         self.stream: list[int] = []  # the drafter ids its cache stands for (a prefix of them)
         self.seen = 0  # committed target ids it has read
 
@@ -70,29 +73,27 @@ class TextDrafter:
     def model(self) -> Model:
         return self.inner.model
 
-    def fresh(self) -> TextDrafter:
-        """A drafter on the same model and tokenizers with a cache of its own."""
+    def fresh(self, view: DraftView) -> TextDrafter:
+        """A drafter on the same model and tokenizers with a cache of its own and `view`."""
+        inner = self.inner
         return TextDrafter(
-            self.inner.model, self.target_tokenizer, self.drafter_tokenizer, self.vocab_size, self.inner.sampler
+            inner.model, self.target_tokenizer, self.drafter_tokenizer, self.vocab_size, inner.sampler, view
         )
-
-    def configure(self, vocab_limit: int, always_ids: Collection[int], lookup: bool = False, context: int = 0) -> None:
-        """The model drafter's options, in the drafter's ids: its special ids stand for the target's stop ids."""
-        self.inner.configure(vocab_limit, self.ends, lookup, context)
 
     def reset(self) -> None:
         self.inner.reset()
         self.mirror.reset()
         self.stream, self.seen = [], 0
 
-    def rollback(self, committed_len: int) -> None:
-        """Nothing to crop yet: the next read of the conversation crops the cache to the ids that still agree."""
-        self.seen = min(self.seen, committed_len - 1)
-
-    def catch_up(self, ids: list[int], upto: int) -> None:
-        stream = self._sync(ids[:upto])
-        if stream:
-            self.inner.catch_up(stream, len(stream) - 1)
+    def observe(self, ids: list[int], read: int = 0) -> int:
+        """Nothing to crop yet: the next read of the conversation crops the cache to the ids that still agree. With
+        `read`, ids[:read] are read now, in the drafter's own ids."""
+        self.seen = min(self.seen, len(ids) - 1)
+        if read:
+            stream = self._sync(ids[:read])
+            if stream:
+                self.inner.read_to(stream, len(stream) - 1)
+        return self.seen
 
     def propose(self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator) -> Draft:
         """Up to plan.gamma target ids: the text of plan.gamma + 1 drafter tokens, re-tokenized."""
@@ -118,7 +119,7 @@ class TextDrafter:
         if not stream:
             self.inner.reset()
         else:
-            self.inner.rollback(min(common_prefix(self.stream, stream), len(stream) - 1) + 1)
+            self.inner.crop(min(common_prefix(self.stream, stream), len(stream) - 1))
         self.stream, self.seen = stream, len(ids)
         return stream
 
@@ -151,9 +152,10 @@ def drafter_for(
     target_tokenizer: object,
     drafter_tokenizer: TextTokenizer | None = None,
     sampler: Sampler = TORCH_SAMPLER,
+    view: DraftView = DraftView(),
 ) -> ModelDrafter | TextDrafter:
     """The drafter for a drafter model: on the target's ids, or (given a tokenizer of its own) on text, where the
     target's tokenizer is a whole one too (loading gives a drafter a tokenizer only beside the target's own)."""
     if drafter_tokenizer is None:
-        return ModelDrafter(model, vocab_size, sampler)
-    return TextDrafter(model, cast(TextTokenizer, target_tokenizer), drafter_tokenizer, vocab_size, sampler)
+        return ModelDrafter(model, vocab_size, sampler, view)
+    return TextDrafter(model, cast(TextTokenizer, target_tokenizer), drafter_tokenizer, vocab_size, sampler, view)

@@ -6,7 +6,7 @@ import pytest
 from conftest import make_engine, prompt_ids
 
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.speculative.drafters.base import DraftPlan
+from specchat.speculative.drafters.base import DraftPlan, DraftView
 from specchat.speculative.drafters.lookup import MAX_GUESS, continuation
 from specchat.speculative.drafters.model import ModelDrafter
 from specchat.speculative.events import Rejected, ReplyDone, Token
@@ -34,8 +34,7 @@ def test_the_window_limits_how_far_back_it_looks():
 
 def drafts_of(drafter_model, tokenizer, ids, k, lookup, guesser=None):
     """A fresh drafter's greedy draft, and the number of tokens fed per drafter forward."""
-    drafter = ModelDrafter(drafter_model, len(tokenizer))
-    drafter.configure(0, (), lookup=lookup)
+    drafter = ModelDrafter(drafter_model, len(tokenizer), view=DraftView(lookup=lookup))
     if guesser is not None:
         drafter.guesser = guesser
     draft = drafter.propose(ids, DraftPlan(k), SamplingConfig(temperature=0.0), make_generator(0))

@@ -23,20 +23,15 @@ PROMPT = "def add(a, b):"
 class EchoDrafter:
     """Proposes the newest committed token `plan.gamma` times (one-hot q: exact whatever it proposes)."""
 
-    seen = 0
-
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
-
-    def configure(self, vocab_limit, always_ids, lookup, context=0) -> None: ...
 
     def propose(self, ids, plan, sampling, generator):
         draft = copy_draft([ids[-1]] * plan.gamma, sampling, self.vocab_size)
         return dataclasses.replace(draft, source="model")  # auto gamma learns its alpha and c as a model's
 
-    def rollback(self, committed_len) -> None: ...
-
-    def catch_up(self, ids, upto) -> None: ...
+    def observe(self, ids, read=0) -> int:
+        return 0  # it keeps no cache
 
     def reset(self) -> None: ...
 

@@ -117,7 +117,7 @@ def test_turn_after_turn_the_drafter_reads_only_the_new_text_and_stays_exact(tok
         assert list(spec.ids) == target_alone(text_target, tok, history)
         cached = engine.drafter.inner.cached
         history = history + list(spec.ids) + prompt_ids(tok, turn)
-        engine.drafter.catch_up(history, len(history) - 1)
+        engine.drafter.observe(history, read=len(history) - 1)
         assert engine.drafter.inner.cached > cached >= len(engine.drafter.stream) // 2  # kept, then read on
     assert spec.stats.reused_tokens > 0
 
