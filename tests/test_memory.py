@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 from conftest import make_engine, prompt_ids
-from transformers import DynamicCache
 
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.memory import resident_bytes
@@ -19,7 +18,7 @@ def test_resident_memory_is_read_and_unknown_is_zero(tmp_path):
 
 def test_a_dynamic_cache_counts_its_keys_and_values(target, tokenizer):
     cache = model_io.new_cache(target)
-    assert isinstance(cache, DynamicCache) and model_io.cache_bytes(cache) == 0
+    assert isinstance(cache, model_io.TransformersCache) and model_io.cache_bytes(cache) == 0
     ids = prompt_ids(tokenizer, "def reverse(lst):")
     model_io.forward(target, cache, ids, keep=1)
     config = target.config

@@ -3,12 +3,13 @@ measure it, roll it back, run a cached forward.
 
 A model may carry its own fast forward under the attribute RUNNER (the runtime attaches one: runtime/lean.py);
 it makes the caches, and each cache runs the forward over itself. Any other model gets transformers'
-DynamicCache and runs through its own forward. The algorithm needs nothing else of a model.
+DynamicCache in a TransformersCache, which runs the model's own forward. Every cache is a Cache: the algorithm
+asks it, never its type. The algorithm needs nothing else of a model.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
@@ -32,12 +33,14 @@ class Model(Protocol):
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-class ModelCache(Protocol):
-    """A cache that runs its model's forward over itself."""
+class Cache(Protocol):
+    """What the algorithm needs of a cache: how many tokens it holds, a cut back to its first `length`, a forward of
+    its model over itself, and its bytes. The lean runtime's cache meets it (runtime/lean.py); transformers' caches
+    meet it through TransformersCache."""
 
     def get_seq_length(self) -> int: ...
 
-    def crop_to(self, length: int) -> None: ...
+    def crop_to(self, length: int) -> None: ...  # keep the first `length` tokens (never more than it holds)
 
     def run(self, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor: ...
 
@@ -48,12 +51,43 @@ class ModelCache(Protocol):
 class Runner(Protocol):
     """A model's own forward: makes its caches; gives the runner of a view of the same layers."""
 
-    def new_cache(self) -> ModelCache: ...
+    def new_cache(self) -> Cache: ...
 
     def for_view(self, view: Any) -> Runner: ...
 
 
-Cache = Union[DynamicCache, ModelCache]  # noqa: UP007 (evaluated at import)
+class TransformersCache:
+    """transformers' DynamicCache and the model it belongs to, as a Cache: the model's own forward runs over it."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.inner = DynamicCache(config=model.config)
+
+    def get_seq_length(self) -> int:
+        return self.inner.get_seq_length()
+
+    def crop_to(self, length: int) -> None:
+        extra = self.get_seq_length() - length
+        if extra < 0:
+            raise ValueError(f"cannot crop a cache of {self.get_seq_length()} tokens up to {length}")
+        if extra:
+            self.inner.crop(-extra)
+
+    def run(self, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
+        if head:
+            out = self.model(input_ids=input_ids, past_key_values=self.inner, use_cache=True, logits_to_keep=keep)
+            logits: torch.Tensor = out.logits[0, -keep:]
+            return logits
+        hidden: torch.Tensor = self.model.get_decoder()(
+            input_ids=input_ids, past_key_values=self.inner, use_cache=True
+        ).last_hidden_state[0, -keep:]
+        return hidden
+
+    @property
+    def nbytes(self) -> int:
+        layers = self.inner.layers
+        tensors = [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+        return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
 
 
 def runner(model: object) -> Runner | None:
@@ -63,15 +97,12 @@ def runner(model: object) -> Runner | None:
 
 def new_cache(model: Model) -> Cache:
     own = runner(model)
-    return own.new_cache() if own is not None else DynamicCache(config=model.config)
+    return own.new_cache() if own is not None else TransformersCache(model)
 
 
 def cache_bytes(cache: Cache) -> int:
     """The bytes a cache's keys and values take."""
-    if not isinstance(cache, DynamicCache):
-        return cache.nbytes
-    tensors = [t for layer in cache.layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
-    return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+    return cache.nbytes
 
 
 def cache_length(cache: Cache) -> int:
@@ -80,14 +111,7 @@ def cache_length(cache: Cache) -> int:
 
 def crop_to(cache: Cache, length: int) -> None:
     """Roll the cache back so it covers exactly the first `length` tokens."""
-    if not isinstance(cache, DynamicCache):
-        cache.crop_to(length)
-        return
-    extra = cache_length(cache) - length
-    if extra > 0:
-        cache.crop(-extra)
-    elif extra < 0:
-        raise ValueError(f"cannot crop a cache of {cache_length(cache)} tokens up to {length}")
+    cache.crop_to(length)
 
 
 def input_device(model: Model) -> torch.device:
@@ -108,18 +132,10 @@ def forward(model: Model, cache: Cache, new_ids: list[int], keep: int) -> torch.
 @torch.inference_mode()
 def forward_tensor(model: Model, cache: Cache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
     """Like forward, with ids already a [1, n] tensor on the model's device (no host round trip)."""
-    if not isinstance(cache, DynamicCache):
-        return cache.run(input_ids, keep)
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-    logits: torch.Tensor = out.logits[0, -keep:]
-    return logits
+    return cache.run(input_ids, keep)
 
 
 @torch.inference_mode()
 def hidden_tensor(model: Model, cache: Cache, input_ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
     """The decoder's final hidden states at the last `keep` positions [keep, hidden], skipping the head."""
-    if not isinstance(cache, DynamicCache):
-        return cache.run(input_ids, keep, head=False)
-    out = model.get_decoder()(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    hidden: torch.Tensor = out.last_hidden_state[0, -keep:]
-    return hidden
+    return cache.run(input_ids, keep, head=False)

@@ -119,7 +119,7 @@ def kv_rows(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     if isinstance(cache, LeanCache):
         n = cache.length
         return [(k[:, :n], v[:, :n]) for k, v in zip(cache.keys, cache.values)]
-    return [(layer.keys[0], layer.values[0]) for layer in cache.layers if layer.is_initialized]
+    return [(layer.keys[0], layer.values[0]) for layer in cache.inner.layers if layer.is_initialized]
 
 
 def assert_cache_holds_prefix(model, cache, ids: list[int], who: str) -> None:

@@ -17,7 +17,6 @@ from specchat.quant import shared, w8a8
 from specchat.quant.int8_weights import Int8Block, Int8Linear
 from specchat.quant.w8a8 import W8A8Linear, quantize_w8a8
 from specchat.runtime.attention import use_batch_invariant_attention
-from specchat.speculative.model_io import crop_to
 
 
 def w8a8_model(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -35,7 +34,7 @@ def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int], crop
     model(input_ids=torch.tensor([ids[:prefix]]), past_key_values=cache, use_cache=True)
     if crop_first:
         model(input_ids=torch.tensor([ids[:crop_first]]), past_key_values=cache, use_cache=True)
-        crop_to(cache, prefix)
+        cache.crop(prefix - cache.get_seq_length())  # a negative count: the tokens dropped
     out, start = [], prefix
     for size in pieces:
         piece = torch.tensor([ids[start : start + size]])

@@ -11,7 +11,6 @@ import torch
 from conftest import assert_greedy_spec_is_target_only, noisy_head_copy
 from model_files import tiny_model
 from test_lean import logits_in_pieces as pieces_after_a_crop
-from transformers import DynamicCache
 
 from specchat.runtime import architectures, lean
 from specchat.speculative import model_io
@@ -100,7 +99,7 @@ def test_other_architectures_keep_transformers_forward_and_name_what_they_need(n
     model, need = built(name), lacked[1]
     reason = lean.attach_lean(model)
     assert need in reason and type(model).__name__ in reason and "the lean forward lacks" in reason
-    assert not hasattr(model, model_io.RUNNER) and isinstance(model_io.new_cache(model), DynamicCache)
+    assert not hasattr(model, model_io.RUNNER) and isinstance(model_io.new_cache(model), model_io.TransformersCache)
 
 
 def test_needs_come_from_the_table_and_from_the_config():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import CheapDrafterGamma, hf_greedy, make_engine, prompt_ids, run_reply
 from tiny_models import build_model
-from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from specchat.config import AUTO, SamplingConfig
 from specchat.quant.w8a8 import quantize_w8a8
@@ -56,7 +56,7 @@ def test_the_lean_cache_is_static_and_rolls_back_by_moving_a_length(target, toke
     model = lean_copy(target)
     cache = model_io.new_cache(model)
     assert isinstance(cache, LeanCache) and not isinstance(target_cache := model_io.new_cache(target), LeanCache)
-    assert isinstance(target_cache, DynamicCache)
+    assert isinstance(target_cache, model_io.TransformersCache)
     model_io.forward(model, cache, prompt_ids(tokenizer, TEXT)[:30], keep=1)
     keys = cache.keys[0]
     model_io.crop_to(cache, 12)
@@ -159,4 +159,4 @@ def test_other_architectures_keep_the_transformers_forward():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2)).eval()
     reason = lean.attach_lean(model)
     assert "GPT2LMHeadModel" in reason and not hasattr(model, model_io.RUNNER)
-    assert isinstance(model_io.new_cache(model), DynamicCache)
+    assert isinstance(model_io.new_cache(model), model_io.TransformersCache)
