@@ -29,10 +29,11 @@ from specchat.config import (
     problem,
 )
 from specchat.speculative.detok import Tokenizer
-from specchat.speculative.engine import Engine, Models
+from specchat.speculative.engine import Engine
 from specchat.speculative.events import Event, ReplyDone, Token
 from specchat.speculative.metrics import ReplyStats
 from specchat.speculative.model_io import Model
+from specchat.speculative.pair import Pair
 
 if TYPE_CHECKING:
     from specchat.loading.models import LoadedPair
@@ -245,7 +246,7 @@ def _engine(
             f"{vocab_size}: the two models must share a tokenizer"
         )
     text = tokenizer if tokenizer is not None else _NoText(vocab_size)
-    return Engine.for_pair(Models(target, drafter, text, _eos_ids(eos_token_ids, tokenizer, target), vocab_size))
+    return Engine.for_pair(Pair(target, drafter, text, _eos_ids(eos_token_ids, tokenizer, target), vocab_size))
 
 
 def _eos_ids(eos_token_ids: int | Iterable[int] | None, tokenizer: Tokenizer | None, target: Model) -> set[int]:

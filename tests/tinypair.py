@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from tiny_models import build_model, build_tokenizer
 
+from specchat.speculative.sampling import TORCH_SAMPLER
+
 
 @dataclass
 class Facts:
@@ -33,6 +35,9 @@ class TinyPair:
     target_facts: Facts
     drafter_facts: Facts | None
     progress_calls: list = field(default_factory=list)
+    drafter_tokenizer: object = None  # the fields a Pair has past these (speculative/pair.py)
+    sampler: object = TORCH_SAMPLER
+    pair_check: object = None
 
 
 def tiny_pair(tokenizer=None, target=None, drafter=None, with_drafter=True, context_limit=1024) -> TinyPair:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from torch import nn
 
@@ -34,7 +33,7 @@ from specchat.loading.tokenizer_check import output_width, stop_ids
 from specchat.loading.weights import load_weights
 from specchat.memory import release_freed_memory
 from specchat.progress import Progress, report
-from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
+from specchat.speculative.pair import Pair
 
 __all__ = ["ModelLoadError", "ModelFacts", "LoadedPair", "load_pair", "load_model"]
 
@@ -56,19 +55,14 @@ class ModelFacts:
     kernel: str = ""  # the w4a8 kernel's code path (avx512-vnni, avx-vnni, avx2, portable); "" without it
 
 
-@dataclass
-class LoadedPair:
-    target: Any
-    drafter: Any | None
-    tokenizer: Any
-    eos_ids: set[int]
-    vocab_size: int
+@dataclass(frozen=True, kw_only=True)
+class LoadedPair(Pair):
+    """A Pair (its drafter_tokenizer set where the drafter drafts text: pair_check.py) and what loading found."""
+
     context_limit: int
     target_facts: ModelFacts
     drafter_facts: ModelFacts | None
-    drafter_tokenizer: Any = None  # the drafter's own tokenizer where it drafts text (pair_check.py), else None
     pair_check: PairCheck | None = None  # how the drafter's tokens relate to the target's (None: no drafter)
-    sampler: Sampler = TORCH_SAMPLER  # what computes p, q and greedy rows: the compiled module's with w4a8
 
 
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
@@ -95,12 +89,12 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
         tokenizer,
         eos,
         len(tokenizer),
-        context_limit(cfg, target, tokenizer),
-        target_facts,
-        drafter_facts,
         drafter_tok if verdict and verdict.text_drafting else None,
-        verdict,
         pair_sampler(target_facts.kernel, drafter_facts.kernel if drafter_facts else ""),
+        context_limit=context_limit(cfg, target, tokenizer),
+        target_facts=target_facts,
+        drafter_facts=drafter_facts,
+        pair_check=verdict,
     )
 
 

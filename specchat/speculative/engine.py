@@ -16,8 +16,6 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -28,7 +26,6 @@ from specchat.speculative.detok import Detokenizer, Tokenizer
 from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan, DraftView
 from specchat.speculative.drafters.lookup import common_prefix_len
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable, build
-from specchat.speculative.drafters.retokenize import TextTokenizer
 from specchat.speculative.drafters.text import drafter_for
 from specchat.speculative.events import Event, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.speculative.gamma import AutoGamma, GammaPolicy
@@ -36,24 +33,12 @@ from specchat.speculative.insight import Rejection, accept_probability, rejectio
 from specchat.speculative.metrics import StatsRecorder
 from specchat.speculative.model_io import Model
 from specchat.speculative.origin import Origin
+from specchat.speculative.pair import Pair
 from specchat.speculative.sampling import TORCH_SAMPLER, Sampler, make_generator
 from specchat.speculative.step import StepResult, drafter_step, speculative_step
 from specchat.speculative.timing import clock
 
 # (bundled w8a8 target, this CPU: 60-80 prompt tok/s at 16-256 tokens a chunk, so 128 costs nothing)
-
-
-@dataclass(frozen=True)
-class Models:
-    """What an engine runs on, for callers without a loaded pair (api.py): a LoadedPair has these fields too."""
-
-    target: Model
-    drafter: Model | None
-    tokenizer: Tokenizer
-    eos_ids: Iterable[int]
-    vocab_size: int
-    drafter_tokenizer: TextTokenizer | None = None  # the drafter's own tokenizer where it drafts text (text.py)
-    sampler: Sampler = TORCH_SAMPLER
 
 
 class Engine:
@@ -73,8 +58,8 @@ class Engine:
         self.target = target
         self.sampler = sampler  # what computes p and q (sampling.py): chosen where the pair is loaded
         self.tokenizer = tokenizer
-        self.drafter: Drafter | None = drafter
         self.model_drafter = drafter  # the drafter model's, which fork() copies (None: no drafter model)
+        self.drafter_name: str | None = "model" if drafter is not None else None  # the one that drafts
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.vocab_size = vocab_size or len(tokenizer)
         self.device = model_io.input_device(target)
@@ -83,20 +68,18 @@ class Engine:
         self.policy: GammaPolicy = policy if policy is not None else AutoGamma()
         self.view = drafter.view if drafter is not None else DraftView(always_ids=self.eos_ids)
         self.drafters: dict[str, Drafter] = {}  # by name, each built on first use (drafters/registry.py)
-        if drafter is not None:
-            self.drafters["model"] = drafter  # the one that drafts until a reply asks for another
 
     @classmethod
-    def for_pair(cls, pair: Models | Any, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
-        """An Engine (with its own caches and a fresh gamma policy unless given) on a loaded pair's models (or
-        Models): the drafter that fits the pair, and the sampling probabilities loading chose for it."""
-        drafter_tokenizer = getattr(pair, "drafter_tokenizer", None)  # set where the drafter drafts text (text.py)
+    def for_pair(cls, pair: Pair, with_drafter: bool = True, policy: GammaPolicy | None = None) -> Engine:
+        """An Engine (with its own caches and a fresh gamma policy unless given) on a pair's models (a loaded pair
+        is one): the drafter that fits the pair, and the sampler loading chose for it."""
         drafter = None
-        sampler = getattr(pair, "sampler", TORCH_SAMPLER)  # loading's choice (models.py)
         if with_drafter and pair.drafter is not None:
             view = DraftView(always_ids=frozenset(int(i) for i in pair.eos_ids))  # the settings' defaults
-            drafter = drafter_for(pair.drafter, pair.vocab_size, pair.tokenizer, drafter_tokenizer, sampler, view)
-        return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, sampler)
+            drafter = drafter_for(
+                pair.drafter, pair.vocab_size, pair.tokenizer, pair.drafter_tokenizer, pair.sampler, view
+            )
+        return cls(pair.target, pair.tokenizer, drafter, pair.eos_ids, pair.vocab_size, policy, pair.sampler)
 
     def fork(self) -> Engine:
         """An engine on the same models with caches of its own and a copy of this one's gamma policy."""
@@ -114,6 +97,11 @@ class Engine:
     def use_policy(self, policy: GammaPolicy) -> None:
         """Plan auto gamma with `policy` from the next step on (a fresh AutoGamma: learn the costs afresh)."""
         self.policy = policy
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """The drafter that drafts (built by its name on first use); None before any has, with no drafter model."""
+        return self._drafter_named(self.drafter_name) if self.drafter_name is not None else None
 
     @property
     def has_model_drafter(self) -> bool:
@@ -150,8 +138,7 @@ class Engine:
             return
         self.view, model = view, self.model_drafter
         self.model_drafter = model.fresh(view) if model is not None else None
-        self.drafters = {"model": self.model_drafter} if self.model_drafter is not None else {}
-        self.drafter = self.model_drafter
+        self.drafters = {}
 
     def use_drafter(self, name: str) -> None:
         """Make drafters[name] the one that drafts. It starts from an empty cache: what it cached when
@@ -159,7 +146,7 @@ class Engine:
         chosen = self._drafter_named(name)
         if chosen is not self.drafter:
             chosen.reset()
-            self.drafter = chosen
+            self.drafter_name = name
 
     # ----- state -------------------------------------------------------------------------------
     @property
@@ -170,7 +157,8 @@ class Engine:
         """Forget every cached token (both models). The gamma policy keeps what it learnt."""
         self.cache = model_io.new_cache(self.target)
         self.ids = []
-        for drafter in self.drafters.values():
+        built = [*self.drafters.values(), *([self.model_drafter] if self.model_drafter is not None else [])]
+        for drafter in {id(d): d for d in built}.values():
             drafter.reset()
 
     def _adopt_prompt(self, prompt_ids: list[int]) -> int:
@@ -295,7 +283,7 @@ class Engine:
         if isinstance(speculation.gamma, Auto):
             plan = self.policy.plan()
         else:
-            copies_alone = self.drafter is self.drafters.get("lookup")
+            copies_alone = self.drafter_name == "lookup"
             copy = speculation.gamma if copies_alone or not speculation.gamma else self.policy.copy_length()
             plan = DraftPlan(speculation.gamma, copy=copy)
         gamma = max(0, min(plan.gamma, remaining - 1))

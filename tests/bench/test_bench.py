@@ -35,7 +35,9 @@ def session_models_left_as_found(target, similar_drafter_model, int8_drafter_mod
 
 def tiny_pair(target, drafter, tokenizer) -> LoadedPair:
     facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
-    return LoadedPair(target, drafter, tokenizer, {2}, len(tokenizer), 1024, facts, facts)
+    return LoadedPair(
+        target, drafter, tokenizer, {2}, len(tokenizer), context_limit=1024, target_facts=facts, drafter_facts=facts
+    )
 
 
 # Slow (many seconds: every method, HF's too, both settings): the fast default checks run_bench's exactness

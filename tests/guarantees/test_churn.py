@@ -150,7 +150,16 @@ class Churn:
         self.target, self.drafter_model, self.tokenizer = target, drafter_model, tokenizer
         self.engine = make_engine(target, drafter_model, tokenizer, eos_ids={EOS}, policy=CheapDrafterGamma())
         facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
-        pair = LoadedPair(target, drafter_model, tokenizer, {EOS}, len(tokenizer), 1024, facts, facts)
+        pair = LoadedPair(
+            target,
+            drafter_model,
+            tokenizer,
+            {EOS},
+            len(tokenizer),
+            context_limit=1024,
+            target_facts=facts,
+            drafter_facts=facts,
+        )
         self.comparer = Comparer(pair)
         config = Config(sampling=SamplingConfig(max_new_tokens=8))
         self.session = ChatSession(self.engine, tokenizer, config, 1024, compare_fn=self.comparer)

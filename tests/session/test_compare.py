@@ -21,7 +21,11 @@ def session_with_compare(target, drafter, tokenizer, compare="on", temperature=0
     cfg = with_value(cfg, "sampling.max_new_tokens", 24)
     cfg = with_value(cfg, "sampling.temperature", temperature)
     facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
-    comparer = Comparer(LoadedPair(target, drafter, tokenizer, {2}, len(tokenizer), 1024, facts, facts))
+    comparer = Comparer(
+        LoadedPair(
+            target, drafter, tokenizer, {2}, len(tokenizer), context_limit=1024, target_facts=facts, drafter_facts=facts
+        )
+    )
     session = ChatSession(
         make_engine(target, drafter, tokenizer, eos_ids={2}), tokenizer, cfg, 1024, compare_fn=comparer
     )

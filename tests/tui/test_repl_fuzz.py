@@ -384,7 +384,16 @@ def session(target, similar_drafter_model, tokenizer, tmp_path, monkeypatch, one
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
     facts = ModelFacts("tiny", "test", 1, "float32", "none", "cpu", 0, 0.0)
-    pair = LoadedPair(target, similar_drafter_model, tokenizer, EOS, len(tokenizer), CONTEXT, facts, facts)
+    pair = LoadedPair(
+        target,
+        similar_drafter_model,
+        tokenizer,
+        EOS,
+        len(tokenizer),
+        context_limit=CONTEXT,
+        target_facts=facts,
+        drafter_facts=facts,
+    )
     config = with_value(Config(), "sampling.max_new_tokens", REPLY_TOKENS)
     return ChatSession(
         make_engine(target, similar_drafter_model, tokenizer, eos_ids=EOS),
