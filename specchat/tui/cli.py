@@ -8,7 +8,6 @@ Every error a user can cause ends in one line on stderr and a non-zero exit stat
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import sys
 import threading
@@ -22,22 +21,22 @@ from rich.text import Text
 
 from specchat.config import Config, ConfigError, Mode, drafter_needed, load_config, set_from_text, with_value
 from specchat.errors import ModelLoadError
-from specchat.loading.models import load_pair, reply_stops
+from specchat.loading.models import LoadedPair, load_pair, reply_stops
 from specchat.progress import Notice, each_message_once
+from specchat.progress import Progress as ReportFn
 from specchat.session.chat import ChatError, ChatSession, CompareFn
-from specchat.speculative.engine import Engine, run_to_end
+from specchat.session.warm_up import warm_up
+from specchat.speculative.engine import Engine
 from specchat.speculative.events import ReplyDone, Token
-from specchat.speculative.gamma import AutoGamma
 from specchat.speculative.sampling import NoLawError
 from specchat.tui import render
 from specchat.tui.commands import build_registry
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
-from specchat.tui.pair_cost import FALLBACK_GAMMA, PairCost, measured_cost
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
 from specchat.tui.safe_text import json_text, visible
 
-Loader = Callable  # load(cfg, progress) -> LoadedPair (specchat.loading.models.load_pair)
-CompareFactory = Callable  # compare(pair) -> CompareFn
+Loader = Callable[[Config, ReportFn], LoadedPair]  # specchat.loading.models.load_pair, or a test's stand-in
+CompareFactory = Callable[[LoadedPair], CompareFn]  # what runs compare mode beside a session on the pair
 
 
 EXAMPLES = """examples:
@@ -149,41 +148,6 @@ def with_progress(console: Console, work: Callable, clock: Callable[[], float] =
         result = work(steps.report)
         steps.finish()
         return result
-
-
-def warm_up(session: ChatSession) -> PairCost | None:
-    """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply; then,
-    with a drafter, a second one timed for the pair's expected speed (tui/pair_cost.py)."""
-    cfg = session.config
-    mode = Mode.SPEC if session.has_drafter else Mode.TARGET
-    sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
-    ids = session.render([{"role": "user", "content": "Say hello."}])
-    check_system_prompt_fits(session, len(ids))
-    run_to_end(session.engine.steps(ids, sampling, dataclasses.replace(cfg.speculation, mode=mode)))
-    cost = _timed_cost(session, ids, sampling) if mode == Mode.SPEC and cfg.speculation.drafter != "lookup" else None
-    session.engine.reset()
-    session.engine.use_policy(AutoGamma())  # warm-up timings include first-call set-up: learn c afresh
-    return cost
-
-
-def check_system_prompt_fits(session: ChatSession, tokens: int) -> None:
-    """Refuse, before any forward, a system prompt that leaves no room for a message and its reply."""
-    room = session.context_limit - session.reply_room
-    if tokens > room:
-        raise ChatError(
-            f"the system prompt with a short message is {tokens:,} tokens, and {max(room, 0):,} fit (context "
-            f"{session.context_limit:,} minus {session.reply_room:,} kept for the reply); shorten it (--system, "
-            f"ui.system_prompt) or raise ui.context_limit"
-        )
-
-
-def _timed_cost(session: ChatSession, ids: list[int], sampling) -> PairCost | None:
-    gamma = session.config.speculation.gamma
-    gamma = gamma if isinstance(gamma, int) and gamma > 0 else FALLBACK_GAMMA
-    session.engine.reset()
-    speculation = dataclasses.replace(session.config.speculation, mode=Mode.SPEC, gamma=gamma)
-    end = run_to_end(session.engine.steps(ids, dataclasses.replace(sampling, max_new_tokens=8), speculation))
-    return measured_cost(end.stats, gamma) if end is not None else None
 
 
 def prepare(cfg: Config, load: Loader, compare: CompareFactory | None, console: Console):

@@ -329,7 +329,7 @@ def banner(pair, drafter: str = "model", expected: str = "") -> Text:
         text.append("\n         · " + model_facts_text("drafter", pair.drafter_facts))
         if getattr(pair, "pair_check", None) is not None:  # loading/pair_check.py's verdict
             text.append("\n         · " + visible(pair.pair_check.line()))
-        if expected:  # tui/pair_cost.py
+        if expected:  # session/pair_cost.py
             text.append("\n         · " + expected)
         if drafter == "auto":
             text.append("\n         · drafts: a copy from the chat where it offers a match, else the drafter")

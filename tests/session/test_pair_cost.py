@@ -1,4 +1,4 @@
-"""The banner's expected-speed line (tui/pair_cost.py): c and the step costs measured at start, and the
+"""The banner's expected-speed line (session/pair_cost.py): c and the step costs measured at start, and the
 acceptance at which drafting starts to pay (Leviathan et al.'s speedup = 1 there)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from rich.console import Console
 from tinypair import loader, tiny_pair
 
 from specchat.config import Config, SpeculationConfig
+from specchat.session.pair_cost import PairCost, measured_cost
 from specchat.speculative.metrics import ReplyStats, leviathan_speedup
 from specchat.tui import cli, render
-from specchat.tui.pair_cost import PairCost, measured_cost
 
 
 def test_the_break_even_acceptance_is_where_the_speedup_is_one():

@@ -1,0 +1,48 @@
+"""Warming a new session up before the user's first message: first-call set-up is not billed to it, the system
+prompt is checked against the context first, and the pair's expected speed is timed (pair_cost.py). The session
+owns it: the UI only shows what it returns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from specchat.config import Mode, SamplingConfig
+from specchat.session.chat import ChatError, ChatSession
+from specchat.session.pair_cost import FALLBACK_GAMMA, PairCost, measured_cost
+from specchat.speculative.engine import run_to_end
+from specchat.speculative.gamma import AutoGamma
+
+
+def warm_up(session: ChatSession) -> PairCost | None:
+    """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply; then,
+    with a drafter, a second one timed for the pair's expected speed (session/pair_cost.py)."""
+    cfg = session.config
+    mode = Mode.SPEC if session.has_drafter else Mode.TARGET
+    sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
+    ids = session.render([{"role": "user", "content": "Say hello."}])
+    check_system_prompt_fits(session, len(ids))
+    run_to_end(session.engine.steps(ids, sampling, dataclasses.replace(cfg.speculation, mode=mode)))
+    cost = _timed_cost(session, ids, sampling) if mode == Mode.SPEC and cfg.speculation.drafter != "lookup" else None
+    session.engine.reset()
+    session.engine.use_policy(AutoGamma())  # warm-up timings include first-call set-up: learn c afresh
+    return cost
+
+
+def check_system_prompt_fits(session: ChatSession, tokens: int) -> None:
+    """Refuse, before any forward, a system prompt that leaves no room for a message and its reply."""
+    room = session.context_limit - session.reply_room
+    if tokens > room:
+        raise ChatError(
+            f"the system prompt with a short message is {tokens:,} tokens, and {max(room, 0):,} fit (context "
+            f"{session.context_limit:,} minus {session.reply_room:,} kept for the reply); shorten it (--system, "
+            f"ui.system_prompt) or raise ui.context_limit"
+        )
+
+
+def _timed_cost(session: ChatSession, ids: list[int], sampling: SamplingConfig) -> PairCost | None:
+    gamma = session.config.speculation.gamma
+    gamma = gamma if isinstance(gamma, int) and gamma > 0 else FALLBACK_GAMMA
+    session.engine.reset()
+    speculation = dataclasses.replace(session.config.speculation, mode=Mode.SPEC, gamma=gamma)
+    end = run_to_end(session.engine.steps(ids, dataclasses.replace(sampling, max_new_tokens=8), speculation))
+    return measured_cost(end.stats, gamma) if end is not None else None
