@@ -27,7 +27,7 @@ from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan
 from specchat.speculative.drafters.lookup import common_prefix_len
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable, build
 from specchat.speculative.drafters.text import drafter_for
-from specchat.speculative.events import Event, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
+from specchat.speculative.events import Event, Odds, PrefillProgress, Rejected, ReplyDone, ReplyEnd, StepDone, Token
 from specchat.speculative.gamma import AutoGamma, GammaPolicy
 from specchat.speculative.insight import Rejection, accept_probability, rejection_at
 from specchat.speculative.metrics import StatsRecorder
@@ -365,7 +365,7 @@ def _step_events(step: StepResult, detok: Detokenizer, greedy: bool) -> Iterator
         drafted = origin == Origin.DRAFTED
         accept_p = accept_probability(p, q, greedy, True) if drafted and p is not None and q is not None else None
         source = step.draft.source if drafted and step.draft is not None else ""
-        yield Token(token, text, origin, step.index, i, p, q, accept_p, source)
+        yield Token(token, text, origin, step.index, i, Odds(p, q, accept_p), source)
     yield StepDone(step.drafted, step.accepted)
 
 

@@ -11,16 +11,27 @@ from specchat.speculative.origin import Origin
 
 
 @dataclass(frozen=True)
+class Odds:
+    """A token's probabilities (speculative/insight.py says under what)."""
+
+    p: float | None = None  # the target's probability of it
+    q: float | None = None  # the drafter's, for drafted tokens
+    accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q)
+
+
+@dataclass(frozen=True)
 class Token:
     id: int
     text: str  # the text delta this token adds; all deltas concatenated == tokenizer.decode(ids)
     origin: Origin
     step: int = -1  # the reply's step that produced it (0-based)
     position: int = 0  # its place in that step: drafts 0..n-1, then the target's token at n
-    p: float | None = None  # the target's probability of it (speculative/insight.py says under what)
-    q: float | None = None  # the drafter's, for drafted tokens
-    accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q)
-    source: str = ""  # what drafted it (drafted tokens): model | lookup
+    odds: Odds = Odds()
+    source: str = ""  # what drafted it (drafted tokens): model | lookup | text
+
+    p = property(lambda self: self.odds.p)
+    q = property(lambda self: self.odds.q)
+    accept_p = property(lambda self: self.odds.accept_p)
 
 
 @dataclass(frozen=True)

@@ -49,22 +49,23 @@ class GammaPolicy(Protocol):
 
 @dataclass
 class AutoGamma:
-    accepted: float = 3.0  # prior: alpha about 0.75, worth a few steps of evidence
-    rejections: float = 1.0
-    drafter_s: float = 0.0  # decayed sums of timed forwards, for c
-    drafter_n: float = 0.0
-    target_s: float = 0.0
-    target_n: float = 0.0
-    target_rows: RowCostFit = field(init=False)  # T(n) of the target's forwards by rows fed, copies left out
-    copy_rows: RowCostFit = field(init=False)  # the same over every forward, long copies' included: for copies
     decay: float = 0.9
     probe_every: int = 8
     max_gamma: int = GAMMA_MAX
     max_draft: int = 12  # draft cap while drafts end by confidence (a chosen gamma above it raises it)
-    said: float = 1.0  # decayed sums for calibrating the drafter's confidences
-    seen: float = 1.0
-    copies: CopyRecord = field(default_factory=CopyRecord)  # how far copies of this chat were accepted
-    _idle_steps: int = 0
+    # what it has learnt: not constructor parameters
+    accepted: float = field(default=3.0, init=False)  # prior: alpha about 0.75, worth a few steps of evidence
+    rejections: float = field(default=1.0, init=False)
+    drafter_s: float = field(default=0.0, init=False)  # decayed sums of timed forwards, for c
+    drafter_n: float = field(default=0.0, init=False)
+    target_s: float = field(default=0.0, init=False)
+    target_n: float = field(default=0.0, init=False)
+    target_rows: RowCostFit = field(init=False)  # T(n) of the target's forwards by rows fed, copies left out
+    copy_rows: RowCostFit = field(init=False)  # the same over every forward, long copies' included: for copies
+    said: float = field(default=1.0, init=False)  # decayed sums for calibrating the drafter's confidences
+    seen: float = field(default=1.0, init=False)
+    copies: CopyRecord = field(default_factory=CopyRecord, init=False)  # how far copies of this chat were accepted
+    _idle_steps: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self.target_rows = RowCostFit(self.decay)

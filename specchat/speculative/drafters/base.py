@@ -55,16 +55,24 @@ class DraftPlan:
         return bool(self.min_confidence or self.path_floor)
 
 
-@dataclass
+@dataclass(frozen=True)
+class DraftRows:
+    """The logits each drafted token came from (/why's drafter top tokens): per token [1, width], and the map from
+    a row's positions to ids where the drafter scores a subset of its vocabulary (vocab.py)."""
+
+    logits: list[torch.Tensor]
+    vocab: DraftVocab | None = None
+
+
+@dataclass(frozen=True)
 class Draft:
     tokens: torch.Tensor  # [k] int64, on the drafter's device
     q_probs: torch.Tensor | None  # [k, vocab] drafter probabilities (None when greedy)
     forwards: list[tuple[int, float]]  # (tokens fed, seconds) per drafter forward
     confidences: list[float] = field(default_factory=list)  # per token: the drafter's q of it (see `sure`)
-    rows: list[torch.Tensor] = field(default_factory=list)  # per token: the [1, width] logits it came from
-    vocab: DraftVocab | None = None  # maps a row's positions to ids when the drafter scores a subset
     sure: torch.Tensor | None = None  # [k] the confidences on the device; until the step reads them back with
     #                                   its verdict (step.py), `confidences` may be empty
+    rows: DraftRows | None = None  # the logits it came from (None: no distribution, as a copy's one-hot q)
     source: str = "model"  # what drafted it: model (a drafter model) | lookup (copied from the conversation) |
     #                        text (a drafter model of another tokenizer, its text re-tokenized: text.py)
 
@@ -78,10 +86,10 @@ class Draft:
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The drafter's most likely tokens and their probabilities where it drafted tokens[position] (/why),
         on the device; None for a drafter without a distribution (prompt lookup: q is one-hot)."""
-        if not self.rows:
+        if self.rows is None or not self.rows.logits:
             return None
-        row = self.rows[position]
-        ids = self.vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if self.vocab else None
+        row, vocab = self.rows.logits[position], self.rows.vocab
+        ids = vocab.to_ids(torch.arange(row.shape[-1], device=row.device)) if vocab else None
         return drafter_top(row, sampling, ids, sampler)
 
 

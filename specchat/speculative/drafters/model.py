@@ -10,7 +10,7 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.speculative import model_io
-from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan, DraftView
+from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan, DraftRows, DraftView
 from specchat.speculative.drafters.context import MIN_GAP, ContextGap
 from specchat.speculative.drafters.lookup import Guesser, NoGuess, PromptLookup, common_prefix_len
 from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
@@ -247,4 +247,4 @@ class _Drafting:
             q_probs = self.vocab.full_width(q_probs, vocab_size)
         tokens = torch.cat(self.ids) if self.ids else torch.empty(0, dtype=torch.long, device=device)
         sure = torch.cat(self.sure) if self.sure else None
-        return Draft(tokens, q_probs, self.forwards, self.confidences, self.rows, self.vocab, sure)
+        return Draft(tokens, q_probs, self.forwards, self.confidences, sure, DraftRows(self.rows, self.vocab))
