@@ -428,7 +428,7 @@ def forward_numbering_from_zero(model, cache, new_ids, keep):
     out = model(
         input_ids=torch.tensor([new_ids]),
         position_ids=positions,
-        past_key_values=cache,
+        past_key_values=cache.inner,
         use_cache=True,
         logits_to_keep=keep,
     )
