@@ -9,12 +9,14 @@ conversion or download. Nothing here reads weights.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from specchat.config import Config, ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.devices import check_device_types, placement_kwargs, resolve_device, resolve_dtype
+from specchat.loading.gguf.header import read_tensors, shown
 from specchat.loading.quantization_choice import settle
 from specchat.loading.sources import Source, resolve_source
 from specchat.progress import Progress
@@ -69,6 +71,8 @@ def plan_model(
     """One model's plan. `kernel`: runtime.kernel (a w4a8 code path named for this CPU); `beside`: the target's
     device, for a drafter (both must be one kind of device: one seeded sampling generator serves both)."""
     source = resolve_source(mc.source)
+    if source.kind == "gguf":
+        check_gguf_header(source.location, role)
     device = resolve_device(mc.device)
     if beside is not None:
         check_device_types(beside, device)
@@ -90,3 +94,19 @@ def plan_model(
         mc.backend,
         kv_cache,
     )
+
+
+def check_gguf_header(path: str, role: str) -> None:
+    """Before any slow work (the other model's loading too): the GGUF is whole and well formed (its header's bounded
+    read, gguf/header.py) and holds an architecture transformers reads. No chat template is needed: a drafter
+    uses the target's, and a target without one chats in the plain User:/Assistant: template."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    facts, _ = read_tensors(Path(path))
+    architecture = str(facts.get("general.architecture", ""))
+    known = [name for name in GGUF_SUPPORTED_ARCHITECTURES if name not in ("general", "tokenizer")]
+    if architecture not in known:
+        raise ModelLoadError(
+            f"{role} {Path(path).name}: its architecture {shown(architecture) or '(none)'!r} is not one specchat "
+            f"reads from GGUF ({', '.join(known)})"
+        )

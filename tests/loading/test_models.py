@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import assert_greedy_spec_is_target_only
 from model_files import PROMPT, greedy_reply, logits, save_dir, tiny_qwen2, write_gguf
 from tiny_models import CHATML, build_model, build_tokenizer
 
@@ -218,12 +219,35 @@ def test_gguf_cache_is_keyed_by_content_and_dtype(gguf_file, tok, cache, tmp_pat
     assert len(names) == 3 and sum(n.endswith("-bfloat16") for n in names) == 1
 
 
-def test_gguf_without_chat_template_fails_clearly(tmp_path, tok, cache):
-    path = write_gguf(tmp_path / "bare.gguf", tiny_qwen2(len(tok)), tok, chat_template=None)
-    with pytest.raises(ModelLoadError, match="carries no chat template") as err:
-        load_model(ModelConfig(source=str(path), dtype="float32"))
-    assert "\n" not in str(err.value)
-    assert not (cache / "converted").exists() or not any((cache / "converted").iterdir())
+def test_a_base_gguf_chats_in_the_plain_template_and_drafts_exactly(tmp_path, tok, cache, gguf_file):
+    """A GGUF with no chat template (a base model's) loads: as a target its tokenizer chats in the plain
+    User:/Assistant: turns, said on the banner; as a drafter for an instruct target it drafts, and greedy
+    speculative decoding stays the target's own output."""
+    base = write_gguf(tmp_path / "base.gguf", tiny_qwen2(len(tok), seed=6), tok, chat_template=None)
+    model, tokenizer, facts = load_model(ModelConfig(source=str(base), dtype="float32"))
+    assert facts.template == "plain" and "Assistant:" in tokenizer.chat_template
+    target, target_tok, target_facts = load_model(ModelConfig(source=str(gguf_file[0]), dtype="float32"))
+    assert target_facts.template == "own"
+    assert_greedy_spec_is_target_only(target, model, target_tok, PROMPT, gamma=4)
+
+
+def test_a_drafter_gguf_that_cannot_run_is_refused_before_the_target_loads(tmp_path, gguf_file, cache, monkeypatch):
+    import gguf
+    import numpy as np
+
+    odd = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(odd), "rwkv6")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    loads = []
+    monkeypatch.setattr(model_loading, "load_planned", lambda plan, *args: loads.append(plan.role))
+    cfg = Config(target=ModelConfig(source=str(gguf_file[0])), drafter=ModelConfig(source=str(odd)))
+    with pytest.raises(ModelLoadError, match="drafter odd.gguf: its architecture 'rwkv6' is not one specchat reads"):
+        load_pair(cfg)
+    assert loads == []  # in the first seconds: nothing was loaded
 
 
 def test_interrupted_conversion_leaves_no_cache_entry(gguf_file, cache, monkeypatch):

@@ -104,17 +104,14 @@ def _convert_into(
 
 
 def gguf_facts(gguf: Path) -> dict:
-    """Architecture, quantization type and chat-template presence, read from the GGUF header (by transformers'
-    reader: call it once specchat's own bounded one, gguf/header.py, has checked every count, offset and size)."""
+    """Architecture and quantization type, read from the GGUF header (by transformers' reader: call it once
+    specchat's own bounded one, gguf/header.py, has checked every count, offset and size). A file without a chat
+    template (a base model's) is welcome: as a drafter it needs none (the target's is used), and as a target its
+    tokenizer gets specchat's plain User:/Assistant: template, as a checkpoint's does (shared_tokenizer.py)."""
     try:
         metadata, _ = read_gguf_metadata(str(gguf))
     except Exception as err:  # a foreign file
         raise ModelLoadError(f"{gguf} is not a readable GGUF file ({one_line(err)})") from err
-    if not metadata.get("tokenizer.chat_template"):
-        raise ModelLoadError(
-            f"{gguf.name} carries no chat template (tokenizer.chat_template), "
-            f"which specchat needs to format the chat; use an instruct/chat GGUF"
-        )
     return {
         "architecture": str(metadata.get("general.architecture", "?")),
         "quantization": _quantization_name(metadata.get("general.file_type")),
