@@ -117,7 +117,15 @@ CASES = {  # name: (the damaged file from (bytes, spots), what the line says)
     ),
     "huge string length": (
         lambda d, s: patched(d, s["key:general.name"][0] + 8 + 12 + 4, "<Q", 2**64 - 1),
+        "general.name is a string of 18,446,744,073,709,551,615 bytes, more than 16,777,216",
+    ),
+    "a string past the end": (
+        lambda d, s: patched(d, s["key:general.name"][0] + 8 + 12 + 4, "<Q", len(d)),
         "general.name .* runs past the end of the file",
+    ),
+    "a 1 GB token": (
+        lambda d, s: patched(d, s["key:tokenizer.ggml.tokens"][0] + 8 + 21 + 8 + 8, "<Q", 2**30),
+        "string 0 of tokenizer.ggml.tokens is 1,073,741,824 bytes long, more than 1,048,576",
     ),
     "huge array count": (
         lambda d, s: patched(d, s["key:tokenizer.ggml.tokens"][0] + 8 + 21 + 8, "<Q", 2**62),

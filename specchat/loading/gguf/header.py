@@ -31,6 +31,8 @@ MAX_NAME_BYTES = (
     64  # the GGUF specification: a tensor name is at most 64 bytes (ggml's GGML_MAX_NAME); the architecture too
 )
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+MAX_ITEM_STRING_BYTES = 1 << 20  # a string in an array (a vocabulary's token, a merge): far above any real one
+MAX_STRING_BYTES = 1 << 24  # a string value (a chat template: the longest seen are tens of kilobytes)
 MAX_NESTING = 2  # an array of arrays is allowed, an array of arrays of arrays is not (no GGUF writes one)
 MAX_TENSORS = 1 << 20  # far above any model's (the bundled 1.5B has 339)
 MAX_VALUES = 1 << 16  # metadata keys (a model has about 30)
@@ -213,6 +215,8 @@ def _skip_value(cursor: _Cursor, kind: int, what: str, depth: int) -> None:
         cursor.skip(WIDTHS[kind], what)
     elif kind == STRING:
         (length,) = cursor.take("<Q", f"the length of {what}")
+        if length > MAX_STRING_BYTES:
+            raise cursor.fail(f"{what} is a string of {length:,} bytes, more than {MAX_STRING_BYTES:,}")
         cursor.skip(length, what)
     elif kind == ARRAY:
         if depth >= MAX_NESTING:
@@ -239,7 +243,10 @@ def _skip_strings(cursor: _Cursor, n: int, what: str) -> None:
     for index in range(n):  # noqa: B007 (the message after the loop names it)
         if pos + 8 > size:
             break
-        pos += 8 + struct.unpack_from("<Q", blob, pos)[0]
+        length = struct.unpack_from("<Q", blob, pos)[0]
+        if length > MAX_ITEM_STRING_BYTES:
+            raise cursor.fail(f"string {index} of {what} is {length:,} bytes long, more than {MAX_ITEM_STRING_BYTES:,}")
+        pos += 8 + length
         if pos > size:
             break
     else:
