@@ -16,7 +16,7 @@ import torch
 from specchat.config import Config, ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.devices import check_device_types, placement_kwargs, resolve_device, resolve_dtype
-from specchat.loading.gguf.header import read_tensors, shown
+from specchat.loading.gguf.header import SPECIAL_IDS, TOKEN_COUNT, read_tensors, shown
 from specchat.loading.quantization_choice import settle
 from specchat.loading.sources import Source, resolve_source
 from specchat.progress import Progress
@@ -110,3 +110,11 @@ def check_gguf_header(path: str, role: str) -> None:
             f"{role} {Path(path).name}: its architecture {shown(architecture) or '(none)'!r} is not one specchat "
             f"reads from GGUF ({', '.join(known)})"
         )
+    tokens = facts.get(TOKEN_COUNT)
+    for key in SPECIAL_IDS:
+        if tokens is not None and key in facts and facts[key] >= tokens:
+            which = "BOS" if "bos" in key else "EOS"
+            raise ModelLoadError(
+                f"{role} {Path(path).name}: its {which} token id ({key}) is {facts[key]:,}, past its vocabulary of "
+                f"{tokens:,} tokens; the file is damaged"
+            )

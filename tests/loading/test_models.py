@@ -250,6 +250,19 @@ def test_a_drafter_gguf_that_cannot_run_is_refused_before_the_target_loads(tmp_p
     assert loads == []  # in the first seconds: nothing was loaded
 
 
+def test_a_gguf_whose_eos_id_is_past_its_vocabulary_is_refused_in_one_line(tmp_path, tok, cache):
+    import struct
+
+    path = write_gguf(tmp_path / "odd-eos.gguf", tiny_qwen2(len(tok)), tok)
+    data = bytearray(path.read_bytes())
+    key = b"tokenizer.ggml.eos_token_id"
+    at = data.index(key) + len(key) + 4  # past the key and its value type: a uint32
+    struct.pack_into("<I", data, at, 10**6)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match=r"its EOS token id .* is 1,000,000, past its vocabulary of [\d,]+ tokens"):
+        load_pair(Config(target=ModelConfig(source=str(path)), speculation=SpeculationConfig(mode="target")))
+
+
 def test_interrupted_conversion_leaves_no_cache_entry(gguf_file, cache, monkeypatch):
     def killed(*args):
         raise KeyboardInterrupt

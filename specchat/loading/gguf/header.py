@@ -50,6 +50,9 @@ NUMBERS = (  # `<architecture><suffix>`, read where it is an integer or a float:
     ".attention.sliding_window",
     ".rope.scaling.factor",  # Gemma-3's global layers' (gguf/gemma.py)
 )
+SPECIAL_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")  # read where integers: checked in range
+TOKENS = "tokenizer.ggml.tokens"  # its item count is read (TOKEN_COUNT), every token skipped
+TOKEN_COUNT = "tokenizer.ggml.tokens.count"
 STRINGS = (".rope.scaling.type",)  # `<architecture><suffix>`, read where it is a string (gguf/gemma.py)
 FLOATS = {6: "<f", 12: "<d"}  # f32, f64
 
@@ -196,6 +199,11 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
             facts[key] = cursor.string(key, MAX_NAME_BYTES)
         elif key == "general.alignment" and kind in INTEGERS:
             facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], key)[0]  # the bits, unsigned
+        elif key in SPECIAL_IDS and kind in INTEGERS:
+            facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], key)[0]
+        elif key == TOKENS and kind == ARRAY:
+            facts[TOKEN_COUNT] = _item_count(cursor)
+            _skip_value(cursor, kind, label, 0)
         elif key.endswith(HEAD_SIZE) and kind in INTEGERS:
             facts[key] = cursor.take(UNSIGNED[WIDTHS[kind]], label)[0]
         elif key.endswith(NUMBERS) and (kind in INTEGERS or kind in FLOATS):
@@ -207,6 +215,15 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
         else:
             _skip_value(cursor, kind, label, 0)
     return facts
+
+
+def _item_count(cursor: _Cursor) -> int:
+    """The item count of the array that starts here (its item type, then its count), the cursor left in place."""
+    start = cursor.pos
+    cursor.take("<I", "an array's item type")
+    (count,) = cursor.take("<Q", "an array's item count")
+    cursor.pos = start
+    return int(count)
 
 
 def _skip_value(cursor: _Cursor, kind: int, what: str, depth: int) -> None:
@@ -240,7 +257,7 @@ def _skip_value(cursor: _Cursor, kind: int, what: str, depth: int) -> None:
 def _skip_strings(cursor: _Cursor, n: int, what: str) -> None:
     """Step over n strings (a vocabulary: 151,936 of them in the bundled models), each length checked."""
     blob, pos, size = cursor.blob, cursor.pos, len(cursor.blob)
-    for index in range(n):  # noqa: B007 (the message after the loop names it)
+    for index in range(n):
         if pos + 8 > size:
             break
         length = struct.unpack_from("<Q", blob, pos)[0]
