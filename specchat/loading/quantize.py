@@ -17,6 +17,7 @@ from specchat.kernels.build import q4_kernel
 from specchat.loading import assets, quantized_cache
 from specchat.loading.checkpoint import Checkpoint
 from specchat.loading.devices import dtype_name
+from specchat.loading.finite import check_weights
 from specchat.loading.gguf.slim import check_materialized
 from specchat.loading.plan import ModelPlan
 from specchat.progress import Progress, notify
@@ -37,6 +38,7 @@ class Quantized:
 def quantize(model, checkpoint: Checkpoint, plan: ModelPlan, progress: Progress | None = None) -> Quantized:
     """The model quantized as the plan says (in place: from the cache when it holds the blocks)."""
     dtype, label = plan.dtype, quantization_label(checkpoint.quantization, plan.quantization)
+    check_weights(plan.label, model.named_parameters())  # before any quantizer sees a NaN
     if plan.quantization in OWN_MODES:
         notices = quantize_with_cache(model, checkpoint, plan, progress)
         for notice in notices:

@@ -25,6 +25,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from specchat.loading.finite import check_weights
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.gguf.tensors import GGUFTensors
 from specchat.quant.w4a8 import FINER_BITS, LEVEL_BITS, Q4Block, fitting_linears
@@ -186,16 +187,24 @@ def streamed_blocks(
         weight = f"{name}.weight"
         block = _stored_block(tensors, weight, layer, finer_bits)
         if block is not None:
+            check_weights(Path(path).name, [(f"{weight}'s block scales", torch.cat([block.d, block.dmin], 1))])
             yield name, block
             continue
         kind = tensors.kind(weight)
         if kind not in FLOAT_KINDS:
             requantized[kind] += 1
         if tensors.unchanged(weight):  # row chunks: no float copy of a 151,936-row head
-            yield name, Q4Block.concat([Q4Block.quantize(rows, finer_bits) for rows in tensors.float_chunks(weight)])
+            rows_of = tensors.float_chunks(weight)
+            yield name, Q4Block.concat([Q4Block.quantize(_checked(path, weight, rows), finer_bits) for rows in rows_of])
         else:
-            yield name, Q4Block.quantize(tensors.float(weight).reshape(layer.weight.shape), finer_bits)
+            values = _checked(path, weight, tensors.float(weight))
+            yield name, Q4Block.quantize(values.reshape(layer.weight.shape), finer_bits)
     _say(say, requantized_notice(requantized, finer_bits))
+
+
+def _checked(path: str | Path, weight: str, values: torch.Tensor) -> torch.Tensor:
+    check_weights(Path(path).name, [(weight, values)])
+    return values
 
 
 def _stored_block(tensors, weight: str, layer: nn.Linear, finer_bits: int) -> Q4Block | None:
