@@ -1,5 +1,6 @@
-"""Warming a new session up before the user's first message: first-call set-up is not billed to it, the system
-prompt is checked against the context first, and the pair's expected speed is timed (pair_cost.py). The session
+"""Warming a new session up before the user's first message: first-call set-up is not billed to it, the chat
+template is probed under a time and a memory limit (template_probe.py) and the system prompt checked against the
+context first, and the pair's expected speed is timed (pair_cost.py). The session
 owns it: the UI only shows what it returns."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import dataclasses
 from specchat.config import Mode, SamplingConfig
 from specchat.session.chat import ChatError, ChatSession
 from specchat.session.pair_cost import FALLBACK_GAMMA, PairCost, measured_cost
+from specchat.session.template_probe import probe_template
 from specchat.speculative.engine import run_to_end
 from specchat.speculative.gamma import AutoGamma
 
@@ -19,6 +21,7 @@ def warm_up(session: ChatSession) -> PairCost | None:
     cfg = session.config
     mode = Mode.SPEC if session.has_drafter else Mode.TARGET
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
+    probe_template(session.tokenizer, session.system_prompt)  # a template that loops or grows: one line, now
     ids = session.render([{"role": "user", "content": "Say hello."}])
     check_system_prompt_fits(session, len(ids))
     run_to_end(session.engine.steps(ids, sampling, dataclasses.replace(cfg.speculation, mode=mode)))

@@ -450,6 +450,31 @@ def test_a_failing_chat_template_ends_the_start_in_one_line(tokenizer, target, u
     )
 
 
+HOSTILE_TEMPLATES = {  # each: what its one line says
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}": "took more than",
+    "{{ 'a' * 300000000 }}": "took more than",
+    "{% set s = namespace(t='a') %}{% for i in range(40) %}{% set s.t = s.t ~ s.t %}{% endfor %}{{ s.t }}": "took more",
+    "{% for i in range(99999) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}": "wrote more than",
+    "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}": "did not finish",
+}
+
+
+@pytest.mark.parametrize("template", list(HOSTILE_TEMPLATES))
+def test_a_template_that_loops_or_grows_ends_the_start_in_one_line(tokenizer, target, template):
+    """Each of these took the machine before (20 GB and the OOM killer, or no end): now the warm-up's probe
+    (session/template_probe.py) stops it within its limits, one line, nothing left running."""
+    import copy
+
+    hostile = copy.deepcopy(tokenizer)
+    hostile.chat_template = template
+    began = time.perf_counter()
+    status, out, err = run_cli(["--prompt", "hello"], tiny_pair(hostile, target, None, with_drafter=False))
+    assert status == 1 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("specchat: error: the model's chat template ")
+    assert HOSTILE_TEMPLATES[template] in err.splitlines()[-1]
+    assert time.perf_counter() - began < 15
+
+
 def test_a_system_prompt_past_the_context_is_refused_before_any_forward(pair):
     began = time.perf_counter()
     status, out, err = run_cli(["--prompt", "hi", "--system", "word " * 4000, "ui.context_limit=1024"], pair)
