@@ -95,6 +95,26 @@ def test_write_text_atomic_refuses_an_existing_path_unless_told(tmp_path):
     assert path.read_text() == "two\n"
 
 
+def test_the_temp_file_a_killed_save_left_is_cleared_by_the_next_one(tmp_path):
+    """A /save! killed between mkstemp and the rename leaves `.chat.md.XXXXXXXX.tmp`; the next write of chat.md
+    removes it once it is a minute old, and leaves alone a fresh one (a write in flight), a link, another name."""
+    import os
+
+    path = tmp_path / "chat.md"
+    left = tmp_path / ".chat.md.k3j_x9q2.tmp"
+    fresh, other = tmp_path / ".chat.md.a1b2c3d4.tmp", tmp_path / ".notes.md.k3j_x9q2.tmp"
+    for temp in (left, fresh, other):
+        temp.write_text("half a transcript")
+        temp.chmod(0o600)
+    os.utime(left, (1_000_000, 1_000_000))
+    os.utime(other, (1_000_000, 1_000_000))
+    link = tmp_path / ".chat.md.zzzzzzzz.tmp"
+    link.symlink_to(other)
+    write_text_atomic(path, "whole\n")
+    assert not left.exists() and fresh.exists() and other.exists() and link.is_symlink()
+    assert path.read_text() == "whole\n"
+
+
 @pytest.mark.parametrize(
     "command, name", [("save", "chat.md"), ("save", "chat.json"), ("trace", "t.jsonl"), ("trace", "all t.jsonl")]
 )
