@@ -293,7 +293,7 @@ def building(target: Path, what: str, progress: Progress | None = None) -> Itera
     if fcntl is None:
         yield
         return
-    lock = private_dir(cache_dir() / "locks") / f"{target.parent.name}-{target.name}.lock"
+    lock = _build_lock(target)
     with disk_errors(lock, "open the build lock"):
         handle = lock.open("a")
     with handle:
@@ -306,6 +306,26 @@ def building(target: Path, what: str, progress: Progress | None = None) -> Itera
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_lock(target: Path) -> Path:
+    return private_dir(cache_dir() / "locks") / f"{target.parent.name}-{target.name}.lock"
+
+
+def being_built(target: Path) -> bool:
+    """Whether another process holds `target`'s build lock now (building() would wait for it)."""
+    if fcntl is None:
+        return False
+    try:
+        with _build_lock(target).open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
 
 
 def remembered_sha256(path: Path, progress: Progress | None = None) -> str:

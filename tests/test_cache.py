@@ -16,6 +16,7 @@ import pytest
 from specchat import cache
 from specchat.cache import (
     DiskError,
+    being_built,
     building,
     cache_dir,
     disk_error,
@@ -55,6 +56,16 @@ def test_a_second_builder_waits_for_the_first_and_says_so(tmp_path, monkeypatch)
     assert order == ["first done", "second in"]
     assert said == ["another specchat is building the model; waiting for it to finish"]
     assert not list(target.parent.glob("*lock*"))  # lock files live in the cache's locks/ folder
+
+
+def test_a_start_can_tell_that_another_is_building_before_it_waits(tmp_path, monkeypatch):
+    """What the kernel's start line reads (kernels/build.py): a second start says it waits, not that it compiles."""
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / "kernels" / "q4-x" / "specchat_q4"
+    assert not being_built(target)
+    with building(target, "the kernel"):
+        assert being_built(target)  # another open of the lock file: held
+    assert not being_built(target)
 
 
 def test_a_builder_alone_takes_the_lock_without_a_word(tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from specchat.cache import building, cache_dir, fsync_one, optional_write, private_dir
+from specchat.cache import being_built, building, cache_dir, fsync_one, optional_write, private_dir
 from specchat.errors import ModelLoadError, one_line
 from specchat.progress import Progress, report
 
@@ -233,7 +233,10 @@ def kernel_problem(path: str = "auto", progress: Progress | None = None) -> str:
     else why not."""
     built = (q4_build_dir() / "specchat_q4.so").exists()
     if _kernel_or_error.cache_info().currsize == 0 and not built and shutil.which(os.environ.get("CXX", "c++")):
-        report(progress, "compiling the w4a8 kernel (once per machine, about a minute)", None)
+        if being_built(q4_build_dir() / "specchat_q4"):
+            report(progress, "another specchat is compiling the w4a8 kernel; waiting for it (about a minute)", None)
+        else:
+            report(progress, "compiling the w4a8 kernel (once per machine, about a minute)", None)
     module, problem = _kernel_or_error()
     if module is None or path == "auto":
         return problem
