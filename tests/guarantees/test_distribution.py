@@ -171,6 +171,48 @@ def test_the_check_catches_a_verifier_without_residual_resampling(
     assert check(joint, counts, "mutant: no residual resample") > 1.0
 
 
+def nan_drafter(similar_drafter_model):
+    """A drafter whose every logit is NaN (its head's weights are): its q is NaN, its drafts whatever sampling a NaN
+    row gives (sampling.py: the last id)."""
+    import copy
+
+    drafter = copy.deepcopy(similar_drafter_model)
+    with torch.no_grad():
+        drafter.lm_head.weight.fill_(float("nan"))
+    return drafter
+
+
+def verify_sampled_passing_nan(drafts, q, p, generator):
+    """Wrong on purpose, as verify.py was: refuse where u * q > p, a comparison NaN never makes, so a NaN drafter's
+    every draft passes."""
+    gamma = drafts.shape[0]
+    rows = torch.arange(gamma)
+    u = torch.rand(gamma, generator=generator)
+    refused = (u * q[rows, drafts] > p[rows, drafts]).tolist()
+    accepted = refused.index(True) if True in refused else gamma
+    return Verdict(accepted, int(sample(p[min(accepted, gamma) : min(accepted, gamma) + 1], generator)))
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_a_nan_drafter_changes_nothing_of_the_target_distribution(
+    setting, target, similar_drafter_model, tokenizer, runs
+):
+    ids, joint = setting
+    engine = make_engine(target, nan_drafter(similar_drafter_model), tokenizer)
+    counts = empirical_first_two(engine_replies(engine, ids, 3), 3, runs)
+    assert check(joint, counts, "a NaN drafter, gamma 3") <= 1.0
+
+
+def test_the_check_catches_a_rule_that_passes_a_nan_drafters_drafts(
+    setting, target, similar_drafter_model, tokenizer, monkeypatch
+):
+    ids, joint = setting
+    monkeypatch.setattr(specchat.speculative.step, "verify_sampled", verify_sampled_passing_nan)
+    engine = make_engine(target, nan_drafter(similar_drafter_model), tokenizer)
+    counts = empirical_first_two(engine_replies(engine, ids, 3), 3, QUICK_RUNS)
+    assert check(joint, counts, "mutant: NaN drafts pass") > 1.0
+
+
 @pytest.fixture(scope="module")
 def w8a8_pair(target, similar_drafter_model):
     import copy
