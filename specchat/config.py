@@ -111,6 +111,7 @@ class SamplingConfig:
     greedy: bool = False  # greedy regardless of temperature
     seed: Seed = 0  # RANDOM = a fresh random seed each reply
     max_new_tokens: int = 0  # 0 = no cap: a reply runs to its end of turn or the context window
+    repetition_stop: int = 64  # end a reply whose newest tokens repeat one span over this many (session/repetition.py)
 
     @property
     def capped(self) -> bool:
@@ -225,6 +226,9 @@ VALIDATORS: dict[tuple[str, str], Validator] = {
         None
         if isinstance(v, Random) or _plain_int(v) and 0 <= v <= 2**63 - 1
         else f"an integer from 0 to {2**63 - 1}, or random"
+    ),
+    ("sampling", "repetition_stop"): lambda v: (
+        None if v == 0 or 16 <= v <= 1_000_000 else "0 (off) or a number of tokens of at least 16"
     ),
     ("sampling", "max_new_tokens"): lambda v: (
         None

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specchat.config import RANDOM, Config, Mode, SamplingConfig, drafter_needed, undecodable_at
+from specchat.session.repetition import REPETITION, RepetitionGuard
 from specchat.session.stop_strings import StopFilter, StopOrCancel
 from specchat.speculative.events import Rejected, ReplyDone, Token
 from specchat.speculative.insight import Rejection
@@ -29,6 +30,7 @@ CUT_MARKS = {  # how a reply that did not reach its end of turn is marked in the
     "cancelled": "✂ [cut]",
     "max_tokens": "✂ [cut: /max reached]",
     CONTEXT_FULL: "✂ [cut: context window full]",
+    REPETITION: "✂ [cut: the reply was repeating itself]",
 }
 
 
@@ -310,9 +312,19 @@ class ChatSession:
         after the step that wrote it, and the next prompt (rendered from the cut text) replaces the
         tokens after the cut, since the engine reuses only the ids the new prompt really shares."""
         stops, halt = StopFilter(self.stop_strings), StopOrCancel(cancel)
+        guard = RepetitionGuard(self.config.sampling.repetition_stop)
         sampling = self.sampling_for(prompt_ids)
         sampling = dataclasses.replace(sampling, seed=RANDOM) if fresh_seed else sampling
         for event in self.engine.stream(prompt_ids, sampling, self.config.speculation, halt):
+            if isinstance(event, Token) and guard.add(event.id):
+                halt.stopped.set()  # the engine stops after this step; the reply keeps what it wrote
+            if (
+                isinstance(event, ReplyDone)
+                and guard.looping
+                and event.stop_reason == "cancelled"
+                and not cancel.is_set()
+            ):
+                event = dataclasses.replace(event, stop_reason=REPETITION)
             for shown in stops.feed(event):
                 yield self._context_full(shown)
             if stops.cut:

@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specchat.session.repetition import REPETITION
 from specchat.session.stop_strings import STOP_STRING
 from specchat.speculative.metrics import ReplyStats
 from specchat.tui.render import as_table, gamma_text, time_split
@@ -80,6 +81,7 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
                 "cancelled": "cancelled (cut)",
                 "context_full": "the context window was full (cut)",
                 STOP_STRING: "the model began the next User: turn (cut there)",
+                REPETITION: "the reply was repeating itself (cut: sampling.repetition_stop)",
             }.get(stop_reason, stop_reason),
         ),
     ]
