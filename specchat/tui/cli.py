@@ -1,4 +1,4 @@
-"""`python infer.py [--config FILE] [--prompt TEXT] [--json] [--no-color] [--system TEXT] [--max N|off]
+"""`python infer.py [--config FILE] [--prompt TEXT] [--json] [--no-color] [--marks] [--system TEXT] [--max N|off]
 [section.key=value ...]`
 
 Parses arguments, loads the model pair with a progress bar, then runs the chat (or one reply).
@@ -44,7 +44,7 @@ EXAMPLES = """examples:
   specchat speculation.gamma=6 sampling.temperature=0.7
   specchat --prompt "reverse a list in python" --json
   specchat --target Qwen2.5-7B-Q4_K_M.gguf --drafter Qwen2.5-0.5B-Q4_K_M.gguf   your own pair
-  echo "hello" | specchat --no-color
+  echo "hello" | specchat > reply.txt         the reply's text alone; its stats line goes to stderr
 config keys: see /config inside the chat, or specchat/configs/default.toml"""
 
 
@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
     parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
+    parser.add_argument(
+        "--marks",
+        action="store_true",
+        help="bracket each token's origin (⟦drafted⟧) even when stdout is not a terminal",
+    )
     parser.add_argument(
         "--max",
         metavar="N",
@@ -250,12 +255,20 @@ def start_session(cfg, pair, compare: CompareFactory | None) -> ChatSession:
     )
 
 
+def _on_command_line(args, key: str) -> bool:
+    """Whether `key` was set on the command line (key=value), not only by default or in a config file."""
+    return any(override.partition("=")[0].strip() == key for override in args.overrides or [])
+
+
 def run(args, load: Loader, compare: CompareFactory | None, stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     cfg = read_config(args)
     prompt = one_shot_text(args, stdin)
     color = render.color_wanted(cfg.ui.color, stdout)
-    renderer = render.Renderer(render.make_console(color, stdout), cfg.ui.show_rejected, cfg.ui.origin_marks)
     status = render.make_console(render.color_wanted(cfg.ui.color, stderr), stderr)
+    console = render.make_console(color, stdout)
+    piped = not console.is_terminal  # the reply's text alone on stdout: no marks unless asked, notes to stderr
+    marks = cfg.ui.origin_marks and (not piped or args.marks or _on_command_line(args, "ui.origin_marks"))
+    renderer = render.Renderer(console, cfg.ui.show_rejected, marks, notes=status if piped else None)
     pair, session, cost = prepare(cfg, load, compare, status)
     if prompt is not None:
         return run_once(session, prompt, renderer, args.json, stdout)

@@ -73,8 +73,11 @@ def make_console(color: bool, file: TextIO | None = None) -> Console:
 class Renderer:
     """Draws events and messages on one rich Console."""
 
-    def __init__(self, console: Console, show_rejected: bool = False, origin_marks: bool = True):
+    def __init__(
+        self, console: Console, show_rejected: bool = False, origin_marks: bool = True, notes: Console | None = None
+    ):
         self.console = console
+        self.notes = notes  # where a reply's cut mark and stats line go when not after it (stderr, for a pipe)
         self.show_rejected = show_rejected
         self.origin_marks = origin_marks  # with colour off: bracket each run of drafted, corrected, bonus tokens
         self.open_mark: Origin | None = None  # the origin whose run is open (its closing mark not yet written)
@@ -183,12 +186,16 @@ class Renderer:
 
     def _end_reply(self, done: ReplyDone) -> None:
         self.close_mark()
+        line = stats_line(done.stats, done.stop_reason)
+        if self.notes is not None:  # the reply's text stays whole where it goes; what is said of it, apart
+            self.newline()
+            mark = CUT_MARKS.get(done.stop_reason, "")
+            self.notes.print(Text(f"{mark} · {line.strip()}" if mark else line.strip()), soft_wrap=True)
+            return
         if done.stop_reason in CUT_MARKS:
             self._write(Text(" " + CUT_MARKS[done.stop_reason], style="bold yellow" if self.color else ""))
         self.newline()
-        self.console.print(
-            stats_line(done.stats, done.stop_reason), style=NOTE_STYLE if self.color else "", soft_wrap=True
-        )
+        self.console.print(line, style=NOTE_STYLE if self.color else "", soft_wrap=True)
 
     def newline(self) -> None:
         self.close_mark()

@@ -39,16 +39,18 @@ def run_cli(argv, pair, stdin_text="", stdin=None, load=None):
     return status, out.getvalue(), err.getvalue()
 
 
-def test_one_shot_prints_reply_and_stats_line(pair):
+def test_one_shot_in_a_pipe_writes_the_reply_alone_and_its_stats_line_to_stderr(pair):
+    """stdout is not a terminal: the reply's text alone (no origin marks), one line; the cut mark and the stats
+    line go to stderr, after the loading lines."""
     status, out, err = run_cli(["--prompt", "hello there", "sampling.max_new_tokens=6", "speculation.gamma=4"], pair)
     assert status == 0, err
-    reply, stats, rest = out.split("\n", 2) if out.count("\n") >= 2 else (*out.split("\n", 1), "")
+    assert out.count("\n") == 1 and not re.search("[⟦⟧⟨⟩⦃⦄✂]", out)
     assert re.fullmatch(
-        r" 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s \([\d,]+ tok/s\) · "
-        r"accepted \d+/\d+ drafts \(\d+%\) · "
+        r"✂ \[cut: /max reached\] · 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s "
+        r"\([\d,]+ tok/s\) · accepted \d+/\d+ drafts \(\d+%\) · "
         r"[\d.]+ tok/step · γ 4 · hit max tokens \(/max\)",
-        stats,
-    ), out
+        err.splitlines()[-1],
+    ), err
     assert not ESCAPE.search(out)  # stdout is not a terminal: plain text
     assert pair.progress_calls[-1].sampling.max_new_tokens == 6
 
@@ -85,7 +87,7 @@ def test_target_only_pair_works_in_target_mode(tokenizer, target):
     alone = tiny_pair(tokenizer, target, with_drafter=False)
     status, out, err = run_cli(["--prompt", "x", "speculation.mode=target", "sampling.max_new_tokens=3"], alone)
     assert status == 0, err
-    assert "target only" in out
+    assert "target only" in err.splitlines()[-1]
 
 
 @pytest.mark.parametrize(
@@ -349,9 +351,9 @@ def test_every_tokens_origin_can_be_read_back_from_the_text_without_colour(token
     status, out, err = run_cli([*args, "--json"], pair)
     assert status == 0, err
     tokens = json.loads(out)["tokens"]
-    status, out, err = run_cli([*args, "--no-color"], pair)
+    status, out, err = run_cli([*args, "--no-color", "--marks"], pair)  # a pipe: marks only when asked
     assert status == 0, err
-    reply = out[: out.rindex("\n", 0, len(out) - 1)].removesuffix(" ✂ [cut: /max reached]")  # less the stats line
+    reply = out.removesuffix("\n")  # the stats line went to stderr
     assert len({t["origin"] for t in tokens}) >= 3, tokens  # drafted and two of corrected, bonus, target
     expected = [(char, t["origin"]) for t in tokens for char in t["text"]]
     assert origins_from_marks(reply) == expected
