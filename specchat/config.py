@@ -108,6 +108,7 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off; else keep tokens at least min_p times as likely as the most likely one
     greedy: bool = False  # greedy regardless of temperature
     seed: Seed = 0  # RANDOM = a fresh random seed each reply
     max_new_tokens: int = 0  # 0 = no cap: a reply runs to its end of turn or the context window
@@ -222,6 +223,7 @@ VALIDATORS: dict[tuple[str, str], Validator] = {
     ("sampling", "temperature"): lambda v: None if 0.0 <= v <= 5.0 else "a number from 0 to 5 (0 = greedy)",
     ("sampling", "top_k"): _int_range(0, 1_000_000),
     ("sampling", "top_p"): lambda v: None if 0.0 < v <= 1.0 else "a number in (0, 1]",
+    ("sampling", "min_p"): lambda v: None if 0.0 <= v < 1.0 else "a number in [0, 1) (0 = off)",
     ("sampling", "seed"): lambda v: (
         None
         if isinstance(v, Random) or _plain_int(v) and 0 <= v <= 2**63 - 1

@@ -91,8 +91,9 @@ def run_reply(engine, ids, sampling=GREEDY, gamma=4, mode="spec", cancel=None):
 
 def reference_probs(logits: torch.Tensor, sampling: SamplingConfig) -> dict[int, float]:
     """Next-token law written from the definitions, independent of specchat.speculative.sampling: softmax of
-    logits / T over the top_k tokens, then the most likely of those until their mass reaches top_p,
-    renormalized; a token tied with the last one kept at either cut is kept too. Plain Python, float64."""
+    logits / T over the top_k tokens, then the most likely of those until their mass reaches top_p, then those at
+    least min_p times as likely as the most likely, renormalized; a token tied with the last one kept at the top-k
+    or top-p cut is kept too. Plain Python, float64."""
     scaled = [x / sampling.temperature for x in logits.double().tolist()]
     order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
     if sampling.top_k:
@@ -105,6 +106,7 @@ def reference_probs(logits: torch.Tensor, sampling: SamplingConfig) -> dict[int,
             break
         kept.append(i)
         mass += weights[i] / total
+    kept = [i for i in kept if weights[i] >= sampling.min_p]  # weights are relative to the most likely (1.0)
     norm = sum(weights[i] for i in kept)
     return {i: weights[i] / norm for i in kept}
 

@@ -5,6 +5,7 @@ Nothing here edits its input in place: logits that are reused stay intact.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,7 +25,8 @@ SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny  # a float32 division by 
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
-    """[n, vocab] logits -> [n, vocab] float32 probabilities after temperature, top-k, top-p.
+    """[n, vocab] logits -> [n, vocab] float32 probabilities after temperature, top-k, top-p, min-p (in
+    transformers' order).
 
     Greedy (temperature 0 or greedy=True) gives one-hot argmax rows. The torch code: the default Sampler's.
     """
@@ -41,6 +43,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingConfig) -> torch.Ten
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if params.top_p < 1.0:
         scaled = _mask_top_p(scaled, params.top_p)
+    if params.min_p > 0.0:  # the best scaled logit is 0: a token min_p times as likely as it has log(min_p)
+        scaled = scaled.masked_fill(scaled < math.log(params.min_p), float("-inf"))
     return torch.softmax(scaled, dim=-1)
 
 
@@ -96,7 +100,7 @@ class CompiledSampler(Sampler):
     native_greedy: Callable[[torch.Tensor], list[torch.Tensor]] | None = None
 
     def probs(self, logits: torch.Tensor, params: SamplingConfig) -> torch.Tensor:
-        if params.is_greedy or logits.device.type != "cpu" or logits.dim() != 2:
+        if params.is_greedy or params.min_p > 0.0 or logits.device.type != "cpu" or logits.dim() != 2:
             return probs_from_logits(logits, params)
         temperature = max(params.temperature, SMALLEST_TEMPERATURE)
         return self.top_p_probs(logits.float(), temperature, params.top_k, params.top_p)

@@ -244,7 +244,8 @@ def cmd_sample(session: ChatSession, arg: str) -> Outcome:
         config = with_value(config, "sampling.temperature", 0.7)
     session.config = config
     s = config.sampling
-    return Outcome(f"sampling at temperature {s.temperature}, top-k {s.top_k or 'off'}, top-p {s.top_p}")
+    min_p = f", min-p {s.min_p:g}" if s.min_p else ""
+    return Outcome(f"sampling at temperature {s.temperature}, top-k {s.top_k or 'off'}, top-p {s.top_p}{min_p}")
 
 
 def cmd_mode(session: ChatSession, arg: str) -> Outcome:
@@ -531,6 +532,9 @@ def setting_commands() -> list[Command]:
         Command("temp", "X", "sampling temperature, 0-5 (0 = greedy)", cmd_temp),
         setting_command("top_k", "sampling.top_k", "N", "keep the N most likely tokens (0 = off)"),
         setting_command("top_p", "sampling.top_p", "X", "nucleus sampling mass in (0, 1] (1 = off)"),
+        setting_command(
+            "min_p", "sampling.min_p", "X", "keep tokens at least X times as likely as the most likely (0 = off)"
+        ),
         Command("greedy", "", "always take the most likely token", cmd_greedy),
         Command("sample", "", "sample with the temperature/top-k/top-p settings", cmd_sample),
         setting_command(

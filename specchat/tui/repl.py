@@ -129,7 +129,10 @@ def toolbar_text(session: ChatSession) -> str:
     if sp.mode == Mode.SPEC:
         parts += [f"drafter {sp.drafter}", f"γ {render.gamma_text(sp.gamma)}"]
     parts += (
-        ["greedy"] if s.is_greedy else [f"temp {s.temperature:g}", f"top-k {s.top_k or 'off'}", f"top-p {s.top_p:g}"]
+        ["greedy"]
+        if s.is_greedy
+        else [f"temp {s.temperature:g}", f"top-k {s.top_k or 'off'}", f"top-p {s.top_p:g}"]
+        + ([f"min-p {s.min_p:g}"] if s.min_p else [])
     )
     last = session.last_stats
     acceptance = f"{last.acceptance_rate:.0%}" if last is not None and last.drafted else "–"

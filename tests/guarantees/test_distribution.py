@@ -18,6 +18,8 @@ costs ten times as much.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections import Counter
 
@@ -169,6 +171,20 @@ def test_the_check_catches_a_verifier_without_residual_resampling(
     engine = make_engine(target, similar_drafter_model, tokenizer)
     counts = empirical_first_two(engine_replies(engine, ids, 1), 1, RUNS)
     assert check(joint, counts, "mutant: no residual resample") > 1.0
+
+
+MIN_P = SamplingConfig(temperature=1.0, min_p=0.08, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_speculation_with_min_p_matches_the_target_distribution(target, similar_drafter_model, tokenizer, runs):
+    """min_p cuts p and q alike (sampling.py): the law of the first two tokens is the target's under min_p."""
+    ids = prompt_ids(tokenizer, "The quick brown")
+    joint = exact_first_two(target, ids, MIN_P)
+    assert 4 <= len(joint) < len(exact_first_two(target, ids, dataclasses.replace(MIN_P, min_p=0.0)))  # it cuts
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = empirical_first_two(engine_replies(engine, ids, 3, sampling=MIN_P), 3, runs)
+    assert check(joint, counts, "min_p 0.08, gamma 3") <= 1.0
 
 
 def nan_drafter(similar_drafter_model):

@@ -196,16 +196,25 @@ def test_probing_and_off_plans_have_no_floor():
 
 
 @pytest.mark.parametrize(
-    "temperature, top_k, top_p",
-    [(0.7, 0, 1.0), (1.0, 5, 1.0), (0.8, 0, 0.9), (1.3, 12, 0.75), (0.5, 3, 0.5), (2.0, 40, 0.95)],
+    "temperature, top_k, top_p, min_p",
+    [
+        (0.7, 0, 1.0, 0.0),
+        (1.0, 5, 1.0, 0.0),
+        (0.8, 0, 0.9, 0.0),
+        (1.3, 12, 0.75, 0.0),
+        (0.5, 3, 0.5, 0.0),
+        (2.0, 40, 0.95, 0.0),
+        (1.0, 0, 1.0, 0.05),
+        (0.8, 20, 0.95, 0.2),
+    ],
 )
-def test_probs_from_logits_follow_the_written_definitions_ties_included(temperature, top_k, top_p, probs_fn):
+def test_probs_from_logits_follow_the_written_definitions_ties_included(temperature, top_k, top_p, min_p, probs_fn):
     """Against helpers.reference_probs (plain Python from the definitions, not the code under test),
     on random logits, half of them rounded so that ties sit at the top-k and top-p cuts."""
     from conftest import reference_probs
 
     generator = torch.Generator().manual_seed(11)
-    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     for row in range(40):
         logits = torch.randn(64, generator=generator) * 3
         if row % 2:
