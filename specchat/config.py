@@ -113,6 +113,7 @@ class SamplingConfig:
     seed: Seed = 0  # RANDOM = a fresh random seed each reply
     max_new_tokens: int = 0  # 0 = no cap: a reply runs to its end of turn or the context window
     repetition_stop: int = 64  # end a reply whose newest tokens repeat one span over this many (session/repetition.py)
+    stop: tuple[str, ...] = ()  # a chat reply ends before the first of these texts it writes (session/stop_strings.py)
 
     @property
     def capped(self) -> bool:
@@ -200,6 +201,7 @@ def undecodable_at(text: str) -> int | None:
     return next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
 
 
+MAX_STOPS, STOP_CHARS = 8, 200  # stop texts a chat may have, and their length
 SYSTEM_PROMPT_CHARS = 1_000_000  # a system prompt longer than this fits no context window the chat can run
 
 
@@ -231,6 +233,11 @@ VALIDATORS: dict[tuple[str, str], Validator] = {
     ),
     ("sampling", "repetition_stop"): lambda v: (
         None if v == 0 or 16 <= v <= 1_000_000 else "0 (off) or a number of tokens of at least 16"
+    ),
+    ("sampling", "stop"): lambda v: (
+        None
+        if len(v) <= MAX_STOPS and all(0 < len(text) <= STOP_CHARS for text in v)
+        else f"at most {MAX_STOPS} texts of 1 to {STOP_CHARS} characters each"
     ),
     ("sampling", "max_new_tokens"): lambda v: (
         None

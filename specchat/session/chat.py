@@ -311,7 +311,7 @@ class ChatSession:
         """The engine's events for one reply, cut before the first stop string: the engine is halted
         after the step that wrote it, and the next prompt (rendered from the cut text) replaces the
         tokens after the cut, since the engine reuses only the ids the new prompt really shares."""
-        stops, halt = StopFilter(self.stop_strings), StopOrCancel(cancel)
+        stops, halt = StopFilter(self.stop_strings + self.config.sampling.stop), StopOrCancel(cancel)
         guard = RepetitionGuard(self.config.sampling.repetition_stop)
         sampling = self.sampling_for(prompt_ids)
         sampling = dataclasses.replace(sampling, seed=RANDOM) if fresh_seed else sampling

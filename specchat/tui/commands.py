@@ -517,6 +517,17 @@ def build_registry() -> Registry:
     return Registry(setting_commands() + conversation_commands())
 
 
+def cmd_stop(session: ChatSession, arg: str) -> Outcome:
+    """/stop TEXT adds a stop text, /stop off drops them all, /stop lists them."""
+    stops = session.config.sampling.stop
+    if not arg:
+        listed = ", ".join(repr(visible(text)) for text in stops) or "none"
+        return Outcome(f"stop texts: {listed} (usage: /stop TEXT adds one, /stop off drops them)")
+    wanted = () if arg == "off" else (*stops, arg) if arg not in stops else stops
+    session.config = with_value(session.config, "sampling.stop", wanted)
+    return Outcome(f"a reply ends before {repr(visible(arg))}" if wanted else "no stop texts")
+
+
 def setting_commands() -> list[Command]:
     on_off = {"on": None, "off": None}
     return [
@@ -532,6 +543,7 @@ def setting_commands() -> list[Command]:
         Command("temp", "X", "sampling temperature, 0-5 (0 = greedy)", cmd_temp),
         setting_command("top_k", "sampling.top_k", "N", "keep the N most likely tokens (0 = off)"),
         setting_command("top_p", "sampling.top_p", "X", "nucleus sampling mass in (0, 1] (1 = off)"),
+        Command("stop", "TEXT|off", "end a reply before TEXT (a stop string; off drops them all)", cmd_stop),
         setting_command(
             "min_p", "sampling.min_p", "X", "keep tokens at least X times as likely as the most likely (0 = off)"
         ),

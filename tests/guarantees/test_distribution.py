@@ -19,7 +19,6 @@ costs ten times as much.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from collections import Counter
 

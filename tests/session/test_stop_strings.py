@@ -202,3 +202,16 @@ def test_stats_say_why_a_cut_reply_stopped():
     console = Console(file=io.StringIO(), width=200, color_system=None)
     console.print(reply_summary(ReplyStats(), STOP_STRING))
     assert "the model began the next User: turn (cut there)" in console.file.getvalue()
+
+
+def test_a_users_stop_text_ends_the_reply_before_it(tokenizer):
+    """sampling.stop (/stop TEXT): the reply is cut where the text begins, as at the plain template's turn."""
+    pieces = [("Step one. ", Origin.TARGET), ("Step two. ", Origin.TARGET), ("DONE and more", Origin.TARGET)]
+    engine = ScriptedEngine([scripted_reply(pieces, ReplyStats(new_tokens=3)), scripted_reply(pieces, ReplyStats())])
+    cfg = Config(sampling=SamplingConfig(stop=("DONE",)))
+    session = ChatSession(engine, tokenizer, cfg, 1024)
+    done = [e for e in session.reply("Count the steps.") if isinstance(e, ReplyDone)][-1]
+    assert done.text == "Step one. Step two. " and done.stop_reason == STOP_STRING
+    session.config = Config()
+    done = [e for e in session.reply("Again.") if isinstance(e, ReplyDone)][-1]
+    assert done.text == "Step one. Step two. DONE and more"  # no stop text: the whole reply

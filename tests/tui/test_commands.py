@@ -306,3 +306,14 @@ def test_help_gamma_explains_alpha_and_c(session, registry):
     text = registry.run(session, "/help gamma").message
     assert text.startswith("/gamma N|auto — drafted tokens per step")
     assert "α: the chance the target accepts one draft" in text and "c: one drafter forward's time" in text
+
+
+def test_stop_adds_lists_and_drops_stop_texts(session, registry):
+    assert "stop texts: none" in registry.run(session, "/stop").message
+    assert registry.run(session, "/stop ###").message == "a reply ends before '###'"
+    assert not registry.run(session, "/stop END OF ANSWER").error
+    assert session.config.sampling.stop == ("###", "END OF ANSWER")
+    assert "'###', 'END OF ANSWER'" in registry.run(session, "/stop").message
+    too_long = registry.run(session, "/stop " + "x" * 201)
+    assert too_long.error and too_long.message.startswith("/stop: sampling.stop must be at most 8 texts of 1 to 200")
+    assert registry.run(session, "/stop off").message == "no stop texts" and session.config.sampling.stop == ()
