@@ -517,6 +517,11 @@ def build_registry() -> Registry:
     return Registry(setting_commands() + conversation_commands())
 
 
+def cmd_legend(session: ChatSession, arg: str) -> Outcome:
+    ui = session.config.ui
+    return Outcome(render.Legend(session.config.speculation.mode, ui.show_rejected, ui.origin_marks))
+
+
 def cmd_stop(session: ChatSession, arg: str) -> Outcome:
     """/stop TEXT adds a stop text, /stop off drops them all, /stop lists them."""
     stops = session.config.sampling.stop
@@ -543,6 +548,7 @@ def setting_commands() -> list[Command]:
         Command("temp", "X", "sampling temperature, 0-5 (0 = greedy)", cmd_temp),
         setting_command("top_k", "sampling.top_k", "N", "keep the N most likely tokens (0 = off)"),
         setting_command("top_p", "sampling.top_p", "X", "nucleus sampling mass in (0, 1] (1 = off)"),
+        Command("legend", "", "what each colour (or bracket) of the stream means", cmd_legend),
         Command("stop", "TEXT|off", "end a reply before TEXT (a stop string; off drops them all)", cmd_stop),
         setting_command(
             "min_p", "sampling.min_p", "X", "keep tokens at least X times as likely as the most likely (0 = off)"

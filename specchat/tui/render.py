@@ -31,6 +31,7 @@ STYLES = {
     Origin.TARGET: "magenta",
     Origin.DRAFTER: "yellow",
 }
+COPIED_STYLE = "blue"  # drafted+accepted tokens a copy from the chat drafted (prompt lookup), not the drafter model
 REJECTED_STYLE = "dim strike"
 LABELS = {
     Origin.DRAFTED: "drafted+accepted",
@@ -139,7 +140,8 @@ class Renderer:
 
     def _token(self, token: Token) -> None:
         if self.color:
-            return self._write(Text(visible(token.text), style=STYLES[token.origin]))
+            copied = token.origin == Origin.DRAFTED and token.source == "lookup"
+            return self._write(Text(visible(token.text), style=COPIED_STYLE if copied else STYLES[token.origin]))
         if not self.origin_marks or not token.text or token.origin == self.open_mark:
             return self._write(Text(visible(token.text)))
         self.close_mark()
@@ -288,6 +290,9 @@ def legend(mode: Mode, color: bool, show_rejected: bool = False, marks: bool = T
         unmarked = " (unmarked)" if marks and not color and not opening else ""
         text.append(opening + label + closing + unmarked, style=STYLES[origin] if color else "")
         text.append("  ")
+        if origin == Origin.DRAFTED and color:  # copies are drafts too: brackets do not tell them apart
+            text.append("copied+accepted", style=COPIED_STYLE)
+            text.append("  ")
     if show_rejected and mode == Mode.SPEC:
         text.append("rejected" if color else "~~rejected~~", style=REJECTED_STYLE if color else "")
         text.append("  ")

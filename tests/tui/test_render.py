@@ -163,9 +163,11 @@ def test_stats_line_says_the_metrics_as_defined():
 
 
 def test_legend_lists_the_origins_of_the_mode():
-    assert render.legend("spec", True).plain.startswith(
-        "legend: drafted+accepted  target-corrected  target-bonus  target-only step"
+    colour = render.legend("spec", True)
+    assert colour.plain.startswith(
+        "legend: drafted+accepted  copied+accepted  target-corrected  target-bonus  target-only step"
     )
+    assert ("copied+accepted", render.COPIED_STYLE) in [(colour.plain[s.start : s.end], s.style) for s in colour.spans]
     assert render.legend("spec", False).plain.startswith(
         "legend: ⟦drafted+accepted⟧  ⟨target-corrected⟩  ⦃target-bonus⦄  target-only step (unmarked)"
     )
@@ -302,3 +304,13 @@ def test_a_word_that_would_cross_the_right_margin_starts_a_new_line_on_a_termina
     for piece in pieces:
         plain.event(Token(1, piece, Origin.DRAFTED))
     assert piped.getvalue() == "".join(pieces)
+
+
+def test_copies_stream_in_their_own_colour():
+    """A drafted token a copy from the chat wrote (source lookup) is blue, one the drafter model wrote green."""
+    out = io.StringIO()
+    renderer = render.Renderer(Console(file=out, force_terminal=True, color_system="standard"))
+    renderer.event(Token(1, "copied", Origin.DRAFTED, source="lookup"))
+    renderer.event(Token(2, "model", Origin.DRAFTED, source="model"))
+    text = out.getvalue()
+    assert "\x1b[34mcopied" in text and "\x1b[32mmodel" in text
