@@ -25,6 +25,7 @@ from specchat.speculative.metrics import ReplyStats
 CompareFn = Callable[["ChatSession", list[int], ReplyDone, threading.Event], Iterable[Any]]
 
 CONTEXT_FULL = "context_full"  # an uncapped reply that filled the context window (the session's stop reason)
+HINT_STEPS, HINT_ACCEPTANCE = 8, 0.1  # a drafter hint needs this many model-drafted steps, this acceptance or less
 REPLY_RESERVE = 1024  # with no /max cap, the least room a prompt leaves for the reply (a quarter of a smaller window)
 CUT_MARKS = {  # how a reply that did not reach its end of turn is marked in the stream, /history and /save
     "cancelled": "✂ [cut]",
@@ -140,6 +141,7 @@ class ChatSession:
         self.model_context_limit = model_context_limit
         self.compare_fn = compare_fn
         self.stop_strings = tuple(stop_strings)  # text that ends a reply (the plain template's "\nUser:")
+        self._hinted: set[str] = set()  # drafters whose low acceptance the chat has pointed out
         self.messages: list[dict[str, str]] = []  # user/assistant turns; the system prompt is separate
         self.records: list[ReplyRecord] = []
         self.totals = SessionTotals()
@@ -304,8 +306,23 @@ class ChatSession:
             yield Notice("cancelled before the reply began: the message was not added to the conversation")
             return
         self._record(text, done, tokens, rejections)
+        hint = self._drafter_hint(done.stats)
+        if hint:
+            yield Notice(hint)
         if self.compare_fn and self.config.speculation.compare != "off" and done.stop_reason != "cancelled":
             yield from self.compare_fn(self, prompt_ids, done, cancel)
+
+    def _drafter_hint(self, stats: ReplyStats) -> str:
+        """Once a chat per drafter: a hint when the drafter model (or self:N) drafted much and had almost nothing
+        accepted, so that it slows the reply. Copies are left out: a missed copy costs next to nothing."""
+        name = stats.drafter
+        if stats.model_steps < HINT_STEPS or stats.acceptance_rate >= HINT_ACCEPTANCE or name in self._hinted:
+            return ""
+        self._hinted.add(name)
+        return (
+            f"the drafter {name} had {stats.acceptance_rate:.0%} of {stats.drafted} drafts accepted: drafting costs more "
+            f"than it saves here; /compare drafters races the others, /drafter switches"
+        )
 
     def _generate(self, prompt_ids: list[int], cancel: threading.Event, fresh_seed: bool = False) -> Iterator[Any]:
         """The engine's events for one reply, cut before the first stop string: the engine is halted

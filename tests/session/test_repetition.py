@@ -62,3 +62,21 @@ def test_a_word_asked_for_50_times_is_written_whole(tokenizer):
     engine = LoopingEngine(limit=50)
     done = reply(ChatSession(engine, tokenizer, Config(), 4096), "Say smiley 50 times.")
     assert engine.sent == 50 and done.stop_reason == "eos"
+
+
+def test_a_drafter_whose_drafts_are_refused_gets_one_hint(tokenizer):
+    """self:N on a model not trained for it accepts next to nothing: after such a reply the chat says so, once."""
+    from specchat.session.chat import Notice
+
+    def refused(**counts):
+        stats = ReplyStats(drafter="self:4", **counts)
+        return [ReplyDone(stats, "text", (7,), "eos")]
+
+    engine = ScriptedEngine([refused(model_steps=20, drafted=60, accepted=1)] * 2 + [refused(model_steps=3)])
+    session = ChatSession(engine, tokenizer, Config(), 4096)
+    notices = [e.text for e in session.reply("one") if isinstance(e, Notice)]
+    assert notices == [
+        "the drafter self:4 had 2% of 60 drafts accepted: drafting costs more than it saves here; "
+        "/compare drafters races the others, /drafter switches"
+    ]
+    assert not [e for e in session.reply("two") if isinstance(e, Notice)]  # said once
