@@ -210,6 +210,9 @@ class Renderer:
     # ----- messages ----------------------------------------------------------------------------
     def note(self, message: str) -> None:
         self.newline()
+        if self.notes is not None:  # a pipe: what is said of the reply stays off its text
+            self.notes.print(Text(visible(message)), soft_wrap=True)
+            return
         self.console.print(Text(visible(message), style=NOTE_STYLE if self.color else ""), soft_wrap=True)
 
     def info(self, message: Any) -> None:
