@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-MAX_ARGUMENT = 999  # the largest N a name such as self:N takes
+NAME = re.compile(r"([a-z][a-z0-9_-]*)(?::([1-9][0-9]{0,2}))?")  # a kind's name, and N from 1 to 999 (self:N)
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def parse(name: object) -> tuple[DrafterKind, int | None] | None:
     """The kind a drafter name names and its number (None where the kind takes none); None for no kind's name."""
     if not isinstance(name, str):
         return None
-    match = re.fullmatch(r"([a-z][a-z0-9_-]*)(?::([1-9][0-9]{0,2}))?", name)
+    match = NAME.fullmatch(name)
     if match is None:
         return None
     kind = next((k for k in KINDS if k.name == match.group(1)), None)
