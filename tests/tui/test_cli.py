@@ -452,10 +452,10 @@ def test_a_failing_chat_template_ends_the_start_in_one_line(tokenizer, target, u
     )
 
 
-HOSTILE_TEMPLATES = {  # each: what its one line says
-    "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}": "took more than",
-    "{{ 'a' * 300000000 }}": "took more than",
-    "{% set s = namespace(t='a') %}{% for i in range(40) %}{% set s.t = s.t ~ s.t %}{% endfor %}{{ s.t }}": "took more",
+HOSTILE_TEMPLATES = {  # each: what its one line may say (which limit a machine meets first can differ)
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}": "took more than|did not finish",
+    "{{ 'a' * 300000000 }}": "took more than|wrote more than",  # 300 MB: the memory or the text limit, first
+    "{% set s = namespace(t='a') %}{% for i in range(40) %}{% set s.t = s.t ~ s.t %}{% endfor %}{{ s.t }}": "took more|did not finish",
     "{% for i in range(99999) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}": "wrote more than",
     "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}": "did not finish",
 }
@@ -473,7 +473,7 @@ def test_a_template_that_loops_or_grows_ends_the_start_in_one_line(tokenizer, ta
     status, out, err = run_cli(["--prompt", "hello"], tiny_pair(hostile, target, None, with_drafter=False))
     assert status == 1 and out == "" and "Traceback" not in err
     assert err.splitlines()[-1].startswith("specchat: error: the model's chat template ")
-    assert HOSTILE_TEMPLATES[template] in err.splitlines()[-1]
+    assert re.search(HOSTILE_TEMPLATES[template], err.splitlines()[-1])
     assert time.perf_counter() - began < 15
 
 
