@@ -100,7 +100,9 @@ def test_concurrent_clients_get_exact_replies_or_429_and_none_hangs(pair, live):
 
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(client_run, range(30), timeout=120))
-    assert "wrong" not in outcomes and outcomes.count("ok") >= 5, outcomes
+    # how many a bounded queue admits depends on the machine's speed (a fresh clone's CI admitted 4 of 30 once):
+    # the guarantee is that each is exact or refused with 429, and none hangs
+    assert "wrong" not in outcomes and outcomes.count("ok") >= 1, outcomes
     deadline = time.monotonic() + 10
     while service.admitted_now and time.monotonic() < deadline:
         time.sleep(0.02)
