@@ -11,7 +11,7 @@ from torch import nn
 from specchat.quant.int8_weights import Int8Block
 from specchat.quant.w4a8 import GROUP, PAIR, TILE_ROWS, Q4Tiles, block_width
 
-ROW_BYTES = (16, 24, 32)  # bytes a tile's 32-group takes per row: 4-, 6- or 7-bit levels (Q4Tiles.bits)
+ROW_BYTES = (16, 24, 32)  # bytes a tile's 32-group takes per row: 4-, 6- or 8-bit levels (Q4Tiles.bits)
 
 
 def expected_fields(kind: type, outs: int, width: int) -> dict:
@@ -24,7 +24,7 @@ def expected_fields(kind: type, outs: int, width: int) -> dict:
         }
     if kind is Q4Tiles:
         tiles, groups, blocks = -(-outs // TILE_ROWS), width // GROUP, width // block_width(width)
-        per_block = (torch.float16, [(tiles, blocks, TILE_ROWS)])
+        per_block = (torch.float16, [(tiles, blocks, TILE_ROWS), (tiles, groups, TILE_ROWS)])  # or one a group
         return {
             "qs": (torch.uint8, [(tiles, groups, TILE_ROWS * size) for size in ROW_BYTES]),
             "sc": (torch.uint8, [(tiles, groups, TILE_ROWS)]),

@@ -45,7 +45,10 @@ from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w
 from specchat.quant.w8a8 import quantize_w8a8
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
-FORMATS = {"w4a8": 7, "w4a8-fast": 6}  # a mode's own format, where it changed apart (7/6: float16 d and dmin)
+FORMATS = {
+    "w4a8": 8,
+    "w4a8-fast": 7,
+}  # a mode's own format, where it changed apart (8/7: a GGUF's Q8_0, Q4_0... as stored)
 VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 

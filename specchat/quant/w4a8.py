@@ -51,21 +51,22 @@ def fitting_linears(model: nn.Module) -> dict[str, nn.Linear]:
 
 @dataclass
 class Q4Block:
-    """Weights [out, in] as 4-bit (or 6- or 7-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
+    """Weights [out, in] as 4-bit (or 6- or 8-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
 
-    qs: torch.Tensor  # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (7-bit)
+    qs: torch.Tensor  # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (8-bit)
     sc: torch.Tensor  # uint8 [out, in/32]
     m: torch.Tensor  # uint8 [out, in/32]
     d: torch.Tensor  # float32 [out, blocks], each a float16's value: a block is 256 inputs where the width allows,
-    #                  else 128 (the tiles store d and dmin as float16, as Q4_K does)
+    #                  else 128 or 64; 32 (one group) for a GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (the tiles store d
+    #                  and dmin as float16, as llama.cpp does)
     dmin: torch.Tensor  # float32 [out, blocks], each a float16's value
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bits: int = 4) -> Q4Block:
-        """Min/max levels per 32-group: 4 bits (two a byte), or 6 or 7 for layers kept finer. Each row is
+        """Min/max levels per 32-group: 4 bits (two a byte), or 6 or 8 for layers kept finer. Each row is
         quantized on its own, QUANTIZE_ROWS at a time (a head of 151,936 rows needs no GBs of temporaries)."""
         if bits not in LEVEL_BITS:
-            raise ValueError(f"w4a8 levels are 4, 6 or 7 bits, not {bits}")
+            raise ValueError(f"w4a8 levels are 4, 6 or 8 bits, not {bits}")
         return cls.concat(
             [
                 cls._quantize_rows(weight[start : start + QUANTIZE_ROWS], bits)
@@ -103,9 +104,9 @@ class Q4Block:
 
     @property
     def bits(self) -> int:
-        """Bits a level: 4, 6 or 7, from how many bytes a row of levels takes."""
+        """Bits a level: 4, 6 or 8, from how many bytes a row of levels takes."""
         width = self.sc.shape[1] * GROUP
-        return {width // 2: 4, width * 3 // 4: 6, width: 7}[self.qs.shape[1]]
+        return {width // 2: 4, width * 3 // 4: 6, width: 8}[self.qs.shape[1]]
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
@@ -177,7 +178,7 @@ def _unpack_levels_6(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _bytes_per_level(levels: torch.Tensor) -> torch.Tensor:
-    """uint8 levels [out, in/32, 32] → [out, in], a byte each (7-bit levels)."""
+    """uint8 levels [out, in/32, 32] → [out, in], a byte each (8-bit levels)."""
     return levels.flatten(1).contiguous()
 
 
@@ -189,7 +190,7 @@ def _level_per_byte(qs: torch.Tensor) -> torch.Tensor:
 LEVEL_BITS = {
     4: (_pack_levels, _unpack_levels),
     6: (_pack_levels_6, _unpack_levels_6),
-    7: (_bytes_per_level, _level_per_byte),
+    8: (_bytes_per_level, _level_per_byte),
 }
 
 
@@ -201,7 +202,7 @@ class Q4Tiles:
     qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]
     sc: torch.Tensor  # uint8 [tiles, in/32, 16]
     m: torch.Tensor  # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row
-    d: torch.Tensor  # float16 [tiles, blocks, 16]
+    d: torch.Tensor  # float16 [tiles, blocks, 16] (blocks: in/32 where a block is one group)
     dmin: torch.Tensor  # float16 [tiles, blocks, 16]
     outs: int
 
@@ -230,7 +231,7 @@ class Q4Tiles:
 
     @property
     def bits(self) -> int:
-        return {16: 4, 24: 6, 32: 7}[self.qs.shape[2] // TILE_ROWS]
+        return {16: 4, 24: 6, 32: 8}[self.qs.shape[2] // TILE_ROWS]
 
     def rows(self, index: torch.Tensor | slice) -> Q4Tiles:
         """The tiles of only the output rows `index`: views of whole tiles when `index` is a run of them (a
@@ -280,7 +281,7 @@ def _tile_levels(levels: torch.Tensor, bits: int) -> torch.Tensor:
     """uint8 levels [tiles, 16, in/32, 32] → the kernel's qs [tiles, in/32, 16 · group bytes]."""
     tiles, _, groups, _ = levels.shape
     vectors = levels.view(tiles, TILE_ROWS, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [tiles, groups, 8, 16, 4]
-    if bits == 7:
+    if bits == 8:
         return vectors.reshape(tiles, groups, -1).contiguous()
     low = vectors & 0x0F
     parts = [(low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(tiles, groups, -1)]
@@ -297,7 +298,7 @@ def _tile_levels(levels: torch.Tensor, bits: int) -> torch.Tensor:
 def _untile_levels(qs: torch.Tensor, bits: int) -> torch.Tensor:
     """The kernel's qs [tiles, in/32, bytes] → uint8 levels [tiles·16, in/32, 32]."""
     tiles, groups = qs.shape[:2]
-    if bits == 7:
+    if bits == 8:
         vectors = qs.view(tiles, groups, 8, TILE_ROWS, 4)
     else:
         nibbles = qs[:, :, :256].reshape(tiles, groups, 4, TILE_ROWS, 4)

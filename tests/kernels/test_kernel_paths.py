@@ -60,7 +60,7 @@ def test_the_fastest_path_this_cpu_has_runs_and_the_portable_one_is_always_there
 
 
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
-@pytest.mark.parametrize("bits", [4, 6, 7])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize("outs, width", [(200, 640), (48, 1536), (33, 192), (16, 64), (7, 256)])
 def test_every_path_gives_the_portable_paths_bits(kernel, path, bits, outs, width):
     path_or_skip(kernel, path)
@@ -74,6 +74,51 @@ def test_every_path_gives_the_portable_paths_bits(kernel, path, bits, outs, widt
         portable = products(kernel, "portable", x[:rows], tiles)
         assert portable.shape == (rows, outs)
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
+
+
+GROUP_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]  # a GGUF's types of one float16 scale a 32-group
+
+
+def group_type_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
+    """gguf-py's own `kind` blocks of random weights, as the kernel holds them: blocks of one 32-group."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from specchat.loading.gguf.blocks import decode_group_type
+
+    weight = torch.randn(outs, width, generator=torch.Generator().manual_seed(seed)) * 0.1
+    weight[0, :32] *= -30  # a group of large values: Q8_0's levels near 0 and 255, Q4_0's d negative
+    raw = quantize(weight.numpy(), GGMLQuantizationType[kind])
+    return Q4Tiles.from_block(decode_group_type(kind, torch.from_numpy(raw)))
+
+
+@pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
+@pytest.mark.parametrize("kind", GROUP_TYPES)
+@pytest.mark.parametrize("outs, width", [(200, 640), (33, 192), (16, 64)])
+def test_every_path_gives_the_portable_paths_bits_on_blocks_of_one_group(kernel, path, kind, outs, width):
+    """Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 as stored: a float16 d (and dmin) a 32-group, x quantized per 32 inputs;
+    Q8_0's 8-bit levels reach 255 (the AVX2 path's low-7-bits-and-top-bit split)."""
+    path_or_skip(kernel, path)
+    tiles = group_type_tiles(kind, outs, width, seed=outs + width)
+    assert tiles.d.shape[1] == width // 32 and tiles.bits == {"Q4": 4, "Q5": 6, "Q8": 8}[kind[:2]]
+    x = torch.randn(64, width)
+    x[:, 3] *= 30  # an outlier channel: only its own group's activations lose precision
+    for rows in [*range(1, 18), 31, 32, 53, 64]:
+        portable = products(kernel, "portable", x[:rows], tiles)
+        assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
+
+
+@pytest.mark.parametrize("kind", GROUP_TYPES)
+def test_blocks_of_one_group_give_the_files_weights_times_x_to_its_activations_rounding(kernel, kind):
+    tiles = group_type_tiles(kind, 48, 512, seed=9)
+    x = torch.randn(5, 512)
+    exact = x @ tiles.dequantize().T
+    rounded = x.view(5, 16, 32)  # x as the kernel quantizes it: int8 levels per row and 32-group
+    scale = rounded.abs().amax(dim=2, keepdim=True) / 127
+    rounded = (torch.round(rounded / scale) * scale).view(5, 512)
+    out = run_kernel(kernel.q4_linear, x, tiles)
+    assert torch.allclose(out, rounded @ tiles.dequantize().T, rtol=1e-4, atol=1e-4 * exact.abs().max().item())
+    assert ((out - exact).norm() / exact.norm()) < 0.01
 
 
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
@@ -101,7 +146,7 @@ def test_several_weights_in_one_call_give_each_weights_own_bits_side_by_side(ker
     torch.manual_seed(rows)
     parts = [
         Q4Tiles.from_block(Q4Block.quantize(torch.randn(outs, 512) * 0.1, bits))
-        for outs, bits in [(64, 4), (16, 6), (48, 7), (32, 4)]
+        for outs, bits in [(64, 4), (16, 6), (48, 8), (32, 4)]
     ]
     x = torch.randn(rows, 512)
     x[-1, 7] = float("nan")  # a row with a NaN is NaN in every part, the others untouched
@@ -149,7 +194,7 @@ def test_on_every_path_a_row_gets_the_same_bits_alone_or_anywhere_in_a_batch(ker
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-@pytest.mark.parametrize("bits, width", [(4, 1536), (6, 640), (7, 192)])
+@pytest.mark.parametrize("bits, width", [(4, 1536), (6, 640), (8, 192)])
 def test_a_long_prompts_rows_get_the_bits_each_row_gets_alone(kernel, path, bits, width):
     """A prompt's rows in one product (its blocks unpacked once for all rows) == each row on its own
     (unpacked in registers), for 7, 128 and 512 rows."""
@@ -165,10 +210,10 @@ def test_a_long_prompts_rows_get_the_bits_each_row_gets_alone(kernel, path, bits
 
 def test_the_tiles_hold_the_weights_a_row_after_a_row_held(kernel):
     torch.manual_seed(5)
-    for bits in (4, 6, 7):
+    for bits in (4, 6, 8):
         block = Q4Block.quantize(torch.randn(37, 384) * 0.1, bits)
         tiles = Q4Tiles.from_block(block)
-        assert tiles.qs.shape == (3, 12, 16 * {4: 16, 6: 24, 7: 32}[bits]) and tiles.outs == 37
+        assert tiles.qs.shape == (3, 12, 16 * {4: 16, 6: 24, 8: 32}[bits]) and tiles.outs == 37
         assert all(torch.equal(a, b) for a, b in zip(tiles.to_block().tensors(), block.tensors()))
         index = torch.tensor([36, 0, 17, 5])
         assert torch.equal(tiles.rows(index).dequantize(), block.dequantize()[index])

@@ -18,7 +18,7 @@ SHAPES = [(1, 64), (16, 64), (17, 128), (40, 320), (33, 256), (100, 384), (8, 15
 
 def _blocks(outs: int, width: int) -> list:
     weight = torch.randn(outs, width, generator=torch.Generator().manual_seed(outs * width))
-    q4 = [Q4Tiles.from_block(Q4Block.quantize(weight, bits)) for bits in (4, 6, 7)]
+    q4 = [Q4Tiles.from_block(Q4Block.quantize(weight, bits)) for bits in (4, 6, 8)]
     return [Int8Block.quantize(weight), Int8Block.quantize(weight.to(torch.bfloat16)), *q4]
 
 

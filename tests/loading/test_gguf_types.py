@@ -1,5 +1,5 @@
-"""The block types people download (loading/gguf/blocks.py): Q4_K and Q5_K run on the w4a8 kernel bit for bit,
-every other type is requantized to the kernel's 6-bit levels, said in one notice line a model; each loads with the
+"""The block types people download (loading/gguf/blocks.py): Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 run on the
+w4a8 kernel bit for bit, every other type is requantized to the kernel's 6-bit levels, said in one notice line a model; each loads with the
 default config, stays exact (greedy speculative == greedy target-only), and its w4a8 weights are the file's
 dequantized ones to within a 6-bit step. A type gguf-py cannot dequantize is one line, not a traceback.
 
@@ -26,16 +26,17 @@ FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-AS_STORED = {"Q4_K": 4, "Q5_K": 6}  # the types the kernel holds as they are, and their levels' bits
+AS_STORED = {"Q4_K": 4, "Q5_K": 6, "Q4_0": 4, "Q4_1": 4, "Q5_0": 6, "Q5_1": 6, "Q8_0": 8}  # held as they are: bits
 FAST = [("Q4_K", "qwen2"), ("Q5_K", "llama"), ("Q6_K", "qwen3"), ("Q8_0", "qwen2"), ("Q4_0", "llama")]
 FAST += [("IQ4_XS", "qwen2")]
 ALL = [
     (kind, architecture)
-    for kind in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "IQ4_XS")
+    for kind in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_XS")
     for architecture in ("llama", "qwen2", "qwen3")
 ]
 SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in ALL if case not in FAST]
 FIDELITY = "fidelity: python -m specchat.bench.targets --gguf FILE"
+HELD = "(the kernel holds Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 as is)"
 
 
 def prompt_ids(tok) -> list[int]:
@@ -73,7 +74,7 @@ def test_a_file_of_each_type_loads_with_the_default_config_and_stays_exact(tmp_p
         assert said == []
     else:
         assert len(said) == 1 and said[0].startswith(f"target target: 15 {kind} tensors requantized to 6-bit w4a8")
-        assert said[0].endswith("(the kernel holds Q4_K and Q5_K as is); " + FIDELITY)
+        assert said[0].endswith(f"{HELD}; {FIDELITY}")
     ids = prompt_ids(tok)
     assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
 
@@ -169,12 +170,11 @@ def test_the_notice_names_each_type_and_its_count():
     from collections import Counter
 
     assert requantized_notice(Counter(), 6) is None
-    assert requantized_notice(Counter({"Q8_0": 169, "Q6_K": 28}), 6) == (
-        "28 Q6_K and 169 Q8_0 tensors requantized to 6-bit w4a8 levels (the kernel holds Q4_K and Q5_K as is); "
-        "fidelity: python -m specchat.bench.targets --gguf FILE"
+    assert requantized_notice(Counter({"IQ4_XS": 169, "Q6_K": 28}), 6) == (
+        f"169 IQ4_XS and 28 Q6_K tensors requantized to 6-bit w4a8 levels {HELD}; {FIDELITY}"
     )
     assert requantized_notice(Counter({"Q5_K": 1}), 4).startswith(
-        "1 Q5_K tensor requantized to 4-bit w4a8 levels (the kernel holds Q4_K as is)"
+        "1 Q5_K tensor requantized to 4-bit w4a8 levels (the kernel holds Q4_K, Q4_0 and Q4_1 as is)"
     )
 
 
@@ -185,14 +185,12 @@ def test_the_notice_reaches_a_json_one_shot_once_on_stderr_and_the_json_stays_wh
 
     from specchat.tui.cli import main
 
-    target, drafter = typed_pair_files(tmp_path, tok, "Q8_0", "qwen2")
+    target, drafter = typed_pair_files(tmp_path, tok, "Q6_K", "qwen2")
     out, err = io.StringIO(), io.StringIO()
     argv = ["--json", "--prompt", "hi", "--target", str(target), "--drafter", str(drafter), "sampling.max_new_tokens=4"]
     assert main(argv, compare=None, stdin=io.StringIO(), stdout=out, stderr=err) == 0, err.getvalue()
     said = [line for line in err.getvalue().splitlines() if "requantized" in line]
-    assert said == [
-        f"target target: 15 Q8_0 tensors requantized to 6-bit w4a8 levels (the kernel holds Q4_K and Q5_K as is); {FIDELITY}"
-    ]
+    assert said == [f"target target: 15 Q6_K tensors requantized to 6-bit w4a8 levels {HELD}; {FIDELITY}"]
     assert json.loads(out.getvalue())["stats"]["new_tokens"] == 4
 
 

@@ -98,14 +98,14 @@ int bits_of(int64_t group_row_bytes) {
   switch (group_row_bytes) {
     case 16 * TILE_ROWS: return 4;
     case 24 * TILE_ROWS: return 6;
-    case 32 * TILE_ROWS: return 7;
+    case 32 * TILE_ROWS: return 8;
     default: return 0;
   }
 }
 
 // The five tensors of one weight (qs, sc, m, d, dmin) as every path reads them (q4_tiles.h): 16-row tiles of
-// 4-, 6- or 7-bit levels, blocks of 2 to MAX_BLOCK_GROUPS 32-groups (the 256-bit and AMX paths unpack a block
-// into stack room of that many groups). Returns the 32-groups a row.
+// 4-, 6- or 8-bit levels, blocks of one 32-group or of 2 to MAX_BLOCK_GROUPS (an even number: the 256-bit and AMX
+// paths unpack a block into stack room of that many groups). Returns the 32-groups a row.
 int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torch::Tensor& m, const torch::Tensor& d,
                     const torch::Tensor& dmin) {
   for (const auto& t : {qs, sc, m, d, dmin}) TORCH_CHECK(t.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", t.device());
@@ -114,13 +114,13 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   for (const auto& t : {qs, sc, m}) TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous(), "qs, sc and m must be contiguous uint8");
   for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kHalf && t.is_contiguous(), "d and dmin must be contiguous float16");
   const int64_t tiles = qs.size(0), groups = qs.size(1), blocks = d.size(1);
-  TORCH_CHECK(bits_of(qs.size(2)) != 0, "qs must hold 4-, 6- or 7-bit levels (16, 24 or 32 bytes a row and group), not ",
+  TORCH_CHECK(bits_of(qs.size(2)) != 0, "qs must hold 4-, 6- or 8-bit levels (16, 24 or 32 bytes a row and group), not ",
               qs.size(2), " bytes a tile's group");
-  TORCH_CHECK(groups > 0, "the weights must take at least 64 inputs, not ", groups * GROUP);
+  TORCH_CHECK(groups > 0 && groups % 2 == 0, "the weights must take a multiple of 64 inputs, not ", groups * GROUP);
   TORCH_CHECK(blocks > 0 && groups % blocks == 0, "the ", groups, " 32-groups of a row do not split into ", blocks, " blocks");
   const int64_t per_block = groups / blocks;
-  TORCH_CHECK(per_block % 2 == 0 && per_block <= q4::MAX_BLOCK_GROUPS, "a block must hold 2, 4, 6 or 8 32-groups (64 to 256 inputs), not ",
-              per_block);
+  TORCH_CHECK((per_block == 1 || per_block % 2 == 0) && per_block <= q4::MAX_BLOCK_GROUPS,
+              "a block must hold 1, 2, 4, 6 or 8 32-groups (32 to 256 inputs), not ", per_block);
   TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == TILE_ROWS, "sc must be [tiles, K/32, 16]");
   TORCH_CHECK(m.size(0) == tiles && m.size(1) * 2 == groups && m.size(2) == 2 * TILE_ROWS, "m must be [tiles, K/64, 32]");
   for (const auto& t : {d, dmin}) TORCH_CHECK(t.size(0) == tiles && t.size(1) == blocks && t.size(2) == TILE_ROWS,

@@ -9,7 +9,9 @@
 // not once per row (6-bit levels: twice the speed at 128 rows), and the sums stay in registers.
 //   AVX-VNNI: `vpdpbusd` adds four level × activation products into each lane.
 //   AVX2: `maddubs` gives int16 pair sums, added in int16 for as many vectors as cannot overflow
-//   (4-bit: 8, 6-bit: 2, 7-bit: 1), then `madd` with the group's scale folds them into int32.
+//   (4-bit: 8, 6-bit: 2), then `madd` with the group's scale folds them into int32. 8-bit levels would
+//   saturate it (255·127·2 > 32767): their low 7 bits and their top bit go through it apart, the top
+//   bit's sums folded with 128 times the scale.
 // Both give the exact integer sums every path gives.
 #pragma once
 #include <immintrin.h>
@@ -34,7 +36,7 @@ struct Unpacked {
 // Rows 8h..8h+7 of level vector q of one group.
 template <int BITS>
 inline __m256i level_vector(const uint8_t* qs, int q, int half) {
-  if constexpr (BITS == 7) {
+  if constexpr (BITS == 8) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + q * 64 + half * 32));
   } else {
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -62,16 +64,19 @@ inline __m256i widen(const uint8_t* bytes) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
 }
 
-// Block b's offset sums (q4_tiles.h) of one half of the tile for R rows from `first`: m as int16 pairs times two group sums.
+// Block b's offset sums (q4_tiles.h) of one half of the tile for R rows from `first`: m as int16 pairs times two
+// group sums (a block of one group: its own sum, sum_pair).
 template <int R>
 inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half, __m256i* offset) {
   const int64_t per_block = w.groups / w.blocks;
   for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
   for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {
-    const uint8_t* m = w.m + (tile * w.groups + g) * TILE_ROWS + half * 16;
+    const uint8_t* m = w.m + (tile * w.groups + g - g % 2) * TILE_ROWS + half * 16;
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
-    for (int r = 0; r < R; ++r)
-      offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, broadcast4(x.sums + (first + r) * w.groups + g)));
+    for (int r = 0; r < R; ++r) {
+      const __m256i sums = _mm256_set1_epi32(sum_pair(x.sums + (first + r) * w.groups, g, per_block));
+      offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, sums));
+    }
   }
 }
 
@@ -99,6 +104,7 @@ template <int R, int BITS, bool VNNI, typename LevelVector>
 inline void group_dots(LevelVector level_vector, __m256i scales, const int8_t* const* levels, __m256i* dot) {
   constexpr int RUN = BITS == 4 ? 8 : BITS == 6 ? 2 : 1;
   const __m256i scale_pairs = _mm256_or_si256(scales, _mm256_slli_epi32(scales, 16));
+  const __m256i top_pairs = _mm256_slli_epi16(scale_pairs, 7);  // 128·sc ≤ 32640: an int16 still
   __m256i acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
@@ -109,6 +115,11 @@ inline void group_dots(LevelVector level_vector, __m256i scales, const int8_t* c
       const __m256i x = broadcast4(levels[r] + 4 * q);
       if constexpr (VNNI) {
         acc[r] = _mm256_dpbusd_avx_epi32(acc[r], v, x);
+      } else if constexpr (BITS == 8) {
+        const __m256i low = _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
+        const __m256i top = _mm256_and_si256(_mm256_srli_epi16(v, 7), _mm256_set1_epi8(1));
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), scale_pairs));
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), top_pairs));
       } else {
         acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(v, x));
         if ((q + 1) % RUN == 0) {

@@ -14,7 +14,7 @@ namespace {
 // One group's 8 level vectors (vector q: L[j][4q..4q+3] in lane j).
 template <int BITS>
 inline void unpack(const uint8_t* qs, __m512i* v) {
-  if constexpr (BITS == 7) {
+  if constexpr (BITS == 8) {
     for (int q = 0; q < 8; ++q) v[q] = _mm512_loadu_si512(qs + q * 64);
   } else {
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -47,14 +47,16 @@ inline __m512i widen(const uint8_t* bytes) {
 }
 
 // Block b's offset sums (q4_tiles.h) for R activation rows from `first`: m as int16 pairs times the
-// two group sums of each pair of groups.
+// two group sums of each pair of groups (a block of one group: its own sum, sum_pair).
 template <int R>
 inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* offset) {
   const int64_t per_block = w.groups / w.blocks;
   for (int r = 0; r < R; ++r) offset[r] = _mm512_setzero_si512();
   for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {
-    const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.m + (tile * w.groups + g) * TILE_ROWS)));
-    for (int r = 0; r < R; ++r) offset[r] = _mm512_dpwssd_epi32(offset[r], mins, broadcast4(x.sums + (first + r) * w.groups + g));
+    const uint8_t* m = w.m + (tile * w.groups + g - g % 2) * TILE_ROWS;
+    const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)));
+    for (int r = 0; r < R; ++r)
+      offset[r] = _mm512_dpwssd_epi32(offset[r], mins, _mm512_set1_epi32(sum_pair(x.sums + (first + r) * w.groups, g, per_block)));
   }
 }
 

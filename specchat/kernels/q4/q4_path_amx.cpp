@@ -7,7 +7,7 @@
 // of levels and sums through memory for every group.)
 //
 // A tile multiply sums over 64 inputs, two 32-groups with scales of their own, so each block's levels
-// are first multiplied by their group's scale (at most 127·63, 13 bits) and the products split into a
+// are first multiplied by their group's scale (at most 255·255, 16 bits) and the products split into a
 // low and a high byte, two tiles of unsigned levels: Σ sc·L·x = Σ low·x + 256·Σ high·x, summed per
 // block in two int32 tiles, exact. That is the integer every path computes, and the float steps after
 // it are the AVX-512 path's (q4_path_512.h), so this path gives the same bits as every other.
@@ -197,7 +197,8 @@ void tiled_rows(const Tiles& w, const Rows& x, const Job& job, int64_t count) {
 
 template <int BITS>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
-  const bool tiles_fit = w.groups / w.blocks <= MAX_GROUPS;  // a block a ScaledBlock holds
+  const int64_t per_block = w.groups / w.blocks;  // a tile multiply takes two 32-groups of one block
+  const bool tiles_fit = per_block % 2 == 0 && per_block <= MAX_GROUPS;  // a block a ScaledBlock holds
   const int64_t tiled = job.count < TILED_FROM || !tiles_fit ? 0 : job.count / CHUNK * CHUNK;
   if (tiled) {
     for (int64_t t = 0; t < job.tiles; ++t)

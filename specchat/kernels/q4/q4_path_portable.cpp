@@ -13,7 +13,7 @@ namespace {
 
 // One tile's group of levels as 8 vectors of 64 bytes: vector q holds L[j][4q + t] at byte 4j + t.
 void unpack(const uint8_t* qs, int bits, uint8_t vectors[8][64]) {
-  if (bits == 7) {
+  if (bits == 8) {
     std::memcpy(vectors, qs, 8 * 64);
     return;
   }

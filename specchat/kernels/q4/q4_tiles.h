@@ -11,16 +11,18 @@
 //         4-bit (256 bytes): 4 chunks of 64; chunk c holds vector c in its low nibbles and c+4 in its high.
 //         6-bit (384 bytes): the low 4 bits as 4-bit, then 2 chunks of 64 bytes of top bits: chunk e
 //                holds the top 2 bits of vector 4e+s at bits 2s..2s+1 (s = 0..3).
-//         7-bit (512 bytes): the 8 vectors as they are, a byte a level.
+//         8-bit (512 bytes): the 8 vectors as they are, a byte a level (0..255: a GGUF's Q8_0 as level q + 128).
 //   sc    uint8 [tiles, K/32, 16]: each group's scale, in units of its block's d
 //   m     uint8 [tiles, K/64, 16, 2]: each group's offset, in units of its block's dmin, groups 2p and
 //         2p+1 side by side per row (an int16 pair per lane once widened)
-//   d, dmin float16 [tiles, K/block, 16] (Q4_K's own width: its d and dmin are float16 too)
+//   d, dmin float16 [tiles, K/block, 16] (Q4_K's own width: its d and dmin are float16 too); a block is 32
+//         to 256 inputs: one 32-group (a GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a float16 scale a group, sc 1)
+//         or an even number of them
 //   w = d·sc·level − dmin·m
 // Activations [M, K] are int8 levels per row and block (scale amax/127).
 //
 // What every path computes, for activation row r, output row j and block b (all integer sums exact):
-//   dot    = Σ_groups sc_g · Σ_k L[j][k]·x[k]      (int32)
+//   dot    = Σ_groups sc_g · Σ_k L[j][k]·x[k]      (int32: at most 8·255·32·255·127 < 2^31)
 //   offset = Σ_groups m_g · Σ_k x[k]                 (int32)
 //   out    = fma(float(dot), d·xs, out);  out = fma(−float(offset), dmin·xs, out)   (blocks in order)
 // so every path gives the same bits, and a row's result never depends on the other rows.
@@ -36,8 +38,8 @@ constexpr int64_t GROUP = 32;
 constexpr int64_t TILE_ROWS = 16;
 constexpr int64_t MAX_BLOCK_GROUPS = 8;  // 32-groups a block holds at most (256 inputs; q4_kernel.cpp checks it)
 
-// Bytes of one row's 32-group of levels: 4-bit 16, 6-bit 24, 7-bit 32.
-constexpr int64_t group_bytes(int bits) { return bits == 7 ? GROUP : GROUP * bits / 8; }
+// Bytes of one row's 32-group of levels: 4-bit 16, 6-bit 24, 8-bit 32.
+constexpr int64_t group_bytes(int bits) { return GROUP * bits / 8; }
 
 struct Tiles {
   const uint8_t* qs;
@@ -81,13 +83,13 @@ inline void with_count(int64_t count, Run& run, int64_t first) {
   run(Count<R>{}, first);
 }
 
-// run(Count<BITS>{}) for the tiles' level width (4, 6 or 7 bits): a path's code compiled per width.
+// run(Count<BITS>{}) for the tiles' level width (4, 6 or 8 bits): a path's code compiled per width.
 template <typename Run>
 inline void with_bits(int bits, Run&& run) {
   switch (bits) {
     case 4: return run(Count<4>{});
     case 6: return run(Count<6>{});
-    default: return run(Count<7>{});
+    default: return run(Count<8>{});
   }
 }
 
@@ -114,6 +116,23 @@ struct RowOut {
 bool quantize_row_portable(const float* x, int64_t width, int64_t block, const RowOut& out);  // → finite
 
 void tile_portable(const Tiles& w, const Rows& x, const Job& job);
+
+namespace {  // internal linkage, as ask_ahead below
+
+// The two int16 group sums an offset step multiplies with a pair of m (groups g and g+1, g even), as one int32: in
+// a block of one 32-group only group g's, in its own half (the pair's other group is the next block's).
+inline int32_t sum_pair(const int16_t* sums, int64_t g, int64_t per_block) {
+  if (per_block > 1) {
+    int32_t quad;
+    __builtin_memcpy(&quad, sums + g, 4);
+    return quad;
+  }
+  const uint32_t alone = static_cast<uint16_t>(sums[g]);
+  return static_cast<int32_t>(g % 2 ? alone << 16 : alone);
+}
+
+}  // namespace
+
 #if defined(__x86_64__) || defined(_M_X64)
 namespace {  // internal linkage: each path file compiles its own copy under its own instruction set
 

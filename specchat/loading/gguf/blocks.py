@@ -4,13 +4,12 @@ requantized, said in one notice line a model.
 llama.cpp's Q4_K stores w = d·sc·q − dmin·m in 256-blocks of eight 32-groups (6-bit sc and m, fp16 d
 and dmin) with the very nibble layout of kernels/q4/q4_kernel.cpp, so a Q4_K layer runs on the w4a8 kernel
 with exactly the file's weights. Q5_K is the same with 5-bit q: the kernel's 6-bit levels hold it exactly.
-No other type fits the kernel's w = d·sc·level − dmin·m (one float16 d and dmin a 256-block, a uint8 sc and m
-a 32-group, levels of at most 7 bits) in general: Q4_0, Q5_0, Q8_0 (and Q4_1, Q5_1) give each 32-group its own
-fp16 scale, which a shared d times an integer up to 255 does not reach (two fp16 scales in a block are rarely
-integer multiples of one float, the larger at most 255 times it), and Q8_0 needs 8-bit levels; Q6_K and Q2_K/Q3_K
-scale 16-groups (two scales in one 32-group); IQ4_XS and IQ4_NL place their 16 levels non-linearly
-(−127 … 113, no common step under 8 bits). Those are dequantized as transformers dequantizes them and
-quantized to the finer levels (6 bits; 4 in w4a8-fast): their weights change, by less than the file's own
+Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 give each 32-group a float16 scale (and Q4_1/Q5_1 a float16 min) of its own: the
+kernel's blocks of one 32-group hold them (sc 1; the offset as dmin·m: Q4_0 d·8, Q5_0 d·16, Q8_0 d·128 with
+levels q + 128, Q4_1/Q5_1 −min·1), and their activations are quantized per 32 inputs, as llama.cpp's are.
+Q6_K and Q2_K/Q3_K scale 16-groups (two scales in one 32-group); IQ4_XS and IQ4_NL place their 16 levels
+non-linearly (−127 … 113, no common step under 8 bits). Those are dequantized as transformers dequantizes them
+and quantized to the finer levels (6 bits; 4 in w4a8-fast): their weights change, by less than the file's own
 quantization step (python -m specchat.bench.targets --gguf FILE measures what that does to the next-token
 distribution). Each imported layer is checked against the weights the model loaded.
 """
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -73,6 +73,39 @@ def decode_q5_k(raw: torch.Tensor) -> Q4Block:
     return Q4Block(LEVEL_BITS[6][0]((low | (high << 4)).contiguous()), sc, m, d, dmin)
 
 
+# Bytes of a 32-block of the one-scale-a-group types: d (fp16), [min (fp16)], [qh (4 bytes)], then the levels.
+GROUP_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
+
+
+def decode_group_type(kind: str, raw: torch.Tensor) -> Q4Block:
+    """uint8 [rows, groups·bytes] of Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 blocks → the Q4Block of the same weights in
+    blocks of one 32-group: sc 1, w = d·level − dmin·m (Q4_0: dmin d, m 8; Q5_0: d, 16; Q8_0: d, 128 with levels
+    q + 128; Q4_1 and Q5_1: dmin −min, m 1). Level j of a group: nibble j of qs (j < 16: the low, else the high of
+    byte j − 16), bit 4 from qh's bit j (Q5_*); Q8_0's are its int8 values."""
+    rows, blocks = _blocks(raw, kind, GROUP_BLOCK_BYTES[kind])
+    half = lambda at: blocks[..., at : at + 2].contiguous().view(torch.float16).float().reshape(rows, -1)
+    d = half(0)
+    with_min = kind in ("Q4_1", "Q5_1")
+    start = 4 if with_min else 2
+    ones = torch.ones(rows, blocks.shape[1], dtype=torch.uint8)
+    if kind == "Q8_0":
+        levels = (blocks[..., 2:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        return Q4Block(LEVEL_BITS[8][0](levels.contiguous()), ones, ones * 128, d, d.clone())
+    qs = blocks[..., start + (4 if kind.startswith("Q5") else 0) :]  # [rows, groups, 16]
+    levels = torch.cat([qs & 0x0F, qs >> 4], dim=2)  # [rows, groups, 32]
+    bits = 4
+    if kind.startswith("Q5"):
+        qh = blocks[..., start : start + 4].to(torch.int64)
+        word = qh[..., 0] | (qh[..., 1] << 8) | (qh[..., 2] << 16) | (qh[..., 3] << 24)
+        fifth = (word.unsqueeze(-1) >> torch.arange(32)) & 1
+        levels, bits = levels | (fifth.to(torch.uint8) << 4), 6
+    if with_min:
+        dmin, m = -half(2), ones
+    else:
+        dmin, m = d.clone(), ones * (8 if kind == "Q4_0" else 16)
+    return Q4Block(LEVEL_BITS[bits][0](levels.contiguous()), ones, m, d, dmin)
+
+
 def _blocks(raw: torch.Tensor, kind: str, size: int) -> tuple[int, torch.Tensor]:
     if raw.dim() != 2 or raw.dtype != torch.uint8 or raw.shape[1] % size:
         raise ValueError(f"{kind} blocks are uint8 [rows, blocks·{size}], got {raw.dtype} {list(raw.shape)}")
@@ -92,27 +125,38 @@ def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 # GGML types the kernel holds as stored: (bits a level, decoder)
-AS_STORED = {"Q4_K": (4, decode_q4_k), "Q5_K": (6, decode_q5_k)}
+AS_STORED = {
+    "Q4_K": (4, decode_q4_k),
+    "Q5_K": (6, decode_q5_k),
+    **{
+        kind: (4 if kind.startswith("Q4") else 8 if kind == "Q8_0" else 6, partial(decode_group_type, kind))
+        for kind in GROUP_BLOCK_BYTES
+    },
+}
 
 
 def as_stored(kind: str, finer_bits: int) -> bool:
-    """Whether a tensor of GGML type `kind` runs on the kernel as stored, when the layers kept finer than 4 bits
-    get `finer_bits` levels (a Q5_K layer would be 6-bit where w4a8-fast makes every layer 4-bit)."""
-    return kind in AS_STORED and AS_STORED[kind][0] <= finer_bits
+    """Whether a tensor of GGML type `kind` runs on the kernel as stored: a 4-bit type always, a finer one (Q5_K,
+    Q5_0, Q5_1, Q8_0) unless every layer is made 4-bit (w4a8-fast: finer_bits 4)."""
+    return kind in AS_STORED and (AS_STORED[kind][0] == 4 or finer_bits > 4)
 
 
 def requantized_notice(requantized: Counter, finer_bits: int) -> str | None:
     """The notice line for {GGML type: tensors requantized}, or None when there are none."""
     if not requantized:
         return None
-    parts = [f"{count} {kind}" for kind, count in sorted(requantized.items())]
-    listed = parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+    listed = _listed([f"{count} {kind}" for kind, count in sorted(requantized.items())])
     noun = "tensor" if sum(requantized.values()) == 1 else "tensors"
-    held = " and ".join(kind for kind in AS_STORED if as_stored(kind, finer_bits))
+    held = _listed([kind for kind in AS_STORED if as_stored(kind, finer_bits)])
     return (
         f"{listed} {noun} requantized to {finer_bits}-bit w4a8 levels (the kernel holds {held} as is); "
         f"fidelity: python -m specchat.bench.targets --gguf FILE"
     )
+
+
+def _listed(parts: list[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
 
 
 def q4_k_blocks(path: str | Path) -> dict[str, Q4Block]:
