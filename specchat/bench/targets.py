@@ -1,7 +1,7 @@
 """Target quantizations compared: fidelity to the float32 target and the cost of verifying.
 
     python -m specchat.bench.targets [--config FILE] [--modes none,int8,w8a8] [--tokens 2048] [--no-times]
-    python -m specchat.bench.targets --gguf FILE [--modes w4a8] [--tokens 512]
+    python -m specchat.bench.targets --gguf FILE [--modes w4a8] [--tokens 512] [--llamacpp]
     python -m specchat.bench.targets --kv-cache [--tokens 4096]
 
 For each quantization of the configured target (loaded in its configured dtype) it prints:
@@ -12,6 +12,8 @@ For each quantization of the configured target (loaded in its configured dtype) 
 With --gguf FILE (a .gguf file or bundled:NAME as the target; --modes then defaults to w4a8, and nothing is
 timed): the file's own dequantized float32 model against its w4a8 one, after a line naming the types of its
 linear layers' tensors, which the kernel holds as they are and which it requantizes (loading/gguf/blocks.py).
+With --llamacpp as well (llama-cpp-python installed): llama.cpp's own forward of the same file on the same ids,
+against the same reference, in a last line.
 With --kv-cache, instead: the configured target with its keys and values stored as float16, then bfloat16,
 against the same model storing them as float32 (runtime.kv_cache), top-1 agreement and mean KL.
 """
@@ -85,6 +87,9 @@ def parse_args(argv):
     )
     parser.add_argument("--no-times", action="store_true", help="fidelity only: time no forward")
     parser.add_argument(
+        "--llamacpp", action="store_true", help="with --gguf: llama.cpp on the same file too (llama-cpp-python)"
+    )
+    parser.add_argument(
         "--kv-cache",
         action="store_true",
         help="instead: 16-bit keys and values against float32 ones, on the configured target",
@@ -93,7 +98,8 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def compare(cfg, modes: list[str], tokens: int, say, times: bool = True) -> list[dict]:
+def compare(cfg, modes: list[str], tokens: int, say, times: bool = True, llamacpp: str | None = None) -> list[dict]:
+    """Each mode's row against the float32 reference; llama.cpp's on the GGUF source `llamacpp` last, when given."""
     from specchat.loading.models import load_model
 
     reference_cfg = dataclasses.replace(cfg.target, dtype="float32", quantization="none")
@@ -102,9 +108,48 @@ def compare(cfg, modes: list[str], tokens: int, say, times: bool = True) -> list
     say(f"float32 reference over {len(ids)} tokens")
     reference = next_token_logprobs(reference_model, ids)
     del reference_model
+    results = _compare_modes(cfg, modes, ids, reference, say, times)
+    if llamacpp is not None:
+        top1, kl = agreement(reference, llamacpp_logprobs(llamacpp, ids))
+        results.append({"quantization": "llama.cpp", "dtype": "its own", "top1": top1, "kl": kl, "ms": None})
+        results[-1]["tokens"] = len(ids)
+        say(_line(results[-1]))
+    return results
+
+
+def llamacpp_logprobs(source: str, ids: list[int]) -> torch.Tensor:
+    """llama.cpp's log-softmax of the next-token logits at every position of `ids` ([n, vocab]), fed in chunks, on
+    the GGUF file of `source` (a bundled one assembled again: loading w4a8 drops the assembled file)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    from specchat.bench.llamacpp import gguf_path
+
+    path = gguf_path(source)
+
+    threads = torch.get_num_threads()
+    llama = Llama(
+        model_path=str(path),
+        n_ctx=len(ids) + 16,
+        n_batch=CHUNK,
+        logits_all=True,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+    llama.eval(ids)
+    scores = torch.from_numpy(np.array(llama.scores[: len(ids)], dtype=np.float32))
+    return torch.log_softmax(scores, dim=-1)
+
+
+def _compare_modes(cfg, modes: list[str], ids: list[int], reference: torch.Tensor, say, times: bool) -> list[dict]:
+    from specchat.loading.models import load_model
+
     results = []
     for mode in modes:
-        model, _, facts = load_model(dataclasses.replace(cfg.target, quantization=mode), role="target")
+        model, _, facts = load_model(
+            dataclasses.replace(cfg.target, quantization=mode), role="target", kv_cache=cfg.runtime.kv_cache
+        )
         top1, kl = agreement(reference, next_token_logprobs(model, ids))
         ms = {rows: forward_ms(model, ids, rows) for rows in VERIFY_ROWS} if times else None
         results.append(
@@ -193,6 +238,21 @@ def _line(r: dict) -> str:
     )
 
 
+def _llamacpp_file(args) -> str:
+    """The GGUF source llama.cpp reads for --llamacpp; ConfigError where it cannot."""
+    from specchat.bench.llamacpp import gguf_path
+
+    if not args.gguf:
+        raise ConfigError("--llamacpp needs --gguf FILE: llama.cpp reads the same file")
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise ConfigError('--llamacpp needs llama-cpp-python (pip install -e ".[llamacpp]")') from None
+    if gguf_path(args.gguf) is None:
+        raise ConfigError(f"--llamacpp: {args.gguf} is not a GGUF file")
+    return args.gguf
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -205,7 +265,8 @@ def main(argv=None) -> int:
         else:
             if args.gguf:
                 say(gguf_types(args.gguf))
-            compare(cfg, modes, args.tokens, say, times=not (args.no_times or args.gguf))
+            llamacpp = _llamacpp_file(args) if args.llamacpp else None
+            compare(cfg, modes, args.tokens, say, times=not (args.no_times or args.gguf), llamacpp=llamacpp)
     except (ConfigError, ModelLoadError) as err:
         print(f"specchat bench targets: error: {err}", file=sys.stderr)
         return 2

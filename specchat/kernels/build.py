@@ -26,9 +26,12 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -155,15 +158,41 @@ def load_extension(name: str, sources: list[Path], build_dir: Path, cflags: list
         if built is not None:
             return _import(name, built)
         (build_dir / "lock").unlink(missing_ok=True)  # a dead builder's: no live one runs here, we hold the flock
-        module = load(
-            name,
-            [str(path) for path in sources],
-            extra_cflags=cflags,
-            extra_ldflags=ldflags,
-            build_directory=str(build_dir),
-        )
+        with leashed_ninja(build_dir):
+            module = load(
+                name,
+                [str(path) for path in sources],
+                extra_cflags=cflags,
+                extra_ldflags=ldflags,
+                build_directory=str(build_dir),
+            )
         _stamp_built(build_dir, Path(module.__file__))
     return module
+
+
+@contextmanager
+def leashed_ninja(build_dir: Path) -> Iterator[None]:
+    """Inside: the `ninja` on PATH is a shim (ninja_leash.py) that dies with this process, its compile jobs with it.
+    Where no ninja is found, or the shim cannot be written, PATH is left as it is."""
+    real = shutil.which("ninja")
+    shim = build_dir / "leash" / "ninja"
+    if real is None or not optional_write(lambda: _write_shim(shim, Path(real))):
+        yield
+        return
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = f"{shim.parent}{os.pathsep}{before}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
+
+
+def _write_shim(shim: Path, real: Path) -> None:
+    private_dir(shim.parent)
+    leash = Path(__file__).with_name("ninja_leash.py")
+    quoted = " ".join(shlex.quote(str(part)) for part in (sys.executable, leash))
+    shim.write_text(f'#!/bin/sh\nexec {quoted} "$PPID" {shlex.quote(str(real))} "$@"\n')
+    shim.chmod(0o700)
 
 
 def _built_module(build_dir: Path, name: str) -> Path | None:

@@ -205,3 +205,39 @@ def test_the_fidelity_bench_compares_a_file_with_its_own_dequantized_weights(tmp
     )
     assert reference == "float32 reference over 64 tokens"
     assert "→w4a8" in result and " · top-1 " in result and result.endswith(" over 64 tokens") and " ms" not in result
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_a_file_written_again_in_another_type_holds_its_weights_in_that_type(tmp_path, tok, kernel, capsys, kind):
+    """bench.retype: a Q6_K file's weights written again with gguf-py's quantizer; the new file's tensors decode to
+    the old ones quantized in `kind`, and the fidelity bench reads them as stored."""
+    from gguf.quants import quantize
+
+    from specchat.bench import retype, targets
+
+    source, _ = typed_pair_files(tmp_path, tok, "Q6_K", "qwen2")
+    out = tmp_path / f"again-{kind}.gguf"
+    assert retype.main([str(source), str(out), "--type", kind]) == 0
+    before, after = stored_tensor(source, "blk.1.ffn_up.weight"), stored_tensor(out, "blk.1.ffn_up.weight")
+    assert after.tensor_type.name == kind
+    wanted = quantize(dequantize(before.data, before.tensor_type).astype(np.float32), GGMLQuantizationType[kind])
+    assert np.array_equal(np.asarray(after.data), wanted)
+    assert stored_tensor(out, "blk.1.attn_norm.weight").tensor_type.name == "F32"
+    assert GGUFReader(str(out)).get_field("tokenizer.chat_template") is not None
+    capsys.readouterr()
+    assert targets.main(["--gguf", str(out), "--tokens", "32"]) == 0
+    types = capsys.readouterr().out.splitlines()[0]
+    assert (
+        types
+        == f"again-{kind}: linear-layer tensors 15 {kind}; w4a8 holds as stored: {kind}; requantizes to 6-bit levels: none"
+    )
+
+
+def test_the_retype_and_llamacpp_options_say_what_they_need(tmp_path, capsys):
+    from specchat.bench import retype, targets
+
+    assert retype.main([str(tmp_path / "none.gguf"), str(tmp_path / "out.gguf"), "--type", "Q8_0"]) == 2
+    assert targets.main(["--llamacpp"]) == 2
+    err = capsys.readouterr().err
+    assert "specchat bench retype: error: " in err and "none.gguf" in err
+    assert "--llamacpp needs --gguf FILE" in err
