@@ -36,7 +36,7 @@ W4A8_MODES = ("w4a8", "w4a8-fast")
 # x86, else none, with one notice line; unquantized off the CPU (loading/quantization_choice.py)
 AUTO_MODES = {"auto": ("w4a8", "w8a8"), "auto-fast": ("w4a8-fast", "w8a8-fast")}
 KERNELS = ("auto", "portable", "avx2", "avx-vnni", "avx512-vnni", "amx")  # the w4a8 kernel's code paths
-KV_CACHES = ("bfloat16", "float16", "float32")  # how the compiled layer loop stores keys and values
+KV_CACHES = ("float16", "bfloat16", "float32")  # how the compiled layer loop stores keys and values
 INVARIANT_MODES = (*W8A8_MODES, *W4A8_MODES)
 BACKENDS = ("lean", "transformers")  # lean: specchat's forward for Llama/Qwen2; others use transformers
 
@@ -154,7 +154,7 @@ class UIConfig:
 @dataclass(frozen=True)
 class RuntimeConfig:
     kernel: str = "auto"  # the w4a8 kernel's code path: auto (the fastest this CPU has) or one of KERNELS
-    kv_cache: str = "bfloat16"  # keys and values of models on the compiled layer loop: bfloat16, float16 or float32
+    kv_cache: str = "float16"  # keys and values of models on the compiled layer loop: float16, bfloat16 or float32
 
 
 @dataclass(frozen=True)

@@ -147,13 +147,18 @@ void act_mul_rows(const float* gate_up, int64_t rows, int64_t width, bool gelu_t
 }
 
 // Keys and values as the cache stores them: float32, or float16 / bfloat16 (half the bytes; rounded to
-// nearest even when written, read back exactly).
+// nearest even when written, read back exactly). A finite value past float16's range is stored as its largest
+// (±65504), not as an infinity that would make every later step NaN; a NaN or an infinity stays what it is.
 inline F8 load_stored(const float* p) { return simd::load(p); }
 inline F8 load_stored(const c10::Half* p) { return simd::load_half(reinterpret_cast<const uint16_t*>(p)); }
 inline F8 load_stored(const c10::BFloat16* p) { return simd::load_bf16(reinterpret_cast<const uint16_t*>(p)); }
 inline void store_row(const float* x, int64_t n, float* out) { std::copy(x, x + n, out); }
 inline void store_row(const float* x, int64_t n, c10::Half* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = c10::Half(x[i]);
+  constexpr float largest = 65504.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    out[i] = c10::Half(std::isfinite(v) ? std::fmin(std::fmax(v, -largest), largest) : v);
+  }
 }
 inline void store_row(const float* x, int64_t n, c10::BFloat16* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = c10::BFloat16(x[i]);

@@ -103,7 +103,7 @@ def load_model(
     progress: Progress | None = None,
     role: str = "target",
     tokenizers: dict | None = None,
-    kv_cache: str = "bfloat16",
+    kv_cache: str = "float16",
 ):
     """One model, eval mode, with its tokenizer and banner facts: (model, tokenizer, ModelFacts).
     `tokenizers` (digest of the tokenizer files -> tokenizer, template) lets a pair share one;

@@ -36,7 +36,7 @@ class ModelPlan:
     revision: str = ""
     trust_remote_code: bool = False
     backend: str = "lean"  # lean | transformers
-    kv_cache: str = "bfloat16"  # how the compiled layer loop stores keys and values (runtime.kv_cache)
+    kv_cache: str = "float16"  # how the compiled layer loop stores keys and values (runtime.kv_cache)
 
     @property
     def label(self) -> str:
@@ -64,7 +64,7 @@ def plan_model(
     mc: ModelConfig,
     role: str = "target",
     kernel: str = "auto",
-    kv_cache: str = "bfloat16",
+    kv_cache: str = "float16",
     progress: Progress | None = None,
     beside: str | None = None,
 ) -> ModelPlan:

@@ -43,7 +43,7 @@ KV_CACHE_TYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32
 FIRST_CAPACITY = 1024
 
 
-def attach_lean(model: nn.Module, native_layers=None, kv_cache: str = "bfloat16") -> str:
+def attach_lean(model: nn.Module, native_layers=None, kv_cache: str = "float16") -> str:
     """Run `model` through the lean forward from now on; returns why not ('' when attached).
     native_layers: the compiled kernel module's LeanLayers, for w4a8 layers in one C++ call;
     kv_cache: how those layers store keys and values (KV_CACHE_TYPES)."""
@@ -114,7 +114,7 @@ class LeanForward:
     they do). kv_cache: how those store keys and values (KV_CACHE_TYPES); `kv_dtype` is what the
     cache holds."""
 
-    def __init__(self, model: nn.Module, native_layers=None, kv_cache: str = "bfloat16"):
+    def __init__(self, model: nn.Module, native_layers=None, kv_cache: str = "float16"):
         if kv_cache not in KV_CACHE_TYPES:
             raise ValueError(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, not {kv_cache!r}")
         self.model = model

@@ -34,9 +34,19 @@ from specchat.config import (
     with_value,
 )
 from specchat.session.chat import ChatError, ChatSession
-from specchat.session.drafter_race import RACE_RUNS, RaceRun, contenders, race
+from specchat.session.drafter_race import (
+    NO_DRAFTER,
+    RACE_RUNS,
+    Contender,
+    RaceRun,
+    drafter_contenders,
+    gamma_contenders,
+    parse_gammas,
+    race,
+    race_seconds,
+)
 from specchat.tui import render, stats_view
-from specchat.tui.compare_view import race_view
+from specchat.tui.compare_view import RaceSubject, race_view
 from specchat.tui.reply_view import OriginView, code_blocks, markdown_view
 from specchat.tui.safe_text import visible
 from specchat.tui.trace import write_trace
@@ -274,33 +284,65 @@ def cmd_drafter(session: ChatSession, arg: str) -> Outcome:
 def cmd_compare_drafters(session: ChatSession) -> Outcome:
     if not session.records:
         return fail("/compare: no reply yet: /compare drafters reruns the last prompt with each drafter")
-    names = contenders(session.engine, session.config.speculation.drafter)
+    ways = drafter_contenders(session)
+    subject = RaceSubject(current=session.config.speculation.drafter)
+    return race_outcome(session, ways, subject, "drafters", f"{len(ways)} ways ({', '.join(w.name for w in ways)})")
+
+
+def cmd_compare_gamma(session: ChatSession, arg: str) -> Outcome:
+    if not session.records:
+        return fail("/compare: no reply yet: /compare gamma reruns the last prompt at each γ")
+    if not session.has_drafter and drafter_kinds.needs_model(session.config.speculation.drafter):
+        return fail("/compare gamma: the drafter model is not loaded; pick another with /drafter lookup or self:N")
+    try:
+        gammas = parse_gammas(arg)
+    except ValueError as err:
+        return fail(f"/compare gamma: {err}")
+    ways = gamma_contenders(session, gammas)
+    gamma = session.config.speculation.gamma
+    subject = RaceSubject("γ", str(gamma), "/gamma", "γ ")
+    listed = ", ".join(way.name for way in ways[1:])
+    return race_outcome(session, ways, subject, "gamma", f"γ {listed} and the target alone, greedy,", greedy=True)
+
+
+def race_outcome(
+    session: ChatSession, ways: list[Contender], subject: RaceSubject, what: str, listed: str, greedy: bool = False
+) -> Outcome:
+    """The race's first line (what runs, about how long it takes) and its work."""
+    seconds = race_seconds(session, len(ways))
     return Outcome(
-        f"racing {len(names)} ways to answer the last prompt ({', '.join(names)}), {RACE_RUNS} short "
-        f"runs each; Ctrl-C stops",
-        work=lambda cancel: race_lines(session, cancel, len(names)),
+        f"racing {listed} on the last prompt, {RACE_RUNS} short runs each: about {duration_text(seconds)}; "
+        f"Ctrl-C stops",
+        work=lambda cancel: race_lines(session, cancel, ways, subject, what, greedy),
     )
 
 
-def race_lines(session: ChatSession, cancel: threading.Event, contenders_count: int) -> Iterator[Any]:
-    """/compare drafters as it runs: one line per finished run, then the table (or why not)."""
-    total, finished, results = contenders_count * RACE_RUNS, 0, []
-    for item in race(session, cancel):
+def duration_text(seconds: float) -> str:
+    """`40 s`, `3 min`."""
+    return f"{max(1, round(seconds))} s" if seconds < 90 else f"{round(seconds / 60)} min"
+
+
+def race_lines(
+    session: ChatSession, cancel: threading.Event, ways: list[Contender], subject: RaceSubject, what: str, greedy: bool
+) -> Iterator[Any]:
+    """/compare drafters or gamma as it runs: one line per finished run, then the table (or why not)."""
+    total, finished, results = len(ways) * RACE_RUNS, 0, []
+    for item in race(session, cancel, ways=ways, greedy=greedy):
         if isinstance(item, RaceRun):
             results.append(item)
             continue
         finished += 1
-        yield f"  {finished}/{total} {item[0]}: {item[1].generation_tokens_per_s:.1f} tok/s"
-    yield (
-        race_view(results, session.config.speculation.drafter)
-        if finished == total
-        else "/compare drafters: cancelled; nothing changed"
-    )
+        yield f"  {finished}/{total} {subject.label if item[0] != NO_DRAFTER else ''}{item[0]}: " + (
+            f"{item[1].generation_tokens_per_s:.1f} tok/s"
+        )
+    yield race_view(results, subject) if finished == total else f"/compare {what}: cancelled; nothing changed"
 
 
 def cmd_compare(session: ChatSession, arg: str) -> Outcome:
     if arg == "drafters":
         return cmd_compare_drafters(session)
+    if arg.split(" ", 1)[0] == "gamma":
+        return cmd_compare_gamma(session, arg[len("gamma") :].strip())
     if arg and drafter_needed(session.has_drafter, Mode.TARGET, arg):
         return fail("/compare: 'drafter' needs a drafter model, and none is loaded; use /compare on")
     outcome = show_or_set(session, "compare", "speculation.compare", "on|off|drafter", arg)
@@ -578,11 +620,11 @@ def setting_commands() -> list[Command]:
         ),
         Command(
             "compare",
-            "on|off|drafter|drafters",
+            "on|off|drafter|drafters|gamma [LIST]",
             "also run each prompt target-only (or drafter-only) side by side; drafters: race every "
-            "drafter on the last prompt",
+            "drafter on the last prompt; gamma 1,2,4,auto: race those γs on it (greedy)",
             cmd_compare,
-            {**on_off, "drafter": None, "drafters": None},
+            {**on_off, "drafter": None, "drafters": None, "gamma": None},
         ),
         Command(
             "drafter",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
@@ -91,21 +93,30 @@ def view_compare_fn(comparer):
     return compare_fn
 
 
-def race_view(runs: list[RaceRun], current: str) -> Group:
-    """/compare drafters: one row per drafter (and none): median generation tok/s over its runs and their
-    min–max; "fastest" and the advice to switch only for a winner beyond every spread (`current`: the
-    drafter in use)."""
+@dataclass(frozen=True)
+class RaceSubject:
+    """What a race compares: the table's first column, the name now in use, and how to switch to another."""
+
+    column: str = "drafter"
+    current: str = "model"
+    switch: str = "/drafter"
+    label: str = ""  # before a name in the advice ("γ " for γs)
+
+
+def race_view(runs: list[RaceRun], subject: RaceSubject) -> Group:
+    """/compare drafters or gamma: one row per way (and none): median generation tok/s over its runs and their
+    min–max; "fastest" and the advice to switch only for a winner beyond every spread."""
     best = winner(runs)
     table = Table(header_style="bold", box=None, pad_edge=False)
-    for name in ("drafter", "tok/s", "min–max", "acceptance", "tok/step", "c", "speedup", ""):
-        table.add_column(name, justify="left" if name in ("drafter", "") else "right")
+    for name in (subject.column, "tok/s", "min–max", "acceptance", "tok/step", "c", "speedup", ""):
+        table.add_column(name, justify="left" if name in (subject.column, "") else "right")
     for run in runs:
         s = run.stats
         acceptance = f"{s.acceptance_rate:.0%} ({s.accepted}/{s.drafted})" if s.drafted else "–"
         cost = f"{s.cost_ratio:.2f}" if s.drafted and s.drafter_timed else "–"
         low, high = run.spread
         table.add_row(
-            run.drafter,
+            run.name,
             f"{run.rate:.1f}",
             f"{low:.1f}–{high:.1f}",
             acceptance,
@@ -118,14 +129,14 @@ def race_view(runs: list[RaceRun], current: str) -> Group:
         f"median and min–max of {len(runs[0].runs)} runs each, generation tok/s (prompt reading apart); "
         f"a winner only beyond every spread"
     )
-    return Group(table, Text(note, style="dim"), Text(race_advice(best, current), style="bold"))
+    return Group(table, Text(note, style="dim"), Text(race_advice(best, subject), style="bold"))
 
 
-def race_advice(best: RaceRun | None, current: str) -> str:
+def race_advice(best: RaceRun | None, subject: RaceSubject) -> str:
     if best is None:
         return "no clear winner: the fastest rates lie within each other's spread (a tie)"
-    if best.drafter == NO_DRAFTER:
+    if best.name == NO_DRAFTER:
         return "the target alone was fastest beyond the spread: /mode target"
-    if best.drafter == current:
-        return f"fastest: {best.drafter}, the drafter in use"
-    return f"fastest: {best.drafter} — switch with /drafter {best.drafter}"
+    if best.name == subject.current:
+        return f"fastest: {subject.label}{best.name}, the {subject.column} in use"
+    return f"fastest: {subject.label}{best.name} — switch with {subject.switch} {best.name}"

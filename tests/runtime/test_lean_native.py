@@ -122,6 +122,21 @@ def test_the_compiled_layers_give_the_python_loops_logits_within_rounding(kernel
     assert_near_the_python_loop(compiled, looped, exact)
 
 
+def test_a_float16_kv_cache_stores_values_past_its_range_as_its_largest(kernel, tokenizer):
+    """Keys far past float16's range (k_proj's weights scaled up) are stored as ±65504, not as infinities that would
+    make every later step NaN; the logits stay finite."""
+    model = tiny_model("llama", len(tokenizer))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.k_proj.weight.mul_(30000.0)
+    lean_forward = LeanForward(w4a8(model, kernel), kernel.LeanLayers, kv_cache="float16")
+    cache = LeanCache(lean_forward)
+    logits = lean_forward(cache, torch.tensor([list(range(5, 25))]), keep=20)
+    keys = torch.stack([k[:, :20].float() for k in cache.keys])
+    assert keys.isfinite().all() and keys.abs().max() == 65504.0
+    assert logits.isfinite().all()
+
+
 @BUILDS_16
 @pytest.mark.parametrize("kv_cache", ["float16", "bfloat16"])
 def test_a_16_bit_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kernel, tokenizer, build, finer, kv_cache):
@@ -134,7 +149,7 @@ def test_a_16_bit_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kern
     )
     dtype = getattr(torch, kv_cache)
     assert (half.kv_dtype, full.kv_dtype, LeanForward(model).kv_dtype) == (dtype, torch.float32, torch.float32)
-    assert LeanForward(model, kernel.LeanLayers).kv_dtype == torch.bfloat16  # the default
+    assert LeanForward(model, kernel.LeanLayers).kv_dtype == torch.float16  # the default
     ids = torch.randint(3, len(tokenizer), (30,), generator=torch.Generator().manual_seed(0)).tolist()
     rounded, exact, reference = run_steps(half, ids), run_steps(full, ids), run_steps(unquantized, ids)
     for index, (a, b, c) in enumerate(zip(rounded, exact, reference)):

@@ -7,13 +7,13 @@ import threading
 
 from conftest import make_engine
 
-from specchat.config import Config, SamplingConfig, SpeculationConfig
+from specchat.config import Config, SamplingConfig, SpeculationConfig, with_value
 from specchat.session.chat import ChatSession
-from specchat.session.drafter_race import RACE_RUNS, RaceRun, race, winner
+from specchat.session.drafter_race import RACE_RUNS, RaceRun, gamma_contenders, parse_gammas, race, winner
 from specchat.speculative.metrics import ReplyStats
 from specchat.speculative.model_io import cache_length
 from specchat.tui.commands import build_registry
-from specchat.tui.compare_view import race_view
+from specchat.tui.compare_view import RaceSubject, race_view
 from specchat.tui.render import make_console
 
 REPEATING = "def add(a, b): return a + b\ndef add(a, b): return a + b\ndef add(a, b):"
@@ -42,9 +42,9 @@ def contender(name: str, rates: list[float], accepted: int = 10) -> RaceRun:
     )
 
 
-def screen(runs, current="model") -> str:
+def screen(runs, current="model", subject: RaceSubject | None = None) -> str:
     out = io.StringIO()
-    make_console(False, out).print(race_view(runs, current))
+    make_console(False, out).print(race_view(runs, subject or RaceSubject(current=current)))
     return out.getvalue()
 
 
@@ -66,11 +66,14 @@ def test_the_race_runs_each_drafter_three_times_and_leaves_the_chat_untouched(ta
     results = [item for item in items if isinstance(item, RaceRun)]
     names = ["none", "model", "lookup", "auto", "self:1"]  # self: a quarter of 3 layers
     assert [name for name, _stats in items[: -len(results)]] == names * RACE_RUNS  # taken in turns
-    assert [run.drafter for run in results] == names and all(len(run.runs) == RACE_RUNS for run in results)
+    assert [run.name for run in results] == names and all(len(run.runs) == RACE_RUNS for run in results)
     assert all(run.stats.new_tokens == session.records[-1].stats.new_tokens for run in results)  # greedy: one reply
     assert results[0].stats.drafted == 0 and results[1].stats.drafted > 0
     outcome = registry.run(session, "/compare drafters")
-    assert not outcome.error and outcome.message.startswith("racing 5 ways to answer the last prompt")
+    assert not outcome.error and outcome.message.startswith(
+        "racing 5 ways (none, model, lookup, auto, self:1) on the last prompt, 3 short runs each: about "
+    )
+    assert outcome.message.endswith(" s; Ctrl-C stops")
     lines = list(outcome.work(threading.Event()))
     assert lines[0].startswith("  1/15 none: ") and lines[14].startswith("  15/15 self:1: ")
     cancelled = threading.Event()
@@ -144,3 +147,57 @@ def test_compare_drafters_runs_in_the_repl_with_progress(target, similar_drafter
     text = out.getvalue()
     assert "racing 5 ways" in text and "15/15 self:1" in text and "min–max" in text
     assert len(session.records) == 1
+
+
+def test_the_gamma_sweep_runs_each_gamma_greedily_and_leaves_the_chat_untouched(
+    target, similar_drafter_model, tokenizer
+):
+    registry = build_registry()
+    session = session_on(target, similar_drafter_model, tokenizer)
+    assert registry.run(session, "/compare gamma").error  # no reply yet
+    list(session.reply(REPEATING))
+    session.config = with_value(session.config, "sampling.temperature", 0.8)  # the sweep samples greedily anyway
+    before = (list(session.messages), list(session.engine.ids), len(session.records), session.config)
+    ways = gamma_contenders(session, parse_gammas("1, 3 auto"))
+    assert [way.name for way in ways] == ["none", "1", "3", "auto"]
+    items = list(race(session, threading.Event(), ways=ways, greedy=True))
+    results = [item for item in items if isinstance(item, RaceRun)]
+    assert [run.name for run in results] == ["none", "1", "3", "auto"]
+    texts = {run.stats.new_tokens for run in results}
+    assert len(texts) == 1  # greedy: every γ wrote the same reply (as many tokens)
+    assert max(run.mean_gamma for run in results[1].runs) <= 1  # γ 1 drafts one token a step
+    assert results[0].stats.drafted == 0 and results[2].stats.drafted > 0
+    outcome = registry.run(session, "/compare gamma 2,4")
+    assert not outcome.error, outcome.message
+    assert outcome.message.startswith("racing γ 2, 4 and the target alone, greedy, on the last prompt, 3 short runs")
+    lines = list(outcome.work(threading.Event()))
+    assert lines[0].startswith("  1/9 none: ") and lines[1].startswith("  2/9 γ 2: ")
+    assert (list(session.messages), list(session.engine.ids), len(session.records), session.config) == before
+
+
+def test_the_gamma_list_is_checked_before_anything_runs(target, similar_drafter_model, tokenizer):
+    assert parse_gammas("") == (1, 2, 4, 6, 8, parse_gammas("auto")[0])
+    assert parse_gammas("4 4 2") == (4, 2)
+    registry = build_registry()
+    session = session_on(target, similar_drafter_model, tokenizer)
+    list(session.reply("hi"))
+    for arg, said in [
+        ("0", "each γ is an integer from 1 to 16 or auto, not '0'"),
+        ("17", "not '17'"),
+        ("fast", "not 'fast'"),
+        ("1 2 3 4 5 6 7 8 9", "at most 8 γs a sweep, not 9"),
+    ]:
+        outcome = registry.run(session, f"/compare gamma {arg}")
+        assert outcome.error and outcome.message.startswith("/compare gamma: ") and said in outcome.message
+
+
+def test_a_gamma_winner_is_named_with_the_gamma_to_set():
+    runs = [
+        contender("none", [10.0, 10.5, 11.0]),
+        contender("4", [14.0, 15.0, 15.5]),
+        contender("8", [18.0, 19.0, 20.0]),
+    ]
+    subject = RaceSubject("γ", "4", "/gamma", "γ ")
+    text = screen(runs, subject=subject)
+    assert text.lstrip().startswith("γ") and "fastest: γ 8 — switch with /gamma 8" in text
+    assert "fastest: γ 8, the γ in use" in screen(runs, subject=RaceSubject("γ", "8", "/gamma", "γ "))
