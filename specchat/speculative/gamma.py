@@ -178,6 +178,30 @@ class AutoGamma:
             self.target_n = self.target_n * self.decay + 1
 
 
+@dataclass(frozen=True)
+class GammaCurve:
+    """Expected speedup against γ from what a policy has measured: Leviathan's formula with the cost of a step
+    γ·c + 1 + γ·r (r: what one more verified row costs, T(n) = T(1)·(1 + r·(n−1))), as auto γ plans."""
+
+    alpha: float  # α per draft
+    cost: float  # c: a drafter forward ÷ a one-row target forward (the prior until measured)
+    row_cost: float | None  # r; None until the target's forwards have fed varied row counts
+    measured: bool  # whether c comes from timed forwards, not the prior
+    speedups: tuple[float, ...]  # γ = 1 .. GAMMA_MAX
+    best: int  # the γ auto plans (0: none beats target-only by 1%)
+
+
+def gamma_curve(policy: AutoGamma) -> GammaCurve:
+    """The policy's expected speedup for every γ from 1 to its max."""
+    fit = policy.target_rows.fit()
+    ratio = policy.planning_ratio
+    row_cost = None if fit is None else fit[1] / fit[0]
+    cost = ratio - row_cost if row_cost is not None else ratio
+    speedups = tuple(leviathan_speedup(policy.alpha, gamma, ratio) for gamma in range(1, policy.max_gamma + 1))
+    measured = policy.drafter_n > 0 and policy.target_n > 0
+    return GammaCurve(policy.alpha, cost, row_cost, measured, speedups, policy.best_gamma())
+
+
 @dataclass
 class RowCostFit:
     """A decayed least-squares fit of a forward's time against its rows fed: T(n) = t1 + s·(n−1)."""

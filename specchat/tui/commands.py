@@ -45,6 +45,7 @@ from specchat.session.drafter_race import (
     race,
     race_seconds,
 )
+from specchat.speculative.gamma import AutoGamma, gamma_curve
 from specchat.tui import render, stats_view
 from specchat.tui.compare_view import RaceSubject, race_view
 from specchat.tui.reply_view import OriginView, code_blocks, markdown_view
@@ -367,7 +368,11 @@ def cmd_stats(session: ChatSession, arg: str) -> Outcome:
         return Outcome("no reply yet: /stats describes the last reply")
     from specchat.kernels.build import running_path
 
-    return Outcome(stats_view.stats_detail(session.records[-1], session.totals, running_path()))
+    policy, speculation = session.engine.policy, session.config.speculation
+    drafting = isinstance(policy, AutoGamma) and speculation.mode is Mode.SPEC
+    curve = gamma_curve(policy) if drafting else None
+    detail = stats_view.stats_detail(session.records[-1], session.totals, running_path(), curve, speculation.gamma)
+    return Outcome(detail)
 
 
 def cmd_system(session: ChatSession, arg: str) -> Outcome:

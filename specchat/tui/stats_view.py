@@ -9,8 +9,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from specchat.config import Gamma
 from specchat.session.repetition import REPETITION
 from specchat.session.stop_strings import STOP_STRING
+from specchat.speculative.gamma import GammaCurve
 from specchat.speculative.metrics import ReplyStats
 from specchat.tui.render import as_table, gamma_text, time_split
 
@@ -111,11 +113,35 @@ def totals_table(totals, kernel: str = "") -> Table:
     return as_table(rows, ("session", "total"))
 
 
-def stats_detail(record, totals, kernel: str = "") -> Group:
-    """The /stats view: the last reply in detail, its charts, and the session totals."""
+def gamma_curve_table(curve: GammaCurve, setting: Gamma) -> Group:
+    """Expected speedup for γ 1..16 from this session's measured α, c and row cost, as auto γ plans: a bar each,
+    the γ auto picks and the one set marked."""
+    most = max(curve.speedups)
+    rows = []
+    for gamma, speedup in enumerate(curve.speedups, start=1):
+        marks = [mark for mark, on in (("auto picks", gamma == curve.best), ("set", gamma == setting)) if on]
+        mark = f" ◀ {', '.join(marks)}" if marks else ""
+        rows.append((f"γ {gamma}", f"{_bar(speedup / most if most else 0, 20)} {speedup:.2f}×{mark}"))
+    if curve.best == 0:
+        rows.append(("", "no γ pays: auto drafts nothing, trying γ 1 now and then"))
+    table = as_table(rows, ("γ", "expected speedup"), title="expected speedup by γ")
+    return Group(table, Text(f"from {curve_inputs(curve)}; /compare gamma measures it", style="dim"))
+
+
+def curve_inputs(curve: GammaCurve) -> str:
+    """`α 0.78 per draft · c 0.21 · a verified row +18% of a step`, saying what is not measured yet."""
+    cost = f"c {curve.cost:.2f}" if curve.measured else f"c {curve.cost:.2f}, a prior: not measured yet"
+    rows = "row cost not measured yet" if curve.row_cost is None else f"a verified row +{curve.row_cost:.0%} of a step"
+    return f"this session's α {curve.alpha:.2f} per draft · {cost} · {rows}"
+
+
+def stats_detail(record, totals, kernel: str = "", curve: GammaCurve | None = None, setting: Gamma = 0) -> Group:
+    """The /stats view: the last reply in detail, its charts, the γ curve (when drafting) and the session totals."""
     stats = record.stats
     parts: list[Any] = [reply_summary(stats, record.stop_reason), Text("")]
     if stats.drafted:
         parts += [histogram_table(stats), Text(""), per_position_table(stats), Text("")]
+    if curve is not None:
+        parts += [gamma_curve_table(curve, setting), Text("")]
     parts.append(totals_table(totals, kernel))
     return Group(*parts)

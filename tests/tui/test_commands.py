@@ -10,7 +10,7 @@ from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from rich.console import Console
 
-from specchat.config import AUTO, RANDOM, Config, SamplingConfig, UIConfig, all_keys
+from specchat.config import AUTO, RANDOM, Config, SamplingConfig, UIConfig, all_keys, with_value
 from specchat.session.chat import ChatSession, Notice
 from specchat.speculative.events import Origin
 from specchat.speculative.metrics import ReplyStats
@@ -317,3 +317,35 @@ def test_stop_adds_lists_and_drops_stop_texts(session, registry):
     too_long = registry.run(session, "/stop " + "x" * 201)
     assert too_long.error and too_long.message.startswith("/stop: sampling.stop must be at most 8 texts of 1 to 200")
     assert registry.run(session, "/stop off").message == "no stop texts" and session.config.sampling.stop == ()
+
+
+def test_stats_draws_the_expected_speedup_by_gamma_from_what_the_session_measured(session, registry):
+    """The γ curve: Leviathan's formula with this session's α, c and row cost, as auto γ plans (gamma_curve), one
+    row per γ 1..16, auto's pick and the γ set marked; its inputs named, the unmeasured ones said to be so."""
+    from specchat.speculative.gamma import AutoGamma, gamma_curve
+    from specchat.speculative.metrics import leviathan_speedup
+
+    policy = AutoGamma()
+    fresh = gamma_curve(policy)
+    assert not fresh.measured and fresh.row_cost is None and fresh.cost == 0.25
+    assert fresh.speedups[3] == leviathan_speedup(0.75, 4, 0.25) and len(fresh.speedups) == 16
+    for rows, seconds in [(1, 0.10), (5, 0.14), (1, 0.10), (9, 0.18)]:
+        policy.observe_cost("target", seconds)
+        policy.target_rows.observe(rows, seconds)
+    policy.observe_cost("drafter", 0.02)
+    curve = gamma_curve(policy)
+    assert curve.measured and abs(curve.row_cost - 0.1) < 1e-6 and abs(curve.cost - 0.2) < 1e-6
+    assert curve.best == policy.best_gamma() == max(range(1, 17), key=lambda g: curve.speedups[g - 1])
+    list(session.reply("hello"))
+    session.engine.use_policy(policy)
+    session.config = with_value(session.config, "speculation.gamma", 3)
+    text = plain(registry.run(session, "/stats").message)
+    assert "expected speedup by γ" in text
+    assert "from this session's α 0.75 per draft · c 0.20 · a verified row +10% of a step; /compare gamma" in text
+    lines = [line for line in text.splitlines() if line.startswith("γ ") and "×" in line]
+    assert len(lines) == 16 and f"{curve.speedups[2]:.2f}× ◀ set" in lines[2]
+    assert "◀ auto picks" in lines[curve.best - 1]
+    session.engine.use_policy(AutoGamma())
+    assert "c 0.25, a prior: not measured yet · row cost not measured yet" in plain(
+        registry.run(session, "/stats").message
+    )
