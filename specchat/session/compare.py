@@ -79,6 +79,14 @@ class CompareReport:
         base = self.target.stats.generation_tokens_per_s
         return self.spec.stats.generation_tokens_per_s / base if base else 0.0
 
+    @property
+    def saved_s(self) -> float:
+        """Seconds speculation saved on this reply (negative: what it cost): the reply's tokens at the target-only
+        run's generation rate, less the reply's own generation time."""
+        base = self.target.stats.generation_tokens_per_s
+        spec = self.spec.stats
+        return spec.new_tokens / base - spec.generation_s if base else 0.0
+
 
 class Comparer:
     """The compare_fn a ChatSession calls after each reply when compare mode is on."""

@@ -368,7 +368,7 @@ def cmd_stats(session: ChatSession, arg: str) -> Outcome:
         return Outcome("no reply yet: /stats describes the last reply")
     from specchat.kernels.build import running_path
 
-    policy, speculation = session.engine.policy, session.config.speculation
+    policy, speculation = getattr(session.engine, "policy", None), session.config.speculation
     drafting = isinstance(policy, AutoGamma) and speculation.mode is Mode.SPEC
     curve = gamma_curve(policy) if drafting else None
     detail = stats_view.stats_detail(session.records[-1], session.totals, running_path(), curve, speculation.gamma)

@@ -31,7 +31,9 @@ def run_summary(run: Run) -> str:
 
 
 def verdict_line(report: CompareReport) -> str:
-    speed = f"speedup {report.speedup:.2f}× vs target-only (generation rates, prompt reading apart)"
+    saved = report.saved_s
+    gain = f"speculation saved {saved:.1f} s on this reply" if saved >= 0 else f"speculation cost {-saved:.1f} s more"
+    speed = f"{gain} · speedup {report.speedup:.2f}× vs target-only (generation rates, prompt reading apart)"
     if report.identical:
         return f"{speed} · texts identical"
     if not report.greedy:

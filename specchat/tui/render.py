@@ -192,12 +192,15 @@ class Renderer:
         if self.notes is not None:  # the reply's text stays whole where it goes; what is said of it, apart
             self.newline()
             mark = CUT_MARKS.get(done.stop_reason, "")
-            self.notes.print(Text(f"{mark} · {line.strip()}" if mark else line.strip()), soft_wrap=True)
+            width = self.notes.width if self.notes.is_terminal else 0
+            said = fit_to_width(f"{mark} · {line.strip()}" if mark else line.strip(), width)
+            self.notes.print(Text(said), soft_wrap=True)
             return
         if done.stop_reason in CUT_MARKS:
             self._write(Text(" " + CUT_MARKS[done.stop_reason], style="bold yellow" if self.color else ""))
         self.newline()
-        self.console.print(line, style=NOTE_STYLE if self.color else "", soft_wrap=True)
+        width = self.console.width if self.console.is_terminal else 0
+        self.console.print(fit_to_width(line, width), style=NOTE_STYLE if self.color else "", soft_wrap=True)
 
     def newline(self) -> None:
         self.close_mark()
@@ -261,6 +264,24 @@ def stats_line(stats: ReplyStats, stop_reason: str = "eos", speedup: float | Non
     elif stop_reason == CONTEXT_FULL:
         parts.append("context window full")
     return " · ".join(parts)
+
+
+SEPARATOR = " · "
+
+
+def fit_to_width(line: str, width: int) -> str:
+    """A ` · `-separated line broken into lines of at most `width` cells at its separators, never inside a part
+    (a word or a number); continuation lines start with a space. width 0 (a pipe): the line as it is."""
+    if width <= 0 or cell_len(line) <= width:
+        return line
+    lines, current = [], ""
+    for part in line.split(SEPARATOR):
+        joined = f"{current}{SEPARATOR}{part}" if current else part
+        if current and cell_len(joined) > width:
+            lines.append(current)
+            joined = " " + part.lstrip()
+        current = joined
+    return "\n".join([*lines, current])
 
 
 def step_split(stats: ReplyStats) -> str:

@@ -179,6 +179,8 @@ def test_the_speedup_compares_generation_not_the_reruns_reading_of_the_conversat
     [report] = reports(events)
     assert abs(report.speedup - (21 / 0.9) / 21.0) < 1e-9  # 1.11×; the wall times' ratio is 22×
     assert "speedup 1.11× vs target-only (generation rates, prompt reading apart)" in verdict_line(report)
+    assert abs(report.saved_s - (21 / 21.0 - 0.9)) < 1e-9  # the reply's 21 tokens at the target's rate, less 0.9 s
+    assert verdict_line(report).startswith("speculation saved 0.1 s on this reply · speedup 1.11×")
     assert run_summary(report.target) == (
         "21 tok · 21.0 tok/s generating · first token 0.10 s after the prompt · prompt 1,440 tok read in 19.00 s"
     )

@@ -314,3 +314,19 @@ def test_copies_stream_in_their_own_colour():
     renderer.event(Token(2, "model", Origin.DRAFTED, source="model"))
     text = out.getvalue()
     assert "\x1b[34mcopied" in text and "\x1b[32mmodel" in text
+
+
+@pytest.mark.parametrize("width", [150, 100, 60, 40, 20])
+def test_the_stats_line_breaks_at_its_separators_never_inside_a_word_or_number(width):
+    """At 150 columns it once broke inside `γ auto (≈12.0)`, at 60 inside `cancelled`."""
+    stats = sample_stats(gamma=AUTO, prefill_tokens=4102, prefill_s=19.3, reused_tokens=1960)
+    line = render.stats_line(stats, "cancelled", speedup=1.9)
+    fitted = render.fit_to_width(line, width)
+    parts = line.split(render.SEPARATOR)
+    lines = fitted.split("\n")
+    assert [part.strip() for row in lines for part in row.split(render.SEPARATOR)] == [p.strip() for p in parts]
+    longest_part = max(len(p) + 1 for p in parts)
+    assert all(len(row) <= max(width, longest_part) for row in lines)
+    assert render.fit_to_width(line, 0) == line  # a pipe: one line
+    if width >= len(line):
+        assert fitted == line
