@@ -1,6 +1,6 @@
 // The compiled module's Python face: the w4a8 product and its code paths (q4_kernel.cpp), the lean
 // forward's layer loop (lean_layers.cpp), and sampling's probabilities (sampling.cpp). Built by build.py.
-#include "q4/q4_kernel.h"
+#include "module.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   register_lean_layers(module);

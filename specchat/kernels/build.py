@@ -53,6 +53,7 @@ SOURCES = [
     "bindings.cpp",
 ]
 HEADERS = [
+    "module.h",
     "q4/q4_kernel.h",
     "q4/cpu_features.h",
     "q4/q4_tiles.h",
@@ -257,15 +258,15 @@ def _write_log(log: Path, err: Exception) -> None:
 
 
 def kernel_problem(path: str = "auto", progress: Progress | None = None) -> str:
-    """'' when the w4a8 kernel is built here (compiling it the first time, about a minute) and runs
+    """'' when the w4a8 kernel is built here (compiling it the first time, under a minute) and runs
     on `path` (runtime.kernel; auto: as it is, $SPECCHAT_KERNEL or else the fastest this CPU has);
     else why not."""
     built = (q4_build_dir() / "specchat_q4.so").exists()
     if _kernel_or_error.cache_info().currsize == 0 and not built and shutil.which(os.environ.get("CXX", "c++")):
         if being_built(q4_build_dir() / "specchat_q4"):
-            report(progress, "another specchat is compiling the w4a8 kernel; waiting for it (about a minute)", None)
+            report(progress, "another specchat is compiling the w4a8 kernel; waiting for it (under a minute)", None)
         else:
-            report(progress, "compiling the w4a8 kernel (once per machine, about a minute)", None)
+            report(progress, "compiling the w4a8 kernel (once per machine, under a minute)", None)
     module, problem = _kernel_or_error()
     if module is None or path == "auto":
         return problem

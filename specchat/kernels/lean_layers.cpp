@@ -7,7 +7,7 @@
 // and key (add_head_norms) before the rotation. Gemma's layers add norms after attention and after the MLP
 // (add_sandwich_norms), a GELU-tanh MLP (set_activation), soft-capped scores (set_softcap), and windows and
 // rotary tables of their own (set_layer_attention); their 1 + w norms come folded into the weights.
-#include <torch/extension.h>
+#include <torch/python.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <chrono>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "q4/q4_kernel.h"
+#include "module.h"
 #include "simd.h"
 
 namespace {

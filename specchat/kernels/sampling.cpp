@@ -18,7 +18,7 @@
 // A row with no finite largest logit (one holding +inf, or all -inf) or holding a NaN gives NaN probabilities,
 // as the torch code does (its best − best is inf − inf there, and its softmax NaN): no token is picked from it as
 // if it were a law (every e would be 0, and the nucleus of nothing has no last token).
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>

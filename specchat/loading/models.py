@@ -73,6 +73,7 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     loaded = {}
     for plan in plans:
         loaded[plan.role] = load_planned(plan, progress, tokenizers)
+        release_freed_memory()  # the target's temporaries back to the system before the drafter's come
     target, tokenizer, target_facts = loaded["target"]
     drafter, drafter_tok, drafter_facts = loaded.get("drafter", (None, None, None))
     verdict = judge_pair(tokenizer, drafter_tok, drafter, drafter_facts.name) if drafter is not None else None

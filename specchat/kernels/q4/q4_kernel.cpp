@@ -8,7 +8,7 @@
 // Activations x [M, K] float32 are mapped per row and per block onto int8 (scale amax/127), as
 // llama.cpp's Q8 blocks do, so an outlier channel costs precision only inside its own block. A row
 // holding a NaN or an infinity gives NaN outputs.
-#include <torch/extension.h>
+#include <torch/types.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>
