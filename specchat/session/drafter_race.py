@@ -149,7 +149,7 @@ def race_seconds(session, contenders_count: int) -> float:
     anew and writes up to RACE_TOKENS tokens."""
     stats = session.records[-1].stats
     prompt = stats.prompt_tokens / stats.prefill_tokens_per_s if stats.prefill_tokens_per_s else stats.prefill_s
-    tokens = min(stats.new_tokens, RACE_TOKENS, session.config.sampling.max_new_tokens)
+    tokens = min(stats.new_tokens, race_sampling(session).max_new_tokens)
     writing = tokens / stats.generation_tokens_per_s if stats.generation_tokens_per_s else 0.0
     return contenders_count * RACE_RUNS * (prompt + writing)
 

@@ -9,7 +9,15 @@ from conftest import make_engine
 
 from specchat.config import Config, SamplingConfig, SpeculationConfig, with_value
 from specchat.session.chat import ChatSession
-from specchat.session.drafter_race import RACE_RUNS, RaceRun, gamma_contenders, parse_gammas, race, winner
+from specchat.session.drafter_race import (
+    RACE_RUNS,
+    RaceRun,
+    gamma_contenders,
+    parse_gammas,
+    race,
+    race_seconds,
+    winner,
+)
 from specchat.speculative.metrics import ReplyStats
 from specchat.speculative.model_io import cache_length
 from specchat.tui.commands import build_registry
@@ -74,6 +82,13 @@ def test_the_race_runs_each_drafter_three_times_and_leaves_the_chat_untouched(ta
         "racing 5 ways (none, model, lookup, auto, self:1) on the last prompt, 3 short runs each: about "
     )
     assert outcome.message.endswith(" s; Ctrl-C stops")
+    stats = session.records[-1].stats  # 5 ways × 3 runs, each reading the prompt and writing the reply's tokens
+    each = stats.prompt_tokens / stats.prefill_tokens_per_s + min(stats.new_tokens, 64) / stats.generation_tokens_per_s
+    assert abs(race_seconds(session, 5) - 15 * each) < 1e-9
+    uncapped = session.config
+    session.config = with_value(session.config, "sampling.max_new_tokens", 0)  # no cap: still the reply's tokens
+    assert abs(race_seconds(session, 5) - 15 * each) < 1e-9
+    session.config = uncapped
     lines = list(outcome.work(threading.Event()))
     assert lines[0].startswith("  1/15 none: ") and lines[14].startswith("  15/15 self:1: ")
     cancelled = threading.Event()
