@@ -109,6 +109,10 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off; else keep tokens at least min_p times as likely as the most likely one
+    repeat_penalty: float = (
+        1.0  # 1 = off; llama.cpp's: an id of the last 64 has its logit divided (if > 0) or multiplied
+    )
+    presence_penalty: float = 0.0  # 0 = off; subtracted from the logit of every id of the last 64
     greedy: bool = False  # greedy regardless of temperature
     seed: Seed = 0  # RANDOM = a fresh random seed each reply
     max_new_tokens: int = 0  # 0 = no cap: a reply runs to its end of turn or the context window
@@ -118,6 +122,11 @@ class SamplingConfig:
     @property
     def capped(self) -> bool:
         return self.max_new_tokens > 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the target's logits are penalized for the ids just seen (repeat or presence penalty)."""
+        return self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
 
     @property
     def is_greedy(self) -> bool:
@@ -226,6 +235,8 @@ VALIDATORS: dict[tuple[str, str], Validator] = {
     ("sampling", "top_k"): _int_range(0, 1_000_000),
     ("sampling", "top_p"): lambda v: None if 0.0 < v <= 1.0 else "a number in (0, 1]",
     ("sampling", "min_p"): lambda v: None if 0.0 <= v < 1.0 else "a number in [0, 1) (0 = off)",
+    ("sampling", "repeat_penalty"): lambda v: None if 0.0 < v <= 10.0 else "a number in (0, 10] (1 = off)",
+    ("sampling", "presence_penalty"): lambda v: None if -10.0 <= v <= 10.0 else "a number in [-10, 10] (0 = off)",
     ("sampling", "seed"): lambda v: (
         None
         if isinstance(v, Random) or _plain_int(v) and 0 <= v <= 2**63 - 1

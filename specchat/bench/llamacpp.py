@@ -122,7 +122,10 @@ class LlamaCppRunner:
 
 
 def _options(sampling: SamplingConfig) -> dict:
-    """llama.cpp's sampler set to specchat's settings: no min-p, no repetition penalty."""
+    """llama.cpp's sampler set to specchat's settings (its penalties look back over 64 ids, as specchat's do)."""
+    penalties = dict(repeat_penalty=sampling.repeat_penalty, presence_penalty=sampling.presence_penalty)
     if sampling.is_greedy:
-        return dict(temp=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
-    return dict(temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=0.0, repeat_penalty=1.0)
+        return dict(temp=0.0, top_k=0, top_p=1.0, min_p=0.0, **penalties)
+    return dict(
+        temp=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p, **penalties
+    )

@@ -2,7 +2,7 @@
 
 Every field a request may carry is checked here, once, into a `Request`; anything else is a `RequestError` that
 the app answers with one JSON error (OpenAI's shape) and an HTTP status, never a traceback. The settings a request
-may change (temperature, top_p, top_k, min_p, seed, max_tokens, gamma, drafter) go through the config's own validators,
+may change (temperature, top_p, top_k, min_p, repeat_penalty, presence_penalty, seed, max_tokens, gamma, drafter) go through the config's own validators,
 so the server accepts exactly what the chat accepts. specchat's own fields ride along where clients ignore what
 they do not know: `specchat.origins` (which model produced each token) in every chunk, the reply's statistics in
 `usage.specchat`.
@@ -120,15 +120,16 @@ def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
     )
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "seed")
+
+
 def _settings(body: dict[str, Any], base: Config) -> Config:
     """The server's config with the request's sampling and speculation settings, each validated as the chat does."""
-    sampling = {
-        key: body[key] for key in ("temperature", "top_p", "top_k", "min_p", "seed") if body.get(key) is not None
-    }
+    sampling = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
     speculation = {key: body[key] for key in ("gamma", "drafter") if body.get(key) is not None}
     if isinstance(sampling.get("temperature"), int) and not isinstance(sampling["temperature"], bool):
         sampling["temperature"] = float(sampling["temperature"])
-    for key in ("top_p", "min_p"):
+    for key in ("top_p", "min_p", "repeat_penalty", "presence_penalty"):
         if isinstance(sampling.get(key), int) and not isinstance(sampling[key], bool):
             sampling[key] = float(sampling[key])
     try:

@@ -21,6 +21,28 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     return gen
 
 
+PENALTY_WINDOW = 64  # the ids a repeat or presence penalty looks back over (llama.cpp's repeat_last_n)
+
+
+def penalize(logits: torch.Tensor, contexts: list[list[int]], params: SamplingConfig) -> torch.Tensor:
+    """[n, vocab] logits with llama.cpp's repeat and presence penalties, row r for the ids of contexts[r] (what came
+    before its token): each id among the last PENALTY_WINDOW has its logit divided by repeat_penalty where it is
+    positive, multiplied where it is not, then presence_penalty subtracted. The logits as they are when neither is
+    set; never in place."""
+    if not params.penalized:
+        return logits
+    out = logits.float().clone()
+    width = out.shape[-1]
+    for row, context in enumerate(contexts):
+        seen = torch.tensor(sorted({i for i in context[-PENALTY_WINDOW:] if 0 <= i < width}), dtype=torch.long)
+        if not len(seen):
+            continue
+        values = out[row, seen.to(out.device)]
+        shrunk = torch.where(values > 0, values / params.repeat_penalty, values * params.repeat_penalty)
+        out[row, seen.to(out.device)] = shrunk - params.presence_penalty
+    return out
+
+
 SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny  # a float32 division by less gives inf or nan
 
 

@@ -24,7 +24,7 @@ from specchat.speculative.insight import Rejection, token_probs
 from specchat.speculative.model_io import Cache, Model
 from specchat.speculative.origin import Origin
 from specchat.speculative.readback import ints, read_back
-from specchat.speculative.sampling import TORCH_SAMPLER, NoLawError, Sampler
+from specchat.speculative.sampling import TORCH_SAMPLER, NoLawError, Sampler, penalize
 from specchat.speculative.timing import clock
 from specchat.speculative.verify import Verdict, verify_greedy, verify_sampled
 
@@ -117,6 +117,9 @@ def speculative_step(
     drafts = draft.tokens.to(model_io.input_device(target))  # [drafted]; drafted <= gamma (a draft may end early)
     start = clock(target)
     logits, fed = _score(target, cache, ids, drafts, vocab_size)
+    if sampling.penalized:  # each row penalized for what came before its token: the context, then the drafts before it
+        drafted_ids = [int(token) for token in drafts.tolist()]  # one read, only with a penalty set
+        logits = penalize(logits, [ids + drafted_ids[:row] for row in range(len(drafted_ids) + 1)], sampling)
     verdict, p, totals = _verdict(drafts, draft, logits, sampling, generator, sampler)
     p_drafts, p_emitted = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token, totals)
     unread = draft.sure if draft.sure is not None and len(draft.confidences) < drafts.shape[0] else drafts[:0]

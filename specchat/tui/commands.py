@@ -256,7 +256,17 @@ def cmd_sample(session: ChatSession, arg: str) -> Outcome:
     session.config = config
     s = config.sampling
     min_p = f", min-p {s.min_p:g}" if s.min_p else ""
-    return Outcome(f"sampling at temperature {s.temperature}, top-k {s.top_k or 'off'}, top-p {s.top_p}{min_p}")
+    penalties = penalty_text(s)
+    return Outcome(
+        f"sampling at temperature {s.temperature}, top-k {s.top_k or 'off'}, top-p {s.top_p}{min_p}{penalties}"
+    )
+
+
+def penalty_text(s) -> str:
+    """`, repeat penalty 1.1, presence penalty 0.5` for the penalties set, else ''."""
+    parts = [f"repeat penalty {s.repeat_penalty:g}"] if s.repeat_penalty != 1.0 else []
+    parts += [f"presence penalty {s.presence_penalty:g}"] if s.presence_penalty else []
+    return "".join(f", {part}" for part in parts)
 
 
 def cmd_mode(session: ChatSession, arg: str) -> Outcome:
@@ -599,6 +609,18 @@ def setting_commands() -> list[Command]:
         Command("stop", "TEXT|off", "end a reply before TEXT (a stop string; off drops them all)", cmd_stop),
         setting_command(
             "min_p", "sampling.min_p", "X", "keep tokens at least X times as likely as the most likely (0 = off)"
+        ),
+        setting_command(
+            "repeat_penalty",
+            "sampling.repeat_penalty",
+            "X",
+            "the ids of the last 64: a logit divided by X if positive, else multiplied (1 = off; llama.cpp's)",
+        ),
+        setting_command(
+            "presence_penalty",
+            "sampling.presence_penalty",
+            "X",
+            "subtract X from the logits of the last 64 ids (0 = off)",
         ),
         Command("greedy", "", "always take the most likely token", cmd_greedy),
         Command("sample", "", "sample with the temperature/top-k/top-p settings", cmd_sample),

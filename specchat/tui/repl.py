@@ -134,6 +134,8 @@ def toolbar_text(session: ChatSession) -> str:
         else [f"temp {s.temperature:g}", f"top-k {s.top_k or 'off'}", f"top-p {s.top_p:g}"]
         + ([f"min-p {s.min_p:g}"] if s.min_p else [])
     )
+    parts += [f"repeat {s.repeat_penalty:g}"] if s.repeat_penalty != 1.0 else []
+    parts += [f"presence {s.presence_penalty:g}"] if s.presence_penalty else []
     last = session.last_stats
     acceptance = f"{last.acceptance_rate:.0%}" if last is not None and last.drafted else "–"
     parts += [

@@ -46,6 +46,8 @@ def test_llama_cpp_samples_with_specchats_settings_and_nothing_else():
     assert greedy["temp"] == 0.0 and greedy["min_p"] == 0.0 and greedy["repeat_penalty"] == 1.0
     sampled = llamacpp._options(SamplingConfig(temperature=0.7, top_p=0.9, top_k=5))
     assert (sampled["temp"], sampled["top_p"], sampled["top_k"], sampled["min_p"]) == (0.7, 0.9, 5, 0.0)
+    shaped = llamacpp._options(SamplingConfig(temperature=0.7, min_p=0.05, repeat_penalty=1.1, presence_penalty=0.5))
+    assert (shaped["min_p"], shaped["repeat_penalty"], shaped["presence_penalty"]) == (0.05, 1.1, 0.5)
 
 
 class FakeLlama:

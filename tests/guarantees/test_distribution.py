@@ -565,3 +565,41 @@ def test_the_quick_drafter_only_check_catches_a_drafter_that_ignores_the_samplin
         )
         > 1.0
     )
+
+
+PENALTIES = SamplingConfig(temperature=1.0, top_k=8, max_new_tokens=2, repeat_penalty=3.0, presence_penalty=1.5)
+
+
+@torch.inference_mode()
+def exact_penalized_first_two(model, ids, sampling) -> dict[tuple[int, ...], float]:
+    """The law of the first two tokens with llama.cpp's penalties written out by hand: each logit of an id among the
+    last 64 before the token divided by repeat_penalty where positive, else multiplied, less presence_penalty."""
+    joint = {(): 1.0}
+    for _ in range(2):
+        grown = {}
+        for prefix, p_prefix in joint.items():
+            context = ids + list(prefix)
+            logits = model(torch.tensor([context])).logits[0, -1].double().tolist()
+            for token in set(context[-64:]):
+                value = logits[token]
+                shrunk = value / sampling.repeat_penalty if value > 0 else value * sampling.repeat_penalty
+                logits[token] = shrunk - sampling.presence_penalty
+            for token, p in reference_probs(torch.tensor(logits), sampling).items():
+                grown[prefix + (token,)] = p_prefix * p
+        joint = grown
+    return joint
+
+
+@pytest.mark.parametrize("runs", SIZES)
+def test_sampled_speculation_with_penalties_matches_the_penalized_target_distribution(
+    target, similar_drafter_model, tokenizer, runs
+):
+    """repeat_penalty and presence_penalty reshape the target's law, each row for the ids before its own token: the
+    first two tokens follow the penalized target's law, whatever the drafter (which drafts from its own)."""
+    ids = prompt_ids(tokenizer, "def add(a, b): return a + b\ndef add(a, b):")
+    joint = exact_penalized_first_two(target, ids, PENALTIES)
+    plain = exact_first_two(target, ids, dataclasses.replace(PENALTIES, repeat_penalty=1.0, presence_penalty=0.0))
+    assert max(abs(joint.get(cell, 0.0) - p) for cell, p in plain.items()) > 0.05  # the penalties bite
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = empirical_first_two(engine_replies(engine, ids, 3, sampling=PENALTIES), 3, runs)
+    assert check(joint, counts, "penalties, gamma 3") <= 1.0

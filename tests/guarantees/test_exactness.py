@@ -154,3 +154,67 @@ def test_a_draft_may_end_early_when_the_drafter_doubts_itself(target, similar_dr
     steps = [e for e in events if isinstance(e, StepDone)]
     assert list(events[-1].ids) == hf_greedy(target, ids, GREEDY.max_new_tokens)
     assert any(0 < s.drafted < 8 for s in steps[:-2])  # shortened by confidence, not by the token limit
+
+
+PENALIZED = SamplingConfig(temperature=0.0, max_new_tokens=24, repeat_penalty=1.8)
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_greedy_with_a_repeat_penalty_equals_transformers_and_target_only(
+    target, similar_drafter_model, tokenizer, gamma
+):
+    """A repeat penalty reshapes every row of the target's logits for the ids before its own token (the drafts
+    before it too): speculative == target-only == transformers' RepetitionPenaltyLogitsProcessor, which is the
+    same rule over all the ids, equal here where prompt and reply stay within the 64-id window."""
+    import torch
+
+    ids = prompt_ids(tokenizer, "The quick brown")
+    plain = run_reply(make_engine(target, None, tokenizer), ids, sampling=GREEDY, mode="target")[1]
+    solo = run_reply(make_engine(target, None, tokenizer), ids, sampling=PENALIZED, mode="target")[1]
+    spec = run_reply(make_engine(target, similar_drafter_model, tokenizer), ids, sampling=PENALIZED, gamma=gamma)[1]
+    with torch.no_grad():
+        out = target.generate(
+            torch.tensor([ids]),
+            max_new_tokens=24,
+            min_new_tokens=24,
+            do_sample=False,
+            repetition_penalty=1.8,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    reference = out[0, len(ids) :].tolist()
+    assert len(ids) + 24 <= 64
+    assert list(solo.ids) == reference and list(spec.ids) == reference
+    assert list(plain.ids)[:24] != reference  # the penalty did change the reply
+    assert spec.stats.drafted > 0 and spec.stats.acceptance_rate < 0.95
+
+
+def test_greedy_with_both_penalties_stays_exact(target, similar_drafter_model, tokenizer):
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=40, repeat_penalty=1.3, presence_penalty=0.7)
+    ids = prompt_ids(tokenizer, "def reverse(lst):")
+    solo = run_reply(make_engine(target, None, tokenizer), ids, sampling=sampling, mode="target")[1]
+    spec = run_reply(make_engine(target, similar_drafter_model, tokenizer), ids, sampling=sampling, gamma=4)[1]
+    assert list(spec.ids) == list(solo.ids) and spec.stats.drafted > 0
+
+
+def test_each_verified_row_is_penalized_for_the_drafts_before_it(target, similar_drafter_model, tokenizer, monkeypatch):
+    """Row i of a verification follows the context and drafts 0..i-1: its penalty counts those drafts (a repeat
+    of an accepted draft inside one step is penalized as target-only decoding would penalize it)."""
+    import specchat.speculative.step as step_module
+
+    calls = []
+    real = step_module.penalize
+
+    def spy(logits, contexts, params):
+        calls.append([list(context) for context in contexts])
+        return real(logits, contexts, params)
+
+    monkeypatch.setattr(step_module, "penalize", spy)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=20, repeat_penalty=1.3)
+    ids = prompt_ids(tokenizer, "The quick brown")
+    run_reply(make_engine(target, similar_drafter_model, tokenizer), ids, sampling=sampling, gamma=4)
+    assert any(len(contexts) > 1 for contexts in calls)
+    for contexts in calls:
+        first, last = contexts[0], contexts[-1]
+        assert [len(context) - len(first) for context in contexts] == list(range(len(contexts)))
+        assert all(context == last[: len(first) + row] for row, context in enumerate(contexts))

@@ -275,3 +275,17 @@ def test_a_target_whose_logits_are_not_finite_stops_the_reply_with_one_error(tok
         ):
             events.append(event)
     assert not [e for e in events if isinstance(e, Token)]
+
+
+def test_penalties_shrink_the_logits_of_the_last_64_ids_as_llama_cpp_does():
+    from specchat.speculative.sampling import PENALTY_WINDOW, penalize
+
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, 0.0], [2.0, -1.0, 0.5, 3.0, 0.0]])
+    params = SamplingConfig(repeat_penalty=2.0, presence_penalty=0.25)
+    out = penalize(logits, [[0, 1, 1, 9], [3]], params)  # 9: past the vocabulary, ignored
+    assert torch.equal(out[0], torch.tensor([2.0 / 2 - 0.25, -1.0 * 2 - 0.25, 0.5, 3.0, 0.0]))
+    assert torch.equal(out[1], torch.tensor([2.0, -1.0, 0.5, 3.0 / 2 - 0.25, 0.0]))
+    assert torch.equal(logits[0], torch.tensor([2.0, -1.0, 0.5, 3.0, 0.0]))  # not in place
+    old = [2] + [4] * PENALTY_WINDOW  # id 2 fell out of the window
+    assert penalize(logits[:1], [old], params)[0, 2] == 0.5
+    assert penalize(logits, [[0], [0]], SamplingConfig()) is logits  # off: untouched

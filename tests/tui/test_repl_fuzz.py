@@ -38,7 +38,7 @@ from specchat.tui.repl import Repl
 SEED = 13
 LINES = 600  # lines handled directly by Repl.handle (slow: it runs in a plain `pytest`)
 QUICK_LINES = 150  # the same fuzz on fewer lines, in the fast default (`pytest -m "not slow"`), with
-QUICK_SEED = 0  # a seed whose 150 lines include a /save that goes through (SEED's and seed 1's do not)
+QUICK_SEED = 2  # a seed whose 150 lines include a /save that goes through (with the commands as they are now)
 PIPE_LINES = 60  # of those, printable ones typed again through prompt_toolkit
 REPLY_TOKENS = 6  # a text line's reply is capped at this many tokens, to keep the test fast
 CONTEXT = 256  # the tiny models' context limit here: short prompts stay cheap, a long paste cannot fit
