@@ -269,6 +269,32 @@ class ChatSession:
                 self.messages.extend(pair)
                 self._context_used = len(self.render(self.messages))
 
+    def user_messages(self) -> list[str]:
+        """The conversation's user messages still in the context, in order (/edit N numbers them from 1)."""
+        return [m["content"] for m in self.messages if m["role"] == "user"]
+
+    def edit(self, number: int, text: str, cancel: threading.Event | None = None) -> Iterator[Any]:
+        """Answer `text` in place of user message `number` (1: the first still in the context): the exchanges from
+        that message on are dropped, and come back if the new reply ends before it began (Ctrl-C, an error)."""
+        starts = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+        if not 1 <= number <= len(starts):
+            raise ChatError(f"no message {number}: the conversation has {len(starts)} (see /history)")
+        later = self.messages[starts[number - 1] :]
+        replies = sum(1 for m in later if m["role"] == "assistant")
+        kept_records = self.records[len(self.records) - replies :] if replies else []
+        del self.messages[starts[number - 1] :]
+        del self.records[len(self.records) - len(kept_records) :]
+        self._context_used = len(self.render(self.messages)) if self.messages else 0
+        self.saved_replies = min(self.saved_replies, len(self.records))
+        recorded = len(self.records)
+        try:
+            yield from self.reply(text, cancel)
+        finally:
+            if len(self.records) == recorded:  # no new reply: the conversation as it was
+                self.messages.extend(later)
+                self.records.extend(kept_records)
+                self._context_used = len(self.render(self.messages))
+
     def restore(self, messages: list[dict[str, str]], records: list[ReplyRecord]) -> None:
         """Replace the conversation (/load): the caches start empty, so the next reply reads it all."""
         self.reset()

@@ -84,6 +84,7 @@ class Outcome:
     # message, drawing what it yields (progress lines, then its result); Ctrl-C sets the event
     stream: Callable[[threading.Event], Iterator[Any]] | None = None  # a reply's events (/retry), drawn as a reply
     clipboard: Clip | None = None  # a block the user asked to copy (/copy): to the terminal (OSC 52), else a file
+    prefill: str | None = None  # the text the next prompt starts with, to edit (/edit N)
 
 
 @dataclass(frozen=True)
@@ -404,12 +405,16 @@ def cmd_history(session: ChatSession, arg: str) -> Outcome:
     rows = [("system", session.system_prompt)]
     # the records keep every reply; the messages lost the oldest turns dropped for context
     assistant_index = len(cut) - sum(1 for m in session.messages if m["role"] == "assistant")
+    number = 0
     for message in session.messages:
-        text = message["content"]
-        if message["role"] == "assistant":
+        text, role = message["content"], message["role"]
+        if role == "assistant":
             text += f" {cut[assistant_index]}" if cut[assistant_index] else ""
             assistant_index += 1
-        rows.append((message["role"], text))
+        else:
+            number += 1
+            role = f"user {number}"  # what /edit N takes
+        rows.append((role, text))
     return Outcome(render.as_table(rows, ("role", "message")))
 
 
@@ -441,6 +446,30 @@ def cmd_retry(session: ChatSession, arg: str) -> Outcome:
     sampling = session.config.sampling
     seed = "greedy: the same tokens unless a setting changed" if sampling.is_greedy else "a fresh seed"
     return Outcome(f"answering the last message again ({seed})", stream=session.retry)
+
+
+def cmd_edit(session: ChatSession, arg: str) -> Outcome:
+    number_text, _, text = arg.partition(" ")
+    messages = session.user_messages()
+    if not number_text.isdigit():
+        usage = "/edit N [TEXT]: change your message N (numbered in /history) and answer it again"
+        return fail(f"{usage}; there are {len(messages)}" if messages else f"{usage}; no message yet")
+    number = int(number_text)
+    if not 1 <= number <= len(messages):
+        return fail(f"/edit: no message {number}: the conversation has {len(messages)} (see /history)")
+    later = len(messages) - number
+    exchanges = "the later exchange" if later == 1 else f"the {later} later exchanges"
+    if not text.strip():
+        dropped = f"{exchanges} will be dropped" if later else "it is the last"
+        return Outcome(
+            f"editing message {number}: change it and press Enter ({dropped}; Ctrl-C leaves the chat as it is)",
+            prefill=f"/edit {number} {messages[number - 1]}",
+        )
+    said = f"{exchanges} {'is' if later == 1 else 'are'} dropped" if later else "it was the last"
+    return Outcome(
+        f"answering your edited message {number} ({said})",
+        stream=lambda cancel: session.edit(number, text.strip(), cancel),
+    )
 
 
 def cmd_load(session: ChatSession, arg: str) -> Outcome:
@@ -697,6 +726,13 @@ def conversation_commands() -> list[Command]:
             destructive=True,
         ),
         Command("undo", "", "drop the last exchange (your message and its reply)", cmd_undo, destructive=True),
+        Command(
+            "edit",
+            "N [TEXT]",
+            "change your message N (numbered in /history) and answer it again; the exchanges after it are dropped",
+            cmd_edit,
+            destructive=True,
+        ),
         Command(
             "load",
             "PATH.json",

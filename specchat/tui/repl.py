@@ -163,6 +163,7 @@ class Repl:
         self.registry = registry
         self.renderer = renderer
         self.pt_input, self.pt_output = pt_input, pt_output
+        self.prefill = ""  # the next prompt's text to edit (/edit N), once
         # Ctrl-D after a longer chat asks whether to save it: only at a terminal, never blocking a pipe
         self.offer_save = sys.stdin.isatty() and sys.stdout.isatty() if offer_save is None else offer_save
         self.prompt = PromptSession(
@@ -203,8 +204,9 @@ class Repl:
         """Read lines until /quit or Ctrl-D. Returns the exit status."""
         while True:
             try:
-                line = self.prompt.prompt("you> ")
+                line, self.prefill = self.prompt.prompt("you> ", default=self.prefill), ""
             except KeyboardInterrupt:
+                self.prefill = ""  # an edit given up
                 self.renderer.note(QUIT_HINT)
                 continue
             except EOFError:
@@ -263,6 +265,7 @@ class Repl:
                 self.reply_events(outcome.stream)
             if outcome.clipboard is not None:
                 self.copy(outcome.clipboard)
+            self.prefill = outcome.prefill or ""
             return True
         finally:  # the renderer follows the settings, whatever the command did
             self.renderer.show_rejected = self.session.config.ui.show_rejected

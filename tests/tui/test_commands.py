@@ -231,9 +231,9 @@ def test_history_marks_the_cut_reply_after_older_turns_were_dropped(tokenizer, r
     assert plain(registry.run(session, "/history").message).splitlines() == [
         "role       message                     ",
         "system     You are a helpful assistant.",
-        "user       two                         ",
+        "user 1     two                         ",
         "assistant  second answer ✂ [cut]       ",
-        "user       three                       ",
+        "user 2     three                       ",
         "assistant  third answer                ",
     ]
 
@@ -349,3 +349,35 @@ def test_stats_draws_the_expected_speedup_by_gamma_from_what_the_session_measure
     assert "c 0.25, a prior: not measured yet · row cost not measured yet" in plain(
         registry.run(session, "/stats").message
     )
+
+
+def test_edit_answers_a_changed_message_in_place_of_the_later_turns(session, registry):
+    """/edit N TEXT: the exchanges from message N on are dropped and TEXT answered there; /edit N alone offers the
+    message to edit; a cancelled edit puts the conversation back; the reply equals one to the edited chat afresh."""
+    import threading
+
+    list(session.reply("first"))
+    list(session.reply("second"))
+    list(session.reply("third"))
+    assert "user 2" in plain(registry.run(session, "/history").message)
+    offer = registry.run(session, "/edit 2")
+    assert not offer.error and offer.prefill == "/edit 2 second"
+    assert "(the later exchange will be dropped;" in offer.message
+    for bad, said in [("/edit", "there are 3"), ("/edit 4 x", "no message 4"), ("/edit x", "/edit N [TEXT]")]:
+        outcome = registry.run(session, bad)
+        assert outcome.error and said in outcome.message, outcome.message
+    before = (list(session.messages), list(session.records))
+    cancelled = threading.Event()
+    cancelled.set()
+    list(registry.run(session, "/edit 2 changed").stream(cancelled))
+    assert (session.messages, session.records) == before  # nothing answered: the chat as it was
+    edit = registry.run(session, "/edit 2 changed")
+    assert edit.message == "answering your edited message 2 (the later exchange is dropped)"
+    list(edit.stream(threading.Event()))
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["first", "changed"]
+    assert len(session.records) == 2 and session.records[-1].user == "changed"
+    edited_reply = session.messages[-1]["content"]
+    session.messages, session.records = session.messages[:2], session.records[:1]
+    session.drop_caches()
+    list(session.reply("changed"))
+    assert session.messages[-1]["content"] == edited_reply  # greedy: the same as answering the edited chat afresh

@@ -143,9 +143,9 @@ you> list them
 you> /history
 role       message
 system     You are a helpful assistant.
-user       hi
+user 1     hi
 assistant  Hello there!
-user       list them
+user 2     list them
 assistant  Sure: ✂ [cut]
 you> /quit"""
 
@@ -312,7 +312,7 @@ def test_undo_drops_the_last_exchange_and_retry_answers_again_with_a_fresh_seed(
     screen = screen_of(session, "hi\rbye\r/undo\r/retry\r/history\r/quit\r")
     assert "dropped the last exchange ('bye' and its reply); 1 left" in screen
     assert "answering the last message again (a fresh seed)" in screen
-    assert screen.endswith("user       hi\nassistant  Hi again.\nyou> /quit")
+    assert screen.endswith("user 1     hi\nassistant  Hi again.\nyou> /quit")
     assert engine.prompts[2] == engine.prompts[0]  # the retry read the conversation without the old reply
     assert engine.seeds == [0, 0, RANDOM]  # the setting's seed, then a fresh one for /retry
     assert [m["content"] for m in session.messages] == ["hi", "Hi again."]
@@ -330,7 +330,7 @@ def test_load_reopens_a_saved_transcript_with_its_settings(tokenizer, tmp_path):
     session = ChatSession(ScriptedEngine([text_reply("Again.")]), tokenizer, CONFIG, model_context_limit=1024)
     screen = screen_of(session, f"/load {saved}\r/history\rmore\r/quit\r")
     assert f"loaded 1 exchanges, the system prompt and the settings from {saved}" in " ".join(screen.split())
-    assert "system     Be brief.\nuser       hi\nassistant  Hello!" in screen
+    assert "system     Be brief.\nuser 1     hi\nassistant  Hello!" in screen
     assert session.config.sampling.temperature == 0.7 and session.system_prompt == "Be brief."
     assert tokenizer.decode(session.engine.prompts[0]).startswith(
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!"
