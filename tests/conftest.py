@@ -40,6 +40,15 @@ def __getattr__(name: str):
     return getattr(helpers, name)
 
 
+def pytest_collection_modifyitems(config, items):
+    """The probes of bad input and faults (tests/probes.py) carry the `probe` marker: `pytest -m probe` runs them."""
+    from probes import is_probe
+
+    for item in items:
+        if is_probe(item.nodeid):
+            item.add_marker(pytest.mark.probe)
+
+
 def pytest_configure(config):
     """Under pytest-xdist (`-n 2`, the fast default) each worker, and every process it starts, computes
     on one thread: the workers already take a core each, and more threads than cores wait for each
