@@ -22,7 +22,7 @@ from specchat.config import Mode
 from specchat.session.stop_strings import STOP_STRING
 from specchat.speculative import model_io
 from specchat.speculative.engine import Engine, run_to_end
-from specchat.speculative.events import ReplyDone
+from specchat.speculative.events import ReplyDone, Token
 from specchat.speculative.metrics import ReplyStats
 
 NEAR_TIE = 0.05  # the least margin called a near tie (float32 logits)
@@ -42,6 +42,7 @@ class Run:
     text: str
     ids: tuple[int, ...]
     stats: ReplyStats
+    tokens: tuple[Token, ...] = ()  # the chat's reply's, with who wrote each (the compare view colours them)
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ class Comparer:
             return  # cancelled during a rerun: nothing fair to show
         if done.stop_reason == STOP_STRING:  # the reply was cut there; the reruns were not
             runs = [self._clipped(run, len(done.ids)) for run in runs]
-        spec = Run(str(cfg.speculation.mode), done.text, done.ids, done.stats)
+        tokens = tuple(session.records[-1].tokens) if session.records else ()
+        spec = Run(str(cfg.speculation.mode), done.text, done.ids, done.stats, tokens)
         greedy = cfg.sampling.is_greedy
         divergence = None
         if greedy and spec.ids != runs[0].ids:

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from specchat.session.compare import CompareReport, Run
 from specchat.session.drafter_race import NO_DRAFTER, RaceRun, speedup, winner
+from specchat.tui.render import coloured_tokens
 from specchat.tui.safe_text import visible
 
 SIDE_BY_SIDE_MIN_WIDTH = 100
@@ -28,6 +29,13 @@ def run_summary(run: Run) -> str:
     if s.drafted:
         line += f" · accepted {s.accepted}/{s.drafted} ({s.acceptance_rate:.0%})"
     return line
+
+
+def reply_text(run: Run) -> Text:
+    """A run's reply: the chat's in its tokens' origin colours, as it streamed; a rerun's plain (one author)."""
+    if run.tokens and "".join(token.text for token in run.tokens) == run.text:
+        return coloured_tokens(run.tokens)
+    return Text(visible(run.text))
 
 
 def verdict_line(report: CompareReport) -> str:
@@ -64,7 +72,7 @@ class CompareView:
         table = Table(expand=True, show_lines=False, header_style="bold")
         for run in self._runs():
             table.add_column(run.label, ratio=1, overflow="fold")
-        table.add_row(*[Text(visible(run.text)) for run in self._runs()])
+        table.add_row(*[reply_text(run) for run in self._runs()])
         table.add_row(*[Text(run_summary(run), style="dim") for run in self._runs()])
         return table
 
@@ -73,7 +81,7 @@ class CompareView:
         for run in self._runs():
             parts += [
                 Text(f"── {run.label} ──", style="bold"),
-                Text(visible(run.text)),
+                reply_text(run),
                 Text(run_summary(run), style="dim"),
             ]
         return Group(*parts)

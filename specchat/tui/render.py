@@ -140,8 +140,7 @@ class Renderer:
 
     def _token(self, token: Token) -> None:
         if self.color:
-            copied = token.origin == Origin.DRAFTED and token.source == "lookup"
-            return self._write(Text(visible(token.text), style=COPIED_STYLE if copied else STYLES[token.origin]))
+            return self._write(Text(visible(token.text), style=token_style(token)))
         if not self.origin_marks or not token.text or token.origin == self.open_mark:
             return self._write(Text(visible(token.text)))
         self.close_mark()
@@ -225,6 +224,20 @@ class Renderer:
     def error(self, message: str) -> None:
         self.newline()
         self.console.print(Text(visible(message), style=ERROR_STYLE if self.color else ""), soft_wrap=True)
+
+
+def token_style(token: Token) -> str:
+    """The colour of a token's origin: a copy from the chat apart from the drafter model's drafts."""
+    copied = token.origin == Origin.DRAFTED and token.source == "lookup"
+    return COPIED_STYLE if copied else STYLES[token.origin]
+
+
+def coloured_tokens(tokens) -> Text:
+    """A reply's tokens as one text, each in its origin's colour (a console without colour drops them)."""
+    text = Text()
+    for token in tokens:
+        text.append(visible(token.text), style=token_style(token))
+    return text
 
 
 # ----- one-line texts ------------------------------------------------------------------------------

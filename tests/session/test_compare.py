@@ -184,3 +184,36 @@ def test_the_speedup_compares_generation_not_the_reruns_reading_of_the_conversat
     assert run_summary(report.target) == (
         "21 tok · 21.0 tok/s generating · first token 0.10 s after the prompt · prompt 1,440 tok read in 19.00 s"
     )
+
+
+def test_the_compare_box_colours_the_chats_reply_by_who_wrote_each_token():
+    """The chat's reply in the compare view as it streamed: each token in its origin's colour (a copy apart from a
+    model draft); a rerun, written by one model, plain; on a console without colour the same characters."""
+    from specchat.session.compare import Run
+    from specchat.speculative.events import Origin, Token
+    from specchat.speculative.metrics import ReplyStats
+    from specchat.tui import render
+
+    tokens = (
+        Token(1, "def", Origin.DRAFTED),
+        Token(2, " f", Origin.DRAFTED, source="lookup"),
+        Token(3, "():", Origin.CORRECTED),
+    )
+    spec = Run("spec", "def f():", (1, 2, 3), ReplyStats(new_tokens=3, wall_s=1.0), tokens)
+    other = Run("target-only", "def f():", (1, 2, 3), ReplyStats(new_tokens=3, wall_s=2.0))
+    report = CompareReport(spec, (other,), True, None)
+    styles = [(span.start, span.end, str(span.style)) for span in render.coloured_tokens(tokens).spans]
+    assert styles == [
+        (0, 3, render.STYLES[Origin.DRAFTED]),
+        (3, 5, render.COPIED_STYLE),
+        (5, 8, render.STYLES[Origin.CORRECTED]),
+    ]
+    colour, plain = io.StringIO(), io.StringIO()
+    Console(file=colour, width=120, force_terminal=True, color_system="standard").print(CompareView(report))
+    Console(file=plain, width=120, color_system=None).print(CompareView(report))
+    assert "\x1b[" in colour.getvalue() and "def f():" in plain.getvalue() and "\x1b[" not in plain.getvalue()
+    mismatched = dataclasses.replace(spec, text="something else")  # tokens that do not spell the text: plain
+    from specchat.tui.compare_view import reply_text
+
+    assert reply_text(mismatched).plain == "something else" and not reply_text(mismatched).spans
+    assert reply_text(spec).spans and not reply_text(other).spans
