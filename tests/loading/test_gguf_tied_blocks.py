@@ -11,7 +11,7 @@ from model_files import tiny_model, vocab_size, write_gguf
 from test_gguf_architectures import cache, on_the_cpu
 from tiny_models import build_tokenizer
 
-from specchat.config import load_config
+from specchat.config import ModelConfig, load_config
 from specchat.loading.models import load_model
 
 PROMPT_IDS = list(range(3, 40))
@@ -33,3 +33,26 @@ def test_a_tied_file_with_block_embeddings_loads_w4a8_with_the_embeddings_as_its
         want = model(torch.tensor([PROMPT_IDS])).logits[0]
     agreement = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     assert agreement >= 0.8, f"top-1 agreement with the file's model: {agreement:.0%}"  # 4-bit, a near-flat tiny model
+
+
+@pytest.mark.parametrize("architecture", ["gemma2", "qwen2"])
+def test_a_tied_q4_k_head_is_read_as_stored_whether_the_file_streams_or_converts_in_full(
+    tmp_path, kernel, architecture
+):
+    """Gemma-2 converts in full (matching_blocks), Qwen2 streams (streamed_blocks): both take the tied head's Q4_K
+    blocks bit for bit, with no notice. Gemma-2's was requantized to 6 bits, silently: the tied head's tensor is
+    named token_embd.weight, which named no layer."""
+    from model_files import BLOCK_WIDE, write_gguf_in
+
+    from specchat.quant.w4a8 import Q4Linear
+
+    tok = build_tokenizer()
+    model = tiny_model(architecture, vocab_size(tok, architecture), seed=1, tied=True, **BLOCK_WIDE)
+    path = write_gguf_in(tmp_path / "tied.gguf", model, tok, "Q4_K", architecture=architecture)
+    lines = []
+    loaded, _, _ = load_model(load_config(None, [f"target.source={path}"]).target, lambda m, f: lines.append(str(m)))
+    floats, _, _ = load_model(ModelConfig(source=str(path), quantization="none", dtype="float32", device="cpu"))
+    head = loaded.get_output_embeddings()
+    assert isinstance(head, Q4Linear) and head.tiles.bits == 4
+    assert torch.equal(head.tiles.dequantize(), floats.get_output_embeddings().weight.detach().float())
+    assert not [line for line in lines if "requantized" in line]

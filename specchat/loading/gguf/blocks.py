@@ -186,8 +186,8 @@ def matching_blocks(
     if "output.weight" not in stored and "token_embd.weight" in stored:  # a tied head: read from the embeddings
         stored["output.weight"] = stored.pop("token_embd.weight")
     kept, requantized = {}, Counter()
-    for tensor in stored.values():
-        name = module_name(tensor.name)
+    for stored_name, tensor in stored.items():
+        name = module_name(stored_name)  # a tied head's tensor keeps its own name, token_embd.weight
         if name not in layers:
             continue
         kind = tensor.tensor_type.name
