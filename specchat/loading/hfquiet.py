@@ -12,15 +12,34 @@ from collections.abc import Iterator
 from transformers.utils import logging as hf_logging
 
 
+def _genuine_tie_weights():
+    from transformers.modeling_utils import PreTrainedModel
+
+    return PreTrainedModel.__dict__["tie_weights"]  # the class's own, as defined (read at import, before any load)
+
+
+GENUINE_TIE_WEIGHTS = _genuine_tie_weights()
+
+
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
+    """transformers without its log lines and bars; and, whatever happens inside, its weight tying as it was. A load
+    that fails inside from_pretrained (a damaged file, a refused weight) can leave transformers' no_tie_weights()
+    patch on PreTrainedModel until the garbage collector finishes its context: every tied model loaded meanwhile
+    then lacked its head ("lacks lm_head.weight"), in a later load of the same process."""
+    from transformers.modeling_utils import PreTrainedModel
+
     level = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
+    PreTrainedModel.tie_weights = (
+        GENUINE_TIE_WEIGHTS  # left patched by an earlier failed load: tie as transformers does
+    )
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
         yield
     finally:
+        PreTrainedModel.tie_weights = GENUINE_TIE_WEIGHTS
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import threading
 import types
 
 import gguf.gguf_reader as reader_module
@@ -21,25 +23,48 @@ def _plain_memmap(*args, **kwargs) -> np.ndarray:
     return np.memmap(*args, **kwargs).view(np.ndarray)
 
 
+_PATCHED = threading.Lock()
+_users = 0  # blocks inside quick_metadata() now, in any thread
+_saved: tuple = ()  # gguf-py's numpy and transformers' reader, as they were before the first of them
+_read: dict = {}  # (real path, size, mtime) -> the metadata transformers read from it
+
+
+def _file_key(path) -> tuple:
+    """A file's identity for the metadata cache: its real path, size and change time (a file written again at the
+    same path, as tests do, is read again)."""
+    info = os.stat(path)
+    return os.path.realpath(path), info.st_size, info.st_mtime_ns
+
+
+def _load_once(path, return_tensors=False, *args, **kwargs):
+    load_as_is = _saved[1]
+    if return_tensors:
+        return load_as_is(path, return_tensors, *args, **kwargs)
+    key = _file_key(path)
+    if key not in _read:
+        _read[key] = load_as_is(path, False, *args, **kwargs)
+    return copy.deepcopy(_read[key])  # callers change what they get (the config dict)
+
+
 @contextlib.contextmanager
 def quick_metadata():
     """Within the block: gguf-py's reader slices plain arrays, and transformers' legacy GGUF metadata read
-    (load_gguf_checkpoint without tensors) happens once per file."""
-    numpy_as_read, load_as_is = reader_module.np, legacy.load_gguf_checkpoint
-    plain = types.ModuleType("numpy")
-    plain.__dict__.update(np.__dict__)
-    plain.memmap = _plain_memmap
-    read: dict = {}
-
-    def load_once(path, return_tensors=False, *args, **kwargs):
-        if return_tensors:
-            return load_as_is(path, return_tensors, *args, **kwargs)
-        if path not in read:
-            read[path] = load_as_is(path, False, *args, **kwargs)
-        return copy.deepcopy(read[path])  # callers change what they get (the config dict)
-
-    reader_module.np, legacy.load_gguf_checkpoint = plain, load_once
+    (load_gguf_checkpoint without tensors) happens once per file. Blocks may overlap (two threads loading): the
+    patch goes in with the first and comes out with the last, never left in place."""
+    global _users, _saved
+    with _PATCHED:
+        if _users == 0:
+            _saved = (reader_module.np, legacy.load_gguf_checkpoint)
+            plain = types.ModuleType("numpy")
+            plain.__dict__.update(np.__dict__)
+            plain.memmap = _plain_memmap
+            reader_module.np, legacy.load_gguf_checkpoint = plain, _load_once
+        _users += 1
     try:
         yield
     finally:
-        reader_module.np, legacy.load_gguf_checkpoint = numpy_as_read, load_as_is
+        with _PATCHED:
+            _users -= 1
+            if _users == 0:
+                reader_module.np, legacy.load_gguf_checkpoint = _saved
+                _read.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -168,16 +169,28 @@ def _gguf_version() -> str:
         return "(version unknown)"
 
 
+_NAME_MAP = threading.Lock()
+_name_map_users = 0  # blocks inside _name_map_built_once() now, in any thread
+_name_map_build = gguf.get_tensor_name_map  # gguf-py's own, as imported
+
+
 @contextlib.contextmanager
 def _name_map_built_once():
     """get_gguf_hf_weights_map rebuilds gguf-py's name map for every submodule (319 times, 6.5 s for the
-    drafter); within the block the same (architecture, layers) map is built once."""
-    build = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(build)
+    drafter); within the block the same (architecture, layers) map is built once. Blocks may overlap (two threads
+    loading): gguf-py's own function comes back when the last one ends."""
+    global _name_map_users
+    with _NAME_MAP:
+        if _name_map_users == 0:
+            gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(_name_map_build)
+        _name_map_users += 1
     try:
         yield
     finally:
-        gguf.get_tensor_name_map = build
+        with _NAME_MAP:
+            _name_map_users -= 1
+            if _name_map_users == 0:
+                gguf.get_tensor_name_map = _name_map_build
 
 
 def _dequantized(tensor) -> torch.Tensor:
