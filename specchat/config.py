@@ -109,9 +109,7 @@ class SamplingConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off; else keep tokens at least min_p times as likely as the most likely one
-    repeat_penalty: float = (
-        1.0  # 1 = off; llama.cpp's: an id of the last 64 has its logit divided (if > 0) or multiplied
-    )
+    repeat_penalty: float = 1.0  # 1 = off; llama.cpp's: a logit of the last 64 ids divided if > 0, else multiplied
     presence_penalty: float = 0.0  # 0 = off; subtracted from the logit of every id of the last 64
     greedy: bool = False  # greedy regardless of temperature
     seed: Seed = 0  # RANDOM = a fresh random seed each reply

@@ -111,9 +111,9 @@ def compare(cfg, modes: list[str], tokens: int, say, times: bool = True, llamacp
     results = _compare_modes(cfg, modes, ids, reference, say, times)
     if llamacpp is not None:
         top1, kl = agreement(reference, llamacpp_logprobs(llamacpp, ids))
-        results.append({"quantization": "llama.cpp", "dtype": "its own", "top1": top1, "kl": kl, "ms": None})
-        results[-1]["tokens"] = len(ids)
-        say(_line(results[-1]))
+        row = {"quantization": "llama.cpp", "dtype": "its own", "top1": top1, "kl": kl, "ms": None, "tokens": len(ids)}
+        results.append(row)
+        say(_line(row))
     return results
 
 

@@ -9,16 +9,10 @@ import re
 import warnings
 from collections.abc import Iterator
 
+from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-
-def _genuine_tie_weights():
-    from transformers.modeling_utils import PreTrainedModel
-
-    return PreTrainedModel.__dict__["tie_weights"]  # the class's own, as defined (read at import, before any load)
-
-
-GENUINE_TIE_WEIGHTS = _genuine_tie_weights()
+GENUINE_TIE_WEIGHTS = PreTrainedModel.__dict__["tie_weights"]  # the class's own, read before any load
 
 
 @contextlib.contextmanager
@@ -27,13 +21,9 @@ def quiet_transformers() -> Iterator[None]:
     that fails inside from_pretrained (a damaged file, a refused weight) can leave transformers' no_tie_weights()
     patch on PreTrainedModel until the garbage collector finishes its context: every tied model loaded meanwhile
     then lacked its head ("lacks lm_head.weight"), in a later load of the same process."""
-    from transformers.modeling_utils import PreTrainedModel
-
     level = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
-    PreTrainedModel.tie_weights = (
-        GENUINE_TIE_WEIGHTS  # left patched by an earlier failed load: tie as transformers does
-    )
+    PreTrainedModel.tie_weights = GENUINE_TIE_WEIGHTS  # an earlier failed load may have left it patched
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
