@@ -8,24 +8,22 @@ array (a third of the time, the same bytes) and each file's metadata is read onc
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
-import threading
 import types
 
 import gguf.gguf_reader as reader_module
 import numpy as np
 import transformers.modeling_gguf_pytorch_utils as legacy
 
+from specchat.loading.gguf.shared_patch import SharedPatch
+
 
 def _plain_memmap(*args, **kwargs) -> np.ndarray:
     return np.memmap(*args, **kwargs).view(np.ndarray)
 
 
-_PATCHED = threading.Lock()
-_users = 0  # blocks inside quick_metadata() now, in any thread
-_saved: tuple = ()  # gguf-py's numpy and transformers' reader, as they were before the first of them
+_saved: tuple = ()  # gguf-py's numpy and transformers' reader, as they were before the patch
 _read: dict = {}  # (real path, size, mtime) -> the metadata transformers read from it
 
 
@@ -46,25 +44,25 @@ def _load_once(path, return_tensors=False, *args, **kwargs):
     return copy.deepcopy(_read[key])  # callers change what they get (the config dict)
 
 
-@contextlib.contextmanager
+def _apply() -> None:
+    global _saved
+    _saved = (reader_module.np, legacy.load_gguf_checkpoint)
+    plain = types.ModuleType("numpy")
+    plain.__dict__.update(np.__dict__)
+    plain.memmap = _plain_memmap
+    reader_module.np, legacy.load_gguf_checkpoint = plain, _load_once
+
+
+def _undo() -> None:
+    reader_module.np, legacy.load_gguf_checkpoint = _saved
+    _read.clear()
+
+
+_QUICK = SharedPatch(_apply, _undo)
+
+
 def quick_metadata():
     """Within the block: gguf-py's reader slices plain arrays, and transformers' legacy GGUF metadata read
     (load_gguf_checkpoint without tensors) happens once per file. Blocks may overlap (two threads loading): the
     patch goes in with the first and comes out with the last, never left in place."""
-    global _users, _saved
-    with _PATCHED:
-        if _users == 0:
-            _saved = (reader_module.np, legacy.load_gguf_checkpoint)
-            plain = types.ModuleType("numpy")
-            plain.__dict__.update(np.__dict__)
-            plain.memmap = _plain_memmap
-            reader_module.np, legacy.load_gguf_checkpoint = plain, _load_once
-        _users += 1
-    try:
-        yield
-    finally:
-        with _PATCHED:
-            _users -= 1
-            if _users == 0:
-                reader_module.np, legacy.load_gguf_checkpoint = _saved
-                _read.clear()
+    return _QUICK.held()

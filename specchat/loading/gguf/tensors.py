@@ -8,9 +8,7 @@ gives), one tensor at a time, in row chunks where the processor leaves a tensor 
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,6 +27,7 @@ from transformers.modeling_gguf_pytorch_utils import (
 
 from specchat.errors import ModelLoadError
 from specchat.loading.gguf.header import Header, read_tensors, shown
+from specchat.loading.gguf.shared_patch import SharedPatch
 from specchat.quant.shared import name_of
 
 CHUNK_ROWS = 8192  # rows dequantized at a time: 8192 × 1536 floats is 50 MB
@@ -169,28 +168,18 @@ def _gguf_version() -> str:
         return "(version unknown)"
 
 
-_NAME_MAP = threading.Lock()
-_name_map_users = 0  # blocks inside _name_map_built_once() now, in any thread
 _name_map_build = gguf.get_tensor_name_map  # gguf-py's own, as imported
+_NAME_MAP_ONCE = SharedPatch(
+    lambda: setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(_name_map_build)),
+    lambda: setattr(gguf, "get_tensor_name_map", _name_map_build),
+)
 
 
-@contextlib.contextmanager
 def _name_map_built_once():
     """get_gguf_hf_weights_map rebuilds gguf-py's name map for every submodule (319 times, 6.5 s for the
     drafter); within the block the same (architecture, layers) map is built once. Blocks may overlap (two threads
     loading): gguf-py's own function comes back when the last one ends."""
-    global _name_map_users
-    with _NAME_MAP:
-        if _name_map_users == 0:
-            gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(_name_map_build)
-        _name_map_users += 1
-    try:
-        yield
-    finally:
-        with _NAME_MAP:
-            _name_map_users -= 1
-            if _name_map_users == 0:
-                gguf.get_tensor_name_map = _name_map_build
+    return _NAME_MAP_ONCE.held()
 
 
 def _dequantized(tensor) -> torch.Tensor:
