@@ -216,20 +216,22 @@ BLOCK_SCALES = {  # GGML type → (byte offsets of its fp16 scales in a block, t
     "Q5_K": ((0, 2), (5e-6, 5e-5)),  # q up to 31
     "Q6_K": ((208,), (5e-6, 2e-5)),  # d last; w = d·scale·(q − 32), int8 scales
     "IQ4_XS": ((0,), (1e-5, 3e-5)),  # w = d·(ls − 32)·kvalue, kvalues −127 … 113
+    "IQ4_NL": ((0,), (2e-4, 8e-4)),  # 32-blocks: w = d·kvalue
+    "Q3_K": ((108,), (2e-4, 8e-4)),  # d last; w = d·(sc − 32)·(q − 4), 6-bit sc, q 0..7
 }
 
 
 def random_blocks(kind: str, rows: int, width: int, seed: int = 0) -> np.ndarray:
-    """uint8 [rows, width/256·bytes] of `kind` blocks (a BLOCK_SCALES type gguf-py cannot quantize): random bytes,
+    """uint8 [rows, width/block·bytes] of `kind` blocks (a BLOCK_SCALES type gguf-py cannot quantize): random bytes,
     small finite fp16 scales."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
+    weights, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
     offsets, (low, high) = BLOCK_SCALES[kind]
     rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(rows, width // 256, size), dtype=np.uint8)
+    raw = rng.integers(0, 256, size=(rows, width // weights, size), dtype=np.uint8)
     for offset in offsets:
-        scale = rng.uniform(low, high, size=(rows, width // 256, 1)).astype(np.float16)
+        scale = rng.uniform(low, high, size=(rows, width // weights, 1)).astype(np.float16)
         raw[..., offset : offset + 2] = scale.view(np.uint8)
     return raw.reshape(rows, -1)
 

@@ -15,20 +15,21 @@ ROW_BYTES = (16, 24, 32)  # bytes a tile's 32-group takes per row: 4-, 6- or 8-b
 
 
 def expected_fields(kind: type, outs: int, width: int) -> dict:
-    """{field: (dtype, allowed shapes)}, and for a whole-number field {field: value}."""
+    """{field: allowed (dtype, shape) pairs}, and for a whole-number field {field: value}."""
     if kind is Int8Block:
         return {
-            "weight": (torch.int8, [(outs, width)]),
-            "scale": (torch.float32, [(outs,)]),
-            "row_sums": (torch.float32, [(outs,)]),
+            "weight": [(torch.int8, (outs, width))],
+            "scale": [(torch.float32, (outs,))],
+            "row_sums": [(torch.float32, (outs,))],
         }
     if kind is Q4Tiles:
         tiles, groups, blocks = -(-outs // TILE_ROWS), width // GROUP, width // block_width(width)
-        per_block = (torch.float16, [(tiles, blocks, TILE_ROWS), (tiles, groups, TILE_ROWS)])  # or one a group
+        per_block = [(torch.float16, (tiles, blocks, TILE_ROWS)), (torch.float16, (tiles, groups, TILE_ROWS))]
+        halves = (torch.int8, (tiles, groups, 2 * TILE_ROWS))  # a signed scale and offset per 16 inputs (Q6_K's)
         return {
-            "qs": (torch.uint8, [(tiles, groups, TILE_ROWS * size) for size in ROW_BYTES]),
-            "sc": (torch.uint8, [(tiles, groups, TILE_ROWS)]),
-            "m": (torch.uint8, [(tiles, width // PAIR, 2 * TILE_ROWS)]),
+            "qs": [(torch.uint8, (tiles, groups, TILE_ROWS * size)) for size in ROW_BYTES],
+            "sc": [(torch.uint8, (tiles, groups, TILE_ROWS)), halves],
+            "m": [(torch.uint8, (tiles, width // PAIR, 2 * TILE_ROWS)), halves],
             "d": per_block,
             "dmin": per_block,
             "outs": outs,
@@ -44,8 +45,9 @@ def block_problem(block, linear: nn.Linear) -> str:
             if value != wanted:
                 return f"{field} is {value}, not {wanted}"
             continue
-        dtype, shapes = wanted
-        if not isinstance(value, torch.Tensor) or value.dtype != dtype or tuple(value.shape) not in shapes:
+        if not isinstance(value, torch.Tensor) or (value.dtype, tuple(value.shape)) not in wanted:
             found = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
-            return f"{field} is {found}, not {dtype} {list(shapes[0])}"
+            return f"{field} is {found}, not {wanted[0][0]} {list(wanted[0][1])}"
+    if isinstance(block, Q4Tiles) and block.sc.dtype != block.m.dtype:
+        return f"sc is {block.sc.dtype} and m {block.m.dtype}: both a group's (uint8) or both a half's (int8)"
     return ""

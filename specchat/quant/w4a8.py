@@ -25,6 +25,7 @@ from specchat.quant.shared import layer_output, replace_linears, shared_input_gr
 
 FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
 GROUP = 32  # levels share a scale and an offset per 32-group; those share a float per block of inputs
+HALF = GROUP // 2  # or, with `halves`, a scale and an offset per 16 inputs
 PAIR = 2 * GROUP  # a stored row packs its groups two by two
 TILE_ROWS = 16  # output rows the kernel reads interleaved (one per 32-bit lane of a 512-bit vector)
 QUANTIZE_ROWS = 8192  # rows quantized at a time
@@ -51,11 +52,12 @@ def fitting_linears(model: nn.Module) -> dict[str, nn.Linear]:
 
 @dataclass
 class Q4Block:
-    """Weights [out, in] as 4-bit (or 6- or 8-bit) levels: w = d·sc·level − dmin·m (layout: q4_kernel.cpp)."""
+    """Weights [out, in] as 4-bit (or 6- or 8-bit) levels: w = d·sc·level − dmin·m (layout: q4_tiles.h), sc and m
+    a 32-group's, or with `halves` a 16-input half's (int8, signed: a GGUF's Q6_K)."""
 
     qs: torch.Tensor  # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (8-bit)
-    sc: torch.Tensor  # uint8 [out, in/32]
-    m: torch.Tensor  # uint8 [out, in/32]
+    sc: torch.Tensor  # uint8 [out, in/32], or int8 [out, in/16] (halves)
+    m: torch.Tensor  # as sc
     d: torch.Tensor  # float32 [out, blocks], each a float16's value: a block is 256 inputs where the width allows,
     #                  else 128 or 64; 32 (one group) for a GGUF's Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (the tiles store d
     #                  and dmin as float16, as llama.cpp does)
@@ -103,15 +105,24 @@ class Q4Block:
         return self.qs, self.sc, self.m, self.d, self.dmin
 
     @property
+    def halves(self) -> bool:
+        """Whether sc and m are per 16 inputs (int8), not per 32-group (uint8)."""
+        return self.sc.dtype == torch.int8
+
+    @property
+    def inputs(self) -> int:
+        return self.sc.shape[1] * (HALF if self.halves else GROUP)
+
+    @property
     def bits(self) -> int:
         """Bits a level: 4, 6 or 8, from how many bytes a row of levels takes."""
-        width = self.sc.shape[1] * GROUP
+        width = self.inputs
         return {width // 2: 4, width * 3 // 4: 6, width: 8}[self.qs.shape[1]]
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
-        levels = LEVEL_BITS[self.bits][1](self.qs).float()  # [out, in/32, 32]
-        per = self.sc.shape[1] // self.d.shape[1]  # 32-groups a block
+        per = self.sc.shape[1] // self.d.shape[1]  # scales a block
+        levels = LEVEL_BITS[self.bits][1](self.qs).float().reshape(self.sc.shape[0], self.sc.shape[1], -1)
         step = self.d.repeat_interleave(per, 1) * self.sc.float()
         offset = self.dmin.repeat_interleave(per, 1) * self.m.float()
         return (levels * step[..., None] - offset[..., None]).flatten(1)
@@ -149,9 +160,6 @@ def _unpack_levels(packed: torch.Tensor) -> torch.Tensor:
     """[out, in/2] → uint8 levels [out, in/32, 32]."""
     chunks = packed.view(packed.shape[0], -1, 1, GROUP)
     return torch.cat([chunks & 0x0F, chunks >> 4], dim=2).flatten(1, 2)
-
-
-HALF = GROUP // 2
 
 
 def _pack_levels_6(levels: torch.Tensor) -> torch.Tensor:
@@ -200,8 +208,13 @@ class Q4Tiles:
     The last tile is padded with zero rows; `outs` is the true number of output rows."""
 
     qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]
-    sc: torch.Tensor  # uint8 [tiles, in/32, 16]
-    m: torch.Tensor  # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row
+    sc: (
+        torch.Tensor
+    )  # uint8 [tiles, in/32, 16]; halves: int8 [tiles, in/32, 2·16], a group's first 16 inputs' then last's
+    m: (
+        torch.Tensor
+    )  # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row; halves: int8 [tiles, in/32, 32]
+    #                  a group's two halves side by side per row
     d: torch.Tensor  # float16 [tiles, blocks, 16] (blocks: in/32 where a block is one group)
     dmin: torch.Tensor  # float16 [tiles, blocks, 16]
     outs: int
@@ -211,17 +224,25 @@ class Q4Tiles:
         rows = block.sc.shape[0]
         tiles = -(-rows // TILE_ROWS)
         levels = LEVEL_BITS[block.bits][1](block.qs)  # [out, in/32, 32]
-        sc, d, dmin = (_tile(t, tiles).transpose(1, 2).contiguous() for t in (block.sc, block.d, block.dmin))
-        d, dmin = _as_half(d), _as_half(dmin)
+        d, dmin = (_as_half(_tile(t, tiles).transpose(1, 2).contiguous()) for t in (block.d, block.dmin))
+        sc = _tile(block.sc, tiles)  # [tiles, 16, scales a row]
+        if block.halves:
+            sc = sc.view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 3, 1).reshape(tiles, -1, 2 * TILE_ROWS).contiguous()
+        else:
+            sc = sc.transpose(1, 2).contiguous()
         m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
         return cls(_tile_levels(_tile(levels, tiles), block.bits), sc, m.contiguous(), d, dmin, outs=rows)
 
     def to_block(self) -> Q4Block:
         """The weights a row after a row (the padding rows dropped)."""
         levels = _untile_levels(self.qs, self.bits)[: self.outs]
-        sc, d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].contiguous() for t in (self.sc, self.d, self.dmin))
-        d, dmin = d.float(), dmin.float()
+        d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].float().contiguous() for t in (self.d, self.dmin))
         tiles = self.m.shape[0]
+        if self.sc.dtype == torch.int8:  # halves
+            sc = self.sc.view(tiles, -1, 2, TILE_ROWS).permute(0, 3, 1, 2).reshape(tiles * TILE_ROWS, -1)
+        else:
+            sc = self.sc.transpose(1, 2).flatten(0, 1)
+        sc = sc[: self.outs].contiguous()
         m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[: self.outs]
         return Q4Block(LEVEL_BITS[self.bits][0](levels.contiguous()), sc, m.contiguous(), d, dmin)
 

@@ -121,6 +121,46 @@ def test_blocks_of_one_group_give_the_files_weights_times_x_to_its_activations_r
     assert ((out - exact).norm() / exact.norm()) < 0.01
 
 
+HALVES_TYPES = ["Q6_K", "IQ4_XS"]  # a GGUF's types of a signed scale per 16 inputs (Q4Block.halves)
+
+
+def halves_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
+    """Random `kind` blocks (both signs of the scales, levels over their whole range) as the kernel holds them."""
+    from model_files import random_blocks
+
+    from specchat.loading.gguf.blocks import AS_STORED
+
+    block = AS_STORED[kind][1](torch.from_numpy(random_blocks(kind, outs, width, seed=seed)))
+    assert block.halves and int(block.sc.min()) < 0 < int(block.sc.max())
+    return Q4Tiles.from_block(block)
+
+
+@pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
+@pytest.mark.parametrize("kind", HALVES_TYPES)
+@pytest.mark.parametrize("outs, width", [(200, 512), (33, 256), (16, 768)])
+def test_every_path_gives_the_portable_paths_bits_on_halves(kernel, path, kind, outs, width):
+    """Q6_K (6-bit levels) and IQ4_XS (8-bit) as stored: each 16 inputs with a signed scale and offset of their own."""
+    path_or_skip(kernel, path)
+    tiles = halves_tiles(kind, outs, width, seed=outs + width)
+    x = torch.randn(64, width)
+    x[:, 3] *= 30
+    for rows in [*range(1, 18), 31, 32, 53, 64]:
+        portable = products(kernel, "portable", x[:rows], tiles)
+        assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
+
+
+@pytest.mark.parametrize("kind", HALVES_TYPES)
+def test_halves_give_the_files_weights_times_x_to_its_activations_rounding(kernel, kind):
+    tiles = halves_tiles(kind, 48, 512, seed=9)
+    x = torch.randn(5, 512)
+    rounded = x.view(5, 2, 256)  # x as the kernel quantizes it: int8 levels per row and 256-block
+    scale = rounded.abs().amax(dim=2, keepdim=True) / 127
+    rounded = (torch.round(rounded / scale) * scale).view(5, 512)
+    wanted = rounded.double() @ tiles.dequantize().double().T
+    out = run_kernel(kernel.q4_linear, x, tiles)
+    assert torch.allclose(out.double(), wanted, rtol=1e-5, atol=1e-5 * wanted.abs().max().item())
+
+
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
 def test_every_path_maps_activations_onto_levels_as_the_portable_path(kernel, path):
     """Each path quantizes x with its own code (q4_path_*.cpp): halfway values round to even on all

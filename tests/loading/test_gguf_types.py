@@ -1,42 +1,46 @@
-"""The block types people download (loading/gguf/blocks.py): Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 run on the
-w4a8 kernel bit for bit, every other type is requantized to the kernel's 6-bit levels, said in one notice line a model; each loads with the
+"""The block types people download (loading/gguf/blocks.py): Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and
+IQ4_XS run on the w4a8 kernel bit for bit, every other type (Q3_K here) is requantized to the kernel's 6-bit levels,
+said in one notice line a model; each loads with the
 default config, stays exact (greedy speculative == greedy target-only), and its w4a8 weights are the file's
 dequantized ones to within a 6-bit step. A type gguf-py cannot dequantize is one line, not a traceback.
 
 The files are tiny models of 256-wide rows (the K types' blocks are 256 weights): gguf-py's own quantization of
-random weights for Q8_0, Q4_0 and Q5_0, random blocks with small fp16 scales for Q4_K, Q5_K, Q6_K and IQ4_XS."""
+random weights for Q8_0, Q4_0 and Q5_0, random blocks with small fp16 scales for Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL and
+IQ4_XS."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
-from model_files import BLOCK_WIDE, greedy_reply, random_blocks, tiny_model, typed_pair_files, vocab_size
+from model_files import BLOCK_SCALES, BLOCK_WIDE, greedy_reply, random_blocks, tiny_model, typed_pair_files, vocab_size
 from test_gguf_architectures import cache, on_the_cpu, tok
 
 from specchat.config import ModelConfig, load_config
 from specchat.errors import ModelLoadError
-from specchat.loading.gguf.blocks import decode_q5_k, requantized_notice
+from specchat.loading.gguf.blocks import AS_STORED as AS_STORED_DECODERS
+from specchat.loading.gguf.blocks import _decoded, decode_q5_k, requantized_notice
 from specchat.loading.models import load_model, load_pair
-from specchat.quant.w4a8 import Q4Linear
+from specchat.quant.w4a8 import Q4Linear, Q4Tiles
 
 FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-AS_STORED = {"Q4_K": 4, "Q5_K": 6, "Q4_0": 4, "Q4_1": 4, "Q5_0": 6, "Q5_1": 6, "Q8_0": 8}  # held as they are: bits
+AS_STORED = {"Q4_K": 4, "Q5_K": 6, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q5_0": 6, "Q5_1": 6, "Q8_0": 8}  # held as they are
+AS_STORED |= {"IQ4_NL": 8, "IQ4_XS": 8}  # bits a level
 FAST = [("Q4_K", "qwen2"), ("Q5_K", "llama"), ("Q6_K", "qwen3"), ("Q8_0", "qwen2"), ("Q4_0", "llama")]
-FAST += [("IQ4_XS", "qwen2")]
+FAST += [("IQ4_XS", "qwen2"), ("IQ4_NL", "llama"), ("Q3_K", "qwen2")]
 ALL = [
     (kind, architecture)
-    for kind in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_XS")
+    for kind in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "IQ4_XS", "IQ4_NL", "Q3_K")
     for architecture in ("llama", "qwen2", "qwen3")
 ]
 SLOW = [pytest.param(*case, marks=pytest.mark.slow) for case in ALL if case not in FAST]
 FIDELITY = "fidelity: python -m specchat.bench.targets --gguf FILE"
-HELD = "(the kernel holds Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 as is)"
+HELD = "(the kernel holds Q4_K, Q5_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q6_K, IQ4_NL and IQ4_XS as is)"
 
 
 def prompt_ids(tok) -> list[int]:
@@ -103,12 +107,12 @@ def test_q4_0_and_q8_0_files_load_unquantized_from_their_full_conversion(tmp_pat
     assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
 
 
-@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K"])
-def test_the_full_conversion_path_takes_q5_k_as_stored_and_says_what_it_requantized(
+@pytest.mark.parametrize("kind", ["Q5_K", "Q6_K", "Q3_K"])
+def test_the_full_conversion_path_takes_q5_k_and_q6_k_as_stored_and_says_what_it_requantized(
     tmp_path, tok, kernel, monkeypatch, kind
 ):
     """An architecture that does not stream (here: as if) is converted in full; its w4a8 layers still take the
-    file's Q5_K blocks bit for bit, and requantize Q6_K with one notice."""
+    file's Q5_K and Q6_K blocks bit for bit, and requantize Q3_K with one notice."""
     from specchat.loading.gguf import tensors
 
     monkeypatch.setattr(tensors, "streamable", lambda gguf: False)
@@ -121,13 +125,12 @@ def test_the_full_conversion_path_takes_q5_k_as_stored_and_says_what_it_requanti
     said = [line for line in lines if "requantized" in line]
     down = pair.target.model.layers[0].mlp.down_proj
     assert isinstance(down, Q4Linear) and down.tiles.bits == 6
-    if kind == "Q5_K":
+    if kind in AS_STORED:
         stored = stored_tensor(target, "blk.0.ffn_down.weight")
-        assert said == [] and torch.equal(
-            down.tiles.to_block().qs, decode_q5_k(torch.from_numpy(np.array(stored.data))).qs
-        )
+        decoded = AS_STORED_DECODERS[kind][1](torch.from_numpy(np.array(stored.data)))
+        assert said == [] and all(torch.equal(a, b) for a, b in zip(down.tiles.to_block().tensors(), decoded.tensors()))
     else:
-        assert len(said) == 1 and said[0].startswith("target target: 15 Q6_K tensors requantized to 6-bit w4a8 levels")
+        assert len(said) == 1 and said[0].startswith("target target: 15 Q3_K tensors requantized to 6-bit w4a8 levels")
 
 
 def test_decoded_q5_k_blocks_give_gguf_pys_own_weights():
@@ -136,6 +139,30 @@ def test_decoded_q5_k_blocks_give_gguf_pys_own_weights():
     block = decode_q5_k(torch.from_numpy(raw))
     assert block.bits == 6 and block.d.shape == (6, 2) and int(block.sc.max()) <= 63
     assert torch.equal(block.dequantize(), expected)
+
+
+@pytest.mark.parametrize("kind", ["Q6_K", "IQ4_NL", "IQ4_XS"])
+def test_decoded_q6_k_and_iq4_blocks_give_gguf_pys_own_weights_through_the_tiles(kind):
+    """Q6_K and IQ4_XS in halves (a signed int8 scale per 16 inputs), IQ4_NL as one-group 8-bit blocks; both signs of
+    d and of the scales; the tiles the kernel reads hold the same weights."""
+    raw = random_blocks(kind, 20, 512, seed=5)
+    weights, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    raw.reshape(20, 512 // weights, size)[::2, :, BLOCK_SCALES[kind][0][0] + 1] |= 0x80  # every other row's d < 0
+    expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32))
+    block = AS_STORED_DECODERS[kind][1](torch.from_numpy(raw))
+    assert block.bits == AS_STORED[kind] and block.halves == (kind != "IQ4_NL")
+    if block.halves:
+        assert int(block.sc.min()) < 0 < int(block.sc.max())
+    assert torch.equal(block.dequantize(), expected)
+    assert torch.equal(Q4Tiles.from_block(block).dequantize(), expected)
+
+
+def test_a_q6_k_scale_past_what_the_kernel_holds_is_requantized_not_an_error():
+    raw = random_blocks("Q6_K", 4, 256, seed=6)
+    raw[:, 208:210] = np.array([60000.0], dtype=np.float16).view(np.uint8)  # 32·d is past float16
+    with pytest.raises(ValueError, match="too large"):
+        AS_STORED_DECODERS["Q6_K"][1](torch.from_numpy(raw))
+    assert _decoded("Q6_K", torch.from_numpy(raw)) is None
 
 
 def test_a_type_gguf_py_cannot_dequantize_is_one_line(tmp_path, tok):
@@ -170,8 +197,8 @@ def test_the_notice_names_each_type_and_its_count():
     from collections import Counter
 
     assert requantized_notice(Counter(), 6) is None
-    assert requantized_notice(Counter({"IQ4_XS": 169, "Q6_K": 28}), 6) == (
-        f"169 IQ4_XS and 28 Q6_K tensors requantized to 6-bit w4a8 levels {HELD}; {FIDELITY}"
+    assert requantized_notice(Counter({"Q2_K": 169, "Q3_K": 28}), 6) == (
+        f"169 Q2_K and 28 Q3_K tensors requantized to 6-bit w4a8 levels {HELD}; {FIDELITY}"
     )
     assert requantized_notice(Counter({"Q5_K": 1}), 4).startswith(
         "1 Q5_K tensor requantized to 4-bit w4a8 levels (the kernel holds Q4_K, Q4_0 and Q4_1 as is)"
@@ -185,23 +212,23 @@ def test_the_notice_reaches_a_json_one_shot_once_on_stderr_and_the_json_stays_wh
 
     from specchat.tui.cli import main
 
-    target, drafter = typed_pair_files(tmp_path, tok, "Q6_K", "qwen2")
+    target, drafter = typed_pair_files(tmp_path, tok, "Q3_K", "qwen2")
     out, err = io.StringIO(), io.StringIO()
     argv = ["--json", "--prompt", "hi", "--target", str(target), "--drafter", str(drafter), "sampling.max_new_tokens=4"]
     assert main(argv, compare=None, stdin=io.StringIO(), stdout=out, stderr=err) == 0, err.getvalue()
     said = [line for line in err.getvalue().splitlines() if "requantized" in line]
-    assert said == [f"target target: 15 Q6_K tensors requantized to 6-bit w4a8 levels {HELD}; {FIDELITY}"]
+    assert said == [f"target target: 15 Q3_K tensors requantized to 6-bit w4a8 levels {HELD}; {FIDELITY}"]
     assert json.loads(out.getvalue())["stats"]["new_tokens"] == 4
 
 
 def test_the_fidelity_bench_compares_a_file_with_its_own_dequantized_weights(tmp_path, tok, kernel, capsys):
     from specchat.bench import targets
 
-    target, _ = typed_pair_files(tmp_path, tok, "Q6_K", "qwen2")
+    target, _ = typed_pair_files(tmp_path, tok, "Q3_K", "qwen2")
     assert targets.main(["--gguf", str(target), "--tokens", "64"]) == 0
     types, reference, result = capsys.readouterr().out.strip().splitlines()
     assert (
-        types == "target: linear-layer tensors 15 Q6_K; w4a8 holds as stored: none; requantizes to 6-bit levels: Q6_K"
+        types == "target: linear-layer tensors 15 Q3_K; w4a8 holds as stored: none; requantizes to 6-bit levels: Q3_K"
     )
     assert reference == "float32 reference over 64 tokens"
     assert "→w4a8" in result and " · top-1 " in result and result.endswith(" over 64 tokens") and " ms" not in result

@@ -33,6 +33,7 @@ struct Activations {
   std::vector<int8_t> levels;   // [M, K]
   std::vector<float> scales;    // [M, K/block]
   std::vector<int16_t> sums;    // [M, K/32]
+  std::vector<int16_t> half_sums;  // [M, K/16]
   std::vector<uint8_t> finite;  // [M]: 0 where the row holds a NaN or an infinity
 };
 
@@ -40,11 +41,12 @@ using RowQuantizer = bool (*)(const float*, int64_t, int64_t, const q4::RowOut&)
 
 Activations quantize_rows(RowQuantizer quantize, const float* x, int64_t rows, int64_t width, int64_t block) {
   Activations a{std::vector<int8_t>(rows * width), std::vector<float>(rows * (width / block)),
-                std::vector<int16_t>(rows * (width / GROUP)), std::vector<uint8_t>(rows)};
+                std::vector<int16_t>(rows * (width / GROUP)), std::vector<int16_t>(rows * (width / 16)),
+                std::vector<uint8_t>(rows)};
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const q4::RowOut out{a.levels.data() + r * width, a.scales.data() + r * (width / block),
-                           a.sums.data() + r * (width / GROUP)};
+                           a.sums.data() + r * (width / GROUP), a.half_sums.data() + r * (width / 16)};
       a.finite[r] = quantize(x + r * width, width, block, out);
     }
   });
@@ -105,13 +107,18 @@ int bits_of(int64_t group_row_bytes) {
 
 // The five tensors of one weight (qs, sc, m, d, dmin) as every path reads them (q4_tiles.h): 16-row tiles of
 // 4-, 6- or 8-bit levels, blocks of one 32-group or of 2 to MAX_BLOCK_GROUPS (an even number: the 256-bit and AMX
-// paths unpack a block into stack room of that many groups). Returns the 32-groups a row.
+// paths unpack a block into stack room of that many groups); sc and m uint8 a group, or int8 a 16-input half
+// (halves). Returns the 32-groups a row.
 int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torch::Tensor& m, const torch::Tensor& d,
                     const torch::Tensor& dmin) {
   for (const auto& t : {qs, sc, m, d, dmin}) TORCH_CHECK(t.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", t.device());
   TORCH_CHECK(qs.dim() == 3 && sc.dim() == 3 && m.dim() == 3 && d.dim() == 3 && dmin.dim() == 3,
               "the weights must be in 16-row tiles (3-dimensional)");
-  for (const auto& t : {qs, sc, m}) TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous(), "qs, sc and m must be contiguous uint8");
+  TORCH_CHECK(qs.scalar_type() == torch::kUInt8 && qs.is_contiguous(), "qs must be contiguous uint8");
+  const bool halves = sc.scalar_type() == torch::kInt8;
+  for (const auto& t : {sc, m})
+    TORCH_CHECK(t.scalar_type() == (halves ? torch::kInt8 : torch::kUInt8) && t.is_contiguous(),
+                "sc and m must be contiguous uint8 (a group's) or both int8 (a half's)");
   for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kHalf && t.is_contiguous(), "d and dmin must be contiguous float16");
   const int64_t tiles = qs.size(0), groups = qs.size(1), blocks = d.size(1);
   TORCH_CHECK(bits_of(qs.size(2)) != 0, "qs must hold 4-, 6- or 8-bit levels (16, 24 or 32 bytes a row and group), not ",
@@ -121,8 +128,13 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   const int64_t per_block = groups / blocks;
   TORCH_CHECK((per_block == 1 || per_block % 2 == 0) && per_block <= q4::MAX_BLOCK_GROUPS,
               "a block must hold 1, 2, 4, 6 or 8 32-groups (32 to 256 inputs), not ", per_block);
-  TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == TILE_ROWS, "sc must be [tiles, K/32, 16]");
-  TORCH_CHECK(m.size(0) == tiles && m.size(1) * 2 == groups && m.size(2) == 2 * TILE_ROWS, "m must be [tiles, K/64, 32]");
+  if (halves) {
+    TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == 2 * TILE_ROWS, "int8 sc must be [tiles, K/32, 32]");
+    TORCH_CHECK(m.size(0) == tiles && m.size(1) == groups && m.size(2) == 2 * TILE_ROWS, "int8 m must be [tiles, K/32, 32]");
+  } else {
+    TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == TILE_ROWS, "sc must be [tiles, K/32, 16]");
+    TORCH_CHECK(m.size(0) == tiles && m.size(1) * 2 == groups && m.size(2) == 2 * TILE_ROWS, "m must be [tiles, K/64, 32]");
+  }
   for (const auto& t : {d, dmin}) TORCH_CHECK(t.size(0) == tiles && t.size(1) == blocks && t.size(2) == TILE_ROWS,
                                               "d and dmin must be float16 [tiles, blocks, 16]");
   return groups;
@@ -140,9 +152,11 @@ void check_count(const std::vector<torch::Tensor>& t) {
 Q4Part part_from(const std::vector<torch::Tensor>& t, int64_t column) {
   check_count(t);
   const int64_t groups = check_tiles(t[0], t[1], t[2], t[3], t[4]);
-  const q4::Tiles w{t[0].data_ptr<uint8_t>(), t[1].data_ptr<uint8_t>(), t[2].data_ptr<uint8_t>(),
-                    reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
-                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1), bits_of(t[0].size(2))};
+  const bool halves = t[1].scalar_type() == torch::kInt8;
+  const auto bytes = [](const torch::Tensor& u) { return static_cast<const uint8_t*>(u.data_ptr()); };
+  const q4::Tiles w{bytes(t[0]), bytes(t[1]), bytes(t[2]), reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
+                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1), bits_of(t[0].size(2)),
+                    halves};
   return {w, t[0].size(0), column, groups * GROUP / t[3].size(1), groups * GROUP};
 }
 
@@ -177,7 +191,7 @@ torch::Tensor q4_run(const Q4Product& product, const torch::Tensor& x) {
   std::vector<q4::Rows> activations;  // each part's, as the path functions read them
   for (const auto& part : parts) {
     const Activations& a = quantized.at(part.block);
-    activations.push_back({a.levels.data(), a.scales.data(), a.sums.data(), width});
+    activations.push_back({a.levels.data(), a.scales.data(), a.sums.data(), a.half_sums.data(), width});
   }
   auto out = torch::empty({rows, columns}, x.options());
   float* outs = out.data_ptr<float>();

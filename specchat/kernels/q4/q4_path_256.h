@@ -27,11 +27,24 @@ constexpr int MAX_ROWS = 4;          // activation rows per pass over an unpacke
 constexpr int64_t MAX_GROUPS = MAX_BLOCK_GROUPS;  // 32-groups a block holds at most (256 inputs)
 
 // One block of a tile, unpacked: vector q of group g holds L[j][4q..4q+3] at bytes 4j..4j+3 (rows
-// 0-7 in the first 32 bytes, 8-15 in the next); each group's scales per half as int32 lanes.
+// 0-7 in the first 32 bytes, 8-15 in the next); each group's scales per half of the tile as int32 lanes
+// (scales[g][s][half]: s 0, and with halves s 1 for the group's last 16 inputs).
 struct Unpacked {
   alignas(32) uint8_t levels[MAX_GROUPS][8][64];
-  alignas(32) int32_t scales[MAX_GROUPS][2][8];
+  alignas(32) int32_t scales[MAX_GROUPS][2][2][8];
 };
+
+// The scales of rows 8h..8h+7 of the group at `at` as int32 lanes: scales[0], and with halves scales[1] (the
+// group's last 16 inputs; signed).
+template <bool HALVES>
+inline void group_scales(const Tiles& w, int64_t at, int half, __m256i* scales) {
+  if constexpr (HALVES) {
+    for (int s = 0; s < 2; ++s)
+      scales[s] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + (2 * at + s) * TILE_ROWS + half * 8)));
+  } else {
+    scales[0] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + at * TILE_ROWS + half * 8)));
+  }
+}
 
 // Rows 8h..8h+7 of level vector q of one group.
 template <int BITS>
@@ -60,10 +73,6 @@ inline __m256i broadcast4(const void* bytes) {
   return _mm256_set1_epi32(quad);
 }
 
-inline __m256i widen(const uint8_t* bytes) {
-  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes)));
-}
-
 // Block b's offset sums (q4_tiles.h) of one half of the tile for R rows from `first`: m as int16 pairs times two
 // group sums (a block of one group: its own sum, sum_pair).
 template <int R>
@@ -78,6 +87,28 @@ inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t f
       offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, sums));
     }
   }
+}
+
+// The same for halves (q4_tiles.h): each group's two signed offsets a row times its two 16-input sums.
+template <int R>
+inline void block_half_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half, __m256i* offset) {
+  const int64_t per_block = w.groups / w.blocks;
+  for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
+  for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
+    const uint8_t* m = w.m + (tile * w.groups + g) * 2 * TILE_ROWS + half * 16;
+    const __m256i mins = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
+    for (int r = 0; r < R; ++r) {
+      const __m256i sums = _mm256_set1_epi32(half_pair(x.half_sums + (first + r) * 2 * w.groups, g));
+      offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, sums));
+    }
+  }
+}
+
+// Either offsets of block b, half h of the tile (block_offsets, block_half_offsets).
+template <int R, bool HALVES>
+inline void offsets_of(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half, __m256i* offset) {
+  if constexpr (HALVES) block_half_offsets<R>(w, x, tile, first, b, half, offset);
+  else block_offsets<R>(w, x, tile, first, b, half, offset);
 }
 
 // out += block b's part for R rows from `first`, half h of the tile, from its dot and offset sums:
@@ -99,38 +130,46 @@ inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, 
 }
 
 // One group's Σ sc·L·x for R rows (levels: each row's 32 activation levels of the group), added to
-// dot (int32 lanes). level_vector(q): the group's level vector q for this half of the tile.
-template <int R, int BITS, bool VNNI, typename LevelVector>
-inline void group_dots(LevelVector level_vector, __m256i scales, const int8_t* const* levels, __m256i* dot) {
-  constexpr int RUN = BITS == 4 ? 8 : BITS == 6 ? 2 : 1;
-  const __m256i scale_pairs = _mm256_or_si256(scales, _mm256_slli_epi32(scales, 16));
-  const __m256i top_pairs = _mm256_slli_epi16(scale_pairs, 7);  // 128·sc ≤ 32640: an int16 still
-  __m256i acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+// dot (int32 lanes). level_vector(q): the group's level vector q for this half of the tile; scales[0] (and
+// with halves scales[1], for vectors 4-7: the group's last 16 inputs) as int32 lanes, signed or not.
+template <int R, int BITS, bool VNNI, bool HALVES, typename LevelVector>
+inline void group_dots(LevelVector level_vector, const __m256i* scales, const int8_t* const* levels, __m256i* dot) {
+  constexpr int RUN = BITS == 4 ? (HALVES ? 4 : 8) : BITS == 6 ? 2 : 1;  // int16 sums never cross a half
+  constexpr int SCALES = HALVES ? 2 : 1;
+  __m256i scale_pairs[SCALES], top_pairs[SCALES];
+  for (int s = 0; s < SCALES; ++s) {  // each lane's scale in both its int16 halves (a negative one's low 16 bits)
+    scale_pairs[s] = _mm256_or_si256(_mm256_and_si256(scales[s], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scales[s], 16));
+    top_pairs[s] = _mm256_slli_epi16(scale_pairs[s], 7);  // 128·sc, |sc| ≤ 255 unsigned or 128 signed: an int16 still
+  }
+  __m256i acc[SCALES][R];
+  for (int s = 0; s < SCALES; ++s)
+    for (int r = 0; r < R; ++r) acc[s][r] = _mm256_setzero_si256();
 #pragma GCC unroll 8
   for (int q = 0; q < 8; ++q) {
     const __m256i v = level_vector(q);
+    const int s = HALVES && q >= 4;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256i x = broadcast4(levels[r] + 4 * q);
       if constexpr (VNNI) {
-        acc[r] = _mm256_dpbusd_avx_epi32(acc[r], v, x);
+        acc[s][r] = _mm256_dpbusd_avx_epi32(acc[s][r], v, x);
       } else if constexpr (BITS == 8) {
         const __m256i low = _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
         const __m256i top = _mm256_and_si256(_mm256_srli_epi16(v, 7), _mm256_set1_epi8(1));
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), scale_pairs));
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), top_pairs));
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), scale_pairs[s]));
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), top_pairs[s]));
       } else {
-        acc[r] = _mm256_add_epi16(acc[r], _mm256_maddubs_epi16(v, x));
+        acc[s][r] = _mm256_add_epi16(acc[s][r], _mm256_maddubs_epi16(v, x));
         if ((q + 1) % RUN == 0) {
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(acc[r], scale_pairs));
-          acc[r] = _mm256_setzero_si256();
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(acc[s][r], scale_pairs[s]));
+          acc[s][r] = _mm256_setzero_si256();
         }
       }
     }
   }
   if constexpr (VNNI)
-    for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_mullo_epi32(acc[r], scales));
+    for (int s = 0; s < SCALES; ++s)
+      for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_mullo_epi32(acc[s][r], scales[s]));
 }
 
 // ----- few rows (a decode step): each group unpacked in registers, both halves in one pass, so each
@@ -138,7 +177,7 @@ inline void group_dots(LevelVector level_vector, __m256i scales, const int8_t* c
 
 // Block b's dot sums (q4_tiles.h) of both halves for R activation rows from `first` (dot[h·R + r]),
 // unpacked in registers; it asks for the weights ahead (ask_ahead).
-template <int R, int BITS, bool VNNI>
+template <int R, int BITS, bool VNNI, bool HALVES>
 inline void direct_block_dots(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m256i* dot) {
   constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
   const int64_t per_block = w.groups / w.blocks;
@@ -149,19 +188,21 @@ inline void direct_block_dots(const Tiles& w, const Rows& x, int64_t tile, int64
     ask_ahead(qs, BYTES);
     const int8_t* levels[R];
     for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + g * GROUP;
-    for (int half = 0; half < 2; ++half)
-      group_dots<R, BITS, VNNI>([&](int q) { return level_vector<BITS>(qs, q, half); }, widen(w.sc + at * TILE_ROWS + half * 8),
-                                levels, dot + half * R);
+    for (int half = 0; half < 2; ++half) {
+      __m256i scales[2];
+      group_scales<HALVES>(w, at, half, scales);
+      group_dots<R, BITS, VNNI, HALVES>([&](int q) { return level_vector<BITS>(qs, q, half); }, scales, levels, dot + half * R);
+    }
   }
 }
 
-template <int R, int BITS, bool VNNI>
+template <int R, int BITS, bool VNNI, bool HALVES>
 void direct_rows(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
   for (int64_t b = 0; b < w.blocks; ++b) {
     __m256i dot[2 * R], offset[R];
-    direct_block_dots<R, BITS, VNNI>(w, x, job.tile, first, b, dot);
+    direct_block_dots<R, BITS, VNNI, HALVES>(w, x, job.tile, first, b, dot);
     for (int h = 0; h < 2; ++h) {
-      block_offsets<R>(w, x, job.tile, first, b, h, offset);
+      offsets_of<R, HALVES>(w, x, job.tile, first, b, h, offset);
       add_block<R>(w, x, job, b, first, h, dot + h * R, offset);
     }
   }
@@ -171,7 +212,7 @@ void direct_rows(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
 
 // Block b of tile `tile` into `into`, asking for the weights ahead (ask_ahead; a verification's
 // few rows would wait on memory otherwise).
-template <int BITS>
+template <int BITS, bool HALVES>
 inline void unpack_block(const Tiles& w, int64_t tile, int64_t b, Unpacked& into) {
   constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
   const int64_t per_block = w.groups / w.blocks;
@@ -182,55 +223,61 @@ inline void unpack_block(const Tiles& w, int64_t tile, int64_t b, Unpacked& into
     for (int half = 0; half < 2; ++half) {
       for (int q = 0; q < 8; ++q)
         _mm256_store_si256(reinterpret_cast<__m256i*>(into.levels[g][q] + half * 32), level_vector<BITS>(qs, q, half));
-      const __m256i scales = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + at * TILE_ROWS + half * 8)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(into.scales[g][half]), scales);
+      __m256i scales[2];
+      group_scales<HALVES>(w, at, half, scales);
+      for (int s = 0; s < (HALVES ? 2 : 1); ++s) _mm256_store_si256(reinterpret_cast<__m256i*>(into.scales[g][s][half]), scales[s]);
     }
   }
 }
 
 // Block b's dot sums (q4_tiles.h) of one half of the tile for R activation rows (levels: each row's
 // first level of the block).
-template <int R, int BITS, bool VNNI>
+template <int R, int BITS, bool VNNI, bool HALVES>
 inline void block_dots(const Unpacked& u, int64_t per_block, const int8_t* const* levels, int half, __m256i* dot) {
   for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
   for (int64_t g = 0; g < per_block; ++g) {
     const int8_t* group[R];
     for (int r = 0; r < R; ++r) group[r] = levels[r] + g * GROUP;
     const auto vector = [&](int q) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(u.levels[g][q] + half * 32)); };
-    group_dots<R, BITS, VNNI>(vector, _mm256_load_si256(reinterpret_cast<const __m256i*>(u.scales[g][half])), group, dot);
+    __m256i scales[2];
+    for (int s = 0; s < (HALVES ? 2 : 1); ++s) scales[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.scales[g][s][half]));
+    group_dots<R, BITS, VNNI, HALVES>(vector, scales, group, dot);
   }
 }
 
 // Block b of the tile (unpacked in u) for R activation rows from `first`, one half after the other.
-template <int R, int BITS, bool VNNI>
+template <int R, int BITS, bool VNNI, bool HALVES>
 void block_rows(const Tiles& w, const Rows& x, const Job& job, const Unpacked& u, int64_t b, int64_t first) {
   const int64_t per_block = w.groups / w.blocks;
   const int8_t* levels[R];
   for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + b * per_block * GROUP;
   for (int h = 0; h < 2; ++h) {
     __m256i dot[R], offset[R];
-    block_dots<R, BITS, VNNI>(u, per_block, levels, h, dot);
-    block_offsets<R>(w, x, job.tile, first, b, h, offset);
+    block_dots<R, BITS, VNNI, HALVES>(u, per_block, levels, h, dot);
+    offsets_of<R, HALVES>(w, x, job.tile, first, b, h, offset);
     add_block<R>(w, x, job, b, first, h, dot, offset);
   }
 }
 
-template <int BITS, bool VNNI>
+template <int BITS, bool VNNI, bool HALVES>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
   for (int64_t r = 0; r < job.count; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(job.out + (job.first + r) * job.stride + job.tile * TILE_ROWS + h * 8, _mm256_setzero_ps());
   if (job.count <= DIRECT_ROWS)
-    return in_chunks<DIRECT_ROWS>(job, [&](auto rows, int64_t first) { direct_rows<decltype(rows)::value, BITS, VNNI>(w, x, job, first); });
+    return in_chunks<DIRECT_ROWS>(job, [&](auto rows, int64_t first) { direct_rows<decltype(rows)::value, BITS, VNNI, HALVES>(w, x, job, first); });
   Unpacked u;
   for (int64_t b = 0; b < w.blocks; ++b) {
-    unpack_block<BITS>(w, job.tile, b, u);
-    in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) { block_rows<decltype(rows)::value, BITS, VNNI>(w, x, job, u, b, first); });
+    unpack_block<BITS, HALVES>(w, job.tile, b, u);
+    in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) { block_rows<decltype(rows)::value, BITS, VNNI, HALVES>(w, x, job, u, b, first); });
   }
 }
 
 template <bool VNNI>
 void tile_256(const Tiles& w, const Rows& x, const Job& job) {
-  with_bits(w.bits, [&](auto bits) { tile_rows<decltype(bits)::value, VNNI>(w, x, job); });
+  with_bits(w.bits, [&](auto bits) {
+    if (w.halves) tile_rows<decltype(bits)::value, VNNI, true>(w, x, job);
+    else tile_rows<decltype(bits)::value, VNNI, false>(w, x, job);
+  });
 }
 
 }  // namespace

@@ -60,6 +60,30 @@ inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t f
   }
 }
 
+// The same for halves (q4_tiles.h): each group's two signed offsets a row times its two 16-input sums.
+template <int R>
+inline void block_half_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* offset) {
+  const int64_t per_block = w.groups / w.blocks;
+  for (int r = 0; r < R; ++r) offset[r] = _mm512_setzero_si512();
+  for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
+    const uint8_t* m = w.m + (tile * w.groups + g) * 2 * TILE_ROWS;
+    const __m512i mins = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)));
+    for (int r = 0; r < R; ++r)
+      offset[r] = _mm512_dpwssd_epi32(offset[r], mins, _mm512_set1_epi32(half_pair(x.half_sums + (first + r) * 2 * w.groups, g)));
+  }
+}
+
+// A group's scales as int32 lanes, a row each: scales[0] (and, halves, scales[1] for its last 16 inputs).
+template <bool HALVES>
+inline void group_scales(const Tiles& w, int64_t at, __m512i* scales) {
+  if constexpr (HALVES) {
+    for (int h = 0; h < 2; ++h)
+      scales[h] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + (2 * at + h) * TILE_ROWS)));
+  } else {
+    scales[0] = widen(w.sc + at * TILE_ROWS);
+  }
+}
+
 // out += block b's part for R rows from `first`: out = fma(dot, d·xs, out); out = fma(−offset, dmin·xs, out).
 template <int R>
 inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, int64_t first, const __m512i* dot,

@@ -198,7 +198,8 @@ void tiled_rows(const Tiles& w, const Rows& x, const Job& job, int64_t count) {
 template <int BITS>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
   const int64_t per_block = w.groups / w.blocks;  // a tile multiply takes two 32-groups of one block
-  const bool tiles_fit = per_block % 2 == 0 && per_block <= MAX_GROUPS;  // a block a ScaledBlock holds
+  // a block a ScaledBlock holds, its scales a group's (halves, Q6_K's: the VNNI code)
+  const bool tiles_fit = per_block % 2 == 0 && per_block <= MAX_GROUPS && !w.halves;
   const int64_t tiled = job.count < TILED_FROM || !tiles_fit ? 0 : job.count / CHUNK * CHUNK;
   if (tiled) {
     for (int64_t t = 0; t < job.tiles; ++t)

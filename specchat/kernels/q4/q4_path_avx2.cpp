@@ -33,9 +33,16 @@ float block_amax(const float* in, int64_t count, bool& finite) {
   return _mm_cvtss_f32(_mm_max_ss(half, _mm_movehdup_ps(half)));
 }
 
+// The sum of an int32 vector's lanes.
+int32_t lane_sum(__m256i sum) {
+  __m128i folded = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  folded = _mm_add_epi32(folded, _mm_shuffle_epi32(folded, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(folded, _mm_shuffle_epi32(folded, 0xB1)));
+}
+
 // 32 values times `inverse`, rounded to the nearest even integer as std::nearbyint does, into int8 levels;
-// returns their sum.
-int32_t quantize_group(const float* in, float inverse, int8_t* levels) {
+// the sums of their two halves of 16 into half_sums.
+void quantize_group(const float* in, float inverse, int8_t* levels, int16_t* half_sums) {
   const __m256 by = _mm256_set1_ps(inverse);
   __m256i q[4];
   for (int k = 0; k < 4; ++k)
@@ -44,10 +51,8 @@ int32_t quantize_group(const float* in, float inverse, int8_t* levels) {
   const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(levels),
                       _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-  __m128i folded = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-  folded = _mm_add_epi32(folded, _mm_shuffle_epi32(folded, 0x4E));
-  return _mm_cvtsi128_si32(_mm_add_epi32(folded, _mm_shuffle_epi32(folded, 0xB1)));
+  half_sums[0] = static_cast<int16_t>(lane_sum(_mm256_add_epi32(q[0], q[1])));
+  half_sums[1] = static_cast<int16_t>(lane_sum(_mm256_add_epi32(q[2], q[3])));
 }
 
 }  // namespace
@@ -59,8 +64,10 @@ bool q4::quantize_row_avx2(const float* x, int64_t width, int64_t block, const R
     const float scale = finite ? amax / 127.f : 0.f;
     const float inverse = scale > 0.f ? 1.f / scale : 0.f;
     out.scales[b] = scale;
-    for (int64_t g = b * block / GROUP; g < (b + 1) * block / GROUP; ++g)
-      out.sums[g] = static_cast<int16_t>(quantize_group(x + g * GROUP, inverse, out.levels + g * GROUP));
+    for (int64_t g = b * block / GROUP; g < (b + 1) * block / GROUP; ++g) {
+      quantize_group(x + g * GROUP, inverse, out.levels + g * GROUP, out.half_sums + 2 * g);
+      out.sums[g] = static_cast<int16_t>(out.half_sums[2 * g] + out.half_sums[2 * g + 1]);
+    }
   }
   return finite;
 }

@@ -27,6 +27,24 @@ void unpack(const uint8_t* qs, int bits, uint8_t vectors[8][64]) {
       for (int i = 0; i < 64; ++i) vectors[q][i] |= ((qs[256 + (q / 4) * 64 + i] >> (2 * (q % 4))) & 3) << 4;
 }
 
+// Row j of group g (at: its index among the tiles' groups) into a row's sums: its Σ L·x times its scale, its
+// offset times the activations' sum; m holds pairs of groups side by side per row.
+void add_group(const Tiles& w, int32_t sum, int64_t at, int64_t g, int j, int32_t products, int32_t& dot, int32_t& offset) {
+  dot += products * w.sc[at * TILE_ROWS + j];
+  offset += w.m[(at - g % 2) * TILE_ROWS + g % 2 + 2 * j] * sum;
+}
+
+// The same with a signed scale and offset per 16 inputs (halves: q4_tiles.h); half_sums: the group's two.
+void add_halves(const Tiles& w, const int16_t* half_sums, int64_t at, int j, const int32_t products[2], int32_t& dot,
+                int32_t& offset) {
+  const auto* sc = reinterpret_cast<const int8_t*>(w.sc) + at * 2 * TILE_ROWS;
+  const auto* m = reinterpret_cast<const int8_t*>(w.m) + at * 2 * TILE_ROWS;
+  for (int h = 0; h < 2; ++h) {
+    dot += products[h] * sc[h * TILE_ROWS + j];
+    offset += m[2 * j + h] * half_sums[h];
+  }
+}
+
 // Block b of rows first..first+count: their dot and offset sums [count][16] for the tile's rows.
 void block_sums(const Tiles& w, const Rows& x, const Job& job, int64_t b, int32_t (*dot)[TILE_ROWS],
                 int32_t (*offset)[TILE_ROWS]) {
@@ -37,16 +55,16 @@ void block_sums(const Tiles& w, const Rows& x, const Job& job, int64_t b, int32_
   for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
     const int64_t at = job.tile * w.groups + g;
     unpack(w.qs + at * TILE_ROWS * group_bytes(w.bits), w.bits, vectors);
-    const uint8_t* m = w.m + (at - g % 2) * TILE_ROWS + g % 2;  // pairs of groups side by side per row
     for (int64_t r = 0; r < job.count; ++r) {
       const int8_t* activations = x.levels + (job.first + r) * x.width + g * GROUP;
-      const int32_t sum = x.sums[(job.first + r) * w.groups + g];
       for (int j = 0; j < TILE_ROWS; ++j) {
-        int32_t products = 0;
+        int32_t products[2] = {0, 0};  // inputs 0-15 (vectors 0-3), 16-31 (vectors 4-7)
         for (int q = 0; q < 8; ++q)
-          for (int t = 0; t < 4; ++t) products += vectors[q][4 * j + t] * activations[4 * q + t];
-        dot[r][j] += products * w.sc[at * TILE_ROWS + j];
-        offset[r][j] += m[2 * j] * sum;
+          for (int t = 0; t < 4; ++t) products[q / 4] += vectors[q][4 * j + t] * activations[4 * q + t];
+        if (w.halves)
+          add_halves(w, x.half_sums + (job.first + r) * 2 * w.groups + 2 * g, at, j, products, dot[r][j], offset[r][j]);
+        else
+          add_group(w, x.sums[(job.first + r) * w.groups + g], at, g, j, products[0] + products[1], dot[r][j], offset[r][j]);
       }
     }
   }
@@ -67,12 +85,14 @@ bool quantize_row_portable(const float* x, int64_t width, int64_t block, const R
     const float inverse = scale > 0.f ? 1.f / scale : 0.f;
     out.scales[b] = scale;
     for (int64_t g = b * block / GROUP; g < (b + 1) * block / GROUP; ++g) {
-      int32_t sum = 0;
+      int32_t sums[2] = {0, 0};
       for (int64_t i = g * GROUP; i < (g + 1) * GROUP; ++i) {
         out.levels[i] = static_cast<int8_t>(std::nearbyint(x[i] * inverse));
-        sum += out.levels[i];
+        sums[(i - g * GROUP) / 16] += out.levels[i];
       }
-      out.sums[g] = static_cast<int16_t>(sum);
+      out.half_sums[2 * g] = static_cast<int16_t>(sums[0]);
+      out.half_sums[2 * g + 1] = static_cast<int16_t>(sums[1]);
+      out.sums[g] = static_cast<int16_t>(sums[0] + sums[1]);
     }
   }
   return finite;

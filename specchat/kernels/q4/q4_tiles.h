@@ -19,11 +19,15 @@
 //         to 256 inputs: one 32-group (a GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a float16 scale a group, sc 1)
 //         or an even number of them
 //   w = d·sc·level − dmin·m
+// Or, with a scale and an offset per 16 inputs (a GGUF's Q6_K, IQ4_XS: `halves`, sc and m int8, signed):
+//   sc    int8 [tiles, K/32, 2, 16]: the scales of each group's first 16 inputs (16 rows), then of its last 16
+//   m     int8 [tiles, K/32, 16, 2]: each row's two offsets of the group side by side (an int16 pair per lane)
 // Activations [M, K] are int8 levels per row and block (scale amax/127).
 //
 // What every path computes, for activation row r, output row j and block b (all integer sums exact):
 //   dot    = Σ_groups sc_g · Σ_k L[j][k]·x[k]      (int32: at most 8·255·32·255·127 < 2^31)
 //   offset = Σ_groups m_g · Σ_k x[k]                 (int32)
+//   (halves: the sums run over 16-input halves, each with its own sc and m: |dot| ≤ 16·128·16·255·127 < 2^31)
 //   out    = fma(float(dot), d·xs, out);  out = fma(−float(offset), dmin·xs, out)   (blocks in order)
 // so every path gives the same bits, and a row's result never depends on the other rows.
 #pragma once
@@ -49,12 +53,14 @@ struct Tiles {
   const uint16_t* dmin;
   int64_t groups, blocks;  // per row: K/32 and K/block
   int bits;
+  bool halves = false;  // sc and m int8, one per 16 inputs (layout above)
 };
 
 struct Rows {
   const int8_t* levels;  // [M, K]
   const float* scales;   // [M, K/block]
   const int16_t* sums;   // [M, K/32]: each group's sum of levels (|sum| <= 32·127)
+  const int16_t* half_sums;  // [M, K/16]: each 16 inputs' sum of levels
   int64_t width;
 };
 
@@ -106,12 +112,13 @@ inline void in_chunks(const Job& job, Run&& run) {
 }
 
 // One activation row x [width] onto its int8 levels, block by block (scale amax/127, each level
-// nearbyint(x · (1/scale)), halfway to even), with each 32-group's sum of levels; `finite` turns false at a NaN or an infinity
+// nearbyint(x · (1/scale)), halfway to even), with each 32-group's and each 16 inputs' sum of levels; `finite` turns false at a NaN or an infinity
 // (the block holding it and those after get scale 0). Every version gives the same bits.
 struct RowOut {
   int8_t* levels;  // [width]
   float* scales;   // [width / block]
   int16_t* sums;   // [width / 32]
+  int16_t* half_sums;  // [width / 16]
 };
 bool quantize_row_portable(const float* x, int64_t width, int64_t block, const RowOut& out);  // → finite
 
@@ -129,6 +136,13 @@ inline int32_t sum_pair(const int16_t* sums, int64_t g, int64_t per_block) {
   }
   const uint32_t alone = static_cast<uint16_t>(sums[g]);
   return static_cast<int32_t>(g % 2 ? alone << 16 : alone);
+}
+
+// A group's two half sums (halves: the 16-input sums its pair of offsets multiplies), as one int32.
+inline int32_t half_pair(const int16_t* half_sums, int64_t g) {
+  int32_t pair;
+  __builtin_memcpy(&pair, half_sums + 2 * g, 4);
+  return pair;
 }
 
 }  // namespace

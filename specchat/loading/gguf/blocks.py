@@ -7,11 +7,13 @@ with exactly the file's weights. Q5_K is the same with 5-bit q: the kernel's 6-b
 Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 give each 32-group a float16 scale (and Q4_1/Q5_1 a float16 min) of its own: the
 kernel's blocks of one 32-group hold them (sc 1; the offset as dmin·m: Q4_0 d·8, Q5_0 d·16, Q8_0 d·128 with
 levels q + 128, Q4_1/Q5_1 −min·1), and their activations are quantized per 32 inputs, as llama.cpp's are.
-Q6_K and Q2_K/Q3_K scale 16-groups (two scales in one 32-group); IQ4_XS and IQ4_NL place their 16 levels
-non-linearly (−127 … 113, no common step under 8 bits). Those are dequantized as transformers dequantizes them
-and quantized to the finer levels (6 bits; 4 in w4a8-fast): their weights change, by less than the file's own
-quantization step (python -m specchat.bench.targets --gguf FILE measures what that does to the next-token
-distribution). Each imported layer is checked against the weights the model loaded.
+Q6_K scales 16-input halves (a signed int8 each): the kernel's `halves` blocks hold it (6-bit levels q, sc and m
+the file's scale, dmin 32·d). IQ4_NL and IQ4_XS place their 16 levels non-linearly (−127 … 113): held as 8-bit
+levels t + 128 (IQ4_NL as Q8_0; IQ4_XS in halves, its signed 32-group scale twice, dmin 128·d), exact at twice
+the bytes. Q2_K and Q3_K are dequantized as transformers dequantizes them and quantized to the finer levels (6
+bits; 4 in w4a8-fast): their weights change, by less than the file's own quantization step (python -m
+specchat.bench.targets --gguf FILE measures what that does to the next-token distribution). Each imported layer
+is checked against the weights the model loaded.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import nn
 from specchat.loading.finite import check_weights
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.gguf.tensors import GGUFTensors
-from specchat.quant.w4a8 import FINER_BITS, LEVEL_BITS, Q4Block, fitting_linears
+from specchat.quant.w4a8 import FINER_BITS, GROUP, HALF_MAX, LEVEL_BITS, Q4Block, fitting_linears
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (fp16), 12 bytes of packed 6-bit sc/m, 128 bytes of nibbles
 Q5_K_BYTES = 176  # per 256 weights: d, dmin, 12 bytes of sc/m, 32 bytes of fifth bits, 128 bytes of nibbles
@@ -106,6 +108,72 @@ def decode_group_type(kind: str, raw: torch.Tensor) -> Q4Block:
     return Q4Block(LEVEL_BITS[bits][0](levels.contiguous()), ones, m, d, dmin)
 
 
+Q6_K_BYTES = 210  # per 256 weights: 128 bytes of low nibbles, 64 of top 2 bits, 16 int8 scales, fp16 d
+IQ4_XS_BYTES = 136  # per 256 weights: fp16 d, 2 bytes of the scales' top bits, 4 of their low nibbles, 128 of indices
+IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # llama.cpp's kvalues_iq4nl
+
+
+def decode_q6_k(raw: torch.Tensor) -> Q4Block:
+    """uint8 [rows, blocks·210] of Q6_K blocks → the Q4Block of the same weights in halves: 6-bit levels q (element
+    e of a 128-half i: low nibble of ql byte e % 64, the high one past 64; top 2 bits of qh byte e % 32 at 2·(e // 32)),
+    sc and m the int8 scale of each 16, d the block's and dmin 32·d: w = d·sc·(q − 32)."""
+    rows, blocks = _blocks(raw, "Q6_K", Q6_K_BYTES)
+    low = (blocks[..., :128].reshape(rows, -1, 2, 1, 64) >> _shifts(0, 4)) & 0x0F
+    high = (blocks[..., 128:192].reshape(rows, -1, 2, 1, 32) >> _shifts(0, 2, 4, 6)) & 3
+    levels = (low.reshape(rows, -1) | (high.reshape(rows, -1) << 4)).view(rows, -1, GROUP)
+    scales = blocks[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1).contiguous()
+    d = _halfs(blocks, 208, rows)
+    _fits_half(d * 32, "Q6_K")
+    return Q4Block(LEVEL_BITS[6][0](levels.contiguous()), scales, scales.clone(), d, d * 32)
+
+
+def decode_iq4_nl(raw: torch.Tensor) -> Q4Block:
+    """uint8 [rows, groups·18] of IQ4_NL blocks (fp16 d, 16 bytes of indices: element j the low nibble of byte j,
+    j ≥ 16 the high one of byte j − 16) → blocks of one 32-group of 8-bit levels t + 128, as Q8_0's."""
+    rows, blocks = _blocks(raw, "IQ4_NL", 18)
+    levels = _table_levels(blocks[..., 2:])
+    ones = torch.ones(rows, blocks.shape[1], dtype=torch.uint8)
+    d = _halfs(blocks, 0, rows)
+    return Q4Block(LEVEL_BITS[8][0](levels), ones, ones * 128, d, d.clone())
+
+
+def decode_iq4_xs(raw: torch.Tensor) -> Q4Block:
+    """uint8 [rows, blocks·136] of IQ4_XS blocks → the Q4Block of the same weights in halves: 8-bit levels t + 128,
+    each 32-group's signed scale (6 bits less 32: low nibble g of the 4 scale bytes, top 2 bits at 2g of the uint16)
+    as both its halves' sc and m, dmin 128·d: w = d·s·t."""
+    rows, blocks = _blocks(raw, "IQ4_XS", IQ4_XS_BYTES)
+    d = _halfs(blocks, 0, rows)
+    _fits_half(d * 128, "IQ4_XS")
+    top = blocks[..., 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF  # [rows, blocks, 1]
+    low = (blocks[..., 4:8].reshape(rows, -1, 4, 1) >> _shifts(0, 4).view(-1)).reshape(rows, -1, 8) & 0x0F
+    high = (top >> (2 * torch.arange(8))) & 3
+    scales = (low.to(torch.int32) | (high << 4)) - 32  # [rows, blocks, 8]
+    halves = scales.repeat_interleave(2, dim=2).reshape(rows, -1).to(torch.int8).contiguous()
+    levels = _table_levels(blocks[..., 8:].reshape(rows, -1, 16))
+    return Q4Block(LEVEL_BITS[8][0](levels), halves, halves.clone(), d, d * 128)
+
+
+def _table_levels(indices: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, groups, 16] of nibble pairs → uint8 levels [rows, groups, 32]: IQ4_LEVELS[index] + 128."""
+    table = torch.tensor(IQ4_LEVELS, dtype=torch.int16) + 128
+    nibbles = torch.cat([indices & 0x0F, indices >> 4], dim=2).long()
+    return table[nibbles].to(torch.uint8).contiguous()
+
+
+def _shifts(*bits: int) -> torch.Tensor:
+    return torch.tensor(bits, dtype=torch.uint8).view(-1, 1)
+
+
+def _halfs(blocks: torch.Tensor, at: int, rows: int) -> torch.Tensor:
+    """The float16 at byte `at` of each block, as float32 [rows, blocks]."""
+    return blocks[..., at : at + 2].contiguous().view(torch.float16).float().reshape(rows, -1).contiguous()
+
+
+def _fits_half(dmin: torch.Tensor, kind: str) -> None:
+    if not bool((dmin.abs() <= HALF_MAX).all()):
+        raise ValueError(f"a {kind} block's scale is too large to hold as stored")
+
+
 def _blocks(raw: torch.Tensor, kind: str, size: int) -> tuple[int, torch.Tensor]:
     if raw.dim() != 2 or raw.dtype != torch.uint8 or raw.shape[1] % size:
         raise ValueError(f"{kind} blocks are uint8 [rows, blocks·{size}], got {raw.dtype} {list(raw.shape)}")
@@ -132,6 +200,9 @@ AS_STORED = {
         kind: (4 if kind.startswith("Q4") else 8 if kind == "Q8_0" else 6, partial(decode_group_type, kind))
         for kind in GROUP_BLOCK_BYTES
     },
+    "Q6_K": (6, decode_q6_k),
+    "IQ4_NL": (8, decode_iq4_nl),
+    "IQ4_XS": (8, decode_iq4_xs),
 }
 
 
@@ -192,8 +263,8 @@ def matching_blocks(
             continue
         kind = tensor.tensor_type.name
         if as_stored(kind, finer_bits):
-            block = AS_STORED[kind][1](torch.from_numpy(tensor.data.copy()))
-            if _decodes_to(block, layers[name].weight):
+            block = _decoded(kind, torch.from_numpy(tensor.data.copy()))
+            if block is not None and _decodes_to(block, layers[name].weight):
                 kept[name] = block
                 continue
         if kind not in FLOAT_KINDS:
@@ -202,13 +273,21 @@ def matching_blocks(
     return kept
 
 
+def _decoded(kind: str, raw: torch.Tensor) -> Q4Block | None:
+    """The kernel's block of a tensor of a type it holds as stored; None where a scale is past what it holds."""
+    try:
+        return AS_STORED[kind][1](raw)
+    except ValueError:
+        return None
+
+
 def _say(say: Callable[[str], None] | None, line: str | None) -> None:
     if say is not None and line:
         say(line)
 
 
 def _decodes_to(block: Q4Block, weight: torch.Tensor) -> bool:
-    if tuple(weight.shape) != (block.sc.shape[0], block.sc.shape[1] * 32):
+    if tuple(weight.shape) != (block.sc.shape[0], block.inputs):
         return False
     w = weight.detach().float()
     tolerance = w.abs().amax(dim=1, keepdim=True) * torch.finfo(weight.dtype).eps * 2 + 1e-12
@@ -262,5 +341,5 @@ def _stored_block(tensors, weight: str, layer: nn.Linear, finer_bits: int) -> Q4
         order = tensors.row_order(weight)
     except ValueError:
         return None
-    block = AS_STORED[kind][1](tensors.raw(weight))
-    return block if order is None else Q4Block(*(part[order].contiguous() for part in block.tensors()))
+    block = _decoded(kind, tensors.raw(weight))
+    return block if block is None or order is None else Q4Block(*(part[order].contiguous() for part in block.tensors()))
