@@ -8,8 +8,8 @@
 # build/bin/llama-bench and build/bin/llama-quantize.
 # For each shape (real: a Llama-3.2-1B shape and a Qwen3-1.7B shape; tiny: 2-layer stand-ins to check
 # the script) it builds a random-weight checkpoint with the bundled Qwen tokenizer (scripts/real_shape.py
-# build), converts it with llama.cpp's own convert_hf_to_gguf.py to F16, quantizes that to Q4_K_M and
-# Q8_0 with llama-quantize; every file is kept in --out and not made again. Then, ROUNDS times, file by
+# build), converts it with llama.cpp's own convert_hf_to_gguf.py to F16, quantizes that to Q4_K_M, Q8_0,
+# Q6_K and IQ4_XS with llama-quantize; every file is kept in --out and not made again. Then, ROUNDS times, file by
 # file, the two tools take turns, llama.cpp first in odd rounds and specchat in even ones: llama-bench tg
 # (-n TOKENS, -r 3) and pp of 1 and 5 tokens (-r 10), both at depth CONTEXT; specchat (scripts/real_shape.py
 # specchat: target-only decode through the engine and T(1), T(5) after a CONTEXT-token context, the default
@@ -17,14 +17,15 @@
 # (medians over the rounds) is printed and written beside them (.md).
 # --untied: the same shapes with an output matrix apart from the embeddings (files *-untied-*; the same
 # work per token for both tools), for a specchat that cannot yet load a tied-embedding quantized file.
-# --types: the quantization types timed (both are made either way), e.g. --types Q4_K_M for more rounds of one.
+# --types: the quantization types timed (all are made either way), e.g. --types Q4_K_M for more rounds of one.
 # --prepare-only makes the files and stops: nothing is timed.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 python="${PYTHON:-$repo/.venv/bin/python}"
-llamacpp="" out="" shape="real" rounds=2 tokens=64 threads=2 context=32 prepare_only=0 untied="" types="Q4_K_M Q8_0"
+llamacpp="" out="" shape="real" rounds=2 tokens=64 threads=2 context=32 prepare_only=0 untied="" types="Q4_K_M Q8_0 Q6_K"
+made="Q4_K_M Q8_0 Q6_K IQ4_XS"  # the types quantized from F16
 
 die() {
     echo "real_shape.sh: error: $*" >&2
@@ -78,7 +79,7 @@ for shape_name in "${shapes[@]}"; do
     hf="$out/hf/$name"
     f16="$out/gguf/$name-F16.gguf"
     need=0
-    for q in Q4_K_M Q8_0; do [ -s "$out/gguf/$name-$q.gguf" ] || need=1; done
+    for q in $made; do [ -s "$out/gguf/$name-$q.gguf" ] || need=1; done
     if [ "$need" = 1 ] && [ ! -s "$f16" ]; then
         "$python" "$here/real_shape.py" build --shape "$shape_name" --out "$hf" \
             --tokenizer-cache "$out/qwen-tokenizer" $untied
@@ -91,7 +92,7 @@ for shape_name in "${shapes[@]}"; do
             die "convert_hf_to_gguf.py failed on $hf; see $out/gguf/$name-convert.log"
         mv "$f16.part" "$f16"
     fi
-    for q in Q4_K_M Q8_0; do
+    for q in $made; do
         file="$out/gguf/$name-$q.gguf"
         if [ ! -s "$file" ]; then
             echo "quantizing $name to $q"
@@ -102,7 +103,7 @@ for shape_name in "${shapes[@]}"; do
         case " $types " in *" $q "*) files+=("$file") ;; esac
     done
 done
-[ "${#files[@]}" -gt 0 ] || die "--types names none of Q4_K_M Q8_0: '$types'"
+[ "${#files[@]}" -gt 0 ] || die "--types names none of $made: '$types'"
 ls -l "${files[@]}"
 [ "$prepare_only" = 0 ] || exit 0
 

@@ -27,7 +27,8 @@ def expected_fields(kind: type, outs: int, width: int) -> dict:
         per_block = [(torch.float16, (tiles, blocks, TILE_ROWS)), (torch.float16, (tiles, groups, TILE_ROWS))]
         halves = (torch.int8, (tiles, groups, 2 * TILE_ROWS))  # a signed scale and offset per 16 inputs (Q6_K's)
         return {
-            "qs": [(torch.uint8, (tiles, groups, TILE_ROWS * size)) for size in ROW_BYTES],
+            "qs": [(torch.uint8, (tiles, groups, TILE_ROWS * size)) for size in ROW_BYTES]
+            + [(torch.int8, (tiles, groups, TILE_ROWS * ROW_BYTES[0]))],  # 4-bit table indices (IQ4's)
             "sc": [(torch.uint8, (tiles, groups, TILE_ROWS)), halves],
             "m": [(torch.uint8, (tiles, width // PAIR, 2 * TILE_ROWS)), halves],
             "d": per_block,

@@ -55,7 +55,8 @@ class Q4Block:
     """Weights [out, in] as 4-bit (or 6- or 8-bit) levels: w = d·sc·level − dmin·m (layout: q4_tiles.h), sc and m
     a 32-group's, or with `halves` a 16-input half's (int8, signed: a GGUF's Q6_K)."""
 
-    qs: torch.Tensor  # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (8-bit)
+    qs: torch.Tensor  # uint8 [out, in/2] (4-bit levels, two a byte), [out, 3·in/4] (6-bit) or [out, in] (8-bit);
+    #                   int8 [out, in/2]: 4-bit indices into IQ4_LEVELS (a GGUF's IQ4_NL, IQ4_XS)
     sc: torch.Tensor  # uint8 [out, in/32], or int8 [out, in/16] (halves)
     m: torch.Tensor  # as sc
     d: torch.Tensor  # float32 [out, blocks], each a float16's value: a block is 256 inputs where the width allows,
@@ -114,6 +115,11 @@ class Q4Block:
         return self.sc.shape[1] * (HALF if self.halves else GROUP)
 
     @property
+    def table(self) -> bool:
+        """Whether the 4-bit levels are indices into IQ4_LEVELS (qs int8)."""
+        return self.qs.dtype == torch.int8
+
+    @property
     def bits(self) -> int:
         """Bits a level: 4, 6 or 8, from how many bytes a row of levels takes."""
         width = self.inputs
@@ -122,7 +128,7 @@ class Q4Block:
     def dequantize(self) -> torch.Tensor:
         """The float32 weights [out, in] these levels stand for."""
         per = self.sc.shape[1] // self.d.shape[1]  # scales a block
-        levels = LEVEL_BITS[self.bits][1](self.qs).float().reshape(self.sc.shape[0], self.sc.shape[1], -1)
+        levels = _levels(self.qs, self.bits).float().reshape(self.sc.shape[0], self.sc.shape[1], -1)
         step = self.d.repeat_interleave(per, 1) * self.sc.float()
         offset = self.dmin.repeat_interleave(per, 1) * self.m.float()
         return (levels * step[..., None] - offset[..., None]).flatten(1)
@@ -194,6 +200,17 @@ def _level_per_byte(qs: torch.Tensor) -> torch.Tensor:
     return qs.view(qs.shape[0], -1, GROUP)
 
 
+IQ4_LEVELS = torch.tensor([1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241], dtype=torch.uint8)
+# llama.cpp's kvalues_iq4nl (−127 … 113) + 128: the level a table index stands for (kernels/q4/q4_tiles.h's too)
+
+
+def _levels(qs: torch.Tensor, bits: int) -> torch.Tensor:
+    """A Q4Block's qs → uint8 levels [out, in/32, 32], table indices looked up."""
+    if qs.dtype == torch.int8:
+        return IQ4_LEVELS[_unpack_levels(qs.view(torch.uint8)).long()]
+    return LEVEL_BITS[bits][1](qs)
+
+
 # bits → (pack, unpack) between uint8 levels [out, in/32, 32] and the kernel's qs
 LEVEL_BITS = {
     4: (_pack_levels, _unpack_levels),
@@ -207,7 +224,7 @@ class Q4Tiles:
     """A Q4Block as the kernel reads it: tiles of 16 output rows, interleaved (layout: q4_tiles.h).
     The last tile is padded with zero rows; `outs` is the true number of output rows."""
 
-    qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]
+    qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]; int8: table indices
     sc: (
         torch.Tensor
     )  # uint8 [tiles, in/32, 16]; halves: int8 [tiles, in/32, 2·16], a group's first 16 inputs' then last's
@@ -223,7 +240,7 @@ class Q4Tiles:
     def from_block(cls, block: Q4Block) -> Q4Tiles:
         rows = block.sc.shape[0]
         tiles = -(-rows // TILE_ROWS)
-        levels = LEVEL_BITS[block.bits][1](block.qs)  # [out, in/32, 32]
+        levels = LEVEL_BITS[block.bits][1](block.qs.view(torch.uint8))  # [out, in/32, 32] (or table indices)
         d, dmin = (_as_half(_tile(t, tiles).transpose(1, 2).contiguous()) for t in (block.d, block.dmin))
         sc = _tile(block.sc, tiles)  # [tiles, 16, scales a row]
         if block.halves:
@@ -231,11 +248,12 @@ class Q4Tiles:
         else:
             sc = sc.transpose(1, 2).contiguous()
         m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
-        return cls(_tile_levels(_tile(levels, tiles), block.bits), sc, m.contiguous(), d, dmin, outs=rows)
+        qs = _tile_levels(_tile(levels, tiles), block.bits).view(block.qs.dtype)
+        return cls(qs, sc, m.contiguous(), d, dmin, outs=rows)
 
     def to_block(self) -> Q4Block:
         """The weights a row after a row (the padding rows dropped)."""
-        levels = _untile_levels(self.qs, self.bits)[: self.outs]
+        levels = _untile_levels(self.qs.view(torch.uint8), self.bits)[: self.outs]
         d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].float().contiguous() for t in (self.d, self.dmin))
         tiles = self.m.shape[0]
         if self.sc.dtype == torch.int8:  # halves
@@ -244,7 +262,8 @@ class Q4Tiles:
             sc = self.sc.transpose(1, 2).flatten(0, 1)
         sc = sc[: self.outs].contiguous()
         m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[: self.outs]
-        return Q4Block(LEVEL_BITS[self.bits][0](levels.contiguous()), sc, m.contiguous(), d, dmin)
+        qs = LEVEL_BITS[self.bits][0](levels.contiguous()).view(self.qs.dtype)
+        return Q4Block(qs, sc, m.contiguous(), d, dmin)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """(qs, sc, m, d, dmin), the kernel's arguments after x."""
@@ -427,7 +446,8 @@ def group_layers(model: nn.Module, names: list[str]) -> None:
     layers = [model.get_submodule(name) for name in names]
     if not all(isinstance(layer, Q4Linear) for layer in layers):
         return
-    alike = len({(layer.tiles.qs.shape[2], layer.tiles.d.shape[1]) for layer in layers}) == 1
+    tiles = [layer.tiles for layer in layers]
+    alike = len({(t.qs.shape[2], t.qs.dtype, t.sc.dtype, t.d.shape[1]) for t in tiles}) == 1  # one layout
     if alike and all(layer.out_features % TILE_ROWS == 0 for layer in layers):
         Q4Group(layers)
 

@@ -121,7 +121,7 @@ def test_blocks_of_one_group_give_the_files_weights_times_x_to_its_activations_r
     assert ((out - exact).norm() / exact.norm()) < 0.01
 
 
-HALVES_TYPES = ["Q6_K", "IQ4_XS"]  # a GGUF's types of a signed scale per 16 inputs (Q4Block.halves)
+HALVES_TYPES = ["Q6_K", "IQ4_XS", "IQ4_NL"]  # a signed scale per 16 inputs (Q4Block.halves), or IQ4's table
 
 
 def halves_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
@@ -131,7 +131,8 @@ def halves_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
     from specchat.loading.gguf.blocks import AS_STORED
 
     block = AS_STORED[kind][1](torch.from_numpy(random_blocks(kind, outs, width, seed=seed)))
-    assert block.halves and int(block.sc.min()) < 0 < int(block.sc.max())
+    assert block.table == kind.startswith("IQ4") and block.halves == (kind != "IQ4_NL")
+    assert kind == "IQ4_NL" or int(block.sc.min()) < 0 < int(block.sc.max())
     return Q4Tiles.from_block(block)
 
 
@@ -139,7 +140,8 @@ def halves_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
 @pytest.mark.parametrize("kind", HALVES_TYPES)
 @pytest.mark.parametrize("outs, width", [(200, 512), (33, 256), (16, 768)])
 def test_every_path_gives_the_portable_paths_bits_on_halves(kernel, path, kind, outs, width):
-    """Q6_K (6-bit levels) and IQ4_XS (8-bit) as stored: each 16 inputs with a signed scale and offset of their own."""
+    """Q6_K (6-bit levels) and IQ4_XS (table indices) as stored: each 16 inputs with a signed scale and offset of their
+    own; IQ4_NL: table indices in blocks of one group."""
     path_or_skip(kernel, path)
     tiles = halves_tiles(kind, outs, width, seed=outs + width)
     x = torch.randn(64, width)
@@ -153,7 +155,7 @@ def test_every_path_gives_the_portable_paths_bits_on_halves(kernel, path, kind, 
 def test_halves_give_the_files_weights_times_x_to_its_activations_rounding(kernel, kind):
     tiles = halves_tiles(kind, 48, 512, seed=9)
     x = torch.randn(5, 512)
-    rounded = x.view(5, 2, 256)  # x as the kernel quantizes it: int8 levels per row and 256-block
+    rounded = x.view(5, -1, tiles.qs.shape[1] * 32 // tiles.d.shape[1])  # as the kernel quantizes it: per block
     scale = rounded.abs().amax(dim=2, keepdim=True) / 127
     rounded = (torch.round(rounded / scale) * scale).view(5, 512)
     wanted = rounded.double() @ tiles.dequantize().double().T

@@ -30,7 +30,7 @@ FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 AS_STORED = {"Q4_K": 4, "Q5_K": 6, "Q6_K": 6, "Q4_0": 4, "Q4_1": 4, "Q5_0": 6, "Q5_1": 6, "Q8_0": 8}  # held as they are
-AS_STORED |= {"IQ4_NL": 8, "IQ4_XS": 8}  # bits a level
+AS_STORED |= {"IQ4_NL": 4, "IQ4_XS": 4}  # bits a level (IQ4's: 4-bit indices into its table)
 FAST = [("Q4_K", "qwen2"), ("Q5_K", "llama"), ("Q6_K", "qwen3"), ("Q8_0", "qwen2"), ("Q4_0", "llama")]
 FAST += [("IQ4_XS", "qwen2"), ("IQ4_NL", "llama"), ("Q3_K", "qwen2")]
 ALL = [
@@ -150,7 +150,9 @@ def test_decoded_q6_k_and_iq4_blocks_give_gguf_pys_own_weights_through_the_tiles
     raw.reshape(20, 512 // weights, size)[::2, :, BLOCK_SCALES[kind][0][0] + 1] |= 0x80  # every other row's d < 0
     expected = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32))
     block = AS_STORED_DECODERS[kind][1](torch.from_numpy(raw))
-    assert block.bits == AS_STORED[kind] and block.halves == (kind != "IQ4_NL")
+    assert (
+        block.bits == AS_STORED[kind] and block.halves == (kind != "IQ4_NL") and block.table == kind.startswith("IQ4")
+    )
     if block.halves:
         assert int(block.sc.min()) < 0 < int(block.sc.max())
     assert torch.equal(block.dequantize(), expected)
@@ -201,7 +203,7 @@ def test_the_notice_names_each_type_and_its_count():
         f"169 Q2_K and 28 Q3_K tensors requantized to 6-bit w4a8 levels {HELD}; {FIDELITY}"
     )
     assert requantized_notice(Counter({"Q5_K": 1}), 4).startswith(
-        "1 Q5_K tensor requantized to 4-bit w4a8 levels (the kernel holds Q4_K, Q4_0 and Q4_1 as is)"
+        "1 Q5_K tensor requantized to 4-bit w4a8 levels (the kernel holds Q4_K, Q4_0, Q4_1, IQ4_NL and IQ4_XS as is)"
     )
 
 

@@ -114,7 +114,10 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   for (const auto& t : {qs, sc, m, d, dmin}) TORCH_CHECK(t.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", t.device());
   TORCH_CHECK(qs.dim() == 3 && sc.dim() == 3 && m.dim() == 3 && d.dim() == 3 && dmin.dim() == 3,
               "the weights must be in 16-row tiles (3-dimensional)");
-  TORCH_CHECK(qs.scalar_type() == torch::kUInt8 && qs.is_contiguous(), "qs must be contiguous uint8");
+  TORCH_CHECK((qs.scalar_type() == torch::kUInt8 || qs.scalar_type() == torch::kInt8) && qs.is_contiguous(),
+              "qs must be contiguous uint8 (levels) or int8 (4-bit table indices)");
+  TORCH_CHECK(qs.scalar_type() == torch::kUInt8 || qs.size(2) == 16 * TILE_ROWS, "int8 qs must hold 4-bit table indices (16 bytes a row and group), not ",
+              qs.size(2) / TILE_ROWS, " bytes a row");
   const bool halves = sc.scalar_type() == torch::kInt8;
   for (const auto& t : {sc, m})
     TORCH_CHECK(t.scalar_type() == (halves ? torch::kInt8 : torch::kUInt8) && t.is_contiguous(),
@@ -155,8 +158,8 @@ Q4Part part_from(const std::vector<torch::Tensor>& t, int64_t column) {
   const bool halves = t[1].scalar_type() == torch::kInt8;
   const auto bytes = [](const torch::Tensor& u) { return static_cast<const uint8_t*>(u.data_ptr()); };
   const q4::Tiles w{bytes(t[0]), bytes(t[1]), bytes(t[2]), reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
-                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1), bits_of(t[0].size(2)),
-                    halves};
+                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1),
+                    t[0].scalar_type() == torch::kInt8 ? q4::TABLE : bits_of(t[0].size(2)), halves};
   return {w, t[0].size(0), column, groups * GROUP / t[3].size(1), groups * GROUP};
 }
 

@@ -62,6 +62,8 @@ inline __m256i level_vector(const uint8_t* qs, int q, int half) {
                               : s == 2 ? top : _mm256_srli_epi16(top, 2);
       v = _mm256_or_si256(v, _mm256_and_si256(shifted, _mm256_set1_epi8(0x30)));
     }
+    if constexpr (BITS == TABLE)  // each index's level, the table in both 128-bit lanes
+      v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS))), v);
     return v;
   }
 }
@@ -134,7 +136,7 @@ inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, 
 // with halves scales[1], for vectors 4-7: the group's last 16 inputs) as int32 lanes, signed or not.
 template <int R, int BITS, bool VNNI, bool HALVES, typename LevelVector>
 inline void group_dots(LevelVector level_vector, const __m256i* scales, const int8_t* const* levels, __m256i* dot) {
-  constexpr int RUN = BITS == 4 ? (HALVES ? 4 : 8) : BITS == 6 ? 2 : 1;  // int16 sums never cross a half
+  constexpr int RUN = BITS == 4 ? (HALVES ? 4 : 8) : BITS == 6 ? 2 : 1;  // int16 sums never cross a half (8, TABLE: 1)
   constexpr int SCALES = HALVES ? 2 : 1;
   __m256i scale_pairs[SCALES], top_pairs[SCALES];
   for (int s = 0; s < SCALES; ++s) {  // each lane's scale in both its int16 halves (a negative one's low 16 bits)
@@ -153,7 +155,7 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
       const __m256i x = broadcast4(levels[r] + 4 * q);
       if constexpr (VNNI) {
         acc[s][r] = _mm256_dpbusd_avx_epi32(acc[s][r], v, x);
-      } else if constexpr (BITS == 8) {
+      } else if constexpr (BITS == 8 || BITS == TABLE) {
         const __m256i low = _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
         const __m256i top = _mm256_and_si256(_mm256_srli_epi16(v, 7), _mm256_set1_epi8(1));
         dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), scale_pairs[s]));

@@ -23,6 +23,10 @@ inline void unpack(const uint8_t* qs, __m512i* v) {
       v[c] = _mm512_and_si512(packed, low);
       v[c + 4] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
     }
+    if constexpr (BITS == TABLE) {  // each index's level, the table in every 128-bit lane
+      const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(IQ4_LEVELS)));
+      for (int q = 0; q < 8; ++q) v[q] = _mm512_shuffle_epi8(table, v[q]);
+    }
     if constexpr (BITS == 6) {  // top 2 bits of vector 4e+s at bits 2s..2s+1 → bits 4-5 of its byte
       const __m512i bits_4_5 = _mm512_set1_epi8(0x30);
       for (int e = 0; e < 2; ++e) {

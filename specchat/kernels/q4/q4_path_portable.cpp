@@ -25,6 +25,9 @@ void unpack(const uint8_t* qs, int bits, uint8_t vectors[8][64]) {
   if (bits == 6)
     for (int q = 0; q < 8; ++q)
       for (int i = 0; i < 64; ++i) vectors[q][i] |= ((qs[256 + (q / 4) * 64 + i] >> (2 * (q % 4))) & 3) << 4;
+  if (bits == TABLE)
+    for (int q = 0; q < 8; ++q)
+      for (int i = 0; i < 64; ++i) vectors[q][i] = IQ4_LEVELS[vectors[q][i]];
 }
 
 // Row j of group g (at: its index among the tiles' groups) into a row's sums: its Σ L·x times its scale, its

@@ -12,6 +12,8 @@
 //         6-bit (384 bytes): the low 4 bits as 4-bit, then 2 chunks of 64 bytes of top bits: chunk e
 //                holds the top 2 bits of vector 4e+s at bits 2s..2s+1 (s = 0..3).
 //         8-bit (512 bytes): the 8 vectors as they are, a byte a level (0..255: a GGUF's Q8_0 as level q + 128).
+//         table (256 bytes; qs int8): 4-bit as above, each an index into IQ4's 16 levels (IQ4_LEVELS: its
+//                values + 128, 1..241), so the products are 8-bit levels'.
 //   sc    uint8 [tiles, K/32, 16]: each group's scale, in units of its block's d
 //   m     uint8 [tiles, K/64, 16, 2]: each group's offset, in units of its block's dmin, groups 2p and
 //         2p+1 side by side per row (an int16 pair per lane once widened)
@@ -41,9 +43,13 @@ namespace q4 {
 constexpr int64_t GROUP = 32;
 constexpr int64_t TILE_ROWS = 16;
 constexpr int64_t MAX_BLOCK_GROUPS = 8;  // 32-groups a block holds at most (256 inputs; q4_kernel.cpp checks it)
+constexpr int TABLE = 0;  // `bits` of levels stored as 4-bit indices into IQ4_LEVELS (a GGUF's IQ4_NL, IQ4_XS)
 
-// Bytes of one row's 32-group of levels: 4-bit 16, 6-bit 24, 8-bit 32.
-constexpr int64_t group_bytes(int bits) { return GROUP * bits / 8; }
+// llama.cpp's kvalues_iq4nl + 128: the unsigned levels a table index stands for.
+alignas(16) constexpr uint8_t IQ4_LEVELS[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+// Bytes of one row's 32-group of levels: 4-bit and table 16, 6-bit 24, 8-bit 32.
+constexpr int64_t group_bytes(int bits) { return GROUP * (bits == TABLE ? 4 : bits) / 8; }
 
 struct Tiles {
   const uint8_t* qs;
@@ -52,7 +58,7 @@ struct Tiles {
   const uint16_t* d;  // float16
   const uint16_t* dmin;
   int64_t groups, blocks;  // per row: K/32 and K/block
-  int bits;
+  int bits;  // 4, 6, 8 or TABLE
   bool halves = false;  // sc and m int8, one per 16 inputs (layout above)
 };
 
@@ -89,12 +95,13 @@ inline void with_count(int64_t count, Run& run, int64_t first) {
   run(Count<R>{}, first);
 }
 
-// run(Count<BITS>{}) for the tiles' level width (4, 6 or 8 bits): a path's code compiled per width.
+// run(Count<BITS>{}) for the tiles' levels (4, 6 or 8 bits, or TABLE): a path's code compiled per kind.
 template <typename Run>
 inline void with_bits(int bits, Run&& run) {
   switch (bits) {
     case 4: return run(Count<4>{});
     case 6: return run(Count<6>{});
+    case TABLE: return run(Count<TABLE>{});
     default: return run(Count<8>{});
   }
 }

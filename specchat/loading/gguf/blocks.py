@@ -8,9 +8,9 @@ Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 give each 32-group a float16 scale (and Q4_1/Q5_
 kernel's blocks of one 32-group hold them (sc 1; the offset as dmin·m: Q4_0 d·8, Q5_0 d·16, Q8_0 d·128 with
 levels q + 128, Q4_1/Q5_1 −min·1), and their activations are quantized per 32 inputs, as llama.cpp's are.
 Q6_K scales 16-input halves (a signed int8 each): the kernel's `halves` blocks hold it (6-bit levels q, sc and m
-the file's scale, dmin 32·d). IQ4_NL and IQ4_XS place their 16 levels non-linearly (−127 … 113): held as 8-bit
-levels t + 128 (IQ4_NL as Q8_0; IQ4_XS in halves, its signed 32-group scale twice, dmin 128·d), exact at twice
-the bytes. Q2_K and Q3_K are dequantized as transformers dequantizes them and quantized to the finer levels (6
+the file's scale, dmin 32·d). IQ4_NL and IQ4_XS place their 16 levels non-linearly (−127 … 113): the kernel holds
+their 4-bit indices and looks each level up (t + 128; IQ4_NL in blocks of one group, offset d·128 as Q8_0's;
+IQ4_XS in halves, its signed 32-group scale on both, dmin 128·d). Q2_K and Q3_K are dequantized as transformers dequantizes them and quantized to the finer levels (6
 bits; 4 in w4a8-fast): their weights change, by less than the file's own quantization step (python -m
 specchat.bench.targets --gguf FILE measures what that does to the next-token distribution). Each imported layer
 is checked against the weights the model loaded.
@@ -110,7 +110,6 @@ def decode_group_type(kind: str, raw: torch.Tensor) -> Q4Block:
 
 Q6_K_BYTES = 210  # per 256 weights: 128 bytes of low nibbles, 64 of top 2 bits, 16 int8 scales, fp16 d
 IQ4_XS_BYTES = 136  # per 256 weights: fp16 d, 2 bytes of the scales' top bits, 4 of their low nibbles, 128 of indices
-IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # llama.cpp's kvalues_iq4nl
 
 
 def decode_q6_k(raw: torch.Tensor) -> Q4Block:
@@ -129,16 +128,15 @@ def decode_q6_k(raw: torch.Tensor) -> Q4Block:
 
 def decode_iq4_nl(raw: torch.Tensor) -> Q4Block:
     """uint8 [rows, groups·18] of IQ4_NL blocks (fp16 d, 16 bytes of indices: element j the low nibble of byte j,
-    j ≥ 16 the high one of byte j − 16) → blocks of one 32-group of 8-bit levels t + 128, as Q8_0's."""
+    j ≥ 16 the high one of byte j − 16) → blocks of one 32-group of table indices (levels t + 128), as Q8_0's."""
     rows, blocks = _blocks(raw, "IQ4_NL", 18)
-    levels = _table_levels(blocks[..., 2:])
     ones = torch.ones(rows, blocks.shape[1], dtype=torch.uint8)
     d = _halfs(blocks, 0, rows)
-    return Q4Block(LEVEL_BITS[8][0](levels), ones, ones * 128, d, d.clone())
+    return Q4Block(_table_indices(blocks[..., 2:]), ones, ones * 128, d, d.clone())
 
 
 def decode_iq4_xs(raw: torch.Tensor) -> Q4Block:
-    """uint8 [rows, blocks·136] of IQ4_XS blocks → the Q4Block of the same weights in halves: 8-bit levels t + 128,
+    """uint8 [rows, blocks·136] of IQ4_XS blocks → the Q4Block of the same weights in halves: table indices (t + 128),
     each 32-group's signed scale (6 bits less 32: low nibble g of the 4 scale bytes, top 2 bits at 2g of the uint16)
     as both its halves' sc and m, dmin 128·d: w = d·s·t."""
     rows, blocks = _blocks(raw, "IQ4_XS", IQ4_XS_BYTES)
@@ -149,15 +147,13 @@ def decode_iq4_xs(raw: torch.Tensor) -> Q4Block:
     high = (top >> (2 * torch.arange(8))) & 3
     scales = (low.to(torch.int32) | (high << 4)) - 32  # [rows, blocks, 8]
     halves = scales.repeat_interleave(2, dim=2).reshape(rows, -1).to(torch.int8).contiguous()
-    levels = _table_levels(blocks[..., 8:].reshape(rows, -1, 16))
-    return Q4Block(LEVEL_BITS[8][0](levels), halves, halves.clone(), d, d * 128)
+    return Q4Block(_table_indices(blocks[..., 8:].reshape(rows, -1, 16)), halves, halves.clone(), d, d * 128)
 
 
-def _table_levels(indices: torch.Tensor) -> torch.Tensor:
-    """uint8 [rows, groups, 16] of nibble pairs → uint8 levels [rows, groups, 32]: IQ4_LEVELS[index] + 128."""
-    table = torch.tensor(IQ4_LEVELS, dtype=torch.int16) + 128
-    nibbles = torch.cat([indices & 0x0F, indices >> 4], dim=2).long()
-    return table[nibbles].to(torch.uint8).contiguous()
+def _table_indices(indices: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, groups, 16] of a file's nibble pairs → a Q4Block's int8 qs of table indices (w4a8.IQ4_LEVELS)."""
+    nibbles = torch.cat([indices & 0x0F, indices >> 4], dim=2).contiguous()
+    return LEVEL_BITS[4][0](nibbles).view(torch.int8)
 
 
 def _shifts(*bits: int) -> torch.Tensor:
@@ -201,8 +197,8 @@ AS_STORED = {
         for kind in GROUP_BLOCK_BYTES
     },
     "Q6_K": (6, decode_q6_k),
-    "IQ4_NL": (8, decode_iq4_nl),
-    "IQ4_XS": (8, decode_iq4_xs),
+    "IQ4_NL": (4, decode_iq4_nl),
+    "IQ4_XS": (4, decode_iq4_xs),
 }
 
 
