@@ -68,6 +68,7 @@ def into_huge_pages(tensors: list[torch.Tensor], setting: Path = THP_SETTING) ->
     except OSError:
         region.close()
         return 0
+    release_freed_memory()  # what loading freed (a fused layer's own tiles...) back first: not held beside the copy
     arena = torch.frombuffer(region, dtype=torch.uint8)  # holds the region while any tensor points into it
     start = -arena.data_ptr() % HUGE_PAGE
     unreturned = 0  # bytes let go since the heap last handed its free pages back

@@ -392,7 +392,7 @@ def quantize_w4a8(
     """Replace every nn.Linear of `model` (the head too) whose shape the kernel takes (`fits`) by a
     Q4Linear; returns the tiles used (what the quantized cache stores). The others stay as they are.
 
-    From `blocks` (by module name) when given. Else a layer takes its block from `exact` (a GGUF's own
+    From `blocks` (by module name; each taken out of the dict as it is used) when given. Else a layer takes its block from `exact` (a GGUF's own
     4-bit blocks: the file's weights bit for bit) or is quantized from its weights: with
     `finer_bits` levels when `exact` is given (the file kept that layer finer than 4 bits) or when it
     is the output head, else 4 bits. finer_bits = 4 makes every layer 4-bit (w4a8-fast).
@@ -406,7 +406,7 @@ def quantize_w4a8(
         if not fits(linear):
             return linear
         if blocks is not None:
-            block = blocks[name]
+            block = blocks.pop(name)  # not held here: a fused layer's own tiles are freed as its group is made
         else:
             block = (exact or {}).get(name) or Q4Block.quantize(linear.weight, bits_for(name))
         layer = Q4Linear(block, linear.bias, kernel.q4_linear)

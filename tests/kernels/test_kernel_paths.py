@@ -92,35 +92,6 @@ def group_type_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
     return Q4Tiles.from_block(decode_group_type(kind, torch.from_numpy(raw)))
 
 
-@pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
-@pytest.mark.parametrize("kind", GROUP_TYPES)
-@pytest.mark.parametrize("outs, width", [(200, 640), (33, 192), (16, 64)])
-def test_every_path_gives_the_portable_paths_bits_on_blocks_of_one_group(kernel, path, kind, outs, width):
-    """Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 as stored: a float16 d (and dmin) a 32-group, x quantized per 32 inputs;
-    Q8_0's 8-bit levels reach 255 (the AVX2 path's low-7-bits-and-top-bit split)."""
-    path_or_skip(kernel, path)
-    tiles = group_type_tiles(kind, outs, width, seed=outs + width)
-    assert tiles.d.shape[1] == width // 32 and tiles.bits == {"Q4": 4, "Q5": 6, "Q8": 8}[kind[:2]]
-    x = torch.randn(64, width)
-    x[:, 3] *= 30  # an outlier channel: only its own group's activations lose precision
-    for rows in [*range(1, 18), 31, 32, 53, 64]:
-        portable = products(kernel, "portable", x[:rows], tiles)
-        assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
-
-
-@pytest.mark.parametrize("kind", GROUP_TYPES)
-def test_blocks_of_one_group_give_the_files_weights_times_x_to_its_activations_rounding(kernel, kind):
-    tiles = group_type_tiles(kind, 48, 512, seed=9)
-    x = torch.randn(5, 512)
-    exact = x @ tiles.dequantize().T
-    rounded = x.view(5, 16, 32)  # x as the kernel quantizes it: int8 levels per row and 32-group
-    scale = rounded.abs().amax(dim=2, keepdim=True) / 127
-    rounded = (torch.round(rounded / scale) * scale).view(5, 512)
-    out = run_kernel(kernel.q4_linear, x, tiles)
-    assert torch.allclose(out, rounded @ tiles.dequantize().T, rtol=1e-4, atol=1e-4 * exact.abs().max().item())
-    assert ((out - exact).norm() / exact.norm()) < 0.01
-
-
 HALVES_TYPES = ["Q6_K", "IQ4_XS", "IQ4_NL"]  # a signed scale per 16 inputs (Q4Block.halves), or IQ4's table
 
 
@@ -136,31 +107,44 @@ def halves_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
     return Q4Tiles.from_block(block)
 
 
+def stored_tiles(kind: str, outs: int, width: int, seed: int) -> Q4Tiles:
+    return (group_type_tiles if kind in GROUP_TYPES else halves_tiles)(kind, outs, width, seed)
+
+
+STORED_SHAPES = [(200, 640), (33, 192), (16, 64)]  # blocks of one group: any width; 256-blocks: multiples of 256
+STORED_CASES = [(kind, *shape) for kind in GROUP_TYPES + ["IQ4_NL"] for shape in STORED_SHAPES]
+STORED_CASES += [(kind, *shape) for kind in ["Q6_K", "IQ4_XS"] for shape in [(200, 512), (33, 256), (16, 768)]]
+
+
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
-@pytest.mark.parametrize("kind", HALVES_TYPES)
-@pytest.mark.parametrize("outs, width", [(200, 512), (33, 256), (16, 768)])
-def test_every_path_gives_the_portable_paths_bits_on_halves(kernel, path, kind, outs, width):
-    """Q6_K (6-bit levels) and IQ4_XS (table indices) as stored: each 16 inputs with a signed scale and offset of their
-    own; IQ4_NL: table indices in blocks of one group."""
+@pytest.mark.parametrize("kind, outs, width", STORED_CASES)
+def test_every_path_gives_the_portable_paths_bits_on_each_type_as_stored(kernel, path, kind, outs, width):
+    """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL: a float16 d (and dmin) a 32-group, x quantized per 32 inputs; Q8_0's
+    8-bit levels reach 255 (the AVX2 path's low-7-bits-and-top-bit split), IQ4's table levels 241. Q6_K (6-bit
+    levels) and IQ4_XS (table indices): each 16 inputs with a signed scale and offset of their own."""
     path_or_skip(kernel, path)
-    tiles = halves_tiles(kind, outs, width, seed=outs + width)
+    tiles = stored_tiles(kind, outs, width, seed=outs + width)
     x = torch.randn(64, width)
-    x[:, 3] *= 30
+    x[:, 3] *= 30  # an outlier channel: only its own block's activations lose precision
     for rows in [*range(1, 18), 31, 32, 53, 64]:
         portable = products(kernel, "portable", x[:rows], tiles)
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
 
 
-@pytest.mark.parametrize("kind", HALVES_TYPES)
-def test_halves_give_the_files_weights_times_x_to_its_activations_rounding(kernel, kind):
-    tiles = halves_tiles(kind, 48, 512, seed=9)
+@pytest.mark.parametrize("kind", GROUP_TYPES + HALVES_TYPES)
+def test_each_type_as_stored_gives_the_files_weights_times_x_to_its_activations_rounding(kernel, kind):
+    tiles = stored_tiles(kind, 48, 512, seed=9)
+    if kind in GROUP_TYPES:
+        assert tiles.bits == {"Q4": 4, "Q5": 6, "Q8": 8}[kind[:2]]
     x = torch.randn(5, 512)
-    rounded = x.view(5, -1, tiles.qs.shape[1] * 32 // tiles.d.shape[1])  # as the kernel quantizes it: per block
+    exact = x.double() @ tiles.dequantize().double().T
+    rounded = x.view(5, -1, 512 // tiles.d.shape[1])  # x as the kernel quantizes it: int8 levels per row and block
     scale = rounded.abs().amax(dim=2, keepdim=True) / 127
     rounded = (torch.round(rounded / scale) * scale).view(5, 512)
     wanted = rounded.double() @ tiles.dequantize().double().T
-    out = run_kernel(kernel.q4_linear, x, tiles)
-    assert torch.allclose(out.double(), wanted, rtol=1e-5, atol=1e-5 * wanted.abs().max().item())
+    out = run_kernel(kernel.q4_linear, x, tiles).double()
+    assert torch.allclose(out, wanted, rtol=1e-5, atol=1e-5 * wanted.abs().max().item())
+    assert ((out - exact).norm() / exact.norm()) < 0.01
 
 
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
