@@ -155,7 +155,7 @@ def specchat_decoder(gguf: Path, tokens: int, context: int):
     started = time.perf_counter()
     pair = load_pair(cfg, to_stderr())
     load_s = time.perf_counter() - started
-    engine = Engine(pair.target, pair.tokenizer, None, eos_ids=(), vocab_size=pair.vocab_size, probs=pair.probs)
+    engine = Engine(pair.target, pair.tokenizer, None, eos_ids=(), vocab_size=pair.vocab_size, sampler=pair.sampler)
     prompt = pair.tokenizer.encode("def reverse(lst):\n    return lst[::-1]\n" * 8)[:context]
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=tokens)
     speculation = SpeculationConfig(gamma=0, mode="target")

@@ -238,6 +238,18 @@ class Q4Tiles:
 
     @classmethod
     def from_block(cls, block: Q4Block) -> Q4Tiles:
+        """The block's tiles, QUANTIZE_ROWS rows (a multiple of 16) at a time: a head's temporaries stay small."""
+        rows = block.sc.shape[0]
+        if rows <= QUANTIZE_ROWS:
+            return cls._from_rows(block)
+        parts = [
+            cls._from_rows(Q4Block(*(t[start : start + QUANTIZE_ROWS] for t in block.tensors())))
+            for start in range(0, rows, QUANTIZE_ROWS)
+        ]
+        return cls(*(torch.cat(fields) for fields in zip(*(part.tensors() for part in parts))), outs=rows)
+
+    @classmethod
+    def _from_rows(cls, block: Q4Block) -> Q4Tiles:
         rows = block.sc.shape[0]
         tiles = -(-rows // TILE_ROWS)
         levels = LEVEL_BITS[block.bits][1](block.qs.view(torch.uint8))  # [out, in/32, 32] (or table indices)

@@ -131,6 +131,21 @@ def test_every_path_gives_the_portable_paths_bits_on_each_type_as_stored(kernel,
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
 
 
+@pytest.mark.parametrize("kind", ["IQ4_NL", "IQ4_XS"])
+def test_table_indices_give_on_every_path_the_bits_of_the_levels_they_stand_for(kernel, kind):
+    """IQ4's 4-bit indices, looked up in the kernel, give the products of the same weights held as 8-bit levels."""
+    from specchat.quant.w4a8 import LEVEL_BITS, _levels
+
+    tiles = halves_tiles(kind, 48, 512, seed=3)
+    block = tiles.to_block()
+    levels = LEVEL_BITS[8][0](_levels(block.qs, 4).contiguous())
+    as_levels = Q4Tiles.from_block(Q4Block(levels, block.sc, block.m, block.d, block.dmin))
+    assert as_levels.bits == 8 and torch.equal(as_levels.dequantize(), tiles.dequantize())
+    x = torch.randn(9, 512)
+    for path in kernel.kernel_paths():
+        assert torch.equal(products(kernel, path, x, tiles), products(kernel, path, x, as_levels)), path
+
+
 @pytest.mark.parametrize("kind", GROUP_TYPES + HALVES_TYPES)
 def test_each_type_as_stored_gives_the_files_weights_times_x_to_its_activations_rounding(kernel, kind):
     tiles = stored_tiles(kind, 48, 512, seed=9)

@@ -159,6 +159,16 @@ def test_decoded_q6_k_and_iq4_blocks_give_gguf_pys_own_weights_through_the_tiles
     assert torch.equal(Q4Tiles.from_block(block).dequantize(), expected)
 
 
+def test_a_tall_tensor_is_decoded_a_few_rows_at_a_time_to_the_same_block(monkeypatch):
+    from specchat.loading.gguf import blocks
+
+    raw = torch.from_numpy(random_blocks("Q6_K", 40, 512, seed=7))
+    whole = _decoded("Q6_K", raw)
+    monkeypatch.setattr(blocks, "QUANTIZE_ROWS", 16)
+    parts = _decoded("Q6_K", raw)
+    assert all(torch.equal(a, b) for a, b in zip(parts.tensors(), whole.tensors()))
+
+
 def test_a_q6_k_scale_past_what_the_kernel_holds_is_requantized_not_an_error():
     raw = random_blocks("Q6_K", 4, 256, seed=6)
     raw[:, 208:210] = np.array([60000.0], dtype=np.float16).view(np.uint8)  # 32·d is past float16

@@ -120,6 +120,20 @@ def test_levels_packed_for_the_kernel_unpack_to_themselves(bits):
     assert torch.equal(unpack(pack(levels)), levels)
 
 
+def test_tiles_made_a_few_rows_at_a_time_are_the_tiles_made_at_once(monkeypatch):
+    """from_block takes a head-sized block QUANTIZE_ROWS rows at a time (its temporaries bounded): the same tiles."""
+    from specchat.quant import w4a8
+
+    for bits in (4, 6):
+        block = Q4Block.quantize(torch.randn(100, 128), bits)
+        whole = Q4Tiles.from_block(block)
+        monkeypatch.setattr(w4a8, "QUANTIZE_ROWS", 32)
+        parts = Q4Tiles.from_block(block)
+        monkeypatch.undo()
+        assert parts.outs == whole.outs == 100
+        assert all(torch.equal(a, b) for a, b in zip(parts.tensors(), whole.tensors())), bits
+
+
 def test_six_bit_levels_keep_their_top_bits_where_the_kernel_reads_them():
     levels = torch.zeros(1, 2, 32, dtype=torch.uint8)
     levels[0, 0, 3], levels[0, 0, 19], levels[0, 1, 5], levels[0, 1, 21] = 0x10, 0x20, 0x30, 0x1F

@@ -30,7 +30,7 @@ from torch import nn
 from specchat.loading.finite import check_weights
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.gguf.tensors import GGUFTensors
-from specchat.quant.w4a8 import FINER_BITS, GROUP, HALF_MAX, LEVEL_BITS, Q4Block, fitting_linears
+from specchat.quant.w4a8 import FINER_BITS, GROUP, HALF_MAX, LEVEL_BITS, QUANTIZE_ROWS, Q4Block, fitting_linears
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (fp16), 12 bytes of packed 6-bit sc/m, 128 bytes of nibbles
 Q5_K_BYTES = 176  # per 256 weights: d, dmin, 12 bytes of sc/m, 32 bytes of fifth bits, 128 bytes of nibbles
@@ -270,9 +270,13 @@ def matching_blocks(
 
 
 def _decoded(kind: str, raw: torch.Tensor) -> Q4Block | None:
-    """The kernel's block of a tensor of a type it holds as stored; None where a scale is past what it holds."""
+    """The kernel's block of a tensor of a type it holds as stored, decoded QUANTIZE_ROWS rows at a time (a head of
+    151,936 rows needs no GB of temporaries); None where a scale is past what it holds."""
+    decode = AS_STORED[kind][1]
     try:
-        return AS_STORED[kind][1](raw)
+        return Q4Block.concat(
+            [decode(raw[start : start + QUANTIZE_ROWS]) for start in range(0, len(raw), QUANTIZE_ROWS)]
+        )
     except ValueError:
         return None
 
