@@ -51,3 +51,20 @@ def test_every_field_changed_in_dtype_or_shape_is_named():
             for changed in changes:
                 problem = block_problem(dataclasses.replace(block, **{field.name: changed}), layer)
                 assert problem.startswith(f"{field.name} is"), (type(block).__name__, field.name, problem)
+
+
+@pytest.mark.parametrize("kind", ["Q6_K", "IQ4_XS", "IQ4_NL"])
+def test_a_files_own_halves_and_table_tiles_fit_and_their_scales_come_as_one_pair(kind):
+    """Q6_K and IQ4_XS: sc and m int8 per 16 inputs; IQ4: qs int8 table indices. A cached block with one of sc and m
+    a group's and the other a half's is named, not handed to the kernel."""
+    from model_files import random_blocks
+
+    from specchat.loading.gguf.blocks import AS_STORED
+
+    tiles = Q4Tiles.from_block(AS_STORED[kind][1](torch.from_numpy(random_blocks(kind, 40, 512))))
+    layer = nn.Linear(512, 40, bias=False)
+    assert block_problem(tiles, layer) == ""
+    if kind != "IQ4_NL":
+        mixed = dataclasses.replace(tiles, m=torch.zeros(tiles.m.shape[0], 8, 32, dtype=torch.uint8))
+        assert "both a group's" in block_problem(mixed, layer)
+        assert block_problem(dataclasses.replace(tiles, sc=tiles.sc.view(torch.uint8)), layer)
