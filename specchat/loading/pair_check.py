@@ -69,7 +69,7 @@ def judge_pair(target_tok, drafter_tok, drafter_model, drafter_name: str) -> Pai
             f"drafter {drafter_name} scores {width} token ids but its tokenizer has "
             f"{len(drafter_tok)}; the checkpoint is inconsistent"
         )
-    difference = "" if drafter_tok is target_tok else first_difference(target_tok, drafter_tok)
+    difference = "" if same_vocabulary(target_tok, drafter_tok) else first_difference(target_tok, drafter_tok)
     sizes = (len(target_tok), len(drafter_tok), width)
     return PairCheck(
         _kind(difference, *sizes),
@@ -87,6 +87,14 @@ def _kind(difference: str, target_ids: int, drafter_ids: int, width: int) -> str
     if padding == 0:
         return "same"
     return "padded" if padding <= PAD_LIMIT else "text"
+
+
+def same_vocabulary(target_tok, drafter_tok) -> bool:
+    """Whether the two are one tokenizer, or copies sharing one backend (shared_tokenizer.with_template)."""
+    backend = getattr(target_tok, "backend_tokenizer", None)
+    return drafter_tok is target_tok or (
+        backend is not None and getattr(drafter_tok, "backend_tokenizer", None) is backend
+    )
 
 
 def first_difference(target_tok, drafter_tok) -> str:

@@ -3,14 +3,17 @@ hold the same tokenizer files.
 
 A target and its drafter usually ship byte-identical tokenizer files (the bundled Qwen2.5-Coder pair
 does: 11 MB of tokenizer.json each). Reading them twice, and then comparing 152k ids one by one to
-prove the two tokenizers agree, took about 2 s of a 15 s start. When the files are the same, the
-drafter gets the target's tokenizer object and there is nothing to compare.
+prove the two tokenizers agree, took about 2 s of a 15 s start, and each read tokenizer holds about 100 MB.
+When the files are the same, the drafter gets the target's tokenizer object and there is nothing to compare;
+when only their chat templates differ (the bundled pair's do), a copy of it that shares its vocabulary (the
+backend tokenizer) and carries its own template.
 
 A tokenizer with no chat template (a base model's, gpt2's) gets specchat's plain User:/Assistant: one.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -34,27 +37,60 @@ PLAIN_TEMPLATE = (
 )
 PLAIN_TURN_STOP = "\nUser:"  # a base model under PLAIN_TEMPLATE that writes this has begun the user's next turn
 
-# What AutoTokenizer reads from a directory: the tokenizer's own files, chat templates, remote code.
+# What AutoTokenizer reads from a directory for the vocabulary: the tokenizer's own files, remote code (the chat
+# template apart: TEMPLATE_FILES, and tokenizer_config.json's "chat_template").
 TOKENIZER_FILES = re.compile(
-    r"^(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|"
-    r"chat_template.*|.*\.model|.*\.tiktoken|.*\.py)$"
+    r"^(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|.*\.model|.*\.tiktoken|.*\.py)$"
 )
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+UNREAD = object()  # a chat template this module does not read itself (named templates, a folder of them)
 
 
 def tokenizer_digest(location: str, trust_remote_code: bool) -> str | None:
-    """A digest of everything a local checkpoint's tokenizer is built from: its tokenizer files, and the
-    config's model type (which picks the tokenizer class when tokenizer_config.json names none).
-    None for a hub id: those are not compared."""
+    """A digest of everything a local checkpoint's vocabulary is built from: its tokenizer files (with
+    tokenizer_config.json less its chat template), and the config's model type (which picks the tokenizer class
+    when tokenizer_config.json names none). None for a hub id: those are not compared."""
     folder = Path(location)
     if not folder.is_dir():
         return None
     digest = hashlib.sha256(f"remote code: {trust_remote_code}\n".encode())
     for path in sorted(folder.iterdir()):
         if path.is_file() and TOKENIZER_FILES.match(path.name) and not path.name.endswith(".verified"):
-            digest.update(f"{path.name}\n{path.stat().st_size}\n".encode())
-            digest.update(path.read_bytes())
+            data = _without_template(path.read_bytes()) if path.name == "tokenizer_config.json" else path.read_bytes()
+            digest.update(f"{path.name}\n{len(data)}\n".encode())
+            digest.update(data)
     digest.update(f"model type: {_model_type(folder)}".encode())
     return digest.hexdigest()
+
+
+def _without_template(config: bytes) -> bytes:
+    """tokenizer_config.json's bytes less its "chat_template" (as they are where it is not a JSON object)."""
+    try:
+        fields = json.loads(config)
+    except ValueError:
+        return config
+    if not isinstance(fields, dict):
+        return config
+    fields.pop("chat_template", None)
+    return json.dumps(fields, sort_keys=True).encode()
+
+
+def chat_template_of(folder: Path) -> str | None | object:
+    """The chat template a checkpoint's tokenizer would load (chat_template.jinja, chat_template.json, else
+    tokenizer_config.json's), None where it has none, UNREAD where it is not one string (named templates)."""
+    if (folder / "additional_chat_templates").exists():
+        return UNREAD
+    try:
+        if (folder / "chat_template.jinja").is_file():
+            return (folder / "chat_template.jinja").read_text()
+        for name in ("chat_template.json", "tokenizer_config.json"):
+            if (folder / name).is_file():
+                template = json.loads((folder / name).read_text()).get("chat_template")
+                if template is not None or name == "chat_template.json":
+                    return template if isinstance(template, str) else UNREAD
+    except (OSError, ValueError, AttributeError):
+        return UNREAD
+    return None
 
 
 def _model_type(folder: Path) -> str:
@@ -73,7 +109,25 @@ def shared_tokenizer(checkpoint: Checkpoint, plan: ModelPlan, tokenizers: dict |
         return load_tokenizer(checkpoint, plan)
     if key not in tokenizers:
         tokenizers[key] = load_tokenizer(checkpoint, plan)
-    return tokenizers[key]
+        return tokenizers[key]
+    tokenizer, kind = tokenizers[key]
+    template = chat_template_of(Path(checkpoint.location))
+    if template is UNREAD:
+        return load_tokenizer(checkpoint, plan)
+    if template == (tokenizer.chat_template if kind == "own" else None):
+        return tokenizer, kind
+    return with_template(tokenizer, template)
+
+
+def with_template(tokenizer, template) -> tuple[Any, str]:
+    """A copy of `tokenizer` (its vocabulary, the backend tokenizer, shared) with its own chat template, or the
+    plain one where `template` is None."""
+    copied = copy.copy(tokenizer)
+    if template is None:
+        copied.chat_template = plain_template(tokenizer)
+        return copied, "plain"
+    copied.chat_template = template
+    return copied, "own"
 
 
 def load_tokenizer(checkpoint: Checkpoint, plan: ModelPlan) -> tuple[Any, str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specchat.memory import release_freed_memory
 from specchat.quant.shared import layer_output, replace_linears, shared_input_groups
 
 FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
@@ -29,6 +30,7 @@ HALF = GROUP // 2  # or, with `halves`, a scale and an offset per 16 inputs
 PAIR = 2 * GROUP  # a stored row packs its groups two by two
 TILE_ROWS = 16  # output rows the kernel reads interleaved (one per 32-bit lane of a 512-bit vector)
 QUANTIZE_ROWS = 8192  # rows quantized at a time
+RETURN_EVERY = 64 << 20  # bytes of fused layers' own tiles let go between handing the heap's free pages back
 
 
 def block_width(width: int) -> int:
@@ -427,8 +429,14 @@ def quantize_w4a8(
 
     linears = fitting_linears(model)
     replace_linears(model, build)
+    unreturned = 0  # bytes of layer tiles freed since the heap last handed its free pages back
     for names in shared_input_groups(linears, lambda name: 1):
-        group_layers(model, names)  # a group's own tiles are freed as it is fused (nothing else holds them)
+        unreturned += group_layers(
+            model, names
+        )  # a group's own tiles are freed as it is fused (nothing else holds them)
+        if unreturned >= RETURN_EVERY:  # freed tiles stay with the heap until trimmed: the resident set would hold both
+            release_freed_memory()
+            unreturned = 0
     return {name: model.get_submodule(name).tiles for name in used}  # a fused layer's: a view of its rows
 
 
@@ -452,16 +460,19 @@ class Q4Group:
         return list(run_kernel(self.product, x, self.fused).split(self.widths, dim=1))
 
 
-def group_layers(model: nn.Module, names: list[str]) -> None:
+def group_layers(model: nn.Module, names: list[str]) -> int:
     """Fuse the Q4Linear layers `names` of `model`, which read one input, into a Q4Group, where their
-    levels are stored alike (as many bits, same block width) and each fills whole tiles."""
+    levels are stored alike (as many bits, same block width) and each fills whole tiles. Returns the bytes of the
+    layers' own tiles it let go (0: not fused)."""
     layers = [model.get_submodule(name) for name in names]
     if not all(isinstance(layer, Q4Linear) for layer in layers):
-        return
+        return 0
     tiles = [layer.tiles for layer in layers]
     alike = len({(t.qs.shape[2], t.qs.dtype, t.sc.dtype, t.d.shape[1]) for t in tiles}) == 1  # one layout
-    if alike and all(layer.out_features % TILE_ROWS == 0 for layer in layers):
-        Q4Group(layers)
+    if not alike or any(layer.out_features % TILE_ROWS for layer in layers):
+        return 0
+    Q4Group(layers)
+    return sum(t.nbytes for part in tiles for t in part.tensors())
 
 
 def whole_group(layers: list[Q4Linear]) -> Q4Group | None:

@@ -15,7 +15,7 @@ from tiny_models import CHATML, build_model, build_tokenizer
 
 from specchat import cache as specchat_cache
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
-from specchat.loading import assets, devices, shared_tokenizer
+from specchat.loading import assets, devices, pair_check, shared_tokenizer
 from specchat.loading import models as model_loading
 from specchat.loading import plan as planning
 from specchat.loading.gguf import convert as gguf_convert
@@ -103,6 +103,41 @@ def test_a_pair_with_the_same_tokenizer_files_reads_them_once(target_dir, drafte
     assert len(reads) == 2  # outside one pair, nothing is shared
 
 
+def test_a_drafter_whose_files_differ_only_in_its_chat_template_shares_the_vocabulary(tmp_path, tok, monkeypatch):
+    """The bundled pair's case: one read of the tokenizer files, the drafter's a copy sharing the target's backend
+    (its ids are the target's, nothing compared) with its own template; the banner says the templates differ."""
+    import shutil
+
+    model = build_model(len(tok), seed=2, layers=1, hidden=32)
+    target = save_dir(tmp_path / "target", build_model(len(tok), seed=1, layers=1, hidden=32), tok)
+    drafter = save_dir(tmp_path / "drafter", model, tok)
+    shutil.copy(target / "tokenizer.json", drafter / "tokenizer.json")
+    templates = {folder: shared_tokenizer.chat_template_of(folder) for folder in (target, drafter)}
+    assert isinstance(templates[target], str) and templates[target] == templates[drafter]
+    (drafter / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    for name in ("tokenizer_config.json", "chat_template.json"):  # wherever this transformers keeps it, drop it
+        path = drafter / name
+        if path.exists():
+            fields = json.loads(path.read_text())
+            fields.pop("chat_template", None)
+            path.write_text(json.dumps(fields))
+    reads, copies, compared = [], [], []
+    real, copy_with = shared_tokenizer.load_tokenizer, shared_tokenizer.with_template
+    monkeypatch.setattr(shared_tokenizer, "load_tokenizer", lambda *args: reads.append(args[0].location) or real(*args))
+    monkeypatch.setattr(shared_tokenizer, "with_template", lambda *args: copies.append(copy_with(*args)) or copies[-1])
+    monkeypatch.setattr(pair_check, "first_difference", lambda *args: compared.append(args) or "")
+    pair = load_pair(local_cfg(str(target), str(drafter)))
+    assert reads == [str(target)] and len(copies) == 1 and compared == []
+    drafter_tok, kind = copies[0]
+    assert kind == "own" and drafter_tok is not pair.tokenizer
+    assert drafter_tok.backend_tokenizer is pair.tokenizer.backend_tokenizer
+    assert drafter_tok.chat_template == "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert pair.tokenizer.chat_template == templates[target]
+    assert pair.pair_check.kind == "same" and pair.pair_check.template is False
+    ids = tok.encode(PROMPT)
+    assert greedy_reply(pair, "spec", ids) == greedy_reply(pair, "target", ids)
+
+
 def test_the_tokenizer_digest_follows_the_tokenizer_files_and_model_type_only(tmp_path, tok):
     folder = save_dir(tmp_path / "m", build_model(len(tok), seed=3, layers=1, hidden=32), tok)
     before = tokenizer_digest(str(folder), trust_remote_code=False)
@@ -116,6 +151,9 @@ def test_the_tokenizer_digest_follows_the_tokenizer_files_and_model_type_only(tm
     text = (folder / "tokenizer.json").read_text()
     (folder / "tokenizer.json").write_text(text.replace('"<|im_end|>"', '"<|im_stop|>"', 1))
     assert tokenizer_digest(str(folder), trust_remote_code=False) != before
+    (folder / "tokenizer.json").write_text(text)
+    (folder / "chat_template.jinja").write_text("{{ messages }}")  # a template is not the vocabulary
+    assert tokenizer_digest(str(folder), trust_remote_code=False) == before
     assert tokenizer_digest("Qwen/Qwen2.5-0.5B", trust_remote_code=False) is None  # hub ids are not compared
 
 
