@@ -10,10 +10,10 @@ levels q + 128, Q4_1/Q5_1 −min·1), and their activations are quantized per 32
 Q6_K scales 16-input halves (a signed int8 each): the kernel's `halves` blocks hold it (6-bit levels q, sc and m
 the file's scale, dmin 32·d). IQ4_NL and IQ4_XS place their 16 levels non-linearly (−127 … 113): the kernel holds
 their 4-bit indices and looks each level up (t + 128; IQ4_NL in blocks of one group, offset d·128 as Q8_0's;
-IQ4_XS in halves, its signed 32-group scale on both, dmin 128·d). Q2_K and Q3_K are dequantized as transformers dequantizes them and quantized to the finer levels (6
-bits; 4 in w4a8-fast): their weights change, by less than the file's own quantization step (python -m
-specchat.bench.targets --gguf FILE measures what that does to the next-token distribution). Each imported layer
-is checked against the weights the model loaded.
+IQ4_XS in halves, its signed 32-group scale on both, dmin 128·d). Q2_K and Q3_K are dequantized as transformers
+dequantizes them and quantized to the finer levels (6 bits; 4 in w4a8-fast): their weights change, by less than
+the file's own quantization step (python -m specchat.bench.targets --gguf FILE measures what that does to the
+next-token distribution). Each imported layer is checked against the weights the model loaded.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def decode_q6_k(raw: torch.Tensor) -> Q4Block:
     high = (blocks[..., 128:192].reshape(rows, -1, 2, 1, 32) >> _shifts(0, 2, 4, 6)) & 3
     levels = (low.reshape(rows, -1) | (high.reshape(rows, -1) << 4)).view(rows, -1, GROUP)
     scales = blocks[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1).contiguous()
-    d = _halfs(blocks, 208, rows)
+    d = _float16_at(blocks, 208, rows)
     _fits_half(d * 32, "Q6_K")
     return Q4Block(LEVEL_BITS[6][0](levels.contiguous()), scales, scales.clone(), d, d * 32)
 
@@ -131,7 +131,7 @@ def decode_iq4_nl(raw: torch.Tensor) -> Q4Block:
     j ≥ 16 the high one of byte j − 16) → blocks of one 32-group of table indices (levels t + 128), as Q8_0's."""
     rows, blocks = _blocks(raw, "IQ4_NL", 18)
     ones = torch.ones(rows, blocks.shape[1], dtype=torch.uint8)
-    d = _halfs(blocks, 0, rows)
+    d = _float16_at(blocks, 0, rows)
     return Q4Block(_table_indices(blocks[..., 2:]), ones, ones * 128, d, d.clone())
 
 
@@ -140,7 +140,7 @@ def decode_iq4_xs(raw: torch.Tensor) -> Q4Block:
     each 32-group's signed scale (6 bits less 32: low nibble g of the 4 scale bytes, top 2 bits at 2g of the uint16)
     as both its halves' sc and m, dmin 128·d: w = d·s·t."""
     rows, blocks = _blocks(raw, "IQ4_XS", IQ4_XS_BYTES)
-    d = _halfs(blocks, 0, rows)
+    d = _float16_at(blocks, 0, rows)
     _fits_half(d * 128, "IQ4_XS")
     top = blocks[..., 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF  # [rows, blocks, 1]
     low = (blocks[..., 4:8].reshape(rows, -1, 4, 1) >> _shifts(0, 4).view(-1)).reshape(rows, -1, 8) & 0x0F
@@ -160,14 +160,18 @@ def _shifts(*bits: int) -> torch.Tensor:
     return torch.tensor(bits, dtype=torch.uint8).view(-1, 1)
 
 
-def _halfs(blocks: torch.Tensor, at: int, rows: int) -> torch.Tensor:
+def _float16_at(blocks: torch.Tensor, at: int, rows: int) -> torch.Tensor:
     """The float16 at byte `at` of each block, as float32 [rows, blocks]."""
     return blocks[..., at : at + 2].contiguous().view(torch.float16).float().reshape(rows, -1).contiguous()
 
 
+class ScaleOverflow(ValueError):
+    """A block's offset scale (32·d, 128·d) past float16's range: the tensor is requantized instead."""
+
+
 def _fits_half(dmin: torch.Tensor, kind: str) -> None:
     if not bool((dmin.abs() <= HALF_MAX).all()):
-        raise ValueError(f"a {kind} block's scale is too large to hold as stored")
+        raise ScaleOverflow(f"a {kind} block's scale is too large to hold as stored")
 
 
 def _blocks(raw: torch.Tensor, kind: str, size: int) -> tuple[int, torch.Tensor]:
@@ -277,7 +281,7 @@ def _decoded(kind: str, raw: torch.Tensor) -> Q4Block | None:
         return Q4Block.concat(
             [decode(raw[start : start + QUANTIZE_ROWS]) for start in range(0, len(raw), QUANTIZE_ROWS)]
         )
-    except ValueError:
+    except ScaleOverflow:
         return None
 
 
@@ -339,7 +343,7 @@ def _stored_block(tensors, weight: str, layer: nn.Linear, finer_bits: int) -> Q4
         return None
     try:
         order = tensors.row_order(weight)
-    except ValueError:
+    except ScaleOverflow:
         return None
     block = _decoded(kind, tensors.raw(weight))
     return block if block is None or order is None else Q4Block(*(part[order].contiguous() for part in block.tensors()))
