@@ -227,13 +227,11 @@ class Q4Tiles:
     The last tile is padded with zero rows; `outs` is the true number of output rows."""
 
     qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]; int8: table indices
-    sc: (
-        torch.Tensor
-    )  # uint8 [tiles, in/32, 16]; halves: int8 [tiles, in/32, 2·16], a group's first 16 inputs' then last's
-    m: (
-        torch.Tensor
-    )  # uint8 [tiles, in/64, 32]: groups 2p and 2p+1 side by side per row; halves: int8 [tiles, in/32, 32]
-    #                  a group's two halves side by side per row
+    # sc: uint8 [tiles, in/32, 16]; halves: int8 [tiles, in/32, 2·16], a group's first 16 inputs' then its last's
+    sc: torch.Tensor
+    # m: uint8 [tiles, in/64, 32], groups 2p and 2p+1 side by side per row; halves: int8 [tiles, in/32, 32], a
+    # group's two halves side by side per row
+    m: torch.Tensor
     d: torch.Tensor  # float16 [tiles, blocks, 16] (blocks: in/32 where a block is one group)
     dmin: torch.Tensor  # float16 [tiles, blocks, 16]
     outs: int
@@ -406,10 +404,10 @@ def quantize_w4a8(
     """Replace every nn.Linear of `model` (the head too) whose shape the kernel takes (`fits`) by a
     Q4Linear; returns the tiles used (what the quantized cache stores). The others stay as they are.
 
-    From `blocks` (by module name; each taken out of the dict as it is used) when given. Else a layer takes its block from `exact` (a GGUF's own
-    4-bit blocks: the file's weights bit for bit) or is quantized from its weights: with
-    `finer_bits` levels when `exact` is given (the file kept that layer finer than 4 bits) or when it
-    is the output head, else 4 bits. finer_bits = 4 makes every layer 4-bit (w4a8-fast).
+    From `blocks` (by module name; each taken out of the dict as it is used) when given. Else a layer takes
+    its block from `exact` (a GGUF's own blocks: the file's weights bit for bit) or is quantized from its
+    weights: with `finer_bits` levels when `exact` is given (the file kept that layer finer than 4 bits) or
+    when it is the output head, else 4 bits. finer_bits = 4 makes every layer 4-bit (w4a8-fast).
     `kernel`: build_kernel's module."""
     used: list[str] = []
 
@@ -431,9 +429,8 @@ def quantize_w4a8(
     replace_linears(model, build)
     unreturned = 0  # bytes of layer tiles freed since the heap last handed its free pages back
     for names in shared_input_groups(linears, lambda name: 1):
-        unreturned += group_layers(
-            model, names
-        )  # a group's own tiles are freed as it is fused (nothing else holds them)
+        # a group's own tiles are freed as it is fused (nothing else holds them)
+        unreturned += group_layers(model, names)
         if unreturned >= RETURN_EVERY:  # freed tiles stay with the heap until trimmed: the resident set would hold both
             release_freed_memory()
             unreturned = 0
