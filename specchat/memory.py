@@ -30,3 +30,19 @@ def release_freed_memory() -> bool:
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
     return True
+
+
+class FreedPages:
+    """Bytes let go a piece at a time (old storages, a fused layer's own tiles), the heap's free pages handed back
+    (release_freed_memory) once `every` of them have gone: freed pages stay with the heap until trimmed, so the
+    resident set would otherwise hold the old copy beside the new."""
+
+    def __init__(self, every: int):
+        self.every = every
+        self.unreturned = 0
+
+    def let_go(self, nbytes: int) -> None:
+        self.unreturned += nbytes
+        if self.unreturned >= self.every:
+            release_freed_memory()
+            self.unreturned = 0

@@ -21,13 +21,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specchat.memory import release_freed_memory
+from specchat.memory import FreedPages, release_freed_memory
 from specchat.quant.w4a8 import Q4Linear
 
 HUGE_PAGE = 2 << 20
-RETURN_EVERY = (
-    16 << 20
-)  # bytes moved between handing the old pages back (the warm start's peak: 2.19 -> 2.11 GB at 64 MB)
+# bytes moved between handing the old pages back (the warm start's peak: 2.19 -> 2.11 GB at 64 MB)
+RETURN_EVERY = 16 << 20
 ALIGN = 64  # each storage's first byte, as torch's allocator aligns them (the kernels read them with SIMD loads)
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -73,20 +72,18 @@ def into_huge_pages(tensors: list[torch.Tensor], setting: Path = THP_SETTING) ->
     release_freed_memory()  # what loading freed (a fused layer's own tiles...) back first: not held beside the copy
     arena = torch.frombuffer(region, dtype=torch.uint8)  # holds the region while any tensor points into it
     start = -arena.data_ptr() % HUGE_PAGE
-    unreturned = 0  # bytes let go since the heap last handed its free pages back
+    freed = FreedPages(RETURN_EVERY)
     with torch.no_grad():
         while storages:  # each old storage let go once its tensors have moved: the copy never holds both in whole
             address, (storage, views) = storages.popitem()
-            unreturned += storage.nbytes()
+            nbytes = storage.nbytes()
             first = start + offsets[address]
-            arena[first : first + storage.nbytes()].copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+            arena[first : first + nbytes].copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
             for view in views:
                 at = first // view.element_size() + view.storage_offset()
                 view.set_(arena.untyped_storage(), at, view.size(), view.stride())
             del storage, views
-            if unreturned >= RETURN_EVERY:  # freed storages stay with the heap until trimmed: RSS would hold both
-                release_freed_memory()
-                unreturned = 0
+            freed.let_go(nbytes)
     release_freed_memory()
     return total
 

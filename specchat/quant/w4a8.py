@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specchat.memory import release_freed_memory
+from specchat.memory import FreedPages
 from specchat.quant.shared import layer_output, replace_linears, shared_input_groups
 
 FINER_BITS = 6  # levels of the layers kept finer than 4 bits (a GGUF's Q6_K..., the head)
@@ -427,13 +427,11 @@ def quantize_w4a8(
 
     linears = fitting_linears(model)
     replace_linears(model, build)
-    unreturned = 0  # bytes of layer tiles freed since the heap last handed its free pages back
+    freed = FreedPages(RETURN_EVERY)
     for names in shared_input_groups(linears, lambda name: 1):
-        # a group's own tiles are freed as it is fused (nothing else holds them)
-        unreturned += group_layers(model, names)
-        if unreturned >= RETURN_EVERY:  # freed tiles stay with the heap until trimmed: the resident set would hold both
-            release_freed_memory()
-            unreturned = 0
+        freed.let_go(
+            group_layers(model, names)
+        )  # a group's own tiles are freed as it is fused (nothing else holds them)
     return {name: model.get_submodule(name).tiles for name in used}  # a fused layer's: a view of its rows
 
 

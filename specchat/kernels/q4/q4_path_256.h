@@ -75,42 +75,18 @@ inline __m256i broadcast4(const void* bytes) {
   return _mm256_set1_epi32(quad);
 }
 
-// Block b's offset sums (q4_tiles.h) of one half of the tile for R rows from `first`: m as int16 pairs times two
-// group sums (a block of one group: its own sum, sum_pair).
-template <int R>
+// Block b's offset sums (q4_tiles.h) of one half of the tile for R rows from `first`: m as int16 pairs (signed with
+// halves) times each step's pair of activation sums (step_mins, step_sums).
+template <int R, bool HALVES>
 inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half, __m256i* offset) {
   const int64_t per_block = w.groups / w.blocks;
   for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
-  for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {
-    const uint8_t* m = w.m + (tile * w.groups + g - g % 2) * TILE_ROWS + half * 16;
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
-    for (int r = 0; r < R; ++r) {
-      const __m256i sums = _mm256_set1_epi32(sum_pair(x.sums + (first + r) * w.groups, g, per_block));
-      offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, sums));
-    }
+  for (int64_t g = b * per_block; g < (b + 1) * per_block; g += HALVES ? 1 : 2) {
+    const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(step_mins<HALVES>(w, tile, g) + half * 16));
+    const __m256i mins = HALVES ? _mm256_cvtepi8_epi16(m) : _mm256_cvtepu8_epi16(m);
+    for (int r = 0; r < R; ++r)
+      offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, _mm256_set1_epi32(step_sums<HALVES>(w, x, first + r, g))));
   }
-}
-
-// The same for halves (q4_tiles.h): each group's two signed offsets a row times its two 16-input sums.
-template <int R>
-inline void block_half_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half, __m256i* offset) {
-  const int64_t per_block = w.groups / w.blocks;
-  for (int r = 0; r < R; ++r) offset[r] = _mm256_setzero_si256();
-  for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
-    const uint8_t* m = w.m + (tile * w.groups + g) * 2 * TILE_ROWS + half * 16;
-    const __m256i mins = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m)));
-    for (int r = 0; r < R; ++r) {
-      const __m256i sums = _mm256_set1_epi32(half_pair(x.half_sums + (first + r) * 2 * w.groups, g));
-      offset[r] = _mm256_add_epi32(offset[r], _mm256_madd_epi16(mins, sums));
-    }
-  }
-}
-
-// Either offsets of block b, half h of the tile (block_offsets, block_half_offsets).
-template <int R, bool HALVES>
-inline void offsets_of(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, int half, __m256i* offset) {
-  if constexpr (HALVES) block_half_offsets<R>(w, x, tile, first, b, half, offset);
-  else block_offsets<R>(w, x, tile, first, b, half, offset);
 }
 
 // out += block b's part for R rows from `first`, half h of the tile, from its dot and offset sums:
@@ -204,7 +180,7 @@ void direct_rows(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
     __m256i dot[2 * R], offset[R];
     direct_block_dots<R, BITS, VNNI, HALVES>(w, x, job.tile, first, b, dot);
     for (int h = 0; h < 2; ++h) {
-      offsets_of<R, HALVES>(w, x, job.tile, first, b, h, offset);
+      block_offsets<R, HALVES>(w, x, job.tile, first, b, h, offset);
       add_block<R>(w, x, job, b, first, h, dot + h * R, offset);
     }
   }
@@ -256,7 +232,7 @@ void block_rows(const Tiles& w, const Rows& x, const Job& job, const Unpacked& u
   for (int h = 0; h < 2; ++h) {
     __m256i dot[R], offset[R];
     block_dots<R, BITS, VNNI, HALVES>(u, per_block, levels, h, dot);
-    offsets_of<R, HALVES>(w, x, job.tile, first, b, h, offset);
+    block_offsets<R, HALVES>(w, x, job.tile, first, b, h, offset);
     add_block<R>(w, x, job, b, first, h, dot, offset);
   }
 }

@@ -50,30 +50,17 @@ inline __m512i widen(const uint8_t* bytes) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
 }
 
-// Block b's offset sums (q4_tiles.h) for R activation rows from `first`: m as int16 pairs times the
-// two group sums of each pair of groups (a block of one group: its own sum, sum_pair).
-template <int R>
+// Block b's offset sums (q4_tiles.h) for R activation rows from `first`: m as int16 pairs (signed with halves)
+// times each step's pair of activation sums (step_mins, step_sums).
+template <int R, bool HALVES>
 inline void block_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* offset) {
   const int64_t per_block = w.groups / w.blocks;
   for (int r = 0; r < R; ++r) offset[r] = _mm512_setzero_si512();
-  for (int64_t g = b * per_block; g < (b + 1) * per_block; g += 2) {
-    const uint8_t* m = w.m + (tile * w.groups + g - g % 2) * TILE_ROWS;
-    const __m512i mins = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)));
+  for (int64_t g = b * per_block; g < (b + 1) * per_block; g += HALVES ? 1 : 2) {
+    const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(step_mins<HALVES>(w, tile, g)));
+    const __m512i mins = HALVES ? _mm512_cvtepi8_epi16(m) : _mm512_cvtepu8_epi16(m);
     for (int r = 0; r < R; ++r)
-      offset[r] = _mm512_dpwssd_epi32(offset[r], mins, _mm512_set1_epi32(sum_pair(x.sums + (first + r) * w.groups, g, per_block)));
-  }
-}
-
-// The same for halves (q4_tiles.h): each group's two signed offsets a row times its two 16-input sums.
-template <int R>
-inline void block_half_offsets(const Tiles& w, const Rows& x, int64_t tile, int64_t first, int64_t b, __m512i* offset) {
-  const int64_t per_block = w.groups / w.blocks;
-  for (int r = 0; r < R; ++r) offset[r] = _mm512_setzero_si512();
-  for (int64_t g = b * per_block; g < (b + 1) * per_block; ++g) {
-    const uint8_t* m = w.m + (tile * w.groups + g) * 2 * TILE_ROWS;
-    const __m512i mins = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(m)));
-    for (int r = 0; r < R; ++r)
-      offset[r] = _mm512_dpwssd_epi32(offset[r], mins, _mm512_set1_epi32(half_pair(x.half_sums + (first + r) * 2 * w.groups, g)));
+      offset[r] = _mm512_dpwssd_epi32(offset[r], mins, _mm512_set1_epi32(step_sums<HALVES>(w, x, first + r, g)));
   }
 }
 

@@ -153,7 +153,7 @@ void add_chunk(const Tiles& w, const Rows& x, const Job& job, int64_t b, int64_t
     case 2: chunk_offsets<2>(w, x, job.tile, first, b, offset); break;
     case 1: chunk_offsets<1>(w, x, job.tile, first, b, offset); break;
     default:
-      for (int64_t r = 0; r < CHUNK; r += 4) block_offsets<4>(w, x, job.tile, first + r, b, offset + r);
+      for (int64_t r = 0; r < CHUNK; r += 4) block_offsets<4, false>(w, x, job.tile, first + r, b, offset + r);
   }
   for (int64_t r = 0; r < CHUNK; r += 4) {
     __m512i dot[4];

@@ -74,8 +74,7 @@ void rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t first) 
   for (int64_t b = 0; b < w.blocks; ++b) {
     __m512i dot[R], offset[R];
     block_dots<R, BITS, HALVES>(w, x, job.tile, first, b, dot);
-    if constexpr (HALVES) block_half_offsets<R>(w, x, job.tile, first, b, offset);
-    else block_offsets<R>(w, x, job.tile, first, b, offset);
+    block_offsets<R, HALVES>(w, x, job.tile, first, b, offset);
     add_block<R>(w, x, job, b, first, dot, offset);
   }
 }

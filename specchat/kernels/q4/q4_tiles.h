@@ -152,6 +152,21 @@ inline int32_t half_pair(const int16_t* half_sums, int64_t g) {
   return pair;
 }
 
+// One step of a block's offset sums (q4_tiles.h), at group g of tile `tile`: the 16 rows' m pairs (groups g and g+1
+// side by side, or with halves a group's two halves; 32 bytes, uint8 or int8) and the activation sums each pair
+// multiplies for activation row `row`. Steps go by 2 groups (by 1 with halves). HALVES: the tiles' (w.halves), known
+// when the path's code is compiled, so a step takes no branch.
+template <bool HALVES>
+inline const uint8_t* step_mins(const Tiles& w, int64_t tile, int64_t g) {
+  if constexpr (HALVES) return w.m + (tile * w.groups + g) * 2 * TILE_ROWS;
+  return w.m + (tile * w.groups + g - g % 2) * TILE_ROWS;
+}
+template <bool HALVES>
+inline int32_t step_sums(const Tiles& w, const Rows& x, int64_t row, int64_t g) {
+  if constexpr (HALVES) return half_pair(x.half_sums + row * 2 * w.groups, g);
+  return sum_pair(x.sums + row * w.groups, g, w.groups / w.blocks);
+}
+
 }  // namespace
 
 #if defined(__x86_64__) || defined(_M_X64)
