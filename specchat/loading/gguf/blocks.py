@@ -85,8 +85,7 @@ def decode_group_type(kind: str, raw: torch.Tensor) -> Q4Block:
     q + 128; Q4_1 and Q5_1: dmin −min, m 1). Level j of a group: nibble j of qs (j < 16: the low, else the high of
     byte j − 16), bit 4 from qh's bit j (Q5_*); Q8_0's are its int8 values."""
     rows, blocks = _blocks(raw, kind, GROUP_BLOCK_BYTES[kind])
-    half = lambda at: blocks[..., at : at + 2].contiguous().view(torch.float16).float().reshape(rows, -1)
-    d = half(0)
+    d = _float16_at(blocks, 0, rows)
     with_min = kind in ("Q4_1", "Q5_1")
     start = 4 if with_min else 2
     ones = torch.ones(rows, blocks.shape[1], dtype=torch.uint8)
@@ -94,7 +93,7 @@ def decode_group_type(kind: str, raw: torch.Tensor) -> Q4Block:
         levels = (blocks[..., 2:].view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
         return Q4Block(LEVEL_BITS[8][0](levels.contiguous()), ones, ones * 128, d, d.clone())
     qs = blocks[..., start + (4 if kind.startswith("Q5") else 0) :]  # [rows, groups, 16]
-    levels = torch.cat([qs & 0x0F, qs >> 4], dim=2)  # [rows, groups, 32]
+    levels = _group_nibbles(qs)
     bits = 4
     if kind.startswith("Q5"):
         qh = blocks[..., start : start + 4].to(torch.int64)
@@ -102,7 +101,7 @@ def decode_group_type(kind: str, raw: torch.Tensor) -> Q4Block:
         fifth = (word.unsqueeze(-1) >> torch.arange(32)) & 1
         levels, bits = levels | (fifth.to(torch.uint8) << 4), 6
     if with_min:
-        dmin, m = -half(2), ones
+        dmin, m = -_float16_at(blocks, 2, rows), ones
     else:
         dmin, m = d.clone(), ones * (8 if kind == "Q4_0" else 16)
     return Q4Block(LEVEL_BITS[bits][0](levels.contiguous()), ones, m, d, dmin)
@@ -152,8 +151,13 @@ def decode_iq4_xs(raw: torch.Tensor) -> Q4Block:
 
 def _table_indices(indices: torch.Tensor) -> torch.Tensor:
     """uint8 [rows, groups, 16] of a file's nibble pairs → a Q4Block's int8 qs of table indices (w4a8.IQ4_LEVELS)."""
-    nibbles = torch.cat([indices & 0x0F, indices >> 4], dim=2).contiguous()
-    return LEVEL_BITS[4][0](nibbles).view(torch.int8)
+    return LEVEL_BITS[4][0](_group_nibbles(indices)).view(torch.int8)
+
+
+def _group_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """uint8 [rows, groups, 16] of a 32-block's packed nibbles → [rows, groups, 32]: element j the low nibble of
+    byte j, j ≥ 16 the high one of byte j − 16 (Q4_0, Q4_1, Q5_*'s low bits, IQ4_NL, IQ4_XS)."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=2).contiguous()
 
 
 def _shifts(*bits: int) -> torch.Tensor:
@@ -183,13 +187,12 @@ def _blocks(raw: torch.Tensor, kind: str, size: int) -> tuple[int, torch.Tensor]
 def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """(d, dmin) float32 [rows, blocks] and (sc, m) uint8 [rows, in/32] of Q4_K or Q5_K blocks [rows, blocks, bytes]."""
     rows = blocks.shape[0]
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float().reshape(rows, -1)
-    dmin = blocks[..., 2:4].contiguous().view(torch.float16).float().reshape(rows, -1)
+    d, dmin = _float16_at(blocks, 0, rows), _float16_at(blocks, 2, rows)
     s = blocks[..., 4:16].int()
     sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], dim=-1)
     m = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], dim=-1)
     as_bytes = lambda t: t.to(torch.uint8).reshape(rows, -1).contiguous()
-    return d.contiguous(), dmin.contiguous(), as_bytes(sc), as_bytes(m)
+    return d, dmin, as_bytes(sc), as_bytes(m)
 
 
 # GGML types the kernel holds as stored: (bits a level, decoder)
