@@ -1,10 +1,11 @@
-"""The HTTP routes (Starlette): /v1/chat/completions, /v1/completions, /v1/models, /health.
+"""The HTTP routes (Starlette): /v1/chat/completions, /v1/completions, /v1/models[/{id}], /health.
 
 Each reply runs on a worker thread of its own (the engine is synchronous); its events reach the response
 through an asyncio queue. A streamed reply is sent as server-sent events, one chunk per decoding step (its
 tokens' text, ids and origins); a client that goes away sets the reply's cancel flag, which the engine reads
 after the step in flight. Bodies are read to at most `max_body` bytes; with an API key every route but /health
-asks for it (`Authorization: Bearer KEY`).
+asks for it (`Authorization: Bearer KEY`). Every route sits behind guard.py (Host, Origin, content type); every
+answer, errors included, is OpenAI-shaped JSON; every request is one line in the access log (access_log.py).
 """
 
 from __future__ import annotations
@@ -13,17 +14,22 @@ import asyncio
 import hmac
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from specchat.config import Config
 from specchat.memory import resident_bytes
+from specchat.serve.access_log import AccessLog, access_line, to_stderr
+from specchat.serve.guard import Guard, Guarded
 from specchat.serve.protocol import (
     Chunks,
     Reply,
@@ -56,30 +62,36 @@ class Settings:
     config: Config  # the server's settings, which a request's fields override
     api_key: str = ""
     max_body: int = MAX_BODY
+    guard: Guard = Guard()  # the Host names and browser origins answered beside loopback ones
+    log: AccessLog = to_stderr  # one line a request
 
 
-def build_app(service: Service, settings: Settings) -> Starlette:
+class _Left(Exception):
+    """The client went away before its request's body arrived."""
+
+
+def build_app(service: Service, settings: Settings) -> Guarded:
+    """The ASGI app to serve: the routes behind guard.py; its `state.service` is the service."""
+
     async def health(request: HttpRequest) -> Response:
-        return JSONResponse(
-            {
-                "status": "ok",
-                "model": settings.model,
-                "admitted": service.admitted_now,
-                "replies": dict(service.finished),
-                "resident_bytes": resident_bytes(),
-            }
-        )
+        return _logged(request, settings, _health(service, settings))
 
     async def models(request: HttpRequest) -> Response:
         refused = _refused(request, settings)
         if refused:
-            return refused
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [{"id": settings.model, "object": "model", "created": 0, "owned_by": "specchat"}],
-            }
-        )
+            return _logged(request, settings, refused)
+        return _logged(request, settings, JSONResponse({"object": "list", "data": [_model_card(settings.model)]}))
+
+    async def model(request: HttpRequest) -> Response:
+        refused = _refused(request, settings)
+        if refused:
+            return _logged(request, settings, refused)
+        name = request.path_params["name"]
+        if name != settings.model:
+            return _logged(
+                request, settings, _error(f"no model {name!r} here: this server runs {settings.model!r}", 404)
+            )
+        return _logged(request, settings, JSONResponse(_model_card(settings.model)))
 
     async def chat(request: HttpRequest) -> Response:
         return await _complete(request, service, settings, read_chat, chat=True)
@@ -87,15 +99,43 @@ def build_app(service: Service, settings: Settings) -> Starlette:
     async def completions(request: HttpRequest) -> Response:
         return await _complete(request, service, settings, read_completion, chat=False)
 
+    async def http_error(request: HttpRequest, error: Exception) -> Response:
+        status = getattr(error, "status_code", 500)
+        message = {404: f"no route {request.url.path[:200]!r}", 405: f"{request.method} is not allowed on this route"}
+        answer = _error(message.get(status, str(getattr(error, "detail", "error"))), status)
+        return _logged(request, settings, answer)
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{name:path}", model, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.service = service
-    return app
+    return Guarded(app, settings.guard)
+
+
+def _health(service: Service, settings: Settings) -> JSONResponse:
+    return JSONResponse(
+        {
+            "status": "ok",
+            "model": settings.model,
+            "admitted": service.admitted_now,
+            "replies": dict(service.finished),
+            "resident_bytes": resident_bytes(),
+        }
+    )
+
+
+def _model_card(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "specchat"}
+
+
+def _logged(request: HttpRequest, settings: Settings, response: Response, **figures: Any) -> Response:
+    settings.log(access_line(request.method, request.url.path, response.status_code, **figures))
+    return response
 
 
 def _error(message: str, status: int, kind: str = "invalid_request_error", **headers: str) -> JSONResponse:
@@ -106,8 +146,8 @@ def _refused(request: HttpRequest, settings: Settings) -> JSONResponse | None:
     """401 unless the request carries the API key (when the server has one)."""
     if not settings.api_key:
         return None
-    given = request.headers.get("authorization", "")
-    if hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+    scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), settings.api_key.encode()):
         return None
     return _error("a valid API key is needed: Authorization: Bearer KEY", 401, "authentication_error")
 
@@ -118,10 +158,13 @@ async def _body(request: HttpRequest, limit: int) -> Any:
     if declared is not None and (not declared.isdigit() or int(declared) > limit):
         raise RequestError(f"the request body is over {limit} bytes", status=413)
     data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > limit:
-            raise RequestError(f"the request body is over {limit} bytes", status=413)
+    try:
+        async for part in request.stream():
+            data += part
+            if len(data) > limit:
+                raise RequestError(f"the request body is over {limit} bytes", status=413)
+    except ClientDisconnect:
+        raise _Left() from None
     try:
         return json.loads(data)
     except (ValueError, RecursionError):
@@ -131,32 +174,60 @@ async def _body(request: HttpRequest, limit: int) -> Any:
 async def _complete(
     request: HttpRequest, service: Service, settings: Settings, read: Callable[[Any, Config], Request], chat: bool
 ) -> Response:
+    began = time.perf_counter()
     refused = _refused(request, settings)
     if refused:
-        return refused
+        return _logged(request, settings, refused)
     try:
-        asked = read(await _body(request, settings.max_body), settings.config)
-        plan = await asyncio.to_thread(service.plan, asked)  # a long prompt's tokenizing must not stall the loop
-        release = service.admit()
-    except RequestError as err:
-        return _error(str(err), err.status, err.kind)
+        release = service.admit()  # before the body is read or any tokenizer runs: a full queue answers at once
     except Busy:
-        return _error(
+        busy = _error(
             "the server is busy: every place in its queue is taken",
             429,
             "rate_limit_error",
             **{"Retry-After": str(RETRY_AFTER_S)},
         )
+        return _logged(request, settings, busy)
+    try:
+        asked = read(await _body(request, settings.max_body), settings.config)
+        plan = await asyncio.to_thread(service.plan, asked)  # a long prompt's tokenizing must not stall the loop
+    except RequestError as err:
+        release()
+        return _logged(request, settings, _error(str(err), err.status, err.kind))
+    except _Left:
+        release()
+        settings.log(access_line(request.method, request.url.path, 499, note="the client left before its body came"))
+        return Response(status_code=400)
+    except BaseException:
+        release()
+        raise
     cancel = threading.Event()
     events = _run(service, plan, cancel, release)
+    finished = _Finished(request, settings, began, len(plan.prompt_ids))
     if asked.stream:
         chunks = Chunks(settings.model, chat)
         return StreamingResponse(
-            _sse(events, chunks, len(plan.prompt_ids), asked.include.get("usage", True), cancel),
+            _sse(events, chunks, len(plan.prompt_ids), asked.include.get("usage", True), cancel, finished),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    return await _whole(request, events, cancel, settings.model, chat, len(plan.prompt_ids))
+    return await _whole(request, events, cancel, settings.model, chat, finished)
+
+
+@dataclass
+class _Finished:
+    """Writes a reply's access-log line once it has ended."""
+
+    request: HttpRequest
+    settings: Settings
+    began: float
+    prompt_tokens: int
+
+    def __call__(self, status: int, done: ReplyDone | None) -> None:
+        figures: dict[str, Any] = {"seconds": time.perf_counter() - self.began, "prompt_tokens": self.prompt_tokens}
+        if done is not None:
+            figures.update(stop_reason=done.stop_reason, stats=done.stats)
+        self.settings.log(access_line(self.request.method, self.request.url.path, status, **figures))
 
 
 def _run(service: Service, plan: Plan, cancel: threading.Event, release: Callable[[], None]) -> asyncio.Queue:
@@ -185,7 +256,7 @@ def _run(service: Service, plan: Plan, cancel: threading.Event, release: Callabl
 
 
 async def _whole(
-    request: HttpRequest, events: asyncio.Queue, cancel: threading.Event, model: str, chat: bool, prompt_tokens: int
+    request: HttpRequest, events: asyncio.Queue, cancel: threading.Event, model: str, chat: bool, finished: _Finished
 ) -> Response:
     """Wait for the whole reply, cancelling it if the client goes away."""
     origins: list[str] = []
@@ -200,14 +271,20 @@ async def _whole(
         if item is _END:
             break
         if isinstance(item, Failure):
-            return _failure(item.error)
+            answer = _failure(item.error)
+            finished(answer.status_code, None)
+            return answer
         if isinstance(item, Token):
             origins.append(item.origin.value)
         elif isinstance(item, ReplyDone):
             done = item
     if done is None:
+        finished(500, None)
         return _error("the reply ended without its end", 500, "server_error")
-    reply = Reply(done.text, list(done.ids), origins[: len(done.ids)], done.stop_reason, prompt_tokens, done.stats)
+    finished(200, done)
+    reply = Reply(
+        done.text, list(done.ids), origins[: len(done.ids)], done.stop_reason, finished.prompt_tokens, done.stats
+    )
     return JSONResponse(completion(reply, model, chat))
 
 
@@ -222,10 +299,16 @@ def _sse_line(payload: Any) -> str:
 
 
 async def _sse(
-    events: asyncio.Queue, chunks: Chunks, prompt_tokens: int, with_usage: bool, cancel: threading.Event
+    events: asyncio.Queue,
+    chunks: Chunks,
+    prompt_tokens: int,
+    with_usage: bool,
+    cancel: threading.Event,
+    finished: _Finished,
 ) -> AsyncIterator[str]:
     """The reply as server-sent events: a chunk per step, the last with the finish reason (and usage), [DONE]."""
     pending: list[Token] = []
+    done: ReplyDone | None = None
     try:
         if chunks.chat:
             yield _sse_line(chunks.first())
@@ -246,7 +329,9 @@ async def _sse(
                 )
                 pending = []
             if isinstance(item, ReplyDone):
+                done = item
                 yield _sse_line(chunks.last(item.stop_reason, prompt_tokens, item.stats, with_usage))
         yield "data: [DONE]\n\n"
     finally:
         cancel.set()  # the client went away (or the reply is done): the engine stops after its step
+        finished(200, done)

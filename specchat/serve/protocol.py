@@ -23,7 +23,30 @@ MAX_MESSAGES = 4096
 MAX_STOPS = 4  # as OpenAI's API
 MAX_STOP_CHARS = 256
 ROLES = ("system", "user", "assistant")
-FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "max_tokens": "length", "context_full": "length"}
+# "length": cut before its end (a cap, the window, a loop); clients such as aider then keep the file as it was
+FINISH_REASONS = {
+    "eos": "stop",
+    "stop_string": "stop",
+    "max_tokens": "length",
+    "context_full": "length",
+    "repetition": "length",
+}
+# Fields that would change the answer and are not supported yet: refused by name when they ask for anything,
+# never silently ignored. Each maps to the values that ask for nothing.
+UNSUPPORTED = {
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "suffix": (None, ""),
+    "echo": (None, False),
+    "best_of": (None, 1),
+}
 
 
 class RequestError(ValueError):
@@ -73,7 +96,7 @@ def read_completion(body: Any, base: Config) -> Request:
         prompt = prompt[0]
     if not isinstance(prompt, str) or not prompt:
         raise RequestError("'prompt' must be a non-empty string")
-    return _request(body, base, prompt=prompt)
+    return _request(body, base, prompt=_text(prompt, "prompt"))
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -95,10 +118,24 @@ def _message(message: Any, index: int) -> dict[str, str]:
         content = "".join(parts)  # type: ignore[arg-type]
     if not isinstance(content, str):
         raise RequestError(f"messages[{index}].content must be a string")
-    return {"role": role, "content": content}
+    return {"role": role, "content": _text(content, f"messages[{index}].content")}
+
+
+def _text(text: str, name: str) -> str:
+    """`text`, refused if it holds a lone surrogate (JSON's \\ud800 escapes allow one; no tokenizer takes it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise RequestError(
+            f"'{name}' holds a lone surrogate (\\u{ord(text[err.start]):04x}) at character {err.start + 1}: not text"
+        ) from None
+    return text
 
 
 def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
+    for name, asks_nothing in UNSUPPORTED.items():
+        if name in body and not any(body[name] == value for value in asks_nothing):
+            raise RequestError(f"'{name}' is not supported by specchat serve yet; send the request without it")
     if body.get("n", 1) != 1:
         raise RequestError("'n' must be 1: the server writes one reply a request")
     stream = body.get("stream", False)
@@ -146,7 +183,7 @@ def _stops(stop: Any) -> tuple[str, ...]:
         raise RequestError("'stop' must be a non-empty string or a list of them")
     if len(stops) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS for s in stops):
         raise RequestError(f"'stop': at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters")
-    return tuple(stops)
+    return tuple(_text(s, "stop") for s in stops)
 
 
 # ----- responses ---------------------------------------------------------------------------------------------

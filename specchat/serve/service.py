@@ -1,10 +1,12 @@
 """The engine behind the server: one reply at a time, a bounded number admitted, each reply as the chat makes it.
 
-A request is admitted (or refused with `Busy` when `max_waiting` are already waiting or running), waits for the
-engine, and runs on the calling thread: its events are the engine's, cut at the template's and the request's stop
-strings as the chat cuts them. The engine keeps the KV cache of the last conversation, so a client that resends
-the whole history each turn has only its new messages read. A reply's `cancel` (the client went away) halts the
-engine after the step in flight.
+A request is admitted before its prompt is read (or refused with `Busy` when `max_waiting` are already waiting or
+running), its prompt bounded in characters before any tokenizer runs, then waits for the engine and runs on the
+calling thread through the chat's own reply loop (session/reply_loop.py): cut at the template's and the request's
+stop strings, ended by the repetition guard, capped at `max_tokens` (the server's `--max-tokens` where the request
+names none). The engine keeps the KV cache of the last conversation, so a client that resends the whole history
+each turn has only its new messages read. A reply's `cancel` (the client went away) halts the engine after the step
+in flight; `stop_all` (the server is stopping) halts every reply so.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from typing import Any
 
 from specchat.config import Mode, SamplingConfig, SpeculationConfig, drafter_needed
 from specchat.serve.protocol import Request, RequestError
-from specchat.session.chat import TemplateFailure, render_prompt
-from specchat.session.stop_strings import StopFilter, StopOrCancel
+from specchat.session.chat import ChatError, render_prompt
+from specchat.session.reply_loop import reply_events
 from specchat.speculative.events import ReplyDone
 
 MAX_WAITING = 8  # requests admitted at once (one runs, the rest wait); more are answered 429
+MAX_TOKENS = 2048  # a reply whose request names no max_tokens ends here at the latest (--max-tokens)
+CHARS_PER_TOKEN = 16  # a prompt of more characters than this many per token of the context is refused untokenized
 
 
 class Busy(Exception):
@@ -47,6 +51,7 @@ class Service:
         context_limit: int,
         template_stops: tuple[str, ...] = (),
         max_waiting: int = MAX_WAITING,
+        max_tokens: int = MAX_TOKENS,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -54,11 +59,14 @@ class Service:
         self.context_limit = context_limit
         self.template_stops = template_stops
         self.max_waiting = max_waiting
+        self.max_tokens = max_tokens
         self._engine_free = threading.Lock()
         self._count = threading.Lock()
         self._tokenizing = threading.Lock()  # one prompt rendered at a time (a fast tokenizer is not re-entrant)
         self.admitted_now = 0
         self.finished: Counter[str] = Counter()  # replies by stop reason (eos, max_tokens, cancelled, ...)
+        self.running: set[threading.Event] = set()  # the cancel flags of the replies now running
+        self.stopping = threading.Event()  # the server is stopping: no new reply starts
 
     def admit(self) -> Callable[[], None]:
         """Take a place in the queue (Busy when there is none); returns what gives it back, once."""
@@ -78,6 +86,7 @@ class Service:
 
     def plan(self, request: Request) -> Plan:
         """The prompt's ids and settings, checked against the context window before any forward."""
+        self._bound_characters(request)
         with self._tokenizing:
             ids = self._prompt_ids(request)
         room = self.context_limit - len(ids)
@@ -100,8 +109,20 @@ class Service:
         )
         if problem:
             raise RequestError(f"drafter: {problem}")
-        sampling = dataclasses.replace(cfg.sampling, max_new_tokens=request.max_tokens or room)
+        cap = request.max_tokens or min(self.max_tokens, room)
+        sampling = dataclasses.replace(cfg.sampling, max_new_tokens=cap)
         return Plan(ids, sampling, speculation, self.template_stops + request.stop)
+
+    def _bound_characters(self, request: Request) -> None:
+        """Refuse, before any tokenizer runs, a prompt too long in characters for any tokenizing to fit."""
+        texts = [request.prompt] if request.prompt is not None else [m["content"] for m in request.messages]
+        characters, bound = sum(len(text) for text in texts), self.context_limit * CHARS_PER_TOKEN
+        if characters > bound:
+            raise RequestError(
+                f"the prompt is {characters:,} characters; the context window of {self.context_limit:,} tokens "
+                f"takes at most {bound:,} ({CHARS_PER_TOKEN} a token)",
+                kind="context_length_exceeded",
+            )
 
     def _prompt_ids(self, request: Request) -> list[int]:
         if request.prompt is not None:
@@ -110,17 +131,34 @@ class Service:
         system = "" if any(m["role"] == "system" for m in messages) else self.system_prompt
         try:
             return render_prompt(self.tokenizer, system, messages)
-        except TemplateFailure as err:
+        except ChatError as err:  # the template failed, or rewrote a message that spells a special token
             raise RequestError(str(err)) from None
 
     def events(self, plan: Plan, cancel: threading.Event) -> Iterator[Any]:
-        """The reply's events (Token, StepDone, ReplyDone, ...), cut at the stop strings; one reply at a time."""
+        """The reply's events (Token, StepDone, ReplyDone, ...) from the chat's reply loop; one reply at a time."""
         with self._engine_free:
-            stops, halt = StopFilter(plan.stops), StopOrCancel(cancel)
-            for event in self.engine.stream(plan.prompt_ids, plan.sampling, plan.speculation, halt):
-                for shown in stops.feed(event):
-                    if isinstance(shown, ReplyDone):
-                        self.finished[shown.stop_reason] += 1
-                    yield shown
-                if stops.cut:
-                    halt.stopped.set()
+            if self.stopping.is_set():
+                cancel.set()
+            self.running.add(cancel)
+            try:
+                for event in reply_events(
+                    self.engine, plan.prompt_ids, plan.sampling, plan.speculation, plan.stops, cancel
+                ):
+                    if isinstance(event, ReplyDone):
+                        self.finished[event.stop_reason] += 1
+                    yield event
+            finally:
+                self.running.discard(cancel)
+
+    def stop_all(self) -> None:
+        """The server is stopping: every running reply ends after its step in flight, and no new one runs."""
+        self.stopping.set()
+        for cancel in list(self.running):
+            cancel.set()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for the running reply to end; whether the engine is free."""
+        if not self._engine_free.acquire(timeout=timeout_s):
+            return False
+        self._engine_free.release()
+        return True

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specchat.config import RANDOM, Config, Mode, SamplingConfig, drafter_needed, undecodable_at
-from specchat.session.repetition import REPETITION, RepetitionGuard
-from specchat.session.stop_strings import StopFilter, StopOrCancel
+from specchat.session.literal_text import LiteralTextError, literal_ids
+from specchat.session.repetition import REPETITION
+from specchat.session.reply_loop import reply_events
 from specchat.speculative.events import Rejected, ReplyDone, Token
 from specchat.speculative.insight import Rejection
 from specchat.speculative.metrics import ReplyStats
@@ -75,6 +76,13 @@ def _system_folded(system_prompt: str, messages: list[dict[str, str]]) -> list[d
 
 
 def _encode(tokenizer, conversation: list[dict[str, str]]) -> list[int]:
+    """The conversation's ids; a message that spells a special token has it read as text (literal_text.py)."""
+    try:
+        literal = literal_ids(tokenizer, conversation)
+    except LiteralTextError as err:
+        raise ChatError(str(err)) from None
+    if literal is not None:
+        return literal
     encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=True)
     return list(encoded["input_ids"])
 
@@ -351,27 +359,12 @@ class ChatSession:
         )
 
     def _generate(self, prompt_ids: list[int], cancel: threading.Event, fresh_seed: bool = False) -> Iterator[Any]:
-        """The engine's events for one reply, cut before the first stop string: the engine is halted
-        after the step that wrote it, and the next prompt (rendered from the cut text) replaces the
-        tokens after the cut, since the engine reuses only the ids the new prompt really shares."""
-        stops, halt = StopFilter(self.stop_strings + self.config.sampling.stop), StopOrCancel(cancel)
-        guard = RepetitionGuard(self.config.sampling.repetition_stop)
+        """The engine's events for one reply through the reply loop the server shares (reply_loop.py)."""
         sampling = self.sampling_for(prompt_ids)
         sampling = dataclasses.replace(sampling, seed=RANDOM) if fresh_seed else sampling
-        for event in self.engine.stream(prompt_ids, sampling, self.config.speculation, halt):
-            if isinstance(event, Token) and guard.add(event.id):
-                halt.stopped.set()  # the engine stops after this step; the reply keeps what it wrote
-            if (
-                isinstance(event, ReplyDone)
-                and guard.looping
-                and event.stop_reason == "cancelled"
-                and not cancel.is_set()
-            ):
-                event = dataclasses.replace(event, stop_reason=REPETITION)
-            for shown in stops.feed(event):
-                yield self._context_full(shown)
-            if stops.cut:
-                halt.stopped.set()
+        stops = self.stop_strings + self.config.sampling.stop
+        for event in reply_events(self.engine, prompt_ids, sampling, self.config.speculation, stops, cancel):
+            yield self._context_full(event)
 
     def _context_full(self, event: Any) -> Any:
         """With no /max cap, the engine's token limit is the context window: say so in the stop reason."""

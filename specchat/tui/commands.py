@@ -33,6 +33,7 @@ from specchat.config import (
     show_value,
     with_value,
 )
+from specchat.safe_text import visible
 from specchat.session.chat import ChatError, ChatSession
 from specchat.session.drafter_race import (
     NO_DRAFTER,
@@ -49,7 +50,6 @@ from specchat.speculative.gamma import AutoGamma, gamma_curve
 from specchat.tui import render, stats_view
 from specchat.tui.compare_view import RaceSubject, race_view
 from specchat.tui.reply_view import OriginView, code_blocks, markdown_view
-from specchat.tui.safe_text import visible
 from specchat.tui.trace import write_trace
 from specchat.tui.transcript import load_transcript, save_transcript
 from specchat.tui.why_view import why

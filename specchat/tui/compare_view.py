@@ -8,10 +8,10 @@ from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from specchat.safe_text import visible
 from specchat.session.compare import CompareReport, Run
 from specchat.session.drafter_race import NO_DRAFTER, RaceRun, speedup, winner
 from specchat.tui.render import coloured_tokens
-from specchat.tui.safe_text import visible
 
 SIDE_BY_SIDE_MIN_WIDTH = 100
 

@@ -9,7 +9,6 @@ codes written are specchat's own.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, TextIO
 
 from rich.cells import cell_len
@@ -19,10 +18,11 @@ from rich.table import Table
 from rich.text import Text
 
 from specchat.config import QUANTIZATIONS, Gamma, Mode, show_value
+from specchat.launch import make_console
+from specchat.safe_text import visible
 from specchat.session.chat import CONTEXT_FULL, CUT_MARKS
 from specchat.speculative.events import Origin, PrefillProgress, Rejected, ReplyDone, StepDone, Token
 from specchat.speculative.metrics import ReplyStats
-from specchat.tui.safe_text import visible
 
 STYLES = {
     Origin.DRAFTED: "green",
@@ -61,14 +61,6 @@ PREFILL_NOTE_FROM = 128  # prompts of more than one chunk show their reading pro
 def color_wanted(flag: bool, stream: TextIO, environ=os.environ) -> bool:
     """Colour only when asked for, the stream is a terminal, and NO_COLOR is unset (no-color.org)."""
     return flag and not environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
-
-
-def make_console(color: bool, file: TextIO | None = None) -> Console:
-    file = file or sys.stdout
-    if color:
-        return Console(file=file, highlight=False, emoji=False, force_terminal=True)
-    is_tty = bool(getattr(file, "isatty", lambda: False)())
-    return Console(file=file, highlight=False, emoji=False, color_system=None, width=None if is_tty else 100)
 
 
 class Renderer:

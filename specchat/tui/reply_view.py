@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from rich.markdown import Markdown
 from rich.text import Text
 
+from specchat.safe_text import visible
 from specchat.speculative.events import Token
 from specchat.tui.render import MARKS, STYLES
-from specchat.tui.safe_text import visible
 
 FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\n`]*)\n(.*?)(?:^[ \t]*\1[ \t]*$|\Z)", re.MULTILINE | re.DOTALL)
 EXTENSIONS = {

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specchat.fileio import write_text_atomic
+from specchat.safe_text import json_text
 from specchat.session.chat import ChatError, ChatSession, ReplyRecord
 from specchat.speculative.events import Origin
-from specchat.tui.safe_text import json_text
 
 USAGE = "usage /trace PATH.jsonl (the last reply) or /trace all PATH.jsonl (the whole session)"
 

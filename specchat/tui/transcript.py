@@ -17,10 +17,10 @@ from typing import Any
 
 from specchat.config import Config, ConfigError, Mode, as_flat_dict, from_wire, problem, to_wire, with_value
 from specchat.fileio import write_text_atomic
+from specchat.safe_text import json_text, visible
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
 from specchat.speculative.metrics import ReplyStats
 from specchat.tui.render import stats_line
-from specchat.tui.safe_text import json_text, visible
 
 LOAD_SKIPS = ("target", "drafter", "runtime", "speculation.extra_eos")  # read when the models load: /load keeps them
 PASTE_LINES = 3  # a user message of this many line breaks or more is shown in the .md inside a code fence

@@ -10,10 +10,10 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from specchat.safe_text import json_text
 from specchat.session.chat import ChatSession
 from specchat.speculative.insight import Ranked, Rejection
 from specchat.tui.render import as_table
-from specchat.tui.safe_text import json_text
 
 
 def token_text(tokenizer, token_id: int) -> str:

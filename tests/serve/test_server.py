@@ -17,6 +17,7 @@ from specchat.serve.service import Service
 from specchat.tui.cli import main as chat_main
 
 SETTINGS = ["speculation.gamma=4", "speculation.drafter=model", "ui.system_prompt=Be brief."]
+LOCAL = "http://127.0.0.1"  # a Host the server answers (guard.py)
 ASK = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12}
 
 
@@ -43,7 +44,7 @@ def started(pair, *argv: str):
 def client(pair):
     app, said = started(pair)
     assert "tiny-target on http://127.0.0.1:" in said
-    return TestClient(app)
+    return TestClient(app, base_url=LOCAL)
 
 
 def one_shot(pair, text: str, max_new: int) -> dict:
@@ -118,6 +119,11 @@ def test_plain_completions_and_the_model_list(client):
         ({**ASK, "stream": "yes"}, 400, "stream"),
         ({**ASK, "n": 3}, 400, "'n' must be 1"),
         ([1, 2], 400, "JSON object"),
+        ({**ASK, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "'tools' is not supported"),
+        ({**ASK, "response_format": {"type": "json_object"}}, 400, "'response_format' is not supported"),
+        ({**ASK, "logprobs": True}, 400, "'logprobs' is not supported"),
+        ({**ASK, "frequency_penalty": 0.5}, 400, "'frequency_penalty' is not supported"),
+        ({**ASK, "logit_bias": {"5": 10}}, 400, "'logit_bias' is not supported"),
     ],
 )
 def test_a_bad_request_gets_one_json_error_and_the_server_goes_on(client, body, status, words):
@@ -128,29 +134,46 @@ def test_a_bad_request_gets_one_json_error_and_the_server_goes_on(client, body, 
     assert client.post("/v1/chat/completions", json={**ASK, "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.parametrize(
+    "route, body, field",
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a\ud800b"}]}, "'messages[0].content'"),
+        ("/v1/completions", {"prompt": "x\udfff"}, "'prompt'"),
+        ("/v1/chat/completions", {**ASK, "stop": ["\ud83d"]}, "'stop'"),
+    ],
+)
+def test_a_lone_surrogate_is_a_400_that_names_its_field(client, route, body, field):
+    reply = client.post(route, content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["message"].startswith(f"{field} holds a lone surrogate")
+
+
 def test_a_body_past_the_bound_or_not_json_is_refused(pair):
     service = Service(None, pair.tokenizer, "", 1024)
     from specchat.config import load_config
 
-    client = TestClient(build_app(service, Settings("m", load_config(None), max_body=100)))
-    assert client.post("/v1/chat/completions", content=b"{" + b" " * 200 + b"}").status_code == 413
-    reply = client.post("/v1/chat/completions", content=b"{not json")
+    client = TestClient(build_app(service, Settings("m", load_config(None), max_body=100)), base_url=LOCAL)
+    as_json = {"Content-Type": "application/json"}
+    assert client.post("/v1/chat/completions", content=b"{" + b" " * 200 + b"}", headers=as_json).status_code == 413
+    reply = client.post("/v1/chat/completions", content=b"{not json", headers=as_json)
     assert reply.status_code == 400 and "not JSON" in reply.json()["error"]["message"]
 
 
 def test_the_api_key_is_asked_of_every_route_but_health(pair):
     app, said = started(pair, "--api-key", "sesame")
-    client = TestClient(app)
+    client = TestClient(app, base_url=LOCAL)
     assert "API key required" in said
     assert client.post("/v1/chat/completions", json=ASK).status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
+    assert client.get("/v1/models", headers={"Authorization": "bearer  sesame "}).status_code == 200  # any case
+    assert client.get("/v1/models", headers={"Authorization": "Basic sesame"}).status_code == 401
     assert client.get("/health").status_code == 200
 
 
 def test_a_full_queue_answers_429_with_retry_after(pair):
     app, _ = started(pair, "--queue", "1")
-    client = TestClient(app)
+    client = TestClient(app, base_url=LOCAL)
     service = app.state.service
     release = service.admit()  # the one place, taken
     try:

@@ -8,12 +8,12 @@ from conftest import ScriptedEngine, hf_greedy, make_engine, scripted_reply
 from tinypair import tiny_pair
 
 from specchat.config import Config, SamplingConfig, SpeculationConfig
+from specchat.launch import start_session
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer, CompareReport
 from specchat.session.stop_strings import STOP_STRING, StopFilter, held_length
 from specchat.speculative.events import Origin, ReplyDone, Token
 from specchat.speculative.metrics import ReplyStats
-from specchat.tui.cli import start_session
 
 B, D = Origin.BONUS, Origin.DRAFTED
 FAKE_TURN = [

@@ -364,7 +364,7 @@ def test_the_loading_bar_names_each_step_and_keeps_the_slow_ones():
     """A bar per step, named by the step's message; a step of 2 s or more stays on screen with its time."""
     from rich.console import Console
 
-    from specchat.tui import cli
+    from specchat import launch as cli
 
     # each step's start and end: starting 0.1 s, assembling 3.0, compiling 56.5, quantizing 1.0, warming up 0.5
     clock = iter([0.0, 0.1, 0.1, 3.1, 3.1, 59.6, 59.6, 60.6, 60.6, 61.1])
@@ -402,8 +402,8 @@ def test_a_notice_stays_on_screen_however_quick_and_the_step_goes_on():
     carries on: a notice is not a step."""
     from rich.console import Console
 
+    from specchat import launch as cli
     from specchat.progress import notify
-    from specchat.tui import cli
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, color_system=None, width=160)

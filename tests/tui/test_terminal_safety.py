@@ -17,6 +17,7 @@ from prompt_toolkit.output import DummyOutput
 from rich.console import Console
 
 from specchat.config import Config
+from specchat.safe_text import json_text, visible
 from specchat.session.chat import ChatSession
 from specchat.session.compare import CompareReport, Divergence, Run
 from specchat.speculative.events import Origin, Rejected
@@ -27,7 +28,6 @@ from specchat.tui.commands import build_registry
 from specchat.tui.compare_view import CompareView
 from specchat.tui.render import Renderer, make_console
 from specchat.tui.repl import Repl
-from specchat.tui.safe_text import json_text, visible
 
 CLEAR = "\x1b[2J"
 OSC52 = "\x1b]52;c;aGk=\x07"  # write "hi" to the clipboard
