@@ -24,14 +24,16 @@ install: $(VENV)/.installed-test
 install-test: $(VENV)/.installed-test
 install-models: $(VENV)/.installed-models
 
+# Everything, the slow tests too, on TEST_WORKERS pytest-xdist workers (one a core here; each computes on one
+# thread, conftest.py). With worksteal each starts on its half of the tests in file order and one that is done
+# takes tests from the other. TEST_WORKERS=0 runs them in this one process.
+TEST_WORKERS ?= 2
 test: install-test install-models lint lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
-# The fast default: a small case of every guarantee (no slow tests), on two pytest-xdist workers. With
-# worksteal each starts on its half of the tests in file order (a module's fixtures are mostly built
-# once), and one that is done takes tests from the other.
+# The fast default: a small case of every guarantee (no slow tests), on the same workers.
 test-fast: install-test lint lint-imports
-	$(PY) -m pytest -q -m "not slow" -n 2 --dist worksteal
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist worksteal
 
 chat: install-models
 	$(PY) infer.py
