@@ -41,6 +41,7 @@ from specchat.serve.protocol import (
     read_completion,
 )
 from specchat.serve.service import Busy, Plan, Service
+from specchat.serve.tool_calls import parse_reply, shown_before_calls
 from specchat.speculative.events import ReplyDone, StepDone, Token
 
 MAX_BODY = 8 * 2**20  # bytes of a request body
@@ -207,11 +208,11 @@ async def _complete(
     if asked.stream:
         chunks = Chunks(settings.model, chat)
         return StreamingResponse(
-            _sse(events, chunks, len(plan.prompt_ids), asked.include.get("usage", True), cancel, finished),
+            _sse(events, chunks, asked.include.get("usage", True), cancel, finished, bool(asked.tools)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    return await _whole(request, events, cancel, settings.model, chat, finished)
+    return await _whole(request, events, cancel, (settings.model, chat, bool(asked.tools)), finished)
 
 
 @dataclass
@@ -256,9 +257,14 @@ def _run(service: Service, plan: Plan, cancel: threading.Event, release: Callabl
 
 
 async def _whole(
-    request: HttpRequest, events: asyncio.Queue, cancel: threading.Event, model: str, chat: bool, finished: _Finished
+    request: HttpRequest,
+    events: asyncio.Queue,
+    cancel: threading.Event,
+    shape: tuple[str, bool, bool],
+    finished: _Finished,
 ) -> Response:
-    """Wait for the whole reply, cancelling it if the client goes away."""
+    """Wait for the whole reply, cancelling it if the client goes away. shape: (model, chat, tools offered)."""
+    model, chat, tools = shape
     origins: list[str] = []
     done: ReplyDone | None = None
     while True:
@@ -282,9 +288,8 @@ async def _whole(
         finished(500, None)
         return _error("the reply ended without its end", 500, "server_error")
     finished(200, done)
-    reply = Reply(
-        done.text, list(done.ids), origins[: len(done.ids)], done.stop_reason, finished.prompt_tokens, done.stats
-    )
+    ids, stop_reason = list(done.ids), done.stop_reason
+    reply = Reply(done.text, ids, origins[: len(ids)], stop_reason, finished.prompt_tokens, done.stats, tools)
     return JSONResponse(completion(reply, model, chat))
 
 
@@ -301,14 +306,16 @@ def _sse_line(payload: Any) -> str:
 async def _sse(
     events: asyncio.Queue,
     chunks: Chunks,
-    prompt_tokens: int,
     with_usage: bool,
     cancel: threading.Event,
     finished: _Finished,
+    tools: bool = False,
 ) -> AsyncIterator[str]:
-    """The reply as server-sent events: a chunk per step, the last with the finish reason (and usage), [DONE]."""
+    """The reply as server-sent events: a chunk per step, the last with the finish reason (and usage), [DONE].
+    With tools offered, text from a call's markup on is held, and the calls follow as one tool_calls chunk."""
     pending: list[Token] = []
     done: ReplyDone | None = None
+    text = sent = ""  # the reply's text so far, and what of it went out as content
     try:
         if chunks.chat:
             yield _sse_line(chunks.first())
@@ -322,15 +329,21 @@ async def _sse(
             if isinstance(item, Token):
                 pending.append(item)
             elif isinstance(item, (StepDone, ReplyDone)) and pending:
-                yield _sse_line(
-                    chunks.text(
-                        "".join(t.text for t in pending), [t.id for t in pending], [t.origin.value for t in pending]
-                    )
-                )
-                pending = []
+                text += "".join(t.text for t in pending)
+                shown = shown_before_calls(text) if tools else text
+                ids, origins = [t.id for t in pending], [t.origin.value for t in pending]
+                yield _sse_line(chunks.text(shown[len(sent) :], ids, origins))
+                sent, pending = shown, []
             if isinstance(item, ReplyDone):
                 done = item
-                yield _sse_line(chunks.last(item.stop_reason, prompt_tokens, item.stats, with_usage))
+                calls = parse_reply(text).calls if tools else []
+                if calls:
+                    yield _sse_line(chunks.tool_calls(calls))
+                elif len(text) > len(sent):  # held text that never became a call
+                    yield _sse_line(chunks.text(text[len(sent) :], [], []))
+                yield _sse_line(
+                    chunks.last(item.stop_reason, finished.prompt_tokens, item.stats, with_usage, bool(calls))
+                )
         yield "data: [DONE]\n\n"
     finally:
         cancel.set()  # the client went away (or the reply is done): the engine stops after its step

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specchat.config import Config, ConfigError, from_mapping, to_wire
+from specchat.serve.tool_calls import ToolError, check_tools, history_message, parse_reply
 from specchat.speculative.metrics import ReplyStats
 
 MAX_MESSAGES = 4096
 MAX_STOPS = 4  # as OpenAI's API
 MAX_STOP_CHARS = 256
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 # "length": cut before its end (a cap, the window, a loop); clients such as aider then keep the file as it was
 FINISH_REASONS = {
     "eos": "stop",
@@ -31,11 +32,10 @@ FINISH_REASONS = {
     "context_full": "length",
     "repetition": "length",
 }
+TOOL_CALLS = "tool_calls"  # the finish reason of a reply that calls tools
 # Fields that would change the answer and are not supported yet: refused by name when they ask for anything,
 # never silently ignored. Each maps to the values that ask for nothing.
 UNSUPPORTED = {
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
@@ -62,7 +62,8 @@ class Request:
     """One completion request, checked: a chat (messages) or a plain prompt, and the settings it runs with."""
 
     config: Config  # the server's config with the request's settings applied
-    messages: tuple[dict[str, str], ...] = ()  # a chat (/v1/chat/completions)
+    messages: tuple[dict[str, Any], ...] = ()  # a chat (/v1/chat/completions)
+    tools: list[dict[str, Any]] | None = None  # for the chat template (tool_calls.py); None: no tools
     prompt: str | None = None  # a plain text prompt (/v1/completions)
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -82,10 +83,14 @@ def read_chat(body: Any, base: Config) -> Request:
         raise RequestError("'messages' must be a non-empty list of {role, content} objects")
     if len(messages) > MAX_MESSAGES:
         raise RequestError(f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES}")
-    checked = tuple(_message(m, i) for i, m in enumerate(messages))
+    try:
+        checked = tuple(_message(m, i) for i, m in enumerate(messages))
+        tools = check_tools(body.get("tools"), body.get("tool_choice"))
+    except ToolError as err:
+        raise RequestError(str(err)) from None
     if checked[-1]["role"] == "assistant":
-        raise RequestError("the last message must be the user's (or the system's), not the assistant's")
-    return _request(body, base, messages=checked)
+        raise RequestError("the last message must be the user's, the system's or a tool's, not the assistant's")
+    return _request(body, base, messages=checked, tools=tools)
 
 
 def read_completion(body: Any, base: Config) -> Request:
@@ -105,12 +110,21 @@ def _object(body: Any) -> dict[str, Any]:
     return body
 
 
-def _message(message: Any, index: int) -> dict[str, str]:
+def _message(message: Any, index: int) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise RequestError(f"messages[{index}] must be an object with 'role' and 'content'")
     role, content = message.get("role"), message.get("content")
     if role not in ROLES:
         raise RequestError(f"messages[{index}].role must be one of {', '.join(ROLES)}")
+    if role == "assistant" and message.get("tool_calls"):
+        return history_message({**message, "content": _content(content or "", index)}, index)
+    checked: dict[str, Any] = {"role": role, "content": _content(content, index)}
+    if role == "tool" and isinstance(message.get("tool_call_id"), str):
+        checked["tool_call_id"] = message["tool_call_id"]
+    return checked
+
+
+def _content(content: Any, index: int) -> str:
     if isinstance(content, list):  # content parts: the text ones, joined
         parts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
         if len(parts) != len(content) or not all(isinstance(text, str) for text in parts):
@@ -118,7 +132,7 @@ def _message(message: Any, index: int) -> dict[str, str]:
         content = "".join(parts)  # type: ignore[arg-type]
     if not isinstance(content, str):
         raise RequestError(f"messages[{index}].content must be a string")
-    return {"role": role, "content": _text(content, f"messages[{index}].content")}
+    return _text(content, f"messages[{index}].content")
 
 
 def _text(text: str, name: str) -> str:
@@ -197,6 +211,7 @@ class Reply:
     stop_reason: str
     prompt_tokens: int
     stats: ReplyStats
+    tools: bool = False  # the request offered tools: the text is read for calls
 
 
 def new_id(kind: str) -> str:
@@ -238,7 +253,11 @@ def usage(prompt_tokens: int, stats: ReplyStats) -> dict[str, Any]:
 def completion(reply: Reply, model: str, chat: bool) -> dict[str, Any]:
     """The whole response of a request that did not stream."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reply.stop_reason), "logprobs": None}
-    if chat:
+    parsed = parse_reply(reply.text) if reply.tools else None
+    if parsed is not None and parsed.calls:
+        choice["message"] = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}
+        choice["finish_reason"] = TOOL_CALLS
+    elif chat:
         choice["message"] = {"role": "assistant", "content": reply.text}
     else:
         choice["text"] = reply.text
@@ -284,10 +303,18 @@ class Chunks:
         body = {"delta": {"content": text}} if self.chat else {"text": text}
         return self._chunk({**body, "finish_reason": None}, specchat={"origins": origins, "token_ids": ids})
 
-    def last(self, stop_reason: str, prompt_tokens: int, stats: ReplyStats, with_usage: bool) -> dict[str, Any]:
+    def tool_calls(self, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        """The calls of a reply that made them, in one chunk (each with its index, as OpenAI streams them)."""
+        indexed = [{"index": i, **call} for i, call in enumerate(calls)]
+        return self._chunk({"delta": {"tool_calls": indexed}, "finish_reason": None})
+
+    def last(
+        self, stop_reason: str, prompt_tokens: int, stats: ReplyStats, with_usage: bool, called: bool = False
+    ) -> dict[str, Any]:
         body = {"delta": {}} if self.chat else {"text": ""}
         extra = {"usage": usage(prompt_tokens, stats)} if with_usage else {}
-        return self._chunk({**body, "finish_reason": finish_reason(stop_reason)}, **extra)
+        reason = TOOL_CALLS if called else finish_reason(stop_reason)
+        return self._chunk({**body, "finish_reason": reason}, **extra)
 
 
 def streamed_text(sse: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 from specchat.config import Mode, SamplingConfig, SpeculationConfig, drafter_needed
 from specchat.serve.protocol import Request, RequestError
+from specchat.serve.tool_calls import template_takes_tools
 from specchat.session.chat import ChatError, render_prompt
 from specchat.session.reply_loop import reply_events
 from specchat.speculative.events import ReplyDone
@@ -129,8 +130,10 @@ class Service:
             return list(self.tokenizer.encode(request.prompt))
         messages = [dict(m) for m in request.messages]
         system = "" if any(m["role"] == "system" for m in messages) else self.system_prompt
+        if request.tools and not template_takes_tools(self.tokenizer):
+            raise RequestError("'tools': this model's chat template has no tools section")
         try:
-            return render_prompt(self.tokenizer, system, messages)
+            return render_prompt(self.tokenizer, system, messages, request.tools)
         except ChatError as err:  # the template failed, or rewrote a message that spells a special token
             raise RequestError(str(err)) from None
 

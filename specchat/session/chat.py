@@ -36,14 +36,17 @@ CUT_MARKS = {  # how a reply that did not reach its end of turn is marked in the
 }
 
 
-def render_prompt(tokenizer, system_prompt: str, messages: list[dict[str, str]]) -> list[int]:
+def render_prompt(
+    tokenizer, system_prompt: str, messages: list[dict[str, Any]], tools: list | None = None
+) -> list[int]:
     """Token ids of the system prompt (if any) + messages + the assistant's generation prompt, in the
-    tokenizer's chat template. The chat, the server and the benchmark all build their prompts here. A template
+    tokenizer's chat template (with `tools` for a template that takes them). The chat, the server and the
+    benchmark all build their prompts here. A template
     that rejects the system role (gemma's) gets the system text at the top of the first user turn. A template
     that fails any other way (its own raise_exception, a syntax or sandbox error, a range too big) is a
     TemplateFailure: one line, the template's words quoted."""
     try:
-        return _render(tokenizer, system_prompt, messages)
+        return _render(tokenizer, system_prompt, messages, tools)
     except ChatError:
         raise
     except Exception as err:  # the template is a GGUF's or a folder's text: anything it does is the file's fault
@@ -54,19 +57,19 @@ def render_prompt(tokenizer, system_prompt: str, messages: list[dict[str, str]])
 TEMPLATE_WORDS = 200  # characters of a template's error quoted
 
 
-def _render(tokenizer, system_prompt: str, messages: list[dict[str, str]]) -> list[int]:
+def _render(tokenizer, system_prompt: str, messages: list[dict[str, Any]], tools: list | None) -> list[int]:
     from jinja2 import TemplateError
 
     conversation = [{"role": "system", "content": system_prompt}] if system_prompt else []
     try:
-        return _encode(tokenizer, conversation + messages)
+        return _encode(tokenizer, conversation + messages, tools)
     except TemplateError:
         if not system_prompt:
             raise
-        return _encode(tokenizer, _system_folded(system_prompt, messages))
+        return _encode(tokenizer, _system_folded(system_prompt, messages), tools)
 
 
-def _system_folded(system_prompt: str, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+def _system_folded(system_prompt: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     folded = [dict(message) for message in messages]
     first_user = next((m for m in folded if m["role"] == "user"), None)
     if first_user is None:
@@ -75,15 +78,18 @@ def _system_folded(system_prompt: str, messages: list[dict[str, str]]) -> list[d
     return folded
 
 
-def _encode(tokenizer, conversation: list[dict[str, str]]) -> list[int]:
+def _encode(tokenizer, conversation: list[dict[str, Any]], tools: list | None = None) -> list[int]:
     """The conversation's ids; a message that spells a special token has it read as text (literal_text.py)."""
+    options = {"tools": tools} if tools else {}
     try:
-        literal = literal_ids(tokenizer, conversation)
+        literal = literal_ids(tokenizer, conversation, **options)
     except LiteralTextError as err:
         raise ChatError(str(err)) from None
     if literal is not None:
         return literal
-    encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True, return_dict=True)
+    encoded = tokenizer.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=True, return_dict=True, **options
+    )
     return list(encoded["input_ids"])
 
 

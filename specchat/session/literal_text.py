@@ -40,7 +40,7 @@ def spells_special(text: str, spellings: tuple[str, ...]) -> bool:
     return any(spelling in text for spelling in spellings)
 
 
-def literal_ids(tokenizer: Any, conversation: list[dict[str, Any]]) -> list[int] | None:
+def literal_ids(tokenizer: Any, conversation: list[dict[str, Any]], **template_options: Any) -> list[int] | None:
     """The conversation's ids with each message's text tokenized as text, or None where no message spells a
     special token (the caller's usual encoding then gives the same ids)."""
     spellings = special_spellings(tokenizer)
@@ -50,7 +50,7 @@ def literal_ids(tokenizer: Any, conversation: list[dict[str, Any]]) -> list[int]
     placeholders = [dict(message) for message in conversation]
     for i in marked:
         placeholders[i]["content"] = MARK.format(i)
-    text = tokenizer.apply_chat_template(placeholders, add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(placeholders, add_generation_prompt=True, tokenize=False, **template_options)
     for i in marked:
         if text.count(MARK.format(i)) != 1:
             raise LiteralTextError(
