@@ -38,7 +38,6 @@ TOOL_CALLS = "tool_calls"  # the finish reason of a reply that calls tools
 UNSUPPORTED = {
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
     "frequency_penalty": (None, 0, 0.0),
@@ -64,6 +63,8 @@ class Request:
     config: Config  # the server's config with the request's settings applied
     messages: tuple[dict[str, Any], ...] = ()  # a chat (/v1/chat/completions)
     tools: list[dict[str, Any]] | None = None  # for the chat template (tool_calls.py); None: no tools
+    json_mode: bool = False  # response_format json_object or json_schema: the reply held to JSON
+    json_schema: dict[str, Any] | None = None  # json_schema's schema (None with json_mode: any JSON object)
     prompt: str | None = None  # a plain text prompt (/v1/completions)
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -161,14 +162,33 @@ def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise RequestError("'stream_options' must be an object")
+    json_mode, json_schema = _response_format(body.get("response_format"))
     return Request(
         _settings(body, base),
+        json_mode=json_mode,
+        json_schema=json_schema,
         stop=_stops(body.get("stop")),
         stream=stream,
         max_tokens=max_tokens or 0,
         include={"usage": bool(options.get("include_usage", True))},
         **what,
     )
+
+
+def _response_format(wanted: Any) -> tuple[bool, dict[str, Any] | None]:
+    """(JSON mode, its schema) from `response_format`: text, json_object (any object) or json_schema."""
+    if wanted is None or wanted == {"type": "text"}:
+        return False, None
+    kind = wanted.get("type") if isinstance(wanted, dict) else None
+    if kind == "json_object":
+        return True, None
+    if kind == "json_schema":
+        described = wanted.get("json_schema")
+        schema = described.get("schema") if isinstance(described, dict) else None
+        if not isinstance(schema, dict):
+            raise RequestError("'response_format.json_schema.schema' must be a JSON schema object")
+        return True, schema
+    raise RequestError("'response_format.type' must be text, json_object or json_schema")
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "seed")

@@ -21,6 +21,7 @@ from specchat.config import Mode, SamplingConfig, SpeculationConfig, drafter_nee
 from specchat.serve.protocol import Request, RequestError
 from specchat.serve.tool_calls import template_takes_tools
 from specchat.session.chat import ChatError, render_prompt
+from specchat.session.json_mode import JsonConstraint, SchemaError, grammar_for, guidance_tokenizer
 from specchat.session.reply_loop import reply_events
 from specchat.speculative.events import ReplyDone
 
@@ -41,6 +42,7 @@ class Plan:
     sampling: SamplingConfig
     speculation: SpeculationConfig
     stops: tuple[str, ...]
+    grammar: str | None = None  # JSON mode's (session/json_mode.py): each reply gets a matcher of its own
 
 
 class Service:
@@ -110,9 +112,22 @@ class Service:
         )
         if problem:
             raise RequestError(f"drafter: {problem}")
+        if request.json_mode and speculation.mode == Mode.DRAFTER:
+            raise RequestError("'response_format' holds the target's law to JSON, and drafter mode runs no target")
         cap = request.max_tokens or min(self.max_tokens, room)
         sampling = dataclasses.replace(cfg.sampling, max_new_tokens=cap)
-        return Plan(ids, sampling, speculation, self.template_stops + request.stop)
+        return Plan(ids, sampling, speculation, self.template_stops + request.stop, self._grammar(request))
+
+    def _grammar(self, request: Request) -> str | None:
+        if not request.json_mode:
+            return None
+        try:
+            grammar = grammar_for(request.json_schema)
+            with self._tokenizing:
+                guidance_tokenizer(self.tokenizer)  # built once, before the reply waits for the engine
+            return grammar
+        except SchemaError as err:
+            raise RequestError(f"response_format: {err}") from None
 
     def _bound_characters(self, request: Request) -> None:
         """Refuse, before any tokenizer runs, a prompt too long in characters for any tokenizing to fit."""
@@ -143,9 +158,12 @@ class Service:
             if self.stopping.is_set():
                 cancel.set()
             self.running.add(cancel)
+            constraint = None
+            if plan.grammar is not None:
+                constraint = JsonConstraint(self.tokenizer, plan.grammar, len(plan.prompt_ids), self.engine.eos_ids)
             try:
                 for event in reply_events(
-                    self.engine, plan.prompt_ids, plan.sampling, plan.speculation, plan.stops, cancel
+                    self.engine, plan.prompt_ids, plan.sampling, plan.speculation, plan.stops, cancel, constraint
                 ):
                     if isinstance(event, ReplyDone):
                         self.finished[event.stop_reason] += 1

@@ -16,6 +16,7 @@ from typing import Any
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.session.repetition import REPETITION, RepetitionGuard
 from specchat.session.stop_strings import StopFilter, StopOrCancel
+from specchat.speculative.constraint import Constraint
 from specchat.speculative.events import ReplyDone, Token
 
 
@@ -26,12 +27,15 @@ def reply_events(
     speculation: SpeculationConfig,
     stops: tuple[str, ...],
     cancel: threading.Event,
+    constraint: Constraint | None = None,
 ) -> Iterator[Any]:
     """The engine's events for one reply (Token, StepDone, ..., ReplyDone), cut at `stops` and at a loop of
-    `sampling.repetition_stop` tokens (stop reason "repetition"); `cancel` ends it after the step in flight."""
+    `sampling.repetition_stop` tokens (stop reason "repetition"); `cancel` ends it after the step in flight;
+    `constraint` masks the target's law (JSON mode)."""
     stop_filter, halt = StopFilter(stops), StopOrCancel(cancel)
     guard = RepetitionGuard(sampling.repetition_stop)
-    for event in engine.stream(prompt_ids, sampling, speculation, halt):
+    extra = {"constraint": constraint} if constraint is not None else {}  # a stand-in engine may not take one
+    for event in engine.stream(prompt_ids, sampling, speculation, halt, **extra):
         if isinstance(event, Token) and guard.add(event.id):
             halt.stopped.set()  # the engine stops after this step; the reply keeps what it wrote
         if isinstance(event, ReplyDone) and guard.looping and event.stop_reason == "cancelled" and not cancel.is_set():

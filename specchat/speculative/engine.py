@@ -22,6 +22,7 @@ import torch
 from specchat.config import Auto, Mode, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.speculative import model_io
+from specchat.speculative.constraint import Constraint
 from specchat.speculative.detok import Detokenizer, Tokenizer
 from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan, DraftView
 from specchat.speculative.drafters.lookup import common_prefix_len
@@ -177,10 +178,12 @@ class Engine:
         sampling: SamplingConfig,
         speculation: SpeculationConfig,
         cancel: threading.Event | None = None,
+        constraint: Constraint | None = None,
     ) -> Iterator[Event]:
-        """Generate one reply to `prompt_ids`: Token/Rejected/StepDone events and a final ReplyDone."""
+        """Generate one reply to `prompt_ids`: Token/Rejected/StepDone events and a final ReplyDone; `constraint`
+        masks the target's law (constraint.py)."""
         detok = Detokenizer(self.tokenizer)
-        for item in self.steps(prompt_ids, sampling, speculation, cancel):
+        for item in self.steps(prompt_ids, sampling, speculation, cancel, constraint):
             if isinstance(item, ReplyEnd):
                 yield ReplyDone(item.stats, detok.text, item.ids, item.stop_reason, item.seed)
             elif isinstance(item, PrefillProgress):
@@ -194,6 +197,7 @@ class Engine:
         sampling: SamplingConfig,
         speculation: SpeculationConfig,
         cancel: threading.Event | None = None,
+        constraint: Constraint | None = None,
     ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
         """Generate one reply: PrefillProgress while a new prompt is read, committed StepResults (token
         ids, no text) and a final ReplyEnd."""
@@ -202,12 +206,14 @@ class Engine:
         missing = drafter_needed(self.has_model_drafter, speculation.mode, drafter=speculation.drafter)
         if missing:
             raise ValueError(missing)
+        if constraint is not None and speculation.mode == Mode.DRAFTER:
+            raise ValueError("a constraint masks the target's law, and drafter mode runs no target")
         wanted = "model" if speculation.mode == Mode.DRAFTER else speculation.drafter
         if speculation.mode != Mode.TARGET:
             self._use_view(self._view_for(speculation))
             self.use_drafter(wanted)  # DrafterUnusable (a ValueError) where it cannot draft here
         try:
-            yield from self._run(list(prompt_ids), sampling, speculation, cancel or threading.Event())
+            yield from self._run(list(prompt_ids), sampling, speculation, cancel or threading.Event(), constraint)
         except BaseException:
             self.reset()  # an interrupted forward may leave caches half-updated
             raise
@@ -218,6 +224,7 @@ class Engine:
         sampling: SamplingConfig,
         speculation: SpeculationConfig,
         cancel: threading.Event,
+        constraint: Constraint | None = None,
     ) -> Iterator[PrefillProgress | StepResult | ReplyEnd]:
         self._adopt_prompt(prompt_ids)  # the reused tokens: those the leading model's cache still holds
         recorder = StatsRecorder(
@@ -233,7 +240,7 @@ class Engine:
                 stop_reason = "cancelled"
                 break
             remaining = sampling.max_new_tokens - produced
-            computed = self._step(speculation, sampling, remaining, generator)
+            computed = self._step(speculation, sampling, remaining, generator, constraint)
             step, finished = self._commit(computed, remaining, index, sampling)
             index += 1
             produced += len(step.tokens)
@@ -297,7 +304,12 @@ class Engine:
         )
 
     def _step(
-        self, speculation: SpeculationConfig, sampling: SamplingConfig, remaining: int, generator: torch.Generator
+        self,
+        speculation: SpeculationConfig,
+        sampling: SamplingConfig,
+        remaining: int,
+        generator: torch.Generator,
+        constraint: Constraint | None = None,
     ) -> StepResult:
         if speculation.mode == Mode.DRAFTER:
             if self.drafter is None:
@@ -305,7 +317,16 @@ class Engine:
             return drafter_step(self.drafter, self.ids, sampling, generator)
         plan = self._draft_plan(speculation, remaining)
         step = speculative_step(
-            self.target, self.cache, self.drafter, self.ids, plan, sampling, generator, self.vocab_size, self.sampler
+            self.target,
+            self.cache,
+            self.drafter,
+            self.ids,
+            plan,
+            sampling,
+            generator,
+            self.vocab_size,
+            self.sampler,
+            constraint,
         )
         self.policy.observe_step(step)
         return step

@@ -19,6 +19,7 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.speculative import model_io
+from specchat.speculative.constraint import Constraint, constrain
 from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan
 from specchat.speculative.insight import Rejection, token_probs
 from specchat.speculative.model_io import Cache, Model
@@ -108,18 +109,21 @@ def speculative_step(
     generator: torch.Generator,
     vocab_size: int,
     sampler: Sampler = TORCH_SAMPLER,
+    constraint: Constraint | None = None,
 ) -> StepResult:
     """Draft up to plan.gamma tokens (a copy: up to plan.copy), verify them with one target forward, read back once;
-    the target's cache grows. `sampler` computes the target's p (the drafter's q: the drafter's own, the same)."""
+    the target's cache grows. `sampler` computes the target's p (the drafter's q: the drafter's own, the same);
+    `constraint` masks the target's logits (constraint.py)."""
     if plan.gamma and drafter is None:
         raise ValueError("a step that drafts needs a drafter")
     draft = drafter.propose(ids, plan, sampling, generator) if plan.drafts and drafter is not None else empty_draft()
     drafts = draft.tokens.to(model_io.input_device(target))  # [drafted]; drafted <= gamma (a draft may end early)
     start = clock(target)
     logits, fed = _score(target, cache, ids, drafts, vocab_size)
-    if sampling.penalized:  # each row penalized for what came before its token: the context, then the drafts before it
-        drafted_ids = [int(token) for token in drafts.tolist()]  # one read, only with a penalty set
-        logits = penalize(logits, [ids + drafted_ids[:row] for row in range(len(drafted_ids) + 1)], sampling)
+    if sampling.penalized or constraint is not None:  # each row for what came before its token: the context, then
+        drafted_ids = [int(token) for token in drafts.tolist()]  # the drafts before it; one read, only where needed
+        contexts = [ids + drafted_ids[:row] for row in range(len(drafted_ids) + 1)]
+        logits = constrain(penalize(logits, contexts, sampling), constraint, contexts)
     verdict, p, totals = _verdict(drafts, draft, logits, sampling, generator, sampler)
     p_drafts, p_emitted = token_probs(logits, p, drafts, verdict.accepted, verdict.next_token, totals)
     unread = draft.sure if draft.sure is not None and len(draft.confidences) < drafts.shape[0] else drafts[:0]

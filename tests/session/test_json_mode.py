@@ -1,0 +1,137 @@
+"""JSON mode keeps speculation exact for the constrained law: greedy speculative equals greedy target-only under the
+same grammar, token for token, and sampled speculative replies follow the target's law masked by the grammar
+(checked against a fresh llguidance matcher per prefix, with no rollback). Replies that end are valid JSON of the
+schema."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+import torch
+from conftest import make_engine, reference_probs
+
+from specchat.config import Mode, SamplingConfig, SpeculationConfig
+from specchat.session.json_mode import JsonConstraint, grammar_for, guidance_tokenizer
+from specchat.speculative.events import ReplyDone
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "ok", "n"],
+    "additionalProperties": False,
+}
+GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=400)
+
+
+@pytest.fixture(scope="module")
+def prompt(tokenizer):
+    ask = [{"role": "user", "content": "The quick brown fox as JSON"}]
+    return list(
+        tokenizer.apply_chat_template(ask, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    )
+
+
+def eos_of(tokenizer) -> set[int]:
+    return {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+
+
+def reply(engine, tokenizer, prompt, sampling, speculation, grammar) -> ReplyDone:
+    constraint = JsonConstraint(tokenizer, grammar, len(prompt), eos_of(tokenizer))
+    return list(engine.stream(prompt, sampling, speculation, constraint=constraint))[-1]
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_speculative_under_a_schema_equals_target_only_and_is_valid_json(
+    target, similar_drafter_model, tokenizer, prompt, gamma
+):
+    grammar = grammar_for(SCHEMA)
+    engine = make_engine(target, similar_drafter_model, tokenizer, eos_ids=eos_of(tokenizer))
+    alone = reply(engine, tokenizer, prompt, GREEDY, SpeculationConfig(mode=Mode.TARGET), grammar)
+    engine.reset()
+    spec = reply(engine, tokenizer, prompt, GREEDY, SpeculationConfig(gamma=gamma, drafter="model"), grammar)
+    assert spec.ids == alone.ids and spec.stats.drafted > 0
+    assert spec.stop_reason == "eos"
+    value = json.loads(spec.text)
+    assert set(value) == {"name", "ok", "n"} and isinstance(value["ok"], bool) and 0 <= value["n"] <= 99
+    engine.reset()
+    free = list(engine.stream(prompt, GREEDY, SpeculationConfig(mode=Mode.TARGET)))[-1]
+    assert free.ids != alone.ids  # the grammar did change the reply
+
+
+SAMPLED = SamplingConfig(temperature=1.0, max_new_tokens=4)
+OBJECT = grammar_for(None)
+
+
+def fresh_mask(tokenizer, prefix: list[int], width: int) -> torch.Tensor:
+    """The grammar's mask after `prefix`, from a new llguidance matcher (no rollback), end-of-turn mapped."""
+    import llguidance
+
+    guide = guidance_tokenizer(tokenizer)
+    matcher = llguidance.LLMatcher(guide, OBJECT)
+    assert matcher.try_consume_tokens(prefix) == len(prefix)
+    words = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
+    bits = ((words.view(-1, 1) >> torch.arange(32, dtype=torch.int32)) & 1).bool().view(-1)[:width]
+    mask = torch.zeros(width, dtype=torch.bool)
+    mask[: bits.shape[0]] = bits
+    return mask
+
+
+@torch.inference_mode()
+def masked_joint(model, tokenizer, ids, n=2) -> dict[tuple[int, ...], float]:
+    joint = {(): 1.0}
+    for _ in range(n):
+        grown = {}
+        for prefix, p_prefix in joint.items():
+            logits = model(torch.tensor([ids + list(prefix)])).logits[0, -1]
+            allowed = fresh_mask(tokenizer, list(prefix), logits.shape[-1])
+            for token, p in reference_probs(logits.masked_fill(~allowed, float("-inf")), SAMPLED).items():
+                if p > 0:
+                    grown[prefix + (token,)] = p_prefix * p
+        joint = grown
+    return joint
+
+
+def worst(joint, counts, z=4.5) -> float:
+    if set(counts) - set(joint):
+        return math.inf
+    runs = sum(counts.values())
+    return max(
+        abs(counts.get(c, 0) / runs - p) / (z * math.sqrt(p * (1 - p) / runs) + 1 / runs) for c, p in joint.items()
+    )
+
+
+@pytest.mark.parametrize("runs", [300, pytest.param(1500, marks=pytest.mark.slow)])
+def test_sampled_speculative_under_json_mode_follows_the_masked_target_law(
+    target, similar_drafter_model, tokenizer, prompt, runs
+):
+    joint = masked_joint(target, tokenizer, prompt)
+    assert len(joint) >= 4
+    engine = make_engine(target, similar_drafter_model, tokenizer, eos_ids=eos_of(tokenizer))
+    counts, drafted = Counter(), 0
+    for seed in range(runs):
+        sampling = SamplingConfig(**{**SAMPLED.__dict__, "seed": seed})
+        done = reply(engine, tokenizer, prompt, sampling, SpeculationConfig(gamma=3, drafter="model"), OBJECT)
+        counts[tuple(done.ids[:2])] += 1
+        drafted += done.stats.drafted
+    assert drafted >= runs  # the drafts ran
+    assert worst(joint, counts) <= 1.0, (joint, counts)
+
+
+def test_the_law_check_catches_a_mask_left_off(target, similar_drafter_model, tokenizer, prompt):
+    joint = masked_joint(target, tokenizer, prompt)
+    engine = make_engine(target, similar_drafter_model, tokenizer, eos_ids=eos_of(tokenizer))
+    counts = Counter()
+    for seed in range(300):
+        sampling = SamplingConfig(**{**SAMPLED.__dict__, "seed": seed})
+        done = list(engine.stream(prompt, sampling, SpeculationConfig(gamma=3, drafter="model")))[-1]
+        counts[tuple(done.ids[:2])] += 1
+    assert worst(joint, counts) > 1.0
