@@ -208,11 +208,11 @@ async def _complete(
     if asked.stream:
         chunks = Chunks(settings.model, chat)
         return StreamingResponse(
-            _sse(events, chunks, asked.include.get("usage", True), cancel, finished, bool(asked.tools)),
+            _sse(events, chunks, asked.include.get("usage", True), cancel, finished, asked),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    return await _whole(request, events, cancel, (settings.model, chat, bool(asked.tools)), finished)
+    return await _whole(request, events, cancel, (settings.model, chat, asked), finished)
 
 
 @dataclass
@@ -260,12 +260,13 @@ async def _whole(
     request: HttpRequest,
     events: asyncio.Queue,
     cancel: threading.Event,
-    shape: tuple[str, bool, bool],
+    shape: tuple[str, bool, Request],
     finished: _Finished,
 ) -> Response:
-    """Wait for the whole reply, cancelling it if the client goes away. shape: (model, chat, tools offered)."""
-    model, chat, tools = shape
+    """Wait for the whole reply, cancelling it if the client goes away. shape: (model, chat, the request)."""
+    model, chat, asked = shape
     origins: list[str] = []
+    odds: list[tuple[str, float | None]] = []
     done: ReplyDone | None = None
     while True:
         try:
@@ -282,6 +283,7 @@ async def _whole(
             return answer
         if isinstance(item, Token):
             origins.append(item.origin.value)
+            odds.append((item.text, item.p))
         elif isinstance(item, ReplyDone):
             done = item
     if done is None:
@@ -289,7 +291,17 @@ async def _whole(
         return _error("the reply ended without its end", 500, "server_error")
     finished(200, done)
     ids, stop_reason = list(done.ids), done.stop_reason
-    reply = Reply(done.text, ids, origins[: len(ids)], stop_reason, finished.prompt_tokens, done.stats, tools)
+    logprobs = odds[: len(ids)] if asked.logprobs else None
+    reply = Reply(
+        done.text,
+        ids,
+        origins[: len(ids)],
+        stop_reason,
+        finished.prompt_tokens,
+        done.stats,
+        bool(asked.tools),
+        logprobs,
+    )
     return JSONResponse(completion(reply, model, chat))
 
 
@@ -309,12 +321,13 @@ async def _sse(
     with_usage: bool,
     cancel: threading.Event,
     finished: _Finished,
-    tools: bool = False,
+    asked: Request,
 ) -> AsyncIterator[str]:
     """The reply as server-sent events: a chunk per step, the last with the finish reason (and usage), [DONE].
     With tools offered, text from a call's markup on is held, and the calls follow as one tool_calls chunk."""
     pending: list[Token] = []
     done: ReplyDone | None = None
+    tools = bool(asked.tools)
     text = sent = ""  # the reply's text so far, and what of it went out as content
     try:
         if chunks.chat:
@@ -332,7 +345,8 @@ async def _sse(
                 text += "".join(t.text for t in pending)
                 shown = shown_before_calls(text) if tools else text
                 ids, origins = [t.id for t in pending], [t.origin.value for t in pending]
-                yield _sse_line(chunks.text(shown[len(sent) :], ids, origins))
+                odds = [(t.text, t.p) for t in pending] if asked.logprobs else None
+                yield _sse_line(chunks.text(shown[len(sent) :], ids, origins, odds))
                 sent, pending = shown, []
             if isinstance(item, ReplyDone):
                 done = item

@@ -11,6 +11,7 @@ they do not know: `specchat.origins` (which model produced each token) in every 
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,10 +39,7 @@ TOOL_CALLS = "tool_calls"  # the finish reason of a reply that calls tools
 UNSUPPORTED = {
     "functions": (None, []),
     "function_call": (None, "none"),
-    "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "frequency_penalty": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "suffix": (None, ""),
     "echo": (None, False),
     "best_of": (None, 1),
@@ -65,6 +63,9 @@ class Request:
     tools: list[dict[str, Any]] | None = None  # for the chat template (tool_calls.py); None: no tools
     json_mode: bool = False  # response_format json_object or json_schema: the reply held to JSON
     json_schema: dict[str, Any] | None = None  # json_schema's schema (None with json_mode: any JSON object)
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> amount added to its logit
+    frequency_penalty: float = 0.0  # subtracted from a token's logit once per time the reply already holds it
+    logprobs: bool = False  # each token's log p under the target's law, in the response
     prompt: str | None = None  # a plain text prompt (/v1/completions)
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -163,16 +164,46 @@ def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
     if not isinstance(options, dict):
         raise RequestError("'stream_options' must be an object")
     json_mode, json_schema = _response_format(body.get("response_format"))
+    logprobs = body.get("logprobs") or False
+    if not isinstance(logprobs, bool):
+        raise RequestError("'logprobs' must be true or false")
     return Request(
         _settings(body, base),
         json_mode=json_mode,
         json_schema=json_schema,
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        frequency_penalty=_number(body.get("frequency_penalty", 0.0), "frequency_penalty", 2.0),
+        logprobs=logprobs,
         stop=_stops(body.get("stop")),
         stream=stream,
         max_tokens=max_tokens or 0,
         include={"usage": bool(options.get("include_usage", True))},
         **what,
     )
+
+
+MAX_BIASED = 300  # tokens a logit_bias may name
+MAX_BIAS = 100.0
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """`logit_bias`: {"token id": amount in [-100, 100]}, at most MAX_BIASED tokens."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict) or len(bias) > MAX_BIASED:
+        raise RequestError(f"'logit_bias' must be an object of at most {MAX_BIASED} 'token id': amount pairs")
+    read = {}
+    for key, amount in bias.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) < 10):
+            raise RequestError(f"'logit_bias' keys must be token ids, got {key[:20]!r}")
+        read[int(key)] = _number(amount, f"logit_bias[{key}]", MAX_BIAS)
+    return read
+
+
+def _number(value: Any, name: str, bound: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -bound <= value <= bound:
+        raise RequestError(f"'{name}' must be a number from {-bound:g} to {bound:g}")
+    return float(value)
 
 
 def _response_format(wanted: Any) -> tuple[bool, dict[str, Any] | None]:
@@ -232,6 +263,25 @@ class Reply:
     prompt_tokens: int
     stats: ReplyStats
     tools: bool = False  # the request offered tools: the text is read for calls
+    logprobs: list[tuple[str, float | None]] | None = None  # each token's text and target p, where asked
+
+
+UNLIKELY = -9999.0  # the log-probability written for a token whose p is 0 or unknown (as OpenAI writes it)
+
+
+def logprob_entries(tokens: list[tuple[str, float | None]]) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice or a chunk: each token's text, log p under the target's law, its bytes."""
+    return {
+        "content": [
+            {
+                "token": text,
+                "logprob": math.log(p) if p else UNLIKELY,
+                "bytes": list(text.encode("utf-8")),
+                "top_logprobs": [],
+            }
+            for text, p in tokens
+        ]
+    }
 
 
 def new_id(kind: str) -> str:
@@ -273,6 +323,8 @@ def usage(prompt_tokens: int, stats: ReplyStats) -> dict[str, Any]:
 def completion(reply: Reply, model: str, chat: bool) -> dict[str, Any]:
     """The whole response of a request that did not stream."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reply.stop_reason), "logprobs": None}
+    if reply.logprobs is not None:
+        choice["logprobs"] = logprob_entries(reply.logprobs)
     parsed = parse_reply(reply.text) if reply.tools else None
     if parsed is not None and parsed.calls:
         choice["message"] = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}
@@ -319,8 +371,12 @@ class Chunks:
         """The chat stream's opening chunk: the role, no text."""
         return self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
-    def text(self, text: str, ids: list[int], origins: list[str]) -> dict[str, Any]:
-        body = {"delta": {"content": text}} if self.chat else {"text": text}
+    def text(
+        self, text: str, ids: list[int], origins: list[str], logprobs: list[tuple[str, float | None]] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"delta": {"content": text}} if self.chat else {"text": text}
+        if logprobs is not None:
+            body["logprobs"] = logprob_entries(logprobs)
         return self._chunk({**body, "finish_reason": None}, specchat={"origins": origins, "token_ids": ids})
 
     def tool_calls(self, calls: list[dict[str, Any]]) -> dict[str, Any]:

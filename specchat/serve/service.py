@@ -22,7 +22,9 @@ from specchat.serve.protocol import Request, RequestError
 from specchat.serve.tool_calls import template_takes_tools
 from specchat.session.chat import ChatError, render_prompt
 from specchat.session.json_mode import JsonConstraint, SchemaError, grammar_for, guidance_tokenizer
+from specchat.session.logit_rules import FrequencyPenalty, LogitBias
 from specchat.session.reply_loop import reply_events
+from specchat.speculative.constraint import Constraint, Rules
 from specchat.speculative.events import ReplyDone
 
 MAX_WAITING = 8  # requests admitted at once (one runs, the rest wait); more are answered 429
@@ -43,6 +45,20 @@ class Plan:
     speculation: SpeculationConfig
     stops: tuple[str, ...]
     grammar: str | None = None  # JSON mode's (session/json_mode.py): each reply gets a matcher of its own
+    logit_bias: dict[int, float] = dataclasses.field(default_factory=dict)
+    frequency_penalty: float = 0.0
+
+    def rules(self, tokenizer: Any, engine: Any) -> Constraint | None:
+        """What the request changes of the target's logits (speculative/constraint.py), fresh for one reply."""
+        start = len(self.prompt_ids)
+        rules: list[Constraint] = []
+        if self.logit_bias:
+            rules.append(LogitBias(self.logit_bias))
+        if self.frequency_penalty:
+            rules.append(FrequencyPenalty(self.frequency_penalty, start))
+        if self.grammar is not None:  # last: a bias never lifts a token the grammar refuses
+            rules.append(JsonConstraint(tokenizer, self.grammar, start, engine.eos_ids))
+        return None if not rules else rules[0] if len(rules) == 1 else Rules(rules)
 
 
 class Service:
@@ -116,7 +132,12 @@ class Service:
             raise RequestError("'response_format' holds the target's law to JSON, and drafter mode runs no target")
         cap = request.max_tokens or min(self.max_tokens, room)
         sampling = dataclasses.replace(cfg.sampling, max_new_tokens=cap)
-        return Plan(ids, sampling, speculation, self.template_stops + request.stop, self._grammar(request))
+        biased = [token for token in request.logit_bias if token >= self.engine.vocab_size]
+        if biased:
+            raise RequestError(f"'logit_bias' names token {biased[0]}; the vocabulary has {self.engine.vocab_size}")
+        stops = self.template_stops + request.stop
+        grammar = self._grammar(request)
+        return Plan(ids, sampling, speculation, stops, grammar, request.logit_bias, request.frequency_penalty)
 
     def _grammar(self, request: Request) -> str | None:
         if not request.json_mode:
@@ -158,9 +179,7 @@ class Service:
             if self.stopping.is_set():
                 cancel.set()
             self.running.add(cancel)
-            constraint = None
-            if plan.grammar is not None:
-                constraint = JsonConstraint(self.tokenizer, plan.grammar, len(plan.prompt_ids), self.engine.eos_ids)
+            constraint = plan.rules(self.tokenizer, self.engine)
             try:
                 for event in reply_events(
                     self.engine, plan.prompt_ids, plan.sampling, plan.speculation, plan.stops, cancel, constraint

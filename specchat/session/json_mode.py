@@ -58,8 +58,8 @@ def guidance_tokenizer(tokenizer: Any) -> Any:
 
 
 class JsonConstraint:
-    """The grammar's mask after each context, for one reply whose prompt is the first `start` ids
-    (speculative/constraint.py's Constraint)."""
+    """The grammar's mask after each context, for one reply whose prompt is the first `start` ids (a rule of
+    speculative/constraint.py)."""
 
     def __init__(self, tokenizer: Any, grammar: str, start: int, eos_ids: set[int] | frozenset[int]):
         import llguidance
@@ -70,7 +70,13 @@ class JsonConstraint:
         self.end_ids = sorted(eos_ids)
         self.consumed: list[int] = []
 
+    def apply(self, logits: torch.Tensor, contexts: list[list[int]]) -> torch.Tensor:
+        """The logits with every token the grammar refuses after its row's context at -inf."""
+        allowed = self.allowed(contexts, logits.shape[-1]).to(logits.device)
+        return logits.masked_fill(~allowed, float("-inf"))
+
     def allowed(self, contexts: list[list[int]], width: int) -> torch.Tensor:
+        """[len(contexts), width] bool: the tokens the grammar allows after each context."""
         rows = torch.ones(len(contexts), width, dtype=torch.bool)
         for row, context in enumerate(contexts):
             if self._follow(context[self.start :]):

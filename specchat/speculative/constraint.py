@@ -1,28 +1,40 @@
-"""A constraint on the target's law: the tokens allowed after each context (JSON mode's grammar, say).
+"""Rules on the target's law: what a request changes of the target's logits, given what came before each token
+(JSON mode's grammar mask, a logit bias, a frequency penalty).
 
-The step masks the target's logits with it before p is formed, row by row, each row for the context that precedes
-its token (the committed ids, then the drafts before it). Speculation stays exact for the constrained law: the rule
-accepts a draft with probability min(1, p/q) under the masked p, whatever q is, and a greedy row takes the masked
-argmax, as target-only decoding under the same constraint does. A row after a draft the constraint refuses is never
-used (that draft is refused first), so a constraint may allow anything there.
+The step applies them to the target's logits before p is formed, row by row, each row for the context that precedes
+its token (the committed ids, then the drafts before it). Speculation stays exact for the law so changed: the rule
+accepts a draft with probability min(1, p/q) under the changed p, whatever q is, and a greedy row takes the changed
+argmax, as target-only decoding under the same rules does. A row after a draft the rules refuse (a -inf logit) is
+never used, since that draft is refused first; a rule may leave such a row as it likes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
 
 class Constraint(Protocol):
-    def allowed(self, contexts: list[list[int]], width: int) -> torch.Tensor:
-        """[len(contexts), width] bool: the tokens allowed after each context (the whole ids, prompt included)."""
+    def apply(self, logits: torch.Tensor, contexts: list[list[int]]) -> torch.Tensor:
+        """[len(contexts), vocab] logits changed for each row's context (the whole ids, prompt included); never in
+        place."""
         ...
 
 
-def constrain(logits: torch.Tensor, constraint: Constraint | None, contexts: list[list[int]]) -> torch.Tensor:
-    """[n, vocab] logits with every token the constraint refuses after its row's context at -inf; never in place."""
-    if constraint is None:
+class Rules:
+    """Several rules, applied in order."""
+
+    def __init__(self, rules: Sequence[Constraint]):
+        self.rules = list(rules)
+
+    def apply(self, logits: torch.Tensor, contexts: list[list[int]]) -> torch.Tensor:
+        for rule in self.rules:
+            logits = rule.apply(logits, contexts)
         return logits
-    allowed = constraint.allowed(contexts, logits.shape[-1]).to(logits.device)
-    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def constrain(logits: torch.Tensor, constraint: Constraint | None, contexts: list[list[int]]) -> torch.Tensor:
+    """The logits as `constraint` changes them (as they are where there is none)."""
+    return logits if constraint is None else constraint.apply(logits, contexts)

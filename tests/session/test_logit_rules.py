@@ -1,7 +1,8 @@
-"""JSON mode keeps speculation exact for the constrained law: greedy speculative equals greedy target-only under the
-same grammar, token for token, and sampled speculative replies follow the target's law masked by the grammar
-(checked against a fresh llguidance matcher per prefix, with no rollback). Replies that end are valid JSON of the
-schema."""
+"""Rules on the target's law keep speculation exact for the law they make (speculative/constraint.py). JSON mode:
+greedy speculative equals greedy target-only under the same grammar, token for token, and sampled speculative replies
+follow the target's law masked by the grammar (checked against a fresh llguidance matcher per prefix, with no
+rollback); replies that end are valid JSON of the schema. A logit bias and a frequency penalty: the same, against
+the biased and penalized law written here from the definitions."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from conftest import make_engine, reference_probs
 
 from specchat.config import Mode, SamplingConfig, SpeculationConfig
 from specchat.session.json_mode import JsonConstraint, grammar_for, guidance_tokenizer
+from specchat.session.logit_rules import FrequencyPenalty, LogitBias
+from specchat.speculative.constraint import Rules
 from specchat.speculative.events import ReplyDone
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -134,4 +137,80 @@ def test_the_law_check_catches_a_mask_left_off(target, similar_drafter_model, to
         sampling = SamplingConfig(**{**SAMPLED.__dict__, "seed": seed})
         done = list(engine.stream(prompt, sampling, SpeculationConfig(gamma=3, drafter="model")))[-1]
         counts[tuple(done.ids[:2])] += 1
+    assert worst(joint, counts) > 1.0
+
+
+BIAS = {5: 3.0, 17: -100.0, 40: 1.5}
+PENALTY = 1.5
+
+
+def biased_and_penalized(logits: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+    """The definitions: the bias added, then PENALTY subtracted once per time a token is in the reply so far."""
+    out = logits.double().clone()
+    for token, amount in BIAS.items():
+        out[token] += amount
+    for token in prefix:
+        out[token] -= PENALTY
+    return out
+
+
+@torch.inference_mode()
+def ruled_joint(model, ids, n=3) -> dict[tuple[int, ...], float]:
+    joint = {(): 1.0}
+    for _ in range(n):
+        grown = {}
+        for prefix, p_prefix in joint.items():
+            logits = model(torch.tensor([ids + list(prefix)])).logits[0, -1]
+            for token, p in reference_probs(biased_and_penalized(logits, list(prefix)), RULED).items():
+                grown[prefix + (token,)] = p_prefix * p
+        joint = grown
+    return joint
+
+
+RULED = SamplingConfig(temperature=0.8, top_k=4, max_new_tokens=3)
+
+
+def ruled(start: int):
+    return Rules([LogitBias(BIAS), FrequencyPenalty(PENALTY, start)])
+
+
+def test_greedy_speculative_under_bias_and_penalty_equals_target_only(target, similar_drafter_model, tokenizer, prompt):
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=40)
+    alone = list(engine.stream(prompt, greedy, SpeculationConfig(mode=Mode.TARGET), constraint=ruled(len(prompt))))
+    engine.reset()
+    spec = list(
+        engine.stream(prompt, greedy, SpeculationConfig(gamma=3, drafter="model"), constraint=ruled(len(prompt)))
+    )
+    engine.reset()
+    free = list(engine.stream(prompt, greedy, SpeculationConfig(mode=Mode.TARGET)))
+    assert spec[-1].ids == alone[-1].ids != free[-1].ids and spec[-1].stats.drafted > 0
+    assert 17 not in alone[-1].ids
+
+
+@pytest.mark.parametrize("runs", [300, pytest.param(1500, marks=pytest.mark.slow)])
+def test_sampled_speculative_under_bias_and_penalty_follows_the_ruled_law(
+    target, similar_drafter_model, tokenizer, prompt, runs
+):
+    joint = ruled_joint(target, prompt)
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = Counter()
+    for seed in range(runs):
+        sampling = SamplingConfig(**{**RULED.__dict__, "seed": seed})
+        done = list(
+            engine.stream(prompt, sampling, SpeculationConfig(gamma=2, drafter="model"), constraint=ruled(len(prompt)))
+        )[-1]
+        counts[tuple(done.ids[:3])] += 1
+    assert worst(joint, counts) <= 1.0
+
+
+def test_the_ruled_law_check_catches_a_penalty_that_counts_the_prompt(target, similar_drafter_model, tokenizer, prompt):
+    joint = ruled_joint(target, prompt)
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    counts = Counter()
+    wrong = Rules([LogitBias(BIAS), FrequencyPenalty(PENALTY, 0)])  # counts the prompt's tokens too
+    for seed in range(300):
+        sampling = SamplingConfig(**{**RULED.__dict__, "seed": seed})
+        done = list(engine.stream(prompt, sampling, SpeculationConfig(gamma=2, drafter="model"), constraint=wrong))[-1]
+        counts[tuple(done.ids[:3])] += 1
     assert worst(joint, counts) > 1.0
