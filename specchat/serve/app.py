@@ -41,7 +41,7 @@ from specchat.serve.protocol import (
     read_completion,
 )
 from specchat.serve.service import Busy, Plan, Service
-from specchat.serve.tool_calls import parse_reply, shown_before_calls
+from specchat.serve.tool_calls import parse_reply, shown_before_calls, tool_names
 from specchat.speculative.events import ReplyDone, StepDone, Token
 
 MAX_BODY = 8 * 2**20  # bytes of a request body
@@ -299,7 +299,7 @@ async def _whole(
         stop_reason,
         finished.prompt_tokens,
         done.stats,
-        bool(asked.tools),
+        tool_names(asked.tools),
         logprobs,
     )
     return JSONResponse(completion(reply, model, chat))
@@ -350,7 +350,7 @@ async def _sse(
                 sent, pending = shown, []
             if isinstance(item, ReplyDone):
                 done = item
-                calls = parse_reply(text).calls if tools else []
+                calls = parse_reply(text, tool_names(asked.tools)).calls if tools else []
                 if calls:
                     yield _sse_line(chunks.tool_calls(calls))
                 elif len(text) > len(sent):  # held text that never became a call

@@ -262,7 +262,7 @@ class Reply:
     stop_reason: str
     prompt_tokens: int
     stats: ReplyStats
-    tools: bool = False  # the request offered tools: the text is read for calls
+    tools: frozenset[str] = frozenset()  # the names of the tools the request offered: the text is read for calls
     logprobs: list[tuple[str, float | None]] | None = None  # each token's text and target p, where asked
 
 
@@ -325,7 +325,7 @@ def completion(reply: Reply, model: str, chat: bool) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(reply.stop_reason), "logprobs": None}
     if reply.logprobs is not None:
         choice["logprobs"] = logprob_entries(reply.logprobs)
-    parsed = parse_reply(reply.text) if reply.tools else None
+    parsed = parse_reply(reply.text, reply.tools) if reply.tools else None
     if parsed is not None and parsed.calls:
         choice["message"] = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.calls}
         choice["finish_reason"] = TOOL_CALLS

@@ -8,7 +8,10 @@ is a 400). The model answers a call as Hermes-style markup, as Qwen2.5, Qwen3 an
     </tool_call>
 
 `parse_reply` turns each well-formed block into an OpenAI `tool_calls` entry (arguments as a JSON string) and leaves
-the text around them as the content; a block that is not JSON of that shape stays text. History comes back the
+the text around them as the content; a block that is not JSON of that shape stays text. A small model sometimes
+writes the call's JSON without the markup, alone or in a ```json fence (the bundled 1.5B did, asked through
+langchain's bind_tools): a reply that is nothing but such an object, or a list of them, naming an offered tool, is
+read as its calls too; anything else stays text. History comes back the
 other way: an assistant message's `tool_calls` arguments are parsed to objects for the template, `role: "tool"`
 messages pass as they are.
 """
@@ -23,6 +26,7 @@ from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
+FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.DOTALL)
 MAX_TOOLS = 128
 MAX_TOOL_JSON = 256 * 1024  # characters of the tools' JSON
 
@@ -91,8 +95,9 @@ def history_message(message: dict[str, Any], index: int) -> dict[str, Any]:
     return {"role": "assistant", "content": message.get("content") or "", "tool_calls": read}
 
 
-def parse_reply(text: str) -> ParsedReply:
-    """The reply's tool calls (each a well-formed block) and the text around them."""
+def parse_reply(text: str, tool_names: frozenset[str] = frozenset()) -> ParsedReply:
+    """The reply's tool calls (each a well-formed block) and the text around them; with no block, a reply that is
+    only a call's JSON naming one of `tool_names`."""
     calls, kept, last = [], [], 0
     for block in BLOCK.finditer(text):
         call = _call(block.group(1))
@@ -102,8 +107,26 @@ def parse_reply(text: str) -> ParsedReply:
         last = block.end()
         calls.append(call)
     kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
-    return ParsedReply(content or None, calls)
+    if not calls:
+        bare = _bare_calls(text, tool_names)
+        return ParsedReply(None, bare) if bare else ParsedReply(text or None)
+    return ParsedReply("".join(kept).strip() or None, calls)
+
+
+def _bare_calls(text: str, tool_names: frozenset[str]) -> list[dict[str, Any]]:
+    """The calls of a reply that is nothing but a call's JSON (or a list of them), fenced or not, naming offered
+    tools; [] otherwise."""
+    body = text.strip()
+    fenced = FENCE.match(body)
+    body = fenced.group(1) if fenced else body
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return []
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(i, dict) and i.get("name") in tool_names and "arguments" in i for i in items):
+        return []
+    return [call for call in (_call(json.dumps(item)) for item in items) if call is not None]
 
 
 def _call(body: str) -> dict[str, Any] | None:
@@ -123,7 +146,11 @@ def _call(body: str) -> dict[str, Any] | None:
 
 def shown_before_calls(text: str) -> str:
     """Of a streaming reply's text, what may be sent as content now: everything before the first call's markup
-    (and before an end of text that may still grow into it)."""
+    (and before an end of text that may still grow into it); nothing yet of a reply that opens as JSON or a fence,
+    which may turn out to be a bare call."""
+    opening = text.lstrip()
+    if opening[:1] == "{" or opening.startswith("```") or (opening and "```".startswith(opening)):
+        return ""
     at = text.find(OPEN)
     if at >= 0:
         return text[:at]
@@ -131,3 +158,7 @@ def shown_before_calls(text: str) -> str:
         if text.endswith(OPEN[:n]):
             return text[:-n]
     return text
+
+
+def tool_names(tools: list[dict[str, Any]] | None) -> frozenset[str]:
+    return frozenset(tool["function"]["name"] for tool in tools or [])

@@ -137,6 +137,21 @@ def test_a_template_without_a_tools_section_refuses_tools(tokenizer):
     assert reply.status_code == 400 and "no tools section" in reply.json()["error"]["message"]
 
 
+def test_a_bare_call_in_a_json_fence_naming_an_offered_tool_is_a_call(tools_tokenizer):
+    fenced = [("```json\n", T), ('{"name": "get_weather", "arguments": {"city": "Oslo"}}', T), ("\n```", T)]
+    client, _ = served(tools_tokenizer, [fenced, fenced])
+    api = openai_on(client)
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    whole = api.chat.completions.create(model="m", messages=ask, tools=[WEATHER])
+    assert whole.choices[0].message.tool_calls[0].function.name == "get_weather"
+    chunks = list(api.chat.completions.create(model="m", messages=ask, tools=[WEATHER], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""  # held, then a call
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    names = frozenset({"get_weather"})
+    assert parse_reply('{"name": "other", "arguments": {}}', names).calls == []  # not an offered tool: text
+    assert parse_reply('Here: {"name": "get_weather", "arguments": {}}', names).calls == []  # not alone: text
+
+
 def test_markup_that_is_not_a_call_stays_text():
     assert parse_reply("<tool_call>\nnot json\n</tool_call>").calls == []
     assert parse_reply('<tool_call>{"arguments": {}}</tool_call>').content == '<tool_call>{"arguments": {}}</tool_call>'
