@@ -35,12 +35,13 @@ from specchat.serve.protocol import (
     Reply,
     Request,
     RequestError,
+    TokenOdds,
     completion,
     error_body,
     read_chat,
     read_completion,
 )
-from specchat.serve.service import Busy, Plan, Service
+from specchat.serve.service import Alternatives, Busy, Plan, Service
 from specchat.serve.tool_calls import parse_reply, shown_before_calls, tool_names
 from specchat.speculative.events import ReplyDone, StepDone, Token
 
@@ -115,7 +116,7 @@ def build_app(service: Service, settings: Settings) -> Guarded:
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     app.state.service = service
-    return Guarded(app, settings.guard)
+    return Guarded(app, settings.guard, settings.log)
 
 
 def _health(service: Service, settings: Settings) -> JSONResponse:
@@ -266,7 +267,7 @@ async def _whole(
     """Wait for the whole reply, cancelling it if the client goes away. shape: (model, chat, the request)."""
     model, chat, asked = shape
     origins: list[str] = []
-    odds: list[tuple[str, float | None]] = []
+    odds: list[TokenOdds] = []
     done: ReplyDone | None = None
     while True:
         try:
@@ -283,7 +284,9 @@ async def _whole(
             return answer
         if isinstance(item, Token):
             origins.append(item.origin.value)
-            odds.append((item.text, item.p))
+            odds.append((item.text, item.p, []))
+        elif isinstance(item, Alternatives) and odds:
+            odds[-1] = (*odds[-1][:2], item.items)
         elif isinstance(item, ReplyDone):
             done = item
     if done is None:
@@ -326,6 +329,7 @@ async def _sse(
     """The reply as server-sent events: a chunk per step, the last with the finish reason (and usage), [DONE].
     With tools offered, text from a call's markup on is held, and the calls follow as one tool_calls chunk."""
     pending: list[Token] = []
+    pending_odds: list[TokenOdds] = []
     done: ReplyDone | None = None
     tools = bool(asked.tools)
     text = sent = ""  # the reply's text so far, and what of it went out as content
@@ -341,13 +345,16 @@ async def _sse(
                 break
             if isinstance(item, Token):
                 pending.append(item)
+                pending_odds.append((item.text, item.p, []))
+            elif isinstance(item, Alternatives) and pending_odds:
+                pending_odds[-1] = (*pending_odds[-1][:2], item.items)
             elif isinstance(item, (StepDone, ReplyDone)) and pending:
                 text += "".join(t.text for t in pending)
                 shown = shown_before_calls(text) if tools else text
                 ids, origins = [t.id for t in pending], [t.origin.value for t in pending]
-                odds = [(t.text, t.p) for t in pending] if asked.logprobs else None
+                odds = pending_odds if asked.logprobs else None
                 yield _sse_line(chunks.text(shown[len(sent) :], ids, origins, odds))
-                sent, pending = shown, []
+                sent, pending, pending_odds = shown, [], []
             if isinstance(item, ReplyDone):
                 done = item
                 calls = parse_reply(text, tool_names(asked.tools)).calls if tools else []

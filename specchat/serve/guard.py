@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from specchat.serve.access_log import access_line
+
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 ALLOWED_HEADERS = "Authorization, Content-Type"
 PREFLIGHT_MAX_AGE_S = "600"
@@ -72,8 +74,8 @@ def is_ip_literal(name: str) -> bool:
 class Guarded:
     """`app` behind the Host, Origin and content-type checks (an ASGI middleware); `state` is the app's."""
 
-    def __init__(self, app: Any, guard: Guard):
-        self.app, self.guard = app, guard
+    def __init__(self, app: Any, guard: Guard, log: Callable[[str], None] | None = None):
+        self.app, self.guard, self.log = app, guard, log
         self.state = app.state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,6 +85,8 @@ class Guarded:
         headers = {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope["headers"]}
         refusal = _refusal(scope["method"], headers, self.guard)
         if refusal is not None:
+            if self.log is not None:
+                self.log(access_line(scope["method"], scope.get("path", ""), refusal[0]))
             await _respond(send, *refusal)
             return
         origin = headers.get("origin")

@@ -39,7 +39,6 @@ TOOL_CALLS = "tool_calls"  # the finish reason of a reply that calls tools
 UNSUPPORTED = {
     "functions": (None, []),
     "function_call": (None, "none"),
-    "top_logprobs": (None, 0),
     "suffix": (None, ""),
     "echo": (None, False),
     "best_of": (None, 1),
@@ -66,6 +65,7 @@ class Request:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> amount added to its logit
     frequency_penalty: float = 0.0  # subtracted from a token's logit once per time the reply already holds it
     logprobs: bool = False  # each token's log p under the target's law, in the response
+    top_logprobs: int = 0  # and this many likeliest tokens at its place
     prompt: str | None = None  # a plain text prompt (/v1/completions)
     stop: tuple[str, ...] = ()
     stream: bool = False
@@ -174,12 +174,26 @@ def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
         logit_bias=_logit_bias(body.get("logit_bias")),
         frequency_penalty=_number(body.get("frequency_penalty", 0.0), "frequency_penalty", 2.0),
         logprobs=logprobs,
+        top_logprobs=_top_logprobs(body.get("top_logprobs"), logprobs),
         stop=_stops(body.get("stop")),
         stream=stream,
         max_tokens=max_tokens or 0,
         include={"usage": bool(options.get("include_usage", True))},
         **what,
     )
+
+
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API
+
+
+def _top_logprobs(count: Any, logprobs: bool) -> int:
+    if count is None or count == 0:
+        return 0
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}")
+    if not logprobs:
+        raise RequestError("'top_logprobs' needs 'logprobs': true")
+    return count
 
 
 MAX_BIASED = 300  # tokens a logit_bias may name
@@ -252,6 +266,9 @@ def _stops(stop: Any) -> tuple[str, ...]:
 
 
 # ----- responses ---------------------------------------------------------------------------------------------
+TokenOdds = tuple[str, float | None, list[tuple[str, float]]]  # a token's text, its p, the likeliest (text, log p)
+
+
 @dataclass(frozen=True)
 class Reply:
     """What the response needs of one finished reply."""
@@ -263,25 +280,26 @@ class Reply:
     prompt_tokens: int
     stats: ReplyStats
     tools: frozenset[str] = frozenset()  # the names of the tools the request offered: the text is read for calls
-    logprobs: list[tuple[str, float | None]] | None = None  # each token's text and target p, where asked
+    logprobs: list[TokenOdds] | None = None  # each token's text, target p and likeliest tokens, where asked
 
 
 UNLIKELY = -9999.0  # the log-probability written for a token whose p is 0 or unknown (as OpenAI writes it)
 
 
-def logprob_entries(tokens: list[tuple[str, float | None]]) -> dict[str, Any]:
-    """OpenAI's `logprobs` of a choice or a chunk: each token's text, log p under the target's law, its bytes."""
+def logprob_entries(tokens: list[TokenOdds]) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice or a chunk: each token's text, log p under the target's law, its bytes, and
+    the likeliest tokens at its place (top_logprobs)."""
     return {
         "content": [
-            {
-                "token": text,
-                "logprob": math.log(p) if p else UNLIKELY,
-                "bytes": list(text.encode("utf-8")),
-                "top_logprobs": [],
-            }
-            for text, p in tokens
+            {**_entry(text, math.log(p) if p else UNLIKELY), "top_logprobs": [_entry(t, lp) for t, lp in alternatives]}
+            for text, p, alternatives in tokens
         ]
     }
+
+
+def _entry(text: str, logprob: float) -> dict[str, Any]:
+    finite = logprob if math.isfinite(logprob) and logprob > UNLIKELY else UNLIKELY
+    return {"token": text, "logprob": finite, "bytes": list(text.encode("utf-8", errors="replace"))}
 
 
 def new_id(kind: str) -> str:
@@ -372,7 +390,7 @@ class Chunks:
         return self._chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
 
     def text(
-        self, text: str, ids: list[int], origins: list[str], logprobs: list[tuple[str, float | None]] | None = None
+        self, text: str, ids: list[int], origins: list[str], logprobs: list[TokenOdds] | None = None
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"delta": {"content": text}} if self.chat else {"text": text}
         if logprobs is not None:

@@ -22,14 +22,21 @@ from specchat.serve.protocol import Request, RequestError
 from specchat.serve.tool_calls import template_takes_tools
 from specchat.session.chat import ChatError, render_prompt
 from specchat.session.json_mode import JsonConstraint, SchemaError, grammar_for, guidance_tokenizer
-from specchat.session.logit_rules import FrequencyPenalty, LogitBias
+from specchat.session.logit_rules import FrequencyPenalty, LogitBias, TopLogprobs
 from specchat.session.reply_loop import reply_events
 from specchat.speculative.constraint import Constraint, Rules
-from specchat.speculative.events import ReplyDone
+from specchat.speculative.events import ReplyDone, Token
 
 MAX_WAITING = 8  # requests admitted at once (one runs, the rest wait); more are answered 429
 MAX_TOKENS = 2048  # a reply whose request names no max_tokens ends here at the latest (--max-tokens)
 CHARS_PER_TOKEN = 16  # a prompt of more characters than this many per token of the context is refused untokenized
+
+
+@dataclasses.dataclass(frozen=True)
+class Alternatives:
+    """The likeliest tokens (text, log p) at the place of the Token just before this event (top_logprobs)."""
+
+    items: list[tuple[str, float]]
 
 
 class Busy(Exception):
@@ -47,18 +54,23 @@ class Plan:
     grammar: str | None = None  # JSON mode's (session/json_mode.py): each reply gets a matcher of its own
     logit_bias: dict[int, float] = dataclasses.field(default_factory=dict)
     frequency_penalty: float = 0.0
+    top_logprobs: int = 0
 
-    def rules(self, tokenizer: Any, engine: Any) -> Constraint | None:
-        """What the request changes of the target's logits (speculative/constraint.py), fresh for one reply."""
+    def rules(self, tokenizer: Any, engine: Any) -> tuple[Constraint | None, TopLogprobs | None]:
+        """What the request changes of the target's logits (speculative/constraint.py), fresh for one reply, and
+        what reads the law's likeliest tokens (top_logprobs), which is one of them."""
         start = len(self.prompt_ids)
         rules: list[Constraint] = []
+        reader = TopLogprobs(self.top_logprobs, self.sampling) if self.top_logprobs else None
         if self.logit_bias:
             rules.append(LogitBias(self.logit_bias))
         if self.frequency_penalty:
             rules.append(FrequencyPenalty(self.frequency_penalty, start))
         if self.grammar is not None:  # last: a bias never lifts a token the grammar refuses
             rules.append(JsonConstraint(tokenizer, self.grammar, start, engine.eos_ids))
-        return None if not rules else rules[0] if len(rules) == 1 else Rules(rules)
+        if reader is not None:  # last: it reads the law the others made
+            rules.append(reader)
+        return (None if not rules else rules[0] if len(rules) == 1 else Rules(rules)), reader
 
 
 class Service:
@@ -128,8 +140,9 @@ class Service:
         )
         if problem:
             raise RequestError(f"drafter: {problem}")
-        if request.json_mode and speculation.mode == Mode.DRAFTER:
-            raise RequestError("'response_format' holds the target's law to JSON, and drafter mode runs no target")
+        changes_law = request.json_mode or request.logit_bias or request.frequency_penalty or request.top_logprobs
+        if changes_law and speculation.mode == Mode.DRAFTER:
+            raise RequestError("the request's fields read or change the target's law, and drafter mode runs no target")
         cap = request.max_tokens or min(self.max_tokens, room)
         sampling = dataclasses.replace(cfg.sampling, max_new_tokens=cap)
         biased = [token for token in request.logit_bias if token >= self.engine.vocab_size]
@@ -137,7 +150,16 @@ class Service:
             raise RequestError(f"'logit_bias' names token {biased[0]}; the vocabulary has {self.engine.vocab_size}")
         stops = self.template_stops + request.stop
         grammar = self._grammar(request)
-        return Plan(ids, sampling, speculation, stops, grammar, request.logit_bias, request.frequency_penalty)
+        return Plan(
+            ids,
+            sampling,
+            speculation,
+            stops,
+            grammar,
+            request.logit_bias,
+            request.frequency_penalty,
+            request.top_logprobs,
+        )
 
     def _grammar(self, request: Request) -> str | None:
         if not request.json_mode:
@@ -179,7 +201,7 @@ class Service:
             if self.stopping.is_set():
                 cancel.set()
             self.running.add(cancel)
-            constraint = plan.rules(self.tokenizer, self.engine)
+            constraint, reader = plan.rules(self.tokenizer, self.engine)
             try:
                 for event in reply_events(
                     self.engine, plan.prompt_ids, plan.sampling, plan.speculation, plan.stops, cancel, constraint
@@ -187,8 +209,13 @@ class Service:
                     if isinstance(event, ReplyDone):
                         self.finished[event.stop_reason] += 1
                     yield event
+                    if reader is not None and isinstance(event, Token):
+                        yield Alternatives([(self._piece(i), lp) for i, lp in reader.at(event.step, event.position)])
             finally:
                 self.running.discard(cancel)
+
+    def _piece(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
 
     def stop_all(self) -> None:
         """The server is stopping: every running reply ends after its step in flight, and no new one runs."""

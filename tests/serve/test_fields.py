@@ -1,6 +1,6 @@
 """The request fields that change the target's law, through the server: `logit_bias`, `frequency_penalty` (greedy
-speculative equal to target-only under them, and not the reply without them) and `logprobs` (each token's log p
-under the target's law, whole and streamed); `top_logprobs` is refused by name."""
+speculative equal to target-only under them, and not the reply without them) and `logprobs` and `top_logprobs` (each
+token's log p under the target's law, and the law's likeliest tokens at its place, whole and streamed)."""
 
 from __future__ import annotations
 
@@ -50,10 +50,29 @@ def test_logprobs_give_each_token_s_log_p_whole_and_streamed(client):
     assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in entries])
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_top_logprobs_list_the_law_s_likeliest_tokens_at_each_place(client, temperature):
+    fields = {"logprobs": True, "top_logprobs": 3, "temperature": temperature, "seed": 7, "top_k": 5}
+    body = client.post(CHAT, json={**LONG, **fields}).json()
+    entries = body["choices"][0]["logprobs"]["content"]
+    assert len(entries) == len(body["specchat"]["token_ids"])
+    for entry in entries:
+        top = [alternative["logprob"] for alternative in entry["top_logprobs"]]
+        assert len(top) == 3 and top == sorted(top, reverse=True) and all(lp <= 1e-6 for lp in top)
+        assert entry["logprob"] <= top[0] + 1e-4  # no token is likelier than the law's likeliest
+        if temperature == 0.0:  # greedy: the token is the likeliest, its log p the first alternative's
+            assert entry["logprob"] == pytest.approx(top[0], abs=1e-4)
+    with client.stream("POST", CHAT, json={**LONG, **fields, "stream": True}) as reply:
+        chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+    streamed = [e for c in chunks if c["choices"][0].get("logprobs") for e in c["choices"][0]["logprobs"]["content"]]
+    assert [e["top_logprobs"] for e in streamed] == [e["top_logprobs"] for e in entries]
+
+
 @pytest.mark.parametrize(
     "fields, words",
     [
-        ({"top_logprobs": 3}, "'top_logprobs' is not supported"),
+        ({"top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
+        ({"top_logprobs": 21, "logprobs": True}, "'top_logprobs' must be an integer from 0 to 20"),
         ({"logprobs": "yes"}, "'logprobs' must be true or false"),
         ({"frequency_penalty": 3}, "'frequency_penalty' must be a number from -2 to 2"),
         ({"logit_bias": {"x": 1}}, "keys must be token ids"),

@@ -102,9 +102,11 @@ def test_every_request_is_one_access_log_line_with_the_reply_s_figures(pair, cap
         list(streamed.iter_lines())
     client.get("/v1/nothing")
     client.post(CHAT, json={**ASK, "temperature": -1})
+    client.get("/v1/models", headers={"Host": "attacker.example"})
     lines = capfd.readouterr().err.splitlines()
-    assert len(lines) == 4, lines
-    whole, stream, missing, bad = lines
+    assert len(lines) == 5, lines
+    whole, stream, missing, bad, rebound = lines
+    assert " GET /v1/models 403" in rebound
     for line in (whole, stream):
         assert " POST /v1/chat/completions 200 · " in line and " tokens · " in line
         assert " · steps " in line and " copied/" in line and line.endswith(" s")
