@@ -46,7 +46,10 @@ class FrequencyPenalty:
 class TopLogprobs:
     """Not a change of the law but a reading of it: for each step (one call a step, in order), the `count` likeliest
     tokens of each row under the law the reply is drawn from (greedy: the softmax of the logits; sampled: the
-    sampling settings' law), as (id, log p). The last rule, so that it reads the law the others made."""
+    sampling settings' law), as (id, log p). The last rule, so that it reads the law the others made; a drafter
+    leaves it out (`reads_only`)."""
+
+    reads_only = True
 
     def __init__(self, count: int, sampling: SamplingConfig):
         self.count, self.sampling = count, sampling

@@ -38,3 +38,11 @@ class Rules:
 def constrain(logits: torch.Tensor, constraint: Constraint | None, contexts: list[list[int]]) -> torch.Tensor:
     """The logits as `constraint` changes them (as they are where there is none)."""
     return logits if constraint is None else constraint.apply(logits, contexts)
+
+
+def for_drafts(constraint: Constraint | None) -> Constraint | None:
+    """The rules a drafter applies to q: all but those that only read the target's law (`reads_only`, as
+    top_logprobs' reader, which counts the target's steps)."""
+    rules = constraint.rules if isinstance(constraint, Rules) else [constraint] if constraint is not None else []
+    kept = [rule for rule in rules if not getattr(rule, "reads_only", False)]
+    return None if not kept else kept[0] if len(kept) == 1 else Rules(kept)

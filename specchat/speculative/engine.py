@@ -22,7 +22,7 @@ import torch
 from specchat.config import Auto, Mode, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.speculative import model_io
-from specchat.speculative.constraint import Constraint
+from specchat.speculative.constraint import Constraint, for_drafts
 from specchat.speculative.detok import Detokenizer, Tokenizer
 from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftPlan, DraftView
 from specchat.speculative.drafters.lookup import common_prefix_len
@@ -315,7 +315,7 @@ class Engine:
             if self.drafter is None:
                 raise ValueError(drafter_needed(False, Mode.DRAFTER))
             return drafter_step(self.drafter, self.ids, sampling, generator)
-        plan = self._draft_plan(speculation, remaining)
+        plan = dataclasses.replace(self._draft_plan(speculation, remaining), constraint=for_drafts(constraint))
         step = speculative_step(
             self.target,
             self.cache,

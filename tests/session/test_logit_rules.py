@@ -214,3 +214,34 @@ def test_the_ruled_law_check_catches_a_penalty_that_counts_the_prompt(target, si
         done = list(engine.stream(prompt, sampling, SpeculationConfig(gamma=2, drafter="model"), constraint=wrong))[-1]
         counts[tuple(done.ids[:3])] += 1
     assert worst(joint, counts) > 1.0
+
+
+def grammar_refused_drafts(target, drafter, tokenizer, prompt) -> int:
+    """Drafts of a greedy JSON-mode reply that the grammar refuses where they were drafted (a fresh matcher each)."""
+    import llguidance
+
+    from specchat.speculative.step import StepResult
+
+    engine = make_engine(target, drafter, tokenizer, eos_ids=eos_of(tokenizer))
+    constraint = JsonConstraint(tokenizer, OBJECT, len(prompt), eos_of(tokenizer))
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=120)
+    reply, refused = [], 0
+    for step in engine.steps(prompt, sampling, SpeculationConfig(gamma=4, drafter="model"), constraint=constraint):
+        if not isinstance(step, StepResult):
+            continue
+        drafts = step.tokens[: step.accepted] + list(step.rejected)
+        matcher = llguidance.LLMatcher(guidance_tokenizer(tokenizer), OBJECT)
+        assert matcher.try_consume_tokens(reply) == len(reply)
+        refused += len(drafts) - matcher.try_consume_tokens(drafts)
+        reply += step.tokens
+    return refused
+
+
+def test_a_drafter_under_json_mode_drafts_only_what_the_grammar_allows(
+    target, similar_drafter_model, tokenizer, prompt, monkeypatch
+):
+    assert grammar_refused_drafts(target, similar_drafter_model, tokenizer, prompt) == 0
+    import specchat.speculative.engine
+
+    monkeypatch.setattr(specchat.speculative.engine, "for_drafts", lambda constraint: None)  # q left unmasked
+    assert grammar_refused_drafts(target, similar_drafter_model, tokenizer, prompt) > 0

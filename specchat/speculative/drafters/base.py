@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from specchat.config import SamplingConfig
+from specchat.speculative.constraint import Constraint
 from specchat.speculative.drafters.vocab import DraftVocab
 from specchat.speculative.insight import drafter_top
 from specchat.speculative.model_io import Model
@@ -44,6 +45,8 @@ class DraftPlan:
     verified: bool = False  # the target verifies the draft (drafter-only mode: no): a drafter whose q is
     #                                one-hot then proposes its most likely tokens, which p accepts most often
     copy: int = 0  # tokens a copy from the conversation may draft, decided apart from gamma (copy_length.py)
+    constraint: Constraint | None = None  # the rules on the target's law (constraint.py): a drafter model applies
+    #                                       them to q too, so that it drafts what the target may accept
 
     @property
     def drafts(self) -> bool:

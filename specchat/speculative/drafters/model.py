@@ -128,7 +128,7 @@ class ModelDrafter:
         if self._short_of_gap:
             self.read_to(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
         guessing = not isinstance(self.guesser, NoGuess)
-        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids), self.sampler, guessing)
+        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids), self.sampler, guessing, ids)
         # [>=1] tokens: the newest committed one, plus any catch-up
         feed = self._tensor(ids[self.seen :])
         while not drafting.finished:
@@ -199,9 +199,11 @@ class _Drafting:
         vocab: DraftVocab | None,
         sampler: Sampler,
         guessing: bool = False,
+        committed: list[int] | None = None,
     ):
         self.plan, self.sampling, self.generator, self.vocab, self.sampler = plan, sampling, generator, vocab, sampler
-        self.host = guessing or plan.tracks_confidence
+        self.committed = committed or []  # the ids before the draft: a constraint reads them
+        self.host = guessing or plan.tracks_confidence or plan.constraint is not None
         self.ids: list[torch.Tensor] = []  # per token: its id, [1] on the device
         self.sure: list[torch.Tensor] = []  # per token: the drafter's q of it, [1] on the device
         self.tokens: list[int] = []  # the same on the host, with `host` only
@@ -221,7 +223,13 @@ class _Drafting:
         return self.doubt or self.count >= self.plan.gamma
 
     def add(self, logits: torch.Tensor) -> int | None:
-        """Draft one token from [1, width] logits; returns its id with `host`, else None (it stays on the device)."""
+        """Draft one token from [1, width] logits; returns its id with `host`, else None (it stays on the device).
+        Under a constraint the row is masked as the target's will be; a row it leaves empty ends the draft."""
+        if self.plan.constraint is not None:
+            logits = self._constrained(logits)
+            if not bool(torch.isfinite(logits).any()):
+                self.doubt = True
+                return None
         # [1], [1, width] or None when greedy
         position, q, chance = chosen(logits, self.sampling, self.generator, self.sampler)
         token = self.vocab.to_ids(position) if self.vocab else position  # [1]
@@ -239,6 +247,18 @@ class _Drafting:
             # a draft the drafter itself doubts is likely rejected: verify what we have
             self.doubt = sure < self.plan.min_confidence or self.path < self.plan.path_floor
         return self.tokens[-1]
+
+    def _constrained(self, logits: torch.Tensor) -> torch.Tensor:
+        """[1, width] logits as the plan's constraint leaves them after the committed ids and the draft so far (a
+        DraftVocab's rows: their ids' logits, read from a whole-vocabulary row)."""
+        assert self.plan.constraint is not None
+        context = [self.committed + self.tokens]
+        if self.vocab is None:
+            return self.plan.constraint.apply(logits, context)
+        ids = self.vocab.to_ids(torch.arange(logits.shape[-1], device=logits.device))
+        whole = torch.full((1, int(ids.max()) + 1), float("-inf"), dtype=logits.dtype, device=logits.device)
+        whole[0, ids] = logits[0]
+        return self.plan.constraint.apply(whole, context)[:, ids]
 
     def draft(self, vocab_size: int, device: torch.device) -> Draft:
         rows = [q for q in self.probs if q is not None]  # all of them when sampling; none when greedy
