@@ -22,6 +22,7 @@ SCHEMA_CHARS = 64 * 1024  # of a schema's JSON
 LAYOUT = {"whitespace_pattern": "[ \\t\\n\\r]{0,32}"}
 _TOKENIZERS: dict[int, Any] = {}  # llguidance's view of a tokenizer, built once per tokenizer object
 _BUILDING = threading.Lock()
+SHIFTS = torch.arange(32, dtype=torch.int32)  # a mask word's bits, low first
 
 
 class SchemaError(ValueError):
@@ -77,10 +78,17 @@ class JsonConstraint:
 
     def allowed(self, contexts: list[list[int]], width: int) -> torch.Tensor:
         """[len(contexts), width] bool: the tokens the grammar allows after each context."""
-        rows = torch.ones(len(contexts), width, dtype=torch.bool)
+        words = torch.full((len(contexts), (self.guide.vocab_size + 31) // 32), -1, dtype=torch.int32)  # all allowed
         for row, context in enumerate(contexts):
-            if self._follow(context[self.start :]):
-                rows[row] = self._mask(width)
+            if self._follow(context[self.start :]):  # the grammar's mask written into the row's words
+                self.matcher.unsafe_compute_mask_ptr(words[row].data_ptr(), words.shape[1] * 4)
+        bits = ((words.unsqueeze(-1) >> SHIFTS) & 1).view(len(contexts), -1).bool()
+        rows = torch.zeros(len(contexts), width, dtype=torch.bool)
+        known = min(width, bits.shape[1])
+        rows[:, :known] = bits[:, :known]
+        ends = [end for end in self.end_ids if end < width]
+        if ends and self.guide.eos_token < bits.shape[1]:
+            rows[:, ends] = bits[:, self.guide.eos_token : self.guide.eos_token + 1]
         return rows
 
     def _follow(self, reply: list[int]) -> bool:
@@ -98,15 +106,3 @@ class JsonConstraint:
         taken = self.matcher.try_consume_tokens(rest) if rest else 0
         self.consumed += rest[:taken]
         return taken == len(rest)
-
-    def _mask(self, width: int) -> torch.Tensor:
-        words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
-        bits = ((words.view(-1, 1) >> torch.arange(32, dtype=torch.int32)) & 1).bool().view(-1)
-        mask = torch.zeros(width, dtype=torch.bool)
-        known = min(width, self.guide.vocab_size, bits.shape[0])
-        mask[:known] = bits[:known]
-        end_allowed = bool(bits[self.guide.eos_token]) if self.guide.eos_token < bits.shape[0] else False
-        for end in self.end_ids:
-            if end < width:
-                mask[end] = end_allowed
-        return mask

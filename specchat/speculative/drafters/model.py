@@ -203,6 +203,8 @@ class _Drafting:
     ):
         self.plan, self.sampling, self.generator, self.vocab, self.sampler = plan, sampling, generator, vocab, sampler
         self.committed = committed or []  # the ids before the draft: a constraint reads them
+        self.vocab_ids: torch.Tensor | None = None  # a DraftVocab row's ids, under a constraint
+        self.vocab_width = 0
         self.host = guessing or plan.tracks_confidence or plan.constraint is not None
         self.ids: list[torch.Tensor] = []  # per token: its id, [1] on the device
         self.sure: list[torch.Tensor] = []  # per token: the drafter's q of it, [1] on the device
@@ -255,8 +257,11 @@ class _Drafting:
         context = [self.committed + self.tokens]
         if self.vocab is None:
             return self.plan.constraint.apply(logits, context)
-        ids = self.vocab.to_ids(torch.arange(logits.shape[-1], device=logits.device))
-        whole = torch.full((1, int(ids.max()) + 1), float("-inf"), dtype=logits.dtype, device=logits.device)
+        if self.vocab_ids is None or self.vocab_ids.shape[0] != logits.shape[-1]:  # once a draft: its rows' ids
+            self.vocab_ids = self.vocab.to_ids(torch.arange(logits.shape[-1], device=logits.device))
+            self.vocab_width = int(self.vocab_ids.max()) + 1
+        ids = self.vocab_ids
+        whole = torch.full((1, self.vocab_width), float("-inf"), dtype=logits.dtype, device=logits.device)
         whole[0, ids] = logits[0]
         return self.plan.constraint.apply(whole, context)[:, ids]
 
