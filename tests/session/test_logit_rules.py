@@ -245,3 +245,27 @@ def test_a_drafter_under_json_mode_drafts_only_what_the_grammar_allows(
 
     monkeypatch.setattr(specchat.speculative.engine, "for_drafts", lambda constraint: None)  # q left unmasked
     assert grammar_refused_drafts(target, similar_drafter_model, tokenizer, prompt) > 0
+
+
+class OnlyUnseenHighIds:
+    """Allows only ids at or above `floor` that `seen` lacks: a drafter that scores the ids below the floor and those
+    seen has an empty row at the reply's start."""
+
+    def __init__(self, floor: int, seen: list[int]):
+        self.banned = sorted(set(range(floor)) | set(seen))
+
+    def apply(self, logits, contexts):
+        out = logits.clone()
+        out[:, self.banned] = float("-inf")
+        return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_drafter_row_the_rules_leave_empty_ends_the_draft_and_the_reply_goes_on(
+    target, similar_drafter_model, tokenizer, prompt, temperature
+):
+    engine = make_engine(target, similar_drafter_model, tokenizer)
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=12, seed=3)
+    speculation = SpeculationConfig(gamma=3, drafter="model", drafter_vocab=64)  # it scores ids below 64 and seen
+    end = list(engine.stream(prompt, sampling, speculation, constraint=OnlyUnseenHighIds(64, prompt)))[-1]
+    assert len(end.ids) == 12 and min(end.ids) >= 64 and not set(end.ids) & set(prompt)
