@@ -172,7 +172,7 @@ def _request(body: dict[str, Any], base: Config, **what: Any) -> Request:
         json_mode=json_mode,
         json_schema=json_schema,
         logit_bias=_logit_bias(body.get("logit_bias")),
-        frequency_penalty=_number(body.get("frequency_penalty", 0.0), "frequency_penalty", 2.0),
+        frequency_penalty=_number(body.get("frequency_penalty") or 0.0, "frequency_penalty", 2.0),
         logprobs=logprobs,
         top_logprobs=_top_logprobs(body.get("top_logprobs"), logprobs),
         stop=_stops(body.get("stop")),

@@ -41,10 +41,9 @@ def render_prompt(
 ) -> list[int]:
     """Token ids of the system prompt (if any) + messages + the assistant's generation prompt, in the
     tokenizer's chat template (with `tools` for a template that takes them). The chat, the server and the
-    benchmark all build their prompts here. A template
-    that rejects the system role (gemma's) gets the system text at the top of the first user turn. A template
-    that fails any other way (its own raise_exception, a syntax or sandbox error, a range too big) is a
-    TemplateFailure: one line, the template's words quoted."""
+    benchmark all build their prompts here. A template that rejects the system role (gemma's) gets the system
+    text at the top of the first user turn. A template that fails any other way (its own raise_exception, a
+    syntax or sandbox error, a range too big) is a TemplateFailure: one line, the template's words quoted."""
     try:
         return _render(tokenizer, system_prompt, messages, tools)
     except ChatError:

@@ -37,6 +37,11 @@ def test_a_rule_on_the_law_keeps_greedy_speculation_exact_and_changes_the_reply(
         assert 41 not in spec and spec.count(40) > plain.count(40)
 
 
+def test_null_law_fields_ask_for_nothing(client):
+    nulls = {"frequency_penalty": None, "logit_bias": None, "logprobs": None, "top_logprobs": None}
+    assert ids_of(client, **nulls) == ids_of(client)
+
+
 def test_logprobs_give_each_token_s_log_p_whole_and_streamed(client):
     body = client.post(CHAT, json={**LONG, "logprobs": True}).json()
     entries = body["choices"][0]["logprobs"]["content"]

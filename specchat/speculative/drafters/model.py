@@ -135,7 +135,7 @@ class ModelDrafter:
             room = plan.gamma - drafting.count - 1
             guess = self.guesser.guess(ids, drafting.tokens, room) if guessing else []
             self._draft_forward(feed, guess, drafting)
-            if drafting.finished:  # a row a constraint left empty ends the draft before a token of it
+            if not drafting.ids:  # a row a constraint left empty ended the draft before its first token
                 break
             feed = drafting.ids[-1]
         return drafting.draft(self.vocab_size, self.device)
