@@ -107,3 +107,26 @@ def test_concurrent_clients_get_exact_replies_or_429_and_none_hangs(pair, live):
     while service.admitted_now and time.monotonic() < deadline:
         time.sleep(0.02)
     assert service.admitted_now == 0
+
+
+def test_a_client_that_leaves_mid_body_is_one_log_line_and_no_traceback(live, capfd):
+    import socket
+
+    url, service = live
+    host, port = url.removeprefix("http://").split(":")
+    capfd.readouterr()
+    with socket.create_connection((host, int(port))) as raw:
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n"
+        )
+        raw.sendall(head.encode() + b'{"messages": [')  # 14 of the 1,000 bytes, then gone
+    deadline = time.monotonic() + 10
+    said = ""
+    while "499" not in said and time.monotonic() < deadline:
+        time.sleep(0.05)
+        said += capfd.readouterr().err
+    lines = [line for line in said.splitlines() if line.strip()]
+    assert len(lines) == 1 and "POST /v1/chat/completions 499" in lines[0], said
+    assert "the client left before its body came" in lines[0] and "Traceback" not in said
+    assert service.admitted_now == 0
