@@ -19,14 +19,15 @@ messages pass as they are.
 from __future__ import annotations
 
 import json
-import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from specchat.session.stop_strings import find_stop, held_length
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.DOTALL)
-FENCE = re.compile(r"\A```(?:json)?\s*(.*?)\s*```\Z", re.DOTALL)
+FENCE = "```"
 MAX_TOOLS = 128
 MAX_TOOL_JSON = 256 * 1024  # characters of the tools' JSON
 
@@ -83,7 +84,7 @@ def history_message(message: dict[str, Any], index: int) -> dict[str, Any]:
         arguments = function.get("arguments", "{}")
         try:
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ToolError(f"messages[{index}].tool_calls[{number}].function.arguments is not JSON") from None
         read.append(
             {
@@ -99,12 +100,12 @@ def parse_reply(text: str, tool_names: frozenset[str] = frozenset()) -> ParsedRe
     """The reply's tool calls (each a well-formed block) and the text around them; with no block, a reply that is
     only a call's JSON naming one of `tool_names`."""
     calls, kept, last = [], [], 0
-    for block in BLOCK.finditer(text):
-        call = _call(block.group(1))
+    for start, end in _blocks(text):
+        call = _call(text[start + len(OPEN) : end - len(CLOSE)].strip())
         if call is None:
             continue
-        kept.append(text[last : block.start()])
-        last = block.end()
+        kept.append(text[last:start])
+        last = end
         calls.append(call)
     kept.append(text[last:])
     if not calls:
@@ -113,29 +114,54 @@ def parse_reply(text: str, tool_names: frozenset[str] = frozenset()) -> ParsedRe
     return ParsedReply("".join(kept).strip() or None, calls)
 
 
+def _blocks(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each <tool_call>...</tool_call> block, the markup included; a scan by str.find, linear in the
+    text (a regex with whitespace on both sides of a lazy group backtracked for seconds on a run of spaces)."""
+    start = text.find(OPEN)
+    while start >= 0:
+        close = text.find(CLOSE, start + len(OPEN))
+        if close < 0:
+            return
+        end = close + len(CLOSE)
+        yield start, end
+        start = text.find(OPEN, end)
+
+
+def _unfenced(body: str) -> str:
+    """A ```json fence's inside (or the text as it is where it is not one fence)."""
+    if len(body) < 2 * len(FENCE) or not (body.startswith(FENCE) and body.endswith(FENCE)):
+        return body
+    inside = body[len(FENCE) : -len(FENCE)]
+    return inside.removeprefix("json").strip()
+
+
 def _bare_calls(text: str, tool_names: frozenset[str]) -> list[dict[str, Any]]:
     """The calls of a reply that is nothing but a call's JSON (or a list of them), fenced or not, naming offered
     tools; [] otherwise."""
-    body = text.strip()
-    fenced = FENCE.match(body)
-    body = fenced.group(1) if fenced else body
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return []
+    value = _json(_unfenced(text.strip()))
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(i, dict) and i.get("name") in tool_names and "arguments" in i for i in items):
         return []
-    return [call for call in (_call(json.dumps(item)) for item in items) if call is not None]
+    return [_entry(item) for item in items]
+
+
+def _json(text: str) -> Any:
+    """The JSON value of a model's text, or None (not JSON, or nested past Python's recursion limit)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _call(body: str) -> dict[str, Any] | None:
-    try:
-        call = json.loads(body)
-    except ValueError:
-        return None
+    call = _json(body)
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None
+    return _entry(call)
+
+
+def _entry(call: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's tool_calls entry of a call the model wrote ({"name", "arguments"}; "parameters" as some write it)."""
     arguments = call.get("arguments", call.get("parameters", {}))
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
@@ -149,15 +175,10 @@ def shown_before_calls(text: str) -> str:
     (and before an end of text that may still grow into it); nothing yet of a reply that opens as JSON or a fence,
     which may turn out to be a bare call."""
     opening = text.lstrip()
-    if opening[:1] == "{" or opening.startswith("```") or (opening and "```".startswith(opening)):
+    if opening[:1] == "{" or opening.startswith(FENCE) or (opening and FENCE.startswith(opening)):
         return ""
-    at = text.find(OPEN)
-    if at >= 0:
-        return text[:at]
-    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
-        if text.endswith(OPEN[:n]):
-            return text[:-n]
-    return text
+    at = find_stop(text, (OPEN,))
+    return text[:at] if at is not None else text[: len(text) - held_length(text, (OPEN,))]
 
 
 def tool_names(tools: list[dict[str, Any]] | None) -> frozenset[str]:

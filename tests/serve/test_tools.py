@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import pytest
 from conftest import ScriptedEngine, scripted_reply
@@ -158,3 +159,9 @@ def test_markup_that_is_not_a_call_stays_text():
     two = parse_reply('a<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g"}</tool_call>')
     assert [c["function"]["name"] for c in two.calls] == ["f", "g"] and two.content == "a"
     assert shown_before_calls("hi <tool_") == "hi " and shown_before_calls("x<tool_call>{") == "x"
+    deep = "[" * 100_000  # a model's text nested past the recursion limit: text, not a crash
+    assert parse_reply(deep, frozenset({"f"})).calls == [] and parse_reply(f"<tool_call>{deep}</tool_call>").calls == []
+    for spaces in ("```" + " " * 20_000 + "x", "<tool_call>" + " " * 20_000, "<tool_call>" * 5_000):
+        began = time.perf_counter()
+        assert parse_reply(spaces, frozenset({"f"})).calls == [] and shown_before_calls(spaces) == ""
+        assert time.perf_counter() - began < 5.0  # a hang bound, not a speed claim: a regex took 16 s on 4,000 spaces
