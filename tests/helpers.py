@@ -137,7 +137,7 @@ class ScriptedEngine:
     def reset(self) -> None:
         self.ids = []
 
-    def stream(self, prompt_ids, sampling, speculation, cancel=None):
+    def stream(self, prompt_ids, sampling, speculation, cancel=None, constraint=None):
         self.prompts.append(list(prompt_ids))
         for event in self.replies.pop(0):
             if isinstance(event, ReplyDone):

@@ -213,7 +213,7 @@ async def _complete(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    return await _whole(request, events, cancel, (settings.model, chat, asked), finished)
+    return await _whole(request, events, cancel, finished, settings.model, chat, asked)
 
 
 @dataclass
@@ -261,11 +261,12 @@ async def _whole(
     request: HttpRequest,
     events: asyncio.Queue,
     cancel: threading.Event,
-    shape: tuple[str, bool, Request],
     finished: _Finished,
+    model: str,
+    chat: bool,
+    asked: Request,
 ) -> Response:
-    """Wait for the whole reply, cancelling it if the client goes away. shape: (model, chat, the request)."""
-    model, chat, asked = shape
+    """Wait for the whole reply, cancelling it if the client goes away."""
     origins: list[str] = []
     odds: list[TokenOdds] = []
     done: ReplyDone | None = None
@@ -282,11 +283,9 @@ async def _whole(
             answer = _failure(item.error)
             finished(answer.status_code, None)
             return answer
+        _collect_odds(item, odds)
         if isinstance(item, Token):
             origins.append(item.origin.value)
-            odds.append((item.text, item.p, []))
-        elif isinstance(item, Alternatives) and odds:
-            odds[-1] = (*odds[-1][:2], item.items)
         elif isinstance(item, ReplyDone):
             done = item
     if done is None:
@@ -306,6 +305,14 @@ async def _whole(
         logprobs,
     )
     return JSONResponse(completion(reply, model, chat))
+
+
+def _collect_odds(item: Any, odds: list[TokenOdds]) -> None:
+    """Each Token's text and target p into `odds`, and the Alternatives (top_logprobs) that follow it."""
+    if isinstance(item, Token):
+        odds.append((item.text, item.p, []))
+    elif isinstance(item, Alternatives) and odds:
+        odds[-1] = (*odds[-1][:2], item.items)
 
 
 def _failure(error: BaseException) -> JSONResponse:
@@ -343,11 +350,9 @@ async def _sse(
             if isinstance(item, Failure):
                 yield _sse_line(error_body(f"the reply failed: {item.error}", "server_error"))
                 break
+            _collect_odds(item, pending_odds)
             if isinstance(item, Token):
                 pending.append(item)
-                pending_odds.append((item.text, item.p, []))
-            elif isinstance(item, Alternatives) and pending_odds:
-                pending_odds[-1] = (*pending_odds[-1][:2], item.items)
             elif isinstance(item, (StepDone, ReplyDone)) and pending:
                 text += "".join(t.text for t in pending)
                 shown = shown_before_calls(text) if tools else text

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specchat.serve.access_log import access_line
+from specchat.serve.protocol import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 ALLOWED_HEADERS = "Authorization, Content-Type"
@@ -104,25 +105,21 @@ def _refusal(method: str, headers: dict[str, str], guard: Guard) -> tuple[int, d
     if not guard.host_allowed(host):
         return (
             403,
-            _error(f"the Host {host[:100]!r} is not this server's (start it with --allow-host NAME to add one)"),
+            error_body(f"the Host {host[:100]!r} is not this server's (start it with --allow-host NAME to add one)"),
             [],
         )
     origin = headers.get("origin")
     if origin is not None and not guard.origin_allowed(origin):
         return (
             403,
-            _error(f"requests from the web page origin {origin[:100]!r} are refused (--cors ORIGIN allows one)"),
+            error_body(f"requests from the web page origin {origin[:100]!r} are refused (--cors ORIGIN allows one)"),
             [],
         )
     if method == "POST":
         kind = headers.get("content-type", "").partition(";")[0].strip().lower()
         if kind != "application/json":
-            return 415, _error("the body must be JSON, sent with Content-Type: application/json"), []
+            return 415, error_body("the body must be JSON, sent with Content-Type: application/json"), []
     return None
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
 
 
 def _cors_headers(origin: str, preflight: bool = False) -> list[tuple[bytes, bytes]]:

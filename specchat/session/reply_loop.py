@@ -34,8 +34,7 @@ def reply_events(
     `constraint` masks the target's law (JSON mode)."""
     stop_filter, halt = StopFilter(stops), StopOrCancel(cancel)
     guard = RepetitionGuard(sampling.repetition_stop)
-    extra = {"constraint": constraint} if constraint is not None else {}  # a stand-in engine may not take one
-    for event in engine.stream(prompt_ids, sampling, speculation, halt, **extra):
+    for event in engine.stream(prompt_ids, sampling, speculation, halt, constraint):
         if isinstance(event, Token) and guard.add(event.id):
             halt.stopped.set()  # the engine stops after this step; the reply keeps what it wrote
         if isinstance(event, ReplyDone) and guard.looping and event.stop_reason == "cancelled" and not cancel.is_set():

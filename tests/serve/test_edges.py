@@ -45,7 +45,7 @@ class LoopingEngine(ScriptedEngine):
         super().__init__([], with_drafter=True)
         self.sent = 0
 
-    def stream(self, prompt_ids, sampling, speculation, cancel=None):
+    def stream(self, prompt_ids, sampling, speculation, cancel=None, constraint=None):
         while self.sent < 1000 and not cancel.is_set():
             self.sent += 1
             yield Token(7, "index.html\n", Origin.TARGET)

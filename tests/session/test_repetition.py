@@ -32,7 +32,7 @@ class LoopingEngine(ScriptedEngine):
         super().__init__([], with_drafter=True)
         self.limit, self.word, self.sent = limit, word, 0
 
-    def stream(self, prompt_ids, sampling, speculation, cancel=None):
+    def stream(self, prompt_ids, sampling, speculation, cancel=None, constraint=None):
         while self.sent < self.limit and not (cancel and cancel.is_set()):
             self.sent += 1
             yield Token(self.word, "🙂", Origin.TARGET)

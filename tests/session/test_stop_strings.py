@@ -39,7 +39,7 @@ class LoggingEngine(ScriptedEngine):
         super().__init__(replies)
         self.log = log
 
-    def stream(self, prompt_ids, sampling, speculation, cancel=None):
+    def stream(self, prompt_ids, sampling, speculation, cancel=None, constraint=None):
         for event in super().stream(prompt_ids, sampling, speculation, cancel):
             if isinstance(event, Token):
                 self.log.append(("sent", event.text))

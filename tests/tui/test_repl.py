@@ -297,7 +297,7 @@ class SeedRecordingEngine(ScriptedEngine):
         super().__init__(replies)
         self.seeds = []
 
-    def stream(self, prompt_ids, sampling, speculation, cancel=None):
+    def stream(self, prompt_ids, sampling, speculation, cancel=None, constraint=None):
         self.seeds.append(sampling.seed)
         return super().stream(prompt_ids, sampling, speculation, cancel)
 
