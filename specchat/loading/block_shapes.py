@@ -9,7 +9,9 @@ import torch
 from torch import nn
 
 from specchat.quant.int8_weights import Int8Block
-from specchat.quant.w4a8 import GROUP, PAIR, TILE_ROWS, Q4Tiles, block_width
+from specchat.quant.q4_block import block_width
+from specchat.quant.q4_levels import GROUP, PAIR
+from specchat.quant.q4_tiles import TILE_ROWS, Q4Tiles
 
 ROW_BYTES = (16, 24, 32)  # bytes a tile's 32-group takes per row: 4-, 6- or 8-bit levels (Q4Tiles.bits)
 

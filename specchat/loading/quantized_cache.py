@@ -41,7 +41,8 @@ from specchat.loading.block_shapes import block_problem
 from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 from specchat.progress import Progress, notify, report
 from specchat.quant.int8_weights import Int8Block, quantize_linears
-from specchat.quant.w4a8 import FINER_BITS, Q4Tiles, fitting_linears, quantize_w4a8
+from specchat.quant.q4_tiles import Q4Tiles
+from specchat.quant.w4a8 import FINER_BITS, fitting_linears, quantize_w4a8
 from specchat.quant.w8a8 import quantize_w8a8
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes

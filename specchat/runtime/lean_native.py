@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specchat.quant.w4a8 import TILE_ROWS, Q4Linear, whole_group
+from specchat.quant.q4_tiles import TILE_ROWS
+from specchat.quant.w4a8 import Q4Linear, whole_group
 from specchat.runtime import architectures, fused
 
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # the config's name: the kernel's

@@ -24,7 +24,8 @@ from functools import cache
 
 import torch
 
-from specchat.quant.w4a8 import Q4Block, Q4Tiles
+from specchat.quant.q4_block import Q4Block
+from specchat.quant.q4_tiles import Q4Tiles
 
 HEADS, KV_HEADS, HEAD_DIM, WIDTH, GATE = 4, 2, 16, 64, 64  # a tiny Llama-style layer the kernel takes
 QKV_WIDTH = (HEADS + 2 * KV_HEADS) * HEAD_DIM

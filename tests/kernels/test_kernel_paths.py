@@ -11,7 +11,9 @@ import pytest
 import torch
 from tiny_models import build_model
 
-from specchat.quant.w4a8 import Q4Block, Q4Tiles, quantize_w4a8, run_kernel
+from specchat.quant.q4_block import Q4Block
+from specchat.quant.q4_tiles import Q4Tiles
+from specchat.quant.w4a8 import quantize_w4a8, run_kernel
 
 PATHS = {
     "portable": "",
@@ -134,11 +136,11 @@ def test_every_path_gives_the_portable_paths_bits_on_each_type_as_stored(kernel,
 @pytest.mark.parametrize("kind", ["IQ4_NL", "IQ4_XS"])
 def test_table_indices_give_on_every_path_the_bits_of_the_levels_they_stand_for(kernel, kind):
     """IQ4's 4-bit indices, looked up in the kernel, give the products of the same weights held as 8-bit levels."""
-    from specchat.quant.w4a8 import LEVEL_BITS, _levels
+    from specchat.quant.q4_levels import LEVEL_BITS, unpacked_levels
 
     tiles = halves_tiles(kind, 48, 512, seed=3)
     block = tiles.to_block()
-    levels = LEVEL_BITS[8][0](_levels(block.qs, 4).contiguous())
+    levels = LEVEL_BITS[8][0](unpacked_levels(block.qs, 4).contiguous())
     as_levels = Q4Tiles.from_block(Q4Block(levels, block.sc, block.m, block.d, block.dmin))
     assert as_levels.bits == 8 and torch.equal(as_levels.dequantize(), tiles.dequantize())
     x = torch.randn(9, 512)

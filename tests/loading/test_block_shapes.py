@@ -11,7 +11,8 @@ from torch import nn
 
 from specchat.loading.block_shapes import block_problem
 from specchat.quant.int8_weights import Int8Block
-from specchat.quant.w4a8 import Q4Block, Q4Tiles
+from specchat.quant.q4_block import Q4Block
+from specchat.quant.q4_tiles import Q4Tiles
 
 SHAPES = [(1, 64), (16, 64), (17, 128), (40, 320), (33, 256), (100, 384), (8, 1536)]
 

@@ -23,7 +23,8 @@ from specchat.errors import ModelLoadError
 from specchat.loading.gguf.blocks import AS_STORED as AS_STORED_DECODERS
 from specchat.loading.gguf.blocks import _decoded, decode_q5_k, requantized_notice
 from specchat.loading.models import load_model, load_pair
-from specchat.quant.w4a8 import Q4Linear, Q4Tiles
+from specchat.quant.q4_tiles import Q4Tiles
+from specchat.quant.w4a8 import Q4Linear
 
 FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
 

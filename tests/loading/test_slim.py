@@ -21,9 +21,10 @@ from specchat.loading.gguf import tensors as gguf_tensors
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.models import load_model
 from specchat.memory import release_freed_memory
-from specchat.quant import w4a8
+from specchat.quant import q4_block
 from specchat.quant.block_embedding import BlockEmbedding
-from specchat.quant.w4a8 import Q4Block, Q4Linear
+from specchat.quant.q4_block import Q4Block
+from specchat.quant.w4a8 import Q4Linear
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +131,7 @@ def test_dequantizing_in_row_chunks_equals_the_whole(q8_gguf, monkeypatch, tok):
 def test_quantizing_in_row_chunks_equals_the_whole(monkeypatch):
     weight = torch.randn(37, 256)
     whole = Q4Block.quantize(weight, 6)
-    monkeypatch.setattr(w4a8, "QUANTIZE_ROWS", 8)
+    monkeypatch.setattr(q4_block, "QUANTIZE_ROWS", 8)
     chunked = Q4Block.quantize(weight, 6)
     assert all(torch.equal(a, b) for a, b in zip(whole.tensors(), chunked.tensors()))
 

@@ -1,4 +1,5 @@
-"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (quant/w4a8.py, kernels/q4/q4_kernel.cpp).
+"""w4a8: 4-bit weights × 8-bit activations on specchat's own kernel (quant/w4a8.py, q4_block.py, q4_tiles.py,
+q4_levels.py, kernels/q4/q4_kernel.cpp).
 The code paths side by side: test_kernel_paths.py."""
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from tiny_models import build_model
 
 from specchat.config import AUTO
 from specchat.loading import quantized_cache
-from specchat.quant.w4a8 import LEVEL_BITS, Q4Block, Q4Linear, Q4Tiles, quantize_w4a8, run_kernel
+from specchat.quant.q4_block import Q4Block
+from specchat.quant.q4_levels import LEVEL_BITS
+from specchat.quant.q4_tiles import Q4Tiles
+from specchat.quant.w4a8 import Q4Linear, quantize_w4a8, run_kernel
 from specchat.runtime.attention import use_batch_invariant_attention
 
 
@@ -122,12 +126,12 @@ def test_levels_packed_for_the_kernel_unpack_to_themselves(bits):
 
 def test_tiles_made_a_few_rows_at_a_time_are_the_tiles_made_at_once(monkeypatch):
     """from_block takes a head-sized block QUANTIZE_ROWS rows at a time (its temporaries bounded): the same tiles."""
-    from specchat.quant import w4a8
+    from specchat.quant import q4_tiles
 
     for bits in (4, 6):
         block = Q4Block.quantize(torch.randn(100, 128), bits)
         whole = Q4Tiles.from_block(block)
-        monkeypatch.setattr(w4a8, "QUANTIZE_ROWS", 32)
+        monkeypatch.setattr(q4_tiles, "QUANTIZE_ROWS", 32)
         parts = Q4Tiles.from_block(block)
         monkeypatch.undo()
         assert parts.outs == whole.outs == 100

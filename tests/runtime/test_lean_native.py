@@ -14,7 +14,8 @@ from tiny_models import build_model
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from specchat.config import AUTO
-from specchat.quant.w4a8 import Q4Block, quantize_w4a8
+from specchat.quant.q4_block import Q4Block
+from specchat.quant.w4a8 import quantize_w4a8
 from specchat.runtime import lean
 from specchat.runtime.lean import LeanCache, LeanForward
 from specchat.speculative import model_io

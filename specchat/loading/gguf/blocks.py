@@ -30,7 +30,9 @@ from torch import nn
 from specchat.loading.finite import check_weights
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.gguf.tensors import GGUFTensors
-from specchat.quant.w4a8 import FINER_BITS, GROUP, HALF_MAX, LEVEL_BITS, QUANTIZE_ROWS, Q4Block, fitting_linears
+from specchat.quant.q4_block import HALF_MAX, QUANTIZE_ROWS, Q4Block
+from specchat.quant.q4_levels import GROUP, LEVEL_BITS
+from specchat.quant.w4a8 import FINER_BITS, fitting_linears
 
 Q4_K_BYTES = 144  # per 256 weights: d, dmin (fp16), 12 bytes of packed 6-bit sc/m, 128 bytes of nibbles
 Q5_K_BYTES = 176  # per 256 weights: d, dmin, 12 bytes of sc/m, 32 bytes of fifth bits, 128 bytes of nibbles
@@ -150,7 +152,7 @@ def decode_iq4_xs(raw: torch.Tensor) -> Q4Block:
 
 
 def _table_indices(indices: torch.Tensor) -> torch.Tensor:
-    """uint8 [rows, groups, 16] of a file's nibble pairs → a Q4Block's int8 qs of table indices (w4a8.IQ4_LEVELS)."""
+    """uint8 [rows, groups, 16] of a file's nibble pairs → a Q4Block's int8 qs of table indices (q4_levels.IQ4_LEVELS)."""
     return LEVEL_BITS[4][0](_group_nibbles(indices)).view(torch.int8)
 
 

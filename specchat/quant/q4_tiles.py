@@ -1,0 +1,156 @@
+"""Q4Tiles, w4a8's weights as the kernel reads them: 16 output rows interleaved so that each lane of a vector is one
+output row (layout: kernels/q4/q4_tiles.h), repacked once at load from a Q4Block and back; a layer's rows taken out
+as views of whole tiles where they can be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specchat.quant.q4_block import QUANTIZE_ROWS, Q4Block
+from specchat.quant.q4_levels import GROUP, LEVEL_BITS
+
+TILE_ROWS = 16  # output rows the kernel reads interleaved (one per 32-bit lane of a 512-bit vector)
+
+
+@dataclass
+class Q4Tiles:
+    """A Q4Block as the kernel reads it: tiles of 16 output rows, interleaved (layout: q4_tiles.h).
+    The last tile is padded with zero rows; `outs` is the true number of output rows."""
+
+    qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]; int8: table indices
+    # sc: uint8 [tiles, in/32, 16]; halves: int8 [tiles, in/32, 2·16], a group's first 16 inputs' then its last's
+    sc: torch.Tensor
+    # m: uint8 [tiles, in/64, 32], groups 2p and 2p+1 side by side per row; halves: int8 [tiles, in/32, 32], a
+    # group's two halves side by side per row
+    m: torch.Tensor
+    d: torch.Tensor  # float16 [tiles, blocks, 16] (blocks: in/32 where a block is one group)
+    dmin: torch.Tensor  # float16 [tiles, blocks, 16]
+    outs: int
+
+    @classmethod
+    def from_block(cls, block: Q4Block) -> Q4Tiles:
+        """The block's tiles, QUANTIZE_ROWS rows (a multiple of 16) at a time: a head's temporaries stay small."""
+        rows = block.sc.shape[0]
+        if rows <= QUANTIZE_ROWS:
+            return cls._from_rows(block)
+        parts = [
+            cls._from_rows(Q4Block(*(t[start : start + QUANTIZE_ROWS] for t in block.tensors())))
+            for start in range(0, rows, QUANTIZE_ROWS)
+        ]
+        return cls(*(torch.cat(fields) for fields in zip(*(part.tensors() for part in parts))), outs=rows)
+
+    @classmethod
+    def _from_rows(cls, block: Q4Block) -> Q4Tiles:
+        rows = block.sc.shape[0]
+        tiles = -(-rows // TILE_ROWS)
+        levels = LEVEL_BITS[block.bits][1](block.qs.view(torch.uint8))  # [out, in/32, 32] (or table indices)
+        d, dmin = (_as_half(_tile(t, tiles).transpose(1, 2).contiguous()) for t in (block.d, block.dmin))
+        sc = _tile(block.sc, tiles)  # [tiles, 16, scales a row]
+        if block.halves:
+            sc = sc.view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 3, 1).reshape(tiles, -1, 2 * TILE_ROWS).contiguous()
+        else:
+            sc = sc.transpose(1, 2).contiguous()
+        m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
+        qs = _tile_levels(_tile(levels, tiles), block.bits).view(block.qs.dtype)
+        return cls(qs, sc, m.contiguous(), d, dmin, outs=rows)
+
+    def to_block(self) -> Q4Block:
+        """The weights a row after a row (the padding rows dropped)."""
+        levels = _untile_levels(self.qs.view(torch.uint8), self.bits)[: self.outs]
+        d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].float().contiguous() for t in (self.d, self.dmin))
+        tiles = self.m.shape[0]
+        if self.sc.dtype == torch.int8:  # halves
+            sc = self.sc.view(tiles, -1, 2, TILE_ROWS).permute(0, 3, 1, 2).reshape(tiles * TILE_ROWS, -1)
+        else:
+            sc = self.sc.transpose(1, 2).flatten(0, 1)
+        sc = sc[: self.outs].contiguous()
+        m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[: self.outs]
+        qs = LEVEL_BITS[self.bits][0](levels.contiguous()).view(self.qs.dtype)
+        return Q4Block(qs, sc, m.contiguous(), d, dmin)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """(qs, sc, m, d, dmin), the kernel's arguments after x."""
+        return self.qs, self.sc, self.m, self.d, self.dmin
+
+    @property
+    def bits(self) -> int:
+        return {16: 4, 24: 6, 32: 8}[self.qs.shape[2] // TILE_ROWS]
+
+    def rows(self, index: torch.Tensor | slice) -> Q4Tiles:
+        """The tiles of only the output rows `index`: views of whole tiles when `index` is a run of them (a
+        drafter's head for the ids below its limit), else only the tiles the rows lie in, unpacked."""
+        whole = self._whole_tiles(index)
+        if whole is not None:
+            return whole
+        wanted = torch.arange(self.outs)[index]
+        tiles = torch.unique(wanted // TILE_ROWS)
+        local = torch.searchsorted(tiles, wanted // TILE_ROWS) * TILE_ROWS + wanted % TILE_ROWS
+        part = Q4Tiles(*(t[tiles] for t in self.tensors()), outs=len(tiles) * TILE_ROWS).to_block()
+        return Q4Tiles.from_block(Q4Block(*(t[local].contiguous() for t in part.tensors())))
+
+    def _whole_tiles(self, index: torch.Tensor | slice) -> Q4Tiles | None:
+        """Views of tiles first..last when `index` is the slice of their rows (the last tile's padding
+        included), else None."""
+        if not isinstance(index, slice) or index.step not in (None, 1):
+            return None
+        start, stop, _ = index.indices(self.outs)
+        if start % TILE_ROWS or stop <= start or (stop % TILE_ROWS and stop != self.outs):
+            return None
+        tiles = slice(start // TILE_ROWS, -(-stop // TILE_ROWS))
+        return Q4Tiles(*(t[tiles] for t in self.tensors()), outs=stop - start)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.to_block().dequantize()
+
+
+def _as_half(scales: torch.Tensor) -> torch.Tensor:
+    """A block's d or dmin as the tiles store it, float16; each must be a float16's value already (Q4Block.quantize
+    and Q4_K's blocks make them so), as the kernel must compute what Q4Block.dequantize says."""
+    half = scales.half()
+    if not torch.equal(half.float(), scales.float()):
+        raise ValueError("a w4a8 block's d and dmin must be float16 values (Q4Block.quantize makes them so)")
+    return half
+
+
+def _tile(rows: torch.Tensor, tiles: int) -> torch.Tensor:
+    """[out, ...] → [tiles, 16, ...], padded with zero rows."""
+    missing = tiles * TILE_ROWS - rows.shape[0]
+    if missing:
+        rows = torch.cat([rows, rows.new_zeros(missing, *rows.shape[1:])])
+    return rows.view(tiles, TILE_ROWS, *rows.shape[1:])
+
+
+def _tile_levels(levels: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 levels [tiles, 16, in/32, 32] → the kernel's qs [tiles, in/32, 16 · group bytes]."""
+    tiles, _, groups, _ = levels.shape
+    vectors = levels.view(tiles, TILE_ROWS, groups, 8, 4).permute(0, 2, 3, 1, 4)  # [tiles, groups, 8, 16, 4]
+    if bits == 8:
+        return vectors.reshape(tiles, groups, -1).contiguous()
+    low = vectors & 0x0F
+    parts = [(low[:, :, :4] | (low[:, :, 4:] << 4)).reshape(tiles, groups, -1)]
+    if bits == 6:
+        top = (vectors >> 4).view(tiles, groups, 2, 4, TILE_ROWS, 4)
+        parts.append(
+            (top[:, :, :, 0] | (top[:, :, :, 1] << 2) | (top[:, :, :, 2] << 4) | (top[:, :, :, 3] << 6)).reshape(
+                tiles, groups, -1
+            )
+        )
+    return torch.cat(parts, dim=2).contiguous()
+
+
+def _untile_levels(qs: torch.Tensor, bits: int) -> torch.Tensor:
+    """The kernel's qs [tiles, in/32, bytes] → uint8 levels [tiles·16, in/32, 32]."""
+    tiles, groups = qs.shape[:2]
+    if bits == 8:
+        vectors = qs.view(tiles, groups, 8, TILE_ROWS, 4)
+    else:
+        nibbles = qs[:, :, :256].reshape(tiles, groups, 4, TILE_ROWS, 4)
+        vectors = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2)
+        if bits == 6:
+            top = qs[:, :, 256:].reshape(tiles, groups, 2, 1, TILE_ROWS, 4)
+            shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)
+            vectors = vectors | (((top >> shifts) & 3).reshape(tiles, groups, 8, TILE_ROWS, 4) << 4)
+    return vectors.permute(0, 3, 1, 2, 4).reshape(tiles * TILE_ROWS, groups, GROUP)
