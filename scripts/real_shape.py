@@ -226,7 +226,7 @@ def measure_specchat(gguf: Path, threads: int, tokens: int, repeats: int, contex
     decode = [reply() for _ in range(repeats)]
     times = {}
     with torch.inference_mode():
-        cache = model_io.new_cache(pair.target)
+        cache = model_io.new_kv_cache(pair.target)
         model_io.forward(pair.target, cache, prompt, keep=1)
         device = model_io.input_device(pair.target)
         for width in WIDTHS * 2:  # the first round warms each width up

@@ -17,8 +17,8 @@ def test_resident_memory_is_read_and_unknown_is_zero(tmp_path):
 
 
 def test_a_dynamic_cache_counts_its_keys_and_values(target, tokenizer):
-    cache = model_io.new_cache(target)
-    assert isinstance(cache, model_io.TransformersCache) and model_io.cache_bytes(cache) == 0
+    cache = model_io.new_kv_cache(target)
+    assert isinstance(cache, model_io.TransformersKVCache) and model_io.kv_bytes(cache) == 0
     ids = prompt_ids(tokenizer, "def reverse(lst):")
     model_io.forward(target, cache, ids, keep=1)
     config = target.config
@@ -29,7 +29,7 @@ def test_a_dynamic_cache_counts_its_keys_and_values(target, tokenizer):
         * (config.hidden_size // config.num_attention_heads)
         * 4
     )
-    assert model_io.cache_bytes(cache) == per_token * len(ids)
+    assert model_io.kv_bytes(cache) == per_token * len(ids)
 
 
 def test_a_reply_reports_its_memory_in_stats_and_the_stats_view(target, similar_drafter_model, tokenizer):
@@ -39,7 +39,7 @@ def test_a_reply_reports_its_memory_in_stats_and_the_stats_view(target, similar_
             prompt_ids(tokenizer, "def add(a, b):"), SamplingConfig(max_new_tokens=6), SpeculationConfig(gamma=2)
         )
     )[-1]
-    assert done.stats.kv_bytes == model_io.cache_bytes(engine.cache) > 0
+    assert done.stats.kv_bytes == model_io.kv_bytes(engine.conversation.kv) > 0
     assert done.stats.resident_bytes > 0 and done.stats.to_dict()["kv_bytes"] == done.stats.kv_bytes
     text = memory_text(done.stats)
     assert (
@@ -49,20 +49,20 @@ def test_a_reply_reports_its_memory_in_stats_and_the_stats_view(target, similar_
 
 
 def test_a_lean_cache_counts_its_capacity():
-    from specchat.runtime.lean import LeanCache
+    from specchat.runtime.lean import LeanKVCache
 
-    cache = LeanCache(forward=None)
+    cache = LeanKVCache(forward=None)
     cache.keys = [torch.zeros(2, 8, 4)]
     cache.values = [torch.zeros(2, 8, 4)]
-    assert cache.nbytes == 2 * 2 * 8 * 4 * 4 == model_io.cache_bytes(cache)
+    assert cache.nbytes == 2 * 2 * 8 * 4 * 4 == model_io.kv_bytes(cache)
 
 
 def test_a_reply_gives_the_heaps_freed_pages_back_before_it_reads_its_resident_memory(target, tokenizer, monkeypatch):
-    from specchat.speculative import engine as engine_module
+    from specchat.speculative import reply as reply_module
 
     calls = []
-    monkeypatch.setattr(engine_module, "release_freed_memory", lambda: calls.append("release"))
-    monkeypatch.setattr(engine_module, "resident_bytes", lambda: calls.append("resident") or 1)
+    monkeypatch.setattr(reply_module, "release_freed_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(reply_module, "resident_bytes", lambda: calls.append("resident") or 1)
     engine = make_engine(target, None, tokenizer)
     done = list(
         engine.stream(

@@ -28,7 +28,7 @@ from specchat.config import ConfigError, SamplingConfig, load_config
 from specchat.errors import ModelLoadError
 from specchat.progress import to_stderr
 from specchat.session.chat import render_prompt
-from specchat.speculative.model_io import forward, new_cache
+from specchat.speculative.model_io import forward, new_kv_cache
 from specchat.speculative.sampling import probs_from_logits
 
 
@@ -58,7 +58,7 @@ class Reply:
 @torch.inference_mode()
 def reply_logits(model, prompt: list[int], reply: list[int], width: int) -> torch.Tensor:
     """[len(reply), width] float32 logits of `model` at the positions that predict each reply token."""
-    return forward(model, new_cache(model), prompt + reply[:-1], keep=len(reply))[:, :width].float()
+    return forward(model, new_kv_cache(model), prompt + reply[:-1], keep=len(reply))[:, :width].float()
 
 
 def target_replies(

@@ -110,7 +110,7 @@ def _agreement(spec, reference) -> str:
 
 def forward_times(model, rows: tuple[int, ...], repeats: int, context: int = 256) -> dict[str, float]:
     """Median ms of the target's forward of `rows` new tokens after `context` cached ones, device synced."""
-    cache = model_io.new_cache(model)
+    cache = model_io.new_kv_cache(model)
     device = model_io.input_device(model)
     model_io.forward(model, cache, list(range(1, context + 1)), keep=1)
     times = {}

@@ -27,7 +27,7 @@ def prefill_rows(pair, ids: list[int], lengths: list[int], chunk: int) -> dict[s
     rows = {}
     for name, model in models:
         for length in lengths:
-            cache = model_io.new_cache(model)
+            cache = model_io.new_kv_cache(model)
             prompt = ids[:length]
 
             def read(model=model, cache=cache, prompt=prompt) -> None:

@@ -45,7 +45,7 @@ SAMPLED = SamplingConfig(temperature=0.7, top_p=0.9)
 def forward_rows(pair, context: list[int], gamma: int, vocab_limit: int, repeats: int) -> dict[str, dict]:
     """The split of a target decode step, a target verification of gamma+1 rows and a drafter step."""
     rows = {}
-    target, cache = pair.target, model_io.new_cache(pair.target)
+    target, cache = pair.target, model_io.new_kv_cache(pair.target)
     model_io.forward(target, cache, context, keep=1)
     length = len(context)
     for fed in (1, gamma + 1):
@@ -62,7 +62,7 @@ def forward_rows(pair, context: list[int], gamma: int, vocab_limit: int, repeats
 
 
 def _drafter_row(pair, context: list[int], vocab_limit: int, repeats: int) -> dict[str, float]:
-    drafter, cache = pair.drafter, model_io.new_cache(pair.drafter)
+    drafter, cache = pair.drafter, model_io.new_kv_cache(pair.drafter)
     model_io.forward(drafter, cache, context, keep=1)
     ids, length = _ids_like(drafter, context[:1]), len(context)
     if vocab_limit and vocab_limit < pair.vocab_size:  # the restricted head, as the chat drafts
@@ -123,8 +123,8 @@ def real_logits(pair, context: list[int], gamma: int) -> tuple[torch.Tensor, tor
     if pair.drafter is None:
         return None
     return (
-        model_io.forward(pair.target, model_io.new_cache(pair.target), context, keep=gamma + 1),
-        model_io.forward(pair.drafter, model_io.new_cache(pair.drafter), context, keep=gamma),
+        model_io.forward(pair.target, model_io.new_kv_cache(pair.target), context, keep=gamma + 1),
+        model_io.forward(pair.drafter, model_io.new_kv_cache(pair.drafter), context, keep=gamma),
     )
 
 
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
 @torch.inference_mode()
 def row_costs(pair, context: list[int], rows: list[int], repeats: int) -> dict[int, float]:
     """Median ms of a target forward of n rows after `context`, per n: T(n), what verifying n-1 drafts costs."""
-    target, cache = pair.target, model_io.new_cache(pair.target)
+    target, cache = pair.target, model_io.new_kv_cache(pair.target)
     model_io.forward(target, cache, context, keep=1)
     length = len(context)
     return {n: _forward_ms(target, cache, (context * (n // length + 1))[:n], length, repeats) for n in rows}

@@ -30,7 +30,7 @@ import torch
 
 from specchat.config import QUANTIZATIONS, ConfigError, load_config
 from specchat.errors import ModelLoadError
-from specchat.speculative.model_io import crop_to, forward, new_cache
+from specchat.speculative.model_io import crop_to, forward, new_kv_cache
 
 TEXT_FILES = ("README.md", "specchat/speculative/engine.py")
 CHUNK = 256
@@ -45,7 +45,7 @@ def fixed_text() -> str:
 @torch.inference_mode()
 def next_token_logprobs(model, ids: list[int]) -> torch.Tensor:
     """log-softmax of the next-token logits at every position of `ids`, fed in chunks ([n, vocab])."""
-    cache, rows = new_cache(model), []
+    cache, rows = new_kv_cache(model), []
     for start in range(0, len(ids), CHUNK):
         piece = ids[start : start + CHUNK]
         logits = forward(model, cache, piece, keep=len(piece))  # the lean forward where attached
@@ -65,7 +65,7 @@ def agreement(reference: torch.Tensor, other: torch.Tensor) -> tuple[float, floa
 @torch.inference_mode()
 def forward_ms(model, ids: list[int], rows: int, repeats: int = 7) -> float:
     """Median ms of one forward of `rows` tokens after a 256-token context (the cache cut back each time)."""
-    cache = new_cache(model)
+    cache = new_kv_cache(model)
     forward(model, cache, ids[:CHUNK], keep=1)
     piece = ids[CHUNK : CHUNK + rows]
     times = []

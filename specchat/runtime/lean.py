@@ -67,7 +67,7 @@ def supports(model: nn.Module) -> str:
     return ""
 
 
-class LeanCache:
+class LeanKVCache:
     """Keys and values of every layer for the first `length` tokens, in tensors of fixed capacity."""
 
     def __init__(self, forward: LeanForward):
@@ -147,8 +147,8 @@ class LeanForward:
         )
         self.kv_dtype = KV_CACHE_TYPES[kv_cache] if not self.native_reason else self._activation_dtype
 
-    def new_cache(self) -> LeanCache:
-        return LeanCache(self)
+    def new_kv_cache(self) -> LeanKVCache:
+        return LeanKVCache(self)
 
     def for_view(self, view: nn.Module) -> LeanForward:
         """The lean forward of a view of this model's layers (the self drafter's first layers)."""
@@ -227,7 +227,7 @@ class LeanForward:
 
     # ----- the forward --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def __call__(self, cache: LeanCache, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
+    def __call__(self, cache: LeanKVCache, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
         """Logits [keep, vocab] (or final hidden states) of the last `keep` positions fed. A long
         prompt is fed in pieces of model_io.PREFILL_CHUNK tokens: attention scores for n tokens at once take
         n² floats per head (43 GB for 30k tokens on the bundled target)."""
@@ -242,7 +242,7 @@ class LeanForward:
             logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
         return logits
 
-    def _decode(self, cache: LeanCache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+    def _decode(self, cache: LeanKVCache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
         """The decoder layers over input_ids [1, fed] after the cache, then the final norm of the last
         `keep` rows (per row, so a prompt's pieces normed apart are normed alike): [1, min(keep, fed), hidden]."""
         start, fed = cache.length, input_ids.shape[1]
@@ -266,7 +266,7 @@ class LeanForward:
         cache.length = start + fed
         return hidden
 
-    def _layer(self, layer, cache: LeanCache, index: int, hidden, cos, sin, mask, start: int):
+    def _layer(self, layer, cache: LeanKVCache, index: int, hidden, cos, sin, mask, start: int):
         attention = layer.self_attn
         normed = rms_norm(layer.input_layernorm, hidden)
         fed = hidden.shape[1]

@@ -310,7 +310,7 @@ async def _whole(
 def _collect_odds(item: Any, odds: list[TokenOdds]) -> None:
     """Each Token's text and target p into `odds`, and the Alternatives (top_logprobs) that follow it."""
     if isinstance(item, Token):
-        odds.append((item.text, item.p, []))
+        odds.append((item.text, item.odds.p, []))
     elif isinstance(item, Alternatives) and odds:
         odds[-1] = (*odds[-1][:2], item.items)
 

@@ -135,7 +135,7 @@ class Comparer:
     def explain(self, prompt_ids: list[int], a: tuple[int, ...], b: tuple[int, ...]) -> Divergence:
         position = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         context = list(prompt_ids) + list(a[:position])
-        logits = model_io.forward(self.target, model_io.new_cache(self.target), context, keep=1)[0]
+        logits = model_io.forward(self.target, model_io.new_kv_cache(self.target), context, keep=1)[0]
         top2 = torch.topk(logits.float(), 2).values.tolist()
         return Divergence(
             position,

@@ -93,7 +93,7 @@ def contenders(engine: Engine, current: str) -> list[str]:
     for kind in drafter_kinds.KINDS:
         if kind.name == "auto" and not engine.has_model_drafter:
             continue
-        name = current if parsed and parsed[0] is kind else default_name(kind, engine.setup)
+        name = current if parsed and parsed[0] is kind else default_name(kind, engine.drafters.setup)
         names += [name] if engine.drafter_problem(name) is None else []
     return names
 

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Union
 
+from specchat.speculative.detok import Detokenizer
 from specchat.speculative.insight import Rejection
 from specchat.speculative.metrics import ReplyStats
 from specchat.speculative.origin import Origin
-
-
-@dataclass(frozen=True)
-class Odds:
-    """A token's probabilities (speculative/insight.py says under what)."""
-
-    p: float | None = None  # the target's probability of it
-    q: float | None = None  # the drafter's, for drafted tokens
-    accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q)
+from specchat.speculative.step import Odds, StepResult
 
 
 @dataclass(frozen=True)
@@ -28,10 +22,6 @@ class Token:
     position: int = 0  # its place in that step: drafts 0..n-1, then the target's token at n
     odds: Odds = Odds()
     source: str = ""  # what drafted it (drafted tokens): model | lookup | text
-
-    p = property(lambda self: self.odds.p)
-    q = property(lambda self: self.odds.q)
-    accept_p = property(lambda self: self.odds.accept_p)
 
 
 @dataclass(frozen=True)
@@ -80,3 +70,17 @@ class ReplyEnd:
 
 
 Event = Union[Token, Rejected, StepDone, PrefillProgress, ReplyDone]  # noqa: UP007 (evaluated at import)
+
+
+def step_events(step: StepResult, detok: Detokenizer) -> Iterator[Event]:
+    """A committed step as events: accepted drafts, the rejected ones, the target's token, each token with its
+    Odds (step.py), then StepDone."""
+    for i, (token, origin, odds) in enumerate(zip(step.tokens, step.origins, step.odds)):
+        if i == step.accepted and step.rejected:
+            yield Rejected(tuple(step.rejected), detok.decode(step.rejected), step.rejection)
+        text = detok.push(token)
+        if step.last and i == len(step.tokens) - 1:
+            text += detok.flush()  # a tail held back for an incomplete character, now final
+        source = step.draft.source if origin == Origin.DRAFTED and step.draft is not None else ""
+        yield Token(token, text, origin, step.index, i, odds, source)
+    yield StepDone(step.drafted, step.accepted)

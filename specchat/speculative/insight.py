@@ -25,33 +25,20 @@ Ranked = tuple[tuple[int, float], ...]  # (token id, probability), most likely f
 
 
 @dataclass(frozen=True)
-class RefusedOdds:
-    """What the rule weighed at a refused draft."""
-
-    p: float  # the target's probability of the drafted token
-    q: float  # the drafter's probability of it
-    accept_p: float | None  # min(1, p/q) when sampling; None in greedy (argmax rule)
-    margin: float | None = None  # greedy: the target's logit of its choice minus that of the draft
-
-
-@dataclass(frozen=True)
 class Rejection:
-    """The first draft of a step the target refused, and what each model thought there."""
+    """The first draft of a step the target refused: what the rule weighed there and what each model thought."""
 
     step: int  # the reply's step index (0-based)
     position: int  # the draft position (0 = the first drafted token)
     drafted: int  # the token the drafter proposed
     emitted: int  # the token the target emitted instead
-    odds: RefusedOdds
-    tops: tuple[Ranked, Ranked]  # each model's most likely tokens there: the target's, the drafter's
+    p: float  # the target's probability of the drafted token
+    q: float  # the drafter's probability of it
+    accept_p: float | None  # min(1, p/q) when sampling; None in greedy (argmax rule)
+    margin: float | None  # greedy: the target's logit of its choice minus that of the draft
+    target_top: Ranked  # the target's most likely tokens there
+    drafter_top: Ranked  # the drafter's
     source: str = ""  # what drafted it: model | lookup | text
-
-    p = property(lambda self: self.odds.p)
-    q = property(lambda self: self.odds.q)
-    accept_p = property(lambda self: self.odds.accept_p)
-    margin = property(lambda self: self.odds.margin)
-    target_top = property(lambda self: self.tops[0])
-    drafter_top = property(lambda self: self.tops[1])
 
 
 def accept_probability(p: float, q: float, greedy: bool, accepted: bool) -> float:
@@ -121,9 +108,9 @@ def rejection_at(
     best_ids, best_p = drafter_best if drafter_best is not None else (drafted, 1.0)
     p, gap, target_ids, target_p, drafter_ids, drafter_p = read_back(row[drafted], margin, *top(row), best_ids, best_p)
     accept_p = None if greedy else accept_probability(p[0], q, greedy, False)
-    odds = RefusedOdds(p[0], q, accept_p, gap[0] if greedy else None)
-    tops = (listed(target_ids, target_p), listed(drafter_ids, drafter_p))
-    return Rejection(step, position, drafted, emitted, odds, tops, source)
+    margin_read = gap[0] if greedy else None
+    tops = listed(target_ids, target_p), listed(drafter_ids, drafter_p)
+    return Rejection(step, position, drafted, emitted, p[0], q, accept_p, margin_read, *tops, source)
 
 
 def drafter_top(

@@ -3,7 +3,7 @@ measure it, roll it back, run a cached forward.
 
 A model may carry its own fast forward under the attribute RUNNER (the runtime attaches one: runtime/lean.py);
 it makes the caches, and each cache runs the forward over itself. Any other model gets transformers'
-DynamicCache in a TransformersCache, which runs the model's own forward. Every cache is a Cache: the algorithm
+DynamicCache in a TransformersKVCache, which runs the model's own forward. Every cache is a KVCache: the algorithm
 asks it, never its type. The algorithm needs nothing else of a model.
 """
 
@@ -33,10 +33,10 @@ class Model(Protocol):
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-class Cache(Protocol):
+class KVCache(Protocol):
     """What the algorithm needs of a cache: how many tokens it holds, a cut back to its first `length`, a forward of
     its model over itself, and its bytes. The lean runtime's cache meets it (runtime/lean.py); transformers' caches
-    meet it through TransformersCache."""
+    meet it through TransformersKVCache."""
 
     def get_seq_length(self) -> int: ...
 
@@ -51,13 +51,13 @@ class Cache(Protocol):
 class Runner(Protocol):
     """A model's own forward: makes its caches; gives the runner of a view of the same layers."""
 
-    def new_cache(self) -> Cache: ...
+    def new_kv_cache(self) -> KVCache: ...
 
     def for_view(self, view: Any) -> Runner: ...
 
 
-class TransformersCache:
-    """transformers' DynamicCache and the model it belongs to, as a Cache: the model's own forward runs over it."""
+class TransformersKVCache:
+    """transformers' DynamicCache and the model it belongs to, as a KVCache: the model's own forward runs over it."""
 
     def __init__(self, model: Model) -> None:
         self.model = model
@@ -95,21 +95,21 @@ def runner(model: object) -> Runner | None:
     return own
 
 
-def new_cache(model: Model) -> Cache:
+def new_kv_cache(model: Model) -> KVCache:
     own = runner(model)
-    return own.new_cache() if own is not None else TransformersCache(model)
+    return own.new_kv_cache() if own is not None else TransformersKVCache(model)
 
 
-def cache_bytes(cache: Cache) -> int:
+def kv_bytes(cache: KVCache) -> int:
     """The bytes a cache's keys and values take."""
     return cache.nbytes
 
 
-def cache_length(cache: Cache) -> int:
+def kv_length(cache: KVCache) -> int:
     return cache.get_seq_length()
 
 
-def crop_to(cache: Cache, length: int) -> None:
+def crop_to(cache: KVCache, length: int) -> None:
     """Roll the cache back so it covers exactly the first `length` tokens."""
     cache.crop_to(length)
 
@@ -122,7 +122,7 @@ def input_device(model: Model) -> torch.device:
 
 
 @torch.inference_mode()
-def forward(model: Model, cache: Cache, new_ids: list[int], keep: int) -> torch.Tensor:
+def forward(model: Model, cache: KVCache, new_ids: list[int], keep: int) -> torch.Tensor:
     """Feed `new_ids` after what the cache holds; return logits of the last `keep` positions [keep, vocab]."""
     device = input_device(model)
     input_ids = torch.tensor([new_ids], dtype=torch.long, device=device)  # [1, n]
@@ -130,12 +130,12 @@ def forward(model: Model, cache: Cache, new_ids: list[int], keep: int) -> torch.
 
 
 @torch.inference_mode()
-def forward_tensor(model: Model, cache: Cache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+def forward_tensor(model: Model, cache: KVCache, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
     """Like forward, with ids already a [1, n] tensor on the model's device (no host round trip)."""
     return cache.run(input_ids, keep)
 
 
 @torch.inference_mode()
-def hidden_tensor(model: Model, cache: Cache, input_ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
+def hidden_tensor(model: Model, cache: KVCache, input_ids: torch.Tensor, keep: int = 1) -> torch.Tensor:
     """The decoder's final hidden states at the last `keep` positions [keep, hidden], skipping the head."""
     return cache.run(input_ids, keep, head=False)

@@ -21,8 +21,8 @@ from specchat.config import SamplingConfig
 from specchat.speculative import model_io
 from specchat.speculative.constraint import Constraint, constrain
 from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan
-from specchat.speculative.insight import Rejection, token_probs
-from specchat.speculative.model_io import Cache, Model
+from specchat.speculative.insight import Rejection, accept_probability, token_probs
+from specchat.speculative.model_io import KVCache, Model
 from specchat.speculative.origin import Origin
 from specchat.speculative.readback import ints, read_back
 from specchat.speculative.sampling import TORCH_SAMPLER, NoLawError, Sampler, penalize
@@ -33,56 +33,46 @@ TIMED_DRAFTER_FEED = 2  # a drafter forward over at most this many tokens counts
 
 
 @dataclass(frozen=True)
-class Judged:
-    """A step's drafts as the target judged them."""
+class Odds:
+    """One token's figures (speculative/insight.py says under what law). A step yields one per token; committing
+    cuts them with the tokens and each Token event carries its own, so a new per-token figure is a field here and
+    the line of `token_odds` that computes it."""
 
-    count: int = 0  # drafted
-    accepted: int = 0
-    rejected: list[int] = field(default_factory=list)  # the drafts it refused (none where the reply ended first)
-
-
-@dataclass(frozen=True)
-class TargetCost:
-    seconds: float = 0.0  # the verification forward plus verification
-    fed: int = 0  # tokens the target forward was fed (0: no target forward)
+    p: float | None = None  # the target's probability of the token
+    q: float | None = None  # the drafter's, for drafted tokens
+    accept_p: float | None = None  # a drafted token's acceptance probability, min(1, p/q); greedy: 1
 
 
-@dataclass(frozen=True)
-class TokenLaws:
-    """Per token, the target's p and the drafter's q; the drafter's q of every drafted token (read back with the
-    verdict); at the first refused draft, the target's logits and p rows, from which the Engine builds /why's record
-    (insight.rejection_at), and then that record."""
-
-    p: list[float | None] = field(default_factory=list)
-    q: list[float | None] = field(default_factory=list)
-    confidences: list[float] = field(default_factory=list)
-    refused_rows: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (logits, p or None when greedy)
-    rejection: Rejection | None = None  # the Engine's, on its committed copy
+def token_odds(p: list[float | None], q: list[float | None], drafted: int, greedy: bool) -> list[Odds]:
+    """Each token's Odds from its p and q (the first `drafted` tokens are accepted drafts)."""
+    odds = []
+    for i, (p_i, q_i) in enumerate(zip(p, q)):
+        accept_p = (
+            accept_probability(p_i, q_i, greedy, True) if i < drafted and p_i is not None and q_i is not None else None
+        )
+        odds.append(Odds(p_i, q_i, accept_p))
+    return odds
 
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one step computed. The Engine commits a copy of it (dataclasses.replace): its tokens cut at EOS and
-    at the token limit, with its place in the reply; the step itself is never edited."""
+    """What one step computed. The Engine commits a copy of it (dataclasses.replace): its tokens and their odds cut
+    at EOS and at the token limit, with its place in the reply and /why's record; the step itself is never edited."""
 
-    tokens: list[int]  # the step's candidates, in order (the Engine's committed copy: cut at EOS / limit)
+    tokens: list[int]  # the step's candidates, in order (the committed copy: cut at EOS / limit)
     origins: list[Origin]
-    judged: Judged = Judged()
+    odds: list[Odds] = field(default_factory=list)  # per token
+    drafted: int = 0
+    accepted: int = 0
+    rejected: list[int] = field(default_factory=list)  # the drafts it refused (none where the reply ended first)
     draft: Draft | None = None  # what the drafter proposed, with its forwards' timings
-    cost: TargetCost = TargetCost()
-    laws: TokenLaws = TokenLaws()
-    place: tuple[int, bool] = (0, False)  # the committed copy's: its index in the reply, and whether it is the last
-
-    drafted = property(lambda self: self.judged.count)
-    accepted = property(lambda self: self.judged.accepted)
-    rejected = property(lambda self: self.judged.rejected)
-    target_seconds = property(lambda self: self.cost.seconds)
-    target_fed = property(lambda self: self.cost.fed)
-    p_tokens = property(lambda self: self.laws.p)
-    q_tokens = property(lambda self: self.laws.q)
-    rejection = property(lambda self: self.laws.rejection)
-    index = property(lambda self: self.place[0])
-    last = property(lambda self: self.place[1])
+    target_seconds: float = 0.0  # the verification forward plus verification
+    target_fed: int = 0  # tokens the target forward was fed (0: no target forward)
+    confidences: list[float] = field(default_factory=list)  # the drafter's q of every drafted token
+    refused_rows: tuple[torch.Tensor, torch.Tensor | None] | None = None  # at the first refused draft: (logits, p)
+    rejection: Rejection | None = None  # /why's record of it (insight.rejection_at), on the committed copy
+    index: int = 0  # the committed copy's place in the reply
+    last: bool = False  # whether it is the reply's last step
 
     @property
     def target_timed(self) -> bool:
@@ -101,7 +91,7 @@ def empty_draft() -> Draft:
 
 def speculative_step(
     target: Model,
-    cache: Cache,
+    cache: KVCache,
     drafter: Drafter | None,
     ids: list[int],
     plan: DraftPlan,
@@ -136,11 +126,20 @@ def speculative_step(
         raise NoLawError()  # the emitted token's p is NaN where the target's law is: read with the rest, no extra read
     n, gamma, confidences = int(accepted[0]), len(drafted), sure or draft.confidences
     p_tokens: list[float | None] = [*p_drafts_read[:n], *p_emitted_read]
-    refused = (logits, p) if n < gamma else None
-    laws = TokenLaws(p_tokens, [*confidences[:n], None], confidences, refused)
-    tokens = ints(drafted)[:n] + [int(emitted[0])]
-    origins = [Origin.DRAFTED] * n + [_last_origin(n, gamma)]
-    return StepResult(tokens, origins, Judged(gamma, n, ints(drafted)[n:]), draft, TargetCost(seconds, fed), laws)
+    odds = token_odds(p_tokens, [*confidences[:n], None], n, sampling.is_greedy)
+    return StepResult(
+        ints(drafted)[:n] + [int(emitted[0])],
+        [Origin.DRAFTED] * n + [_last_origin(n, gamma)],
+        odds,
+        drafted=gamma,
+        accepted=n,
+        rejected=ints(drafted)[n:],
+        draft=draft,
+        target_seconds=seconds,
+        target_fed=fed,
+        confidences=confidences,
+        refused_rows=(logits, p) if n < gamma else None,
+    )
 
 
 def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig, generator: torch.Generator) -> StepResult:
@@ -149,17 +148,17 @@ def drafter_step(drafter: Drafter, ids: list[int], sampling: SamplingConfig, gen
     unread = draft.sure[:1] if draft.sure is not None and not draft.confidences else draft.tokens[:0]
     (token,), sure = read_back(draft.tokens[:1], unread)
     confidences = sure or draft.confidences
-    laws = TokenLaws([None], [*confidences[:1]], confidences)
-    return StepResult([int(token)], [Origin.DRAFTER], draft=draft, laws=laws)
+    odds = [Odds(None, confidences[0] if confidences else None)]
+    return StepResult([int(token)], [Origin.DRAFTER], odds, draft=draft, confidences=confidences)
 
 
 def _score(
-    target: Model, cache: Cache, ids: list[int], drafts: torch.Tensor, vocab_size: int
+    target: Model, cache: KVCache, ids: list[int], drafts: torch.Tensor, vocab_size: int
 ) -> tuple[torch.Tensor, int]:
     """The target's logits [drafted+1, vocab] for the pending token and each draft, and how many tokens it was fed:
     a prompt's tokens not yet in the cache first, in a forward of their own (the same whether drafts follow or not)."""
     device = model_io.input_device(target)
-    pending = torch.tensor([ids[model_io.cache_length(cache) :]], dtype=torch.long, device=device)
+    pending = torch.tensor([ids[model_io.kv_length(cache) :]], dtype=torch.long, device=device)
     if pending.shape[1] > 1:
         model_io.forward_tensor(target, cache, pending[:, :-1], keep=1)
     feed = torch.cat([pending[:, -1:], drafts.view(1, -1)], dim=1)  # [1, 1 + drafted]

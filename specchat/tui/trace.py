@@ -49,9 +49,9 @@ def record_lines(reply: int, record: ReplyRecord, tokenizer) -> Iterator[dict]:
             "text": token.text,
             "origin": token.origin.value,
             "source": token.source or None,
-            "p": token.p,
-            "q": token.q,
-            "accept_p": token.accept_p,
+            "p": token.odds.p,
+            "q": token.odds.q,
+            "accept_p": token.odds.accept_p,
         }
 
 

@@ -7,7 +7,7 @@ policy see): /gamma 0-16 or auto, /mode spec|target|drafter, /greedy, /sample, /
 /reset, /system TEXT, /compare on|off|drafter, /max, the drafter options (/set speculation.
 prompt_lookup, drafter_vocab, draft_confidence), a rejected command (a bad value must change nothing),
 or a new user turn (5 of every 18 steps). Two sessions of STEPS = 130 steps each, 260 steps in all:
-seed 4 on transformers' forward and DynamicCache, seed 8 on the lean forward and LeanCache (what the
+seed 4 on transformers' forward and DynamicCache, seed 8 on the lean forward and LeanKVCache (what the
 chat runs), on the tiny float32 models of conftest, with auto gamma that really drafts
 (CheapDrafterGamma), <|im_end|> as the stop token and a context limit small enough that old turns
 get dropped.
@@ -62,7 +62,7 @@ from conftest import CheapDrafterGamma, make_engine
 from specchat.config import AUTO, Config, SamplingConfig
 from specchat.loading.models import LoadedPair, ModelFacts
 from specchat.runtime import lean
-from specchat.runtime.lean import LeanCache
+from specchat.runtime.lean import LeanKVCache
 from specchat.session.chat import ChatSession, Notice
 from specchat.session.compare import Comparer, CompareReport
 from specchat.speculative import model_io
@@ -116,7 +116,7 @@ ROUND = sum(ACTIONS.values())
 # ----- cache inspection ---------------------------------------------------------------------------
 def kv_rows(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the keys and values the cache holds: ([kv_heads, n, head_dim], same)."""
-    if isinstance(cache, LeanCache):
+    if isinstance(cache, LeanKVCache):
         n = cache.length
         return [(k[:, :n], v[:, :n]) for k, v in zip(cache.keys, cache.values)]
     return [(layer.keys[0], layer.values[0]) for layer in cache.inner.layers if layer.is_initialized]
@@ -124,13 +124,13 @@ def kv_rows(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def assert_cache_holds_prefix(model, cache, ids: list[int], who: str) -> None:
     """The cache holds the keys and values of exactly ids[:n], n = its length, and n <= len(ids) - 1."""
-    n = model_io.cache_length(cache)
+    n = model_io.kv_length(cache)
     assert n <= max(len(ids) - 1, 0), f"{who}'s cache holds {n} tokens, more than committed-1 = {len(ids) - 1}"
     rows = kv_rows(cache)
     assert all(k.shape[1] == v.shape[1] == n for k, v in rows), f"{who}'s layers disagree on the length"
     if n == 0:
         return
-    fresh = model_io.new_cache(model)
+    fresh = model_io.new_kv_cache(model)
     model_io.forward(model, fresh, ids[:n], keep=1)
     for (k, v), (fk, fv) in zip(rows, kv_rows(fresh), strict=True):
         torch.testing.assert_close(k, fk, atol=1e-4, rtol=1e-4, msg=lambda m: f"{who}'s keys are stale: {m}")
@@ -138,9 +138,9 @@ def assert_cache_holds_prefix(model, cache, ids: list[int], who: str) -> None:
 
 
 def assert_engine_consistent(engine, target, drafter_model) -> None:
-    assert_cache_holds_prefix(target, engine.cache, engine.ids, "the target")
+    assert_cache_holds_prefix(target, engine.conversation.kv, engine.ids, "the target")
     if engine.drafter is not None:
-        assert_cache_holds_prefix(drafter_model, engine.drafter.cache, engine.ids, "the drafter")
+        assert_cache_holds_prefix(drafter_model, engine.drafter.kv, engine.ids, "the drafter")
 
 
 # ----- the churn ----------------------------------------------------------------------------------

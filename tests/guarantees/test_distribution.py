@@ -26,7 +26,8 @@ import pytest
 import torch
 from conftest import CheapDrafterGamma, make_engine, prompt_ids, reference_probs
 
-import specchat.speculative.engine
+import specchat.speculative.conversation
+import specchat.speculative.reply
 import specchat.speculative.step
 from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.speculative.events import ReplyEnd
@@ -479,7 +480,7 @@ def forward_numbering_from_zero(model, cache, new_ids, keep):
     prompt read after a reused prefix gets the positions of the conversation's start)."""
     from specchat.runtime import lean
 
-    if isinstance(cache, lean.LeanCache):
+    if isinstance(cache, lean.LeanKVCache):
         raise NotImplementedError("the mutant is written for transformers' cache")
     positions = torch.arange(len(new_ids)).unsqueeze(0)
     out = model(
@@ -501,7 +502,7 @@ def prompt_read_at_the_wrong_positions(setting, target, similar_drafter_model, t
 
     ids, _ = setting
     mutant = types.SimpleNamespace(**{**vars(model_io), "forward": forward_numbering_from_zero})
-    monkeypatch.setattr(specchat.speculative.engine, "model_io", mutant)  # the engine's prompt reading only
+    monkeypatch.setattr(specchat.speculative.conversation, "model_io", mutant)  # the prompt's reading only
     engine = make_engine(target, similar_drafter_model, tokenizer)
     reply, second = follow_up_replies(engine, ids, " over the lazy", tokenizer)
     counts = empirical_first_two(reply, 3, runs)
@@ -534,12 +535,12 @@ def drafter_ignoring_the_sampling_settings(
 ) -> float:
     """Drafter-only replies drawn from the drafter's plain softmax (temperature 1, no top-k or top-p)."""
     ids, _ = setting
-    real_drafter_step = specchat.speculative.engine.drafter_step
+    real_drafter_step = specchat.speculative.reply.drafter_step
 
     def plain_drafter_step(drafter, committed, sampling, generator):
         return real_drafter_step(drafter, committed, SamplingConfig(temperature=1.0, seed=sampling.seed), generator)
 
-    monkeypatch.setattr(specchat.speculative.engine, "drafter_step", plain_drafter_step)
+    monkeypatch.setattr(specchat.speculative.reply, "drafter_step", plain_drafter_step)
     engine = make_engine(target, unrelated_drafter_model, tokenizer)
     counts = sampled(engine_replies(engine, ids, 3, mode="drafter"), runs, 2)
     return check(exact_first_two(unrelated_drafter_model, ids, SAMPLING), counts, f"mutant: plain drafter, {runs} runs")

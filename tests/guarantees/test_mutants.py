@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import hf_greedy, make_engine, prompt_ids
 
+import specchat.speculative.conversation
 import specchat.speculative.drafters.model
-import specchat.speculative.engine
 import specchat.speculative.step
 from specchat.config import SamplingConfig, SpeculationConfig
 from specchat.speculative import model_io
@@ -110,7 +110,7 @@ def _shifted_crop(shift: int):
     """A stand-in for `module.model_io` whose crop_to keeps `shift` more tokens than asked (when it can)."""
 
     def crop_to(cache, length):
-        model_io.crop_to(cache, min(model_io.cache_length(cache), length + shift))
+        model_io.crop_to(cache, min(model_io.kv_length(cache), length + shift))
 
     return types.SimpleNamespace(**{**vars(model_io), "crop_to": crop_to})
 
@@ -118,7 +118,7 @@ def _shifted_crop(shift: int):
 def test_a_target_crop_that_keeps_a_rejected_draft_breaks_exactness(
     target, similar_drafter_model, tokenizer, monkeypatch
 ):
-    monkeypatch.setattr(specchat.speculative.engine, "model_io", _shifted_crop(1))
+    monkeypatch.setattr(specchat.speculative.conversation, "model_io", _shifted_crop(1))
     assert not greedy_is_exact(target, similar_drafter_model, tokenizer)
 
 

@@ -269,7 +269,7 @@ def test_the_tiles_hold_the_weights_a_row_after_a_row_held(kernel):
 
 @pytest.mark.parametrize("path", [name for name in PATHS if name != "portable"])
 def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, tokenizer, path):
-    from specchat.runtime.lean import LeanCache, LeanForward
+    from specchat.runtime.lean import LeanForward, LeanKVCache
 
     path_or_skip(kernel, path)
     model = build_model(len(tokenizer), seed=4, layers=2, hidden=256)
@@ -279,7 +279,7 @@ def test_the_compiled_decoder_layers_give_the_portable_paths_logits(kernel, toke
     ids = torch.tensor([list(range(5, 45))])
 
     def logits(name: str) -> list[torch.Tensor]:
-        cache = LeanCache(lean)
+        cache = LeanKVCache(lean)
         with on_path(kernel, name):
             return [lean(cache, ids[:, :35], keep=35), lean(cache, ids[:, 35:40], keep=5)]
 
@@ -293,7 +293,7 @@ def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, to
     from model_files import tiny_model
 
     from specchat.kernels import build as kernels
-    from specchat.runtime.lean import LeanCache, LeanForward
+    from specchat.runtime.lean import LeanForward, LeanKVCache
 
     if "avx2" not in kernel.kernel_paths():
         pytest.skip("the AVX2 build needs AVX2 and FMA, which this CPU lacks")
@@ -320,7 +320,7 @@ def test_the_layer_loop_built_without_avx2_gives_the_avx2_builds_bits(kernel, to
             lean = LeanForward(model, module.LeanLayers)
             assert lean.native_reason == ""
             with on_path(kernel, "portable"), on_path(plain, "portable"):
-                outputs.append(lean(LeanCache(lean), ids, keep=25))
+                outputs.append(lean(LeanKVCache(lean), ids, keep=25))
         assert torch.equal(*outputs), model.config.model_type
 
 

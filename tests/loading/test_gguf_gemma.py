@@ -48,7 +48,7 @@ def test_an_unquantized_gemma_file_runs_lean_with_the_logits_it_was_written_with
     pair = default_pair(target, drafter, "target.quantization=none", "target.dtype=float32")
     assert pair.target_facts.backend == "lean"
     ids = tok.encode("def reverse(lst):\n    return lst[::-1]\n")
-    ours = model_io.forward(pair.target, model_io.new_cache(pair.target), ids, keep=len(ids))
+    ours = model_io.forward(pair.target, model_io.new_kv_cache(pair.target), ids, keep=len(ids))
     assert len(ids) > 8 and torch.allclose(ours, logits(original, tok, tok.decode(ids))[0], atol=1e-4, rtol=0)
 
 
@@ -81,7 +81,7 @@ def test_a_gemma3_files_linear_rope_scaling_reaches_its_global_layers(tmp_path, 
     assert pair.target.config.rope_parameters["full_attention"]["factor"] == 8.0
     assert pair.target.config.layer_types[-1] == "full_attention" and pair.target_facts.backend == "lean"
     ids = tok.encode("def reverse(lst):\n    return lst[::-1]\n")
-    ours = model_io.forward(pair.target, model_io.new_cache(pair.target), ids, keep=len(ids))
+    ours = model_io.forward(pair.target, model_io.new_kv_cache(pair.target), ids, keep=len(ids))
     assert torch.allclose(ours, logits(models[0], tok, tok.decode(ids))[0], atol=1e-4, rtol=0)
 
 

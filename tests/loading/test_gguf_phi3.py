@@ -43,7 +43,7 @@ def test_a_phi3_file_unquantized_runs_lean_with_the_logits_of_the_model_it_was_w
     assert pair.target_facts.backend == "lean"
     ids = torch.tensor([prompt_ids(tok)])
     with torch.inference_mode():
-        ours = model_io.forward(pair.target, model_io.new_cache(pair.target), ids[0].tolist(), keep=ids.shape[1])
+        ours = model_io.forward(pair.target, model_io.new_kv_cache(pair.target), ids[0].tolist(), keep=ids.shape[1])
     assert torch.allclose(ours, logits(original, tok, tok.decode(ids[0]))[0], atol=1e-4, rtol=0)
     assert greedy_reply(pair, "spec", ids[0].tolist()) == greedy_reply(pair, "target", ids[0].tolist())
 

@@ -154,7 +154,7 @@ def test_layers_packed_as_one_matrix_give_bitwise_the_logits_of_layers_packed_ap
     for model in (packed_together, packed_apart):
         if lean:
             assert lean.attach_lean(model) == ""
-        cache = model_io.new_cache(model)
+        cache = model_io.new_kv_cache(model)
         logits.append(
             torch.cat(
                 [

@@ -99,7 +99,9 @@ def test_other_architectures_keep_transformers_forward_and_name_what_they_need(n
     model, need = built(name), lacked[1]
     reason = lean.attach_lean(model)
     assert need in reason and type(model).__name__ in reason and "the lean forward lacks" in reason
-    assert not hasattr(model, model_io.RUNNER) and isinstance(model_io.new_cache(model), model_io.TransformersCache)
+    assert not hasattr(model, model_io.RUNNER) and isinstance(
+        model_io.new_kv_cache(model), model_io.TransformersKVCache
+    )
 
 
 def test_needs_come_from_the_table_and_from_the_config():

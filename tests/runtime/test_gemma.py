@@ -17,7 +17,7 @@ from test_lean_native import assert_near_the_python_loop, run_steps, w4a8
 from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
 from specchat.runtime.attention import use_batch_invariant_attention
-from specchat.runtime.lean import LeanCache, LeanForward
+from specchat.runtime.lean import LeanForward, LeanKVCache
 from specchat.speculative import model_io
 
 WINDOW = 8
@@ -173,7 +173,7 @@ def test_the_compiled_gemma_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel
     before and past the window, after a rollback."""
     lean = LeanForward(w4a8_gemma(architecture, kernel), kernel.LeanLayers, "bfloat16")
     for prompt in (3, 30):
-        batched, single = LeanCache(lean), LeanCache(lean)
+        batched, single = LeanKVCache(lean), LeanKVCache(lean)
         for cache in (batched, single):
             lean(cache, torch.tensor([IDS[: prompt + 3]]), keep=1)
             cache.crop_to(prompt)

@@ -15,7 +15,7 @@ from specchat.config import AUTO, SamplingConfig
 from specchat.quant.w8a8 import quantize_w8a8
 from specchat.runtime import lean
 from specchat.runtime.attention import use_batch_invariant_attention
-from specchat.runtime.lean import LeanCache
+from specchat.runtime.lean import LeanKVCache
 from specchat.speculative import model_io
 
 TEXT = "def reverse(lst):\n    return lst[::-1]\n" * 4
@@ -31,7 +31,7 @@ def lean_copy(model):
 def logits_in_pieces(model, ids: list[int], prefix: int, pieces: list[int], crop_first: int = 0):
     """Logits of ids[prefix:] fed in pieces after the prefix, through model_io (lean or not); with
     crop_first, `crop_first` tokens are fed and cropped back to the prefix first (a rejected draft)."""
-    cache = model_io.new_cache(model)
+    cache = model_io.new_kv_cache(model)
     model_io.forward(model, cache, ids[:prefix], keep=1)
     if crop_first:
         model_io.forward(model, cache, ids[prefix : prefix + crop_first][::-1], keep=1)
@@ -54,13 +54,13 @@ def test_lean_logits_match_transformers_in_float32(target, tokenizer):
 
 def test_the_lean_cache_is_static_and_rolls_back_by_moving_a_length(target, tokenizer):
     model = lean_copy(target)
-    cache = model_io.new_cache(model)
-    assert isinstance(cache, LeanCache) and not isinstance(target_cache := model_io.new_cache(target), LeanCache)
-    assert isinstance(target_cache, model_io.TransformersCache)
+    cache = model_io.new_kv_cache(model)
+    assert isinstance(cache, LeanKVCache) and not isinstance(target_cache := model_io.new_kv_cache(target), LeanKVCache)
+    assert isinstance(target_cache, model_io.TransformersKVCache)
     model_io.forward(model, cache, prompt_ids(tokenizer, TEXT)[:30], keep=1)
     keys = cache.keys[0]
     model_io.crop_to(cache, 12)
-    assert model_io.cache_length(cache) == 12 and cache.keys[0] is keys  # no copy, no reallocation
+    assert model_io.kv_length(cache) == 12 and cache.keys[0] is keys  # no copy, no reallocation
     with pytest.raises(ValueError):
         model_io.crop_to(cache, 13)
 
@@ -159,4 +159,4 @@ def test_other_architectures_keep_the_transformers_forward():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2)).eval()
     reason = lean.attach_lean(model)
     assert "GPT2LMHeadModel" in reason and not hasattr(model, model_io.RUNNER)
-    assert isinstance(model_io.new_cache(model), model_io.TransformersCache)
+    assert isinstance(model_io.new_kv_cache(model), model_io.TransformersKVCache)

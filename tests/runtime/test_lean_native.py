@@ -17,7 +17,7 @@ from specchat.config import AUTO
 from specchat.quant.q4_block import Q4Block
 from specchat.quant.w4a8 import quantize_w4a8
 from specchat.runtime import lean
-from specchat.runtime.lean import LeanCache, LeanForward
+from specchat.runtime.lean import LeanForward, LeanKVCache
 from specchat.speculative import model_io
 
 
@@ -57,7 +57,7 @@ def w4a8(model, kernel, finer: tuple[str, ...] = ()):
 def run_steps(lean: LeanForward, ids: list[int]) -> list[torch.Tensor]:
     """A prompt fed at once, three one-token steps, a verification of five, a rollback of three and
     a step after it: every forward's logits."""
-    cache, outputs = LeanCache(lean), []
+    cache, outputs = LeanKVCache(lean), []
     outputs.append(lean(cache, torch.tensor([ids[:20]]), keep=20))
     for token in ids[20:23]:
         outputs.append(lean(cache, torch.tensor([[token]]), keep=1))
@@ -131,7 +131,7 @@ def test_a_float16_kv_cache_stores_values_past_its_range_as_its_largest(kernel, 
         for layer in model.model.layers:
             layer.self_attn.k_proj.weight.mul_(30000.0)
     lean_forward = LeanForward(w4a8(model, kernel), kernel.LeanLayers, kv_cache="float16")
-    cache = LeanCache(lean_forward)
+    cache = LeanKVCache(lean_forward)
     logits = lean_forward(cache, torch.tensor([list(range(5, 25))]), keep=20)
     keys = torch.stack([k[:, :20].float() for k in cache.keys])
     assert keys.isfinite().all() and keys.abs().max() == 65504.0
@@ -160,7 +160,7 @@ def test_a_16_bit_kv_cache_stays_close_to_the_float32_one_in_half_the_bytes(kern
         )
     top_1 = torch.cat([a.argmax(-1) == b.argmax(-1) for a, b in zip(rounded, exact)])
     assert top_1.float().mean() >= 0.85  # near-ties flip: seeds 1-8 of the unfused qwen2 gave 0.867 to 1
-    caches = [LeanCache(forward) for forward in (half, full)]
+    caches = [LeanKVCache(forward) for forward in (half, full)]
     for forward, cache in zip((half, full), caches):
         forward(cache, torch.tensor([ids[:5]]), keep=1)
     assert caches[0].nbytes * 2 == caches[1].nbytes
@@ -176,7 +176,7 @@ def test_the_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel, toke
     lean = LeanForward(w4a8(tiny_model(build, len(tokenizer)), kernel, finer), kernel.LeanLayers, kv_cache)
     ids = torch.randint(3, len(tokenizer), (40,), generator=torch.Generator().manual_seed(1)).tolist()
     for prompt in (7, 30):
-        batched, single = LeanCache(lean), LeanCache(lean)
+        batched, single = LeanKVCache(lean), LeanKVCache(lean)
         for cache in (batched, single):
             lean(cache, torch.tensor([ids[: prompt + 3]]), keep=1)
             cache.crop_to(prompt)  # a rollback: the next rows overwrite cached ones
@@ -195,7 +195,7 @@ def test_rows_kept_across_a_prompts_pieces_are_each_normed_once(kernel, tokenize
     monkeypatch.setattr(model_io, "PREFILL_CHUNK", 8)
     lean = LeanForward(w4a8(tiny_model("qwen2", len(tokenizer)), kernel), kernel.LeanLayers if compiled else None)
     ids = torch.randint(3, len(tokenizer), (10,), generator=torch.Generator().manual_seed(2))[None]
-    after, at_once = LeanCache(lean), LeanCache(lean)
+    after, at_once = LeanKVCache(lean), LeanKVCache(lean)
     lean(after, ids[:, :6], keep=1)
     expected, kept = lean(after, ids[:, 6:], keep=4), lean(at_once, ids, keep=4)
     assert kept.shape == expected.shape and torch.allclose(kept, expected, atol=1e-4)
@@ -206,7 +206,7 @@ def test_the_compiled_layers_run_instead_of_the_python_loop(kernel, tokenizer, m
     model = w4a8(build_model(len(tokenizer), seed=3, layers=2, hidden=256), kernel)
     lean = LeanForward(model, kernel.LeanLayers)
     monkeypatch.setattr(LeanForward, "_layer", lambda *args: pytest.fail("the Python loop ran"))
-    logits = lean(LeanCache(lean), torch.tensor([[5, 6, 7]]), keep=1)
+    logits = lean(LeanKVCache(lean), torch.tensor([[5, 6, 7]]), keep=1)
     assert logits.shape == (1, model.config.vocab_size) and len(lean.native_loop()) == 2
 
 
@@ -232,12 +232,12 @@ def test_a_copied_model_builds_compiled_layers_over_its_own_weights(kernel, toke
     model = w4a8(build_model(len(tokenizer), seed=3, layers=1, hidden=256), kernel)
     assert lean.attach_lean(model, kernel.LeanLayers) == ""
     ids = [5, 6, 7, 8]
-    before = model_io.forward(model, model_io.new_cache(model), ids, keep=1)
+    before = model_io.forward(model, model_io.new_kv_cache(model), ids, keep=1)
     copied = copy.deepcopy(model)
     copied.model.layers[0].mlp.down_proj.tiles.d.mul_(2.0)  # the copy's own weights, changed
-    after = model_io.forward(copied, model_io.new_cache(copied), ids, keep=1)
+    after = model_io.forward(copied, model_io.new_kv_cache(copied), ids, keep=1)
     assert not torch.equal(before, after)
-    assert torch.equal(before, model_io.forward(model, model_io.new_cache(model), ids, keep=1))
+    assert torch.equal(before, model_io.forward(model, model_io.new_kv_cache(model), ids, keep=1))
 
 
 @pytest.mark.parametrize("gamma", [1, 4, AUTO])
@@ -253,7 +253,7 @@ def test_greedy_speculative_equals_target_only_on_the_compiled_layers(tokenizer,
 def test_part_times_add_up_within_the_whole(kernel, tokenizer):
     model = w4a8(build_model(len(tokenizer), seed=3, layers=2, hidden=256), kernel)
     lean = LeanForward(model, kernel.LeanLayers)
-    cache = LeanCache(lean)
+    cache = LeanKVCache(lean)
     lean(cache, torch.tensor([[5, 6, 7]]), keep=1)
     lean.native_loop().time_parts(True)
     lean(cache, torch.tensor([[8]]), keep=1)

@@ -15,7 +15,7 @@ from test_lean import logits_in_pieces
 from test_lean_native import assert_near_the_python_loop, run_steps, w4a8
 
 from specchat.runtime import fused, lean
-from specchat.runtime.lean import LeanCache, LeanForward
+from specchat.runtime.lean import LeanForward, LeanKVCache
 from specchat.speculative import model_io
 
 VOCAB = 384
@@ -80,7 +80,7 @@ def test_phi3s_compiled_layers_give_the_python_loops_logits_within_rounding(kern
 
 def test_phi3s_compiled_layers_give_a_row_bitwise_alone_or_in_a_batch(kernel):
     forward = LeanForward(w4a8(phi3(**WIDE), kernel), kernel.LeanLayers)
-    batched, single = LeanCache(forward), LeanCache(forward)
+    batched, single = LeanKVCache(forward), LeanKVCache(forward)
     for cache in (batched, single):
         forward(cache, torch.tensor([IDS[:33]]), keep=1)
         cache.crop_to(30)  # a rollback: the next rows overwrite cached ones
@@ -133,7 +133,8 @@ def test_a_phi3_rotating_part_of_each_head_runs_lean_and_keeps_the_python_loop(k
     forward = LeanForward(model, kernel.LeanLayers)
     assert forward.native_reason == "phi3 needs rotary over part of a head, which the compiled layer loop lacks"
     assert (
-        forward.native_loop() is None and forward(LeanCache(forward), torch.tensor([IDS[:5]]), keep=1).isfinite().all()
+        forward.native_loop() is None
+        and forward(LeanKVCache(forward), torch.tensor([IDS[:5]]), keep=1).isfinite().all()
     )
 
 

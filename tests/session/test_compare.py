@@ -66,14 +66,14 @@ def test_sampled_compare_uses_the_same_seed(target, similar_drafter_model, token
 
 
 def test_with_a_random_seed_the_rerun_uses_the_replys_own_seed(target, similar_drafter_model, tokenizer, monkeypatch):
-    import specchat.speculative.engine
+    import specchat.speculative.reply
 
     session, _ = session_with_compare(target, similar_drafter_model, tokenizer, temperature=0.9)
     session.config = with_value(session.config, "sampling.seed", RANDOM)
     seeds = []
-    real = specchat.speculative.engine.make_generator
+    real = specchat.speculative.reply.make_generator
     monkeypatch.setattr(
-        specchat.speculative.engine, "make_generator", lambda seed, device: seeds.append(seed) or real(seed, device)
+        specchat.speculative.reply, "make_generator", lambda seed, device: seeds.append(seed) or real(seed, device)
     )
     events = list(session.reply("The quick brown"))
     [report] = reports(events)

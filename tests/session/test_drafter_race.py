@@ -19,7 +19,7 @@ from specchat.session.drafter_race import (
     winner,
 )
 from specchat.speculative.metrics import ReplyStats
-from specchat.speculative.model_io import cache_length
+from specchat.speculative.model_io import kv_length
 from specchat.tui.commands import build_registry
 from specchat.tui.compare_view import RaceSubject, race_view
 from specchat.tui.render import make_console
@@ -65,7 +65,7 @@ def test_the_race_runs_each_drafter_three_times_and_leaves_the_chat_untouched(ta
     before = (
         list(session.messages),
         list(engine.ids),
-        cache_length(engine.cache),
+        kv_length(engine.conversation.kv),
         engine.drafter.seen,
         len(session.records),
         session.config,
@@ -97,7 +97,7 @@ def test_the_race_runs_each_drafter_three_times_and_leaves_the_chat_untouched(ta
     after = (
         list(session.messages),
         list(engine.ids),
-        cache_length(engine.cache),
+        kv_length(engine.conversation.kv),
         engine.drafter.seen,
         len(session.records),
         session.config,

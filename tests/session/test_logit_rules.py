@@ -241,9 +241,9 @@ def test_a_drafter_under_json_mode_drafts_only_what_the_grammar_allows(
     target, similar_drafter_model, tokenizer, prompt, monkeypatch
 ):
     assert grammar_refused_drafts(target, similar_drafter_model, tokenizer, prompt) == 0
-    import specchat.speculative.engine
+    import specchat.speculative.reply
 
-    monkeypatch.setattr(specchat.speculative.engine, "for_drafts", lambda constraint: None)  # q left unmasked
+    monkeypatch.setattr(specchat.speculative.reply, "for_drafts", lambda constraint: None)  # q left unmasked
     assert grammar_refused_drafts(target, similar_drafter_model, tokenizer, prompt) > 0
 
 

@@ -55,9 +55,9 @@ def test_reported_p_and_q_are_the_models_probabilities_there(target, similar_dra
     assert record.rejections and any(t.origin == Origin.DRAFTED for t in record.tokens)
     for token in record.tokens:
         prefix = prefixes[(token.step, token.position)]
-        assert token.p == pytest.approx(law(target, prefix, sampling).get(token.id, 0.0), abs=1e-4)
+        assert token.odds.p == pytest.approx(law(target, prefix, sampling).get(token.id, 0.0), abs=1e-4)
         if token.origin == Origin.DRAFTED:
-            assert token.q == pytest.approx(law(similar_drafter_model, prefix, sampling)[token.id], abs=1e-4)
+            assert token.odds.q == pytest.approx(law(similar_drafter_model, prefix, sampling)[token.id], abs=1e-4)
     for r in record.rejections:
         prefix = prefixes[(r.step, r.position)]  # the corrected token sits where the refused draft was
         target_law, drafter_law = law(target, prefix, sampling), law(similar_drafter_model, prefix, sampling)
@@ -74,7 +74,7 @@ def test_greedy_rule_agrees_with_the_verifier(target, similar_drafter_model, tok
     prefixes = positions(session, record)
     for token in record.tokens:
         if token.origin == Origin.DRAFTED:
-            assert token.accept_p == 1.0
+            assert token.odds.accept_p == 1.0
     for r in record.rejections:
         with torch.no_grad():
             logits = target(torch.tensor([prefixes[(r.step, r.position)]])).logits[0, -1]
@@ -91,7 +91,7 @@ def test_sampled_acceptance_probabilities_add_up_to_the_accepted_drafts(target, 
         session.reset()
         session.config = with_value(session.config, "sampling.seed", turn)
         record = answer(session, f"story number {turn}")
-        drafted = [t.accept_p for t in record.tokens if t.origin == Origin.DRAFTED]
+        drafted = [t.odds.accept_p for t in record.tokens if t.origin == Origin.DRAFTED]
         judged += drafted + [r.accept_p for r in record.rejections]
         accepted += len(drafted)
         assert all(0.0 < a <= 1.0 for a in drafted)

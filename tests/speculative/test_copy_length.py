@@ -13,7 +13,7 @@ from specchat.speculative.drafters.base import Draft
 from specchat.speculative.drafters.lookup import match_start
 from specchat.speculative.engine import run_to_end
 from specchat.speculative.gamma import AutoGamma
-from specchat.speculative.step import Judged, StepResult, TargetCost
+from specchat.speculative.step import StepResult
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=48)
 
@@ -55,7 +55,7 @@ def test_auto_gamma_plans_copies_while_the_model_drafter_does_not_pay():
     assert all(plan.copy >= 4 for plan in plans) and [plan.gamma for plan in plans].count(0) == 7
     copy = Draft(torch.tensor([1, 2, 3, 4]), None, [], [1.0] * 4, source="lookup")
     before = policy.alpha
-    policy.observe_step(StepResult([1, 2, 3, 4, 5], [], Judged(4, 4), draft=copy))
+    policy.observe_step(StepResult([1, 2, 3, 4, 5], [], drafted=4, accepted=4, draft=copy))
     assert policy.copies.copies == 1 and policy.alpha == before
 
 
@@ -100,9 +100,13 @@ def test_long_copies_price_the_copies_rows_but_not_the_model_drafts():
     model = Draft(torch.tensor([1, 2, 3, 4]), None, [], [0.9] * 4)
     copy = Draft(torch.tensor(list(range(32))), None, [], [1.0] * 32, source="lookup")
     for _ in range(6):
-        policy.observe_step(StepResult([1], [], Judged(), None, TargetCost(0.020, 1)))
-        policy.observe_step(StepResult([1, 2, 3, 4, 5], [], Judged(4, 4), model, TargetCost(0.024, 5)))
-        policy.observe_step(StepResult(list(range(33)), [], Judged(32, 32), copy, TargetCost(0.110, 33)))
+        policy.observe_step(StepResult([1], [], target_seconds=0.020, target_fed=1))
+        policy.observe_step(
+            StepResult([1, 2, 3, 4, 5], [], drafted=4, accepted=4, draft=model, target_seconds=0.024, target_fed=5)
+        )
+        policy.observe_step(
+            StepResult(list(range(33)), [], drafted=32, accepted=32, draft=copy, target_seconds=0.110, target_fed=33)
+        )
     one_row, per_row = policy.target_rows.fit()
     assert per_row == pytest.approx(0.001) and one_row == pytest.approx(0.020)
     assert policy.row_cost == pytest.approx(policy.copy_rows.fit()[1] / policy.copy_rows.fit()[0])

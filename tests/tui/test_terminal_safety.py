@@ -21,7 +21,7 @@ from specchat.safe_text import json_text, visible
 from specchat.session.chat import ChatSession
 from specchat.session.compare import CompareReport, Divergence, Run
 from specchat.speculative.events import Origin, Rejected
-from specchat.speculative.insight import RefusedOdds, Rejection
+from specchat.speculative.insight import Rejection
 from specchat.speculative.metrics import ReplyStats
 from specchat.tui.cli import run_once
 from specchat.tui.commands import build_registry
@@ -68,8 +68,12 @@ def rejection() -> Rejection:
         position=0,
         drafted=0,
         emitted=2,
-        odds=RefusedOdds(p=0.1, q=0.9, accept_p=None, margin=0.5),
-        tops=(ranked, ranked),
+        p=0.1,
+        q=0.9,
+        accept_p=None,
+        margin=0.5,
+        target_top=ranked,
+        drafter_top=ranked,
     )
 
 

@@ -48,7 +48,7 @@ class ModelDrafter:
         self.vocab_size = vocab_size  # the tokenizer's real vocabulary; padded logits are ignored
         # ids it scores: fewer than vocab_size where the target's vocabulary is padded wider (ids past it never drafted)
         self.width = min(vocab_size, head_width(model.get_output_embeddings()))
-        self.cache = model_io.new_cache(model)
+        self.kv = model_io.new_kv_cache(model)
         self.device = model_io.input_device(model)
         self.guesser: Guesser = PromptLookup() if view.lookup else NoGuess()  # checked in the same forward
         self.gap = ContextGap()
@@ -60,7 +60,7 @@ class ModelDrafter:
         return ModelDrafter(self.model, self.vocab_size, self.sampler, view)
 
     def reset(self) -> None:
-        self.cache = model_io.new_cache(self.model)
+        self.kv = model_io.new_kv_cache(self.model)
         self.gap = ContextGap()
         self.history = []
         self._vocab = None
@@ -79,7 +79,7 @@ class ModelDrafter:
     @property
     def cached(self) -> int:
         """Tokens in the cache."""
-        return model_io.cache_length(self.cache)
+        return model_io.kv_length(self.kv)
 
     @property
     def seen(self) -> int:
@@ -93,7 +93,7 @@ class ModelDrafter:
 
     def crop(self, keep: int) -> None:
         """Keep at most the first `keep` committed ids in the cache (what agrees with the committed sequence)."""
-        model_io.crop_to(self.cache, self.gap.cut(min(self.seen, keep)))
+        model_io.crop_to(self.kv, self.gap.cut(min(self.seen, keep)))
         if self._vocab is not None:
             self._vocab.keep_first(keep)
 
@@ -112,7 +112,7 @@ class ModelDrafter:
 
     def _read(self, ids: list[int]) -> None:
         if ids:
-            model_io.hidden_tensor(self.model, self.cache, self._tensor(ids).view(1, -1), 1)
+            model_io.hidden_tensor(self.model, self.kv, self._tensor(ids).view(1, -1), 1)
 
     def _tensor(self, ids: list[int]) -> torch.Tensor:
         """Committed ids as the drafter reads them, on its device: an id past those it scores (a padded target
@@ -158,7 +158,7 @@ class ModelDrafter:
             if drafting.finished or j == len(guess) or token != guess[j]:
                 used = j
                 break
-        model_io.crop_to(self.cache, before + feed.shape[0] + used)
+        model_io.crop_to(self.kv, before + feed.shape[0] + used)
         drafting.forwards.append((feed.shape[0] + len(guess), clock(self.model) - start))
 
     def _draft_vocab(self, ids: list[int]) -> DraftVocab | None:
@@ -173,10 +173,10 @@ class ModelDrafter:
     def _next_logits(self, step_ids: torch.Tensor, vocab: DraftVocab | None, keep: int) -> torch.Tensor:
         """[keep, width] logits of the last `keep` positions, over the whole vocabulary or a DraftVocab."""
         if vocab is None:
-            logits = model_io.forward_tensor(self.model, self.cache, step_ids, keep=keep)[:, : self.vocab_size]
+            logits = model_io.forward_tensor(self.model, self.kv, step_ids, keep=keep)[:, : self.vocab_size]
             short = self.vocab_size - logits.shape[-1]  # a padded target vocabulary's ids: never drafted
             return torch.nn.functional.pad(logits, (0, short), value=-torch.inf) if short else logits
-        return vocab.logits(model_io.hidden_tensor(self.model, self.cache, step_ids, keep))  # [keep, width]
+        return vocab.logits(model_io.hidden_tensor(self.model, self.kv, step_ids, keep))  # [keep, width]
 
 
 def from_setup(setup: DrafterSetup, _: int | None) -> Drafter:

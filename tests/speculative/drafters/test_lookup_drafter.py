@@ -10,7 +10,7 @@ from conftest import hf_greedy, make_engine, prompt_ids
 from specchat.config import Config, SamplingConfig, SpeculationConfig, drafter_needed
 from specchat.session.chat import ChatError, ChatSession
 from specchat.speculative.events import Origin
-from specchat.speculative.model_io import cache_length
+from specchat.speculative.model_io import kv_length
 from specchat.tui.commands import build_registry
 from specchat.tui.render import stats_line
 from specchat.tui.repl import toolbar_text
@@ -27,7 +27,7 @@ def test_greedy_lookup_speculation_equals_the_target_alone_and_really_drafts(tar
     assert list(done.ids) == hf_greedy(target, ids, 30)
     assert done.stats.drafted > 0 and done.stats.drafter == "lookup"
     drafted = [e for e in events if getattr(e, "origin", None) == Origin.DRAFTED]
-    assert all(token.q == 1.0 for token in drafted)  # a copied token's q is one-hot
+    assert all(token.odds.q == 1.0 for token in drafted)  # a copied token's q is one-hot
     assert "lookup drafter" in stats_line(done.stats)
 
 
@@ -38,10 +38,10 @@ def test_switching_drafters_between_turns_stays_exact(target, similar_drafter_mo
         events = list(engine.stream(conversation, GREEDY, SpeculationConfig(gamma=3, drafter=drafter)))
         done = events[-1]
         assert list(done.ids) == hf_greedy(target, conversation, 30)
-        assert engine.drafter is engine.drafters[drafter]
-        assert cache_length(engine.cache) == len(engine.ids) - 1
+        assert engine.drafter is engine.drafters.built[drafter]
+        assert kv_length(engine.conversation.kv) == len(engine.ids) - 1
         conversation = list(engine.ids) + prompt_ids(tokenizer, " and again")
-    assert engine.drafters["model"].seen <= len(engine.ids) - 1
+    assert engine.drafters.built["model"].seen <= len(engine.ids) - 1
 
 
 def test_without_a_drafter_model_spec_needs_lookup():

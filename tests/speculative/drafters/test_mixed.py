@@ -11,7 +11,7 @@ from specchat.config import AUTO, SamplingConfig, SpeculationConfig
 from specchat.speculative.drafters.base import Draft, DraftPlan
 from specchat.speculative.drafters.mixed import COPY_TOKENS, MixedDrafter
 from specchat.speculative.gamma import AutoGamma
-from specchat.speculative.step import Judged, StepResult
+from specchat.speculative.step import StepResult
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=40)
 PASTED = (
@@ -69,10 +69,10 @@ def test_auto_gamma_learns_no_alpha_from_a_copy():
     policy = AutoGamma()
     before = policy.alpha
     copy = Draft(torch.tensor([1, 2, 3]), None, [], [1.0] * 3, source="lookup")
-    policy.observe_step(StepResult([1, 2, 9], [], Judged(3, 2, [3]), draft=copy))
+    policy.observe_step(StepResult([1, 2, 9], [], drafted=3, accepted=2, rejected=[3], draft=copy))
     assert policy.alpha == before
     model_draft = Draft(torch.tensor([1, 2, 3]), None, [], [1.0] * 3)
-    policy.observe_step(StepResult([1, 2, 9], [], Judged(3, 2, [3]), draft=model_draft))
+    policy.observe_step(StepResult([1, 2, 9], [], drafted=3, accepted=2, rejected=[3], draft=model_draft))
     assert policy.alpha != before
 
 
@@ -81,7 +81,7 @@ def test_greedy_auto_drafting_on_a_pasted_edit_equals_the_target_alone(target, s
     engine = make_engine(target, similar_drafter_model, tokenizer)
     done = list(engine.stream(ids, GREEDY, SpeculationConfig(gamma=AUTO, drafter="auto")))[-1]
     assert list(done.ids) == hf_greedy(target, ids, 40)
-    assert engine.drafter is engine.drafters["auto"]
+    assert engine.drafter is engine.drafters.built["auto"]
     assert 1 <= done.stats.copied_steps < done.stats.draft_steps  # both sources drafted in this reply
 
 

@@ -83,8 +83,10 @@ def test_every_row_builds_from_its_named_constructor(target, similar_drafter_mod
     for kind in drafter_kinds.KINDS:
         name = kind.name + (":1" if kind.argument else "")
         assert engine.drafter_problem(name) is None, name
-        assert engine.drafters[name] is not None
-    assert engine.drafters["model"] is build("model", engine.setup)  # the pair's own drafter, not another
+        assert engine.drafters.built[name] is not None
+    assert engine.drafters.built["model"] is build(
+        "model", engine.drafters.setup
+    )  # the pair's own drafter, not another
 
 
 def test_the_docs_list_every_kind():

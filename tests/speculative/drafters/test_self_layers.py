@@ -9,7 +9,7 @@ import torch
 from conftest import hf_greedy, make_engine, prompt_ids
 
 from specchat.config import ConfigError, SamplingConfig, SpeculationConfig, load_config
-from specchat.runtime.lean import LeanCache, attach_lean
+from specchat.runtime.lean import LeanKVCache, attach_lean
 from specchat.speculative.drafters.self_layers import truncated_model
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=30)
@@ -48,9 +48,9 @@ def test_greedy_self_speculation_equals_the_target_alone(target, tokenizer, n, l
     done = events[-1]
     assert list(done.ids) == hf_greedy(target, ids, 30)
     assert done.stats.drafted > 0 and done.stats.drafter == f"self:{n}"
-    drafter = engine.drafters[f"self:{n}"]
-    assert drafter.cache is not engine.cache and drafter.seen <= len(engine.ids) - 1
-    assert isinstance(drafter.cache, LeanCache) == lean
+    drafter = engine.drafters.built[f"self:{n}"]
+    assert drafter.kv is not engine.conversation.kv and drafter.seen <= len(engine.ids) - 1
+    assert isinstance(drafter.kv, LeanKVCache) == lean
 
 
 def test_a_self_drafter_beyond_the_targets_layers_is_refused(target, tokenizer):

@@ -74,7 +74,7 @@ def test_greedy_text_drafting_equals_the_target_alone_and_its_drafts_are_judged(
     assert list(done.ids) == target_alone(text_target, tok, ids) == hf_greedy(text_target, ids, 40)
     assert 0 < done.stats.accepted < done.stats.drafted
     drafted = [e for e in events if getattr(e, "origin", None) == Origin.DRAFTED]
-    assert drafted and all(token.q == 1.0 and token.source == "text" for token in drafted)  # one-hot, named
+    assert drafted and all(token.odds.q == 1.0 and token.source == "text" for token in drafted)  # one-hot, named
     refused = [e.detail for e in events if isinstance(e, Rejected)]
     assert refused and {source_words(r) for r in refused} == {"by the model as text"}  # what /why says
 
