@@ -40,7 +40,7 @@ PROBES: dict[str, dict[str, tuple[str, ...]]] = {
     "killed and concurrent starts, damaged caches, a killed kernel build": {
         "tests/guarantees/test_cache_faults.py": (),
         "tests/kernels/test_ninja_leash.py": (),
-        "tests/test_cache.py": ("concurrent", "two_starts", "another", "stale", "killed"),
+        "tests/test_cache_folder.py": ("concurrent", "two_starts", "another", "stale", "killed"),
     },
     "bad shapes and values fed to the compiled kernels": {
         "tests/kernels/test_kernel_shape_fuzz.py": (),

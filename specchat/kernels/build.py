@@ -11,13 +11,13 @@ version, the Python ABI and the compiler, so environments sharing a cache never 
 
 A build never waits on a dead builder. torch's load() takes an O_EXCL `lock` file in the build folder on
 every call, and a start killed while holding it (SIGKILL, the OOM killer, a power cut) leaves the file, on
-which every later start would wait for ever. So specchat holds its own build lock (cache.building, an flock
+which every later start would wait for ever. So specchat holds its own build lock (cache_folder.building, an flock
 the kernel drops when its holder dies) around load(), and under it deletes a `lock` file it finds: no other
 specchat builds in this folder then. A finished build gets a stamp (BUILT) that later starts import
 directly, without load(), ninja or the lock: a read-only cache starts too.
 
 The folder's name is predictable, and torch loads whatever `.so` it finds there up to date: only the cache's
-owner may write below its root (cache.cache_dir refuses a root others own or can write), so no other user can
+owner may write below its root (cache_folder.cache_dir refuses a root others own or can write), so no other user can
 plant a module for a start to load.
 """
 
@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from specchat.cache import being_built, building, cache_dir, fsync_one, optional_write, private_dir
+from specchat.cache_folder import being_built, building, cache_dir, fsync_one, optional_write, private_dir
 from specchat.errors import ModelLoadError, one_line
 from specchat.progress import Progress, report
 

@@ -13,7 +13,7 @@ import importlib.metadata
 from dataclasses import dataclass
 from pathlib import Path
 
-from specchat.cache import (
+from specchat.cache_folder import (
     CHUNK,
     DiskError,
     building,
@@ -107,7 +107,7 @@ def _part_path(dist_name: str, index: int) -> Path | None:
 
 
 def bundled_gguf_path(name: str, progress: Progress | None = None) -> Path:
-    """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use (cache.built_once:
+    """The assembled GGUF of a bundled model, assembling and sha256-checking it on first use (cache_folder.built_once:
     under the build lock; a damaged one is said in one notice line and replaced by the rename)."""
     model = bundled_model(name)
     dest = cache_dir() / "gguf" / model.filename
@@ -136,7 +136,7 @@ def _assembly_problem(dest: Path, model: BundledModel, progress: Progress | None
 
 def drop_assembled(name: str) -> bool:
     """Delete a bundled model's assembled GGUF once its w4a8 start no longer reads it: the slim checkpoint
-    and the quantized cache hold all a start needs, and the pip parts stay installed. A later need (a damaged
+    and the stored weights hold all a start needs, and the pip parts stay installed. A later need (a damaged
     cache, another quantization) assembles it again. Saves the cache 1.6 GB for the bundled pair.
     Returns whether a file was deleted."""
     dest = cache_dir() / "gguf" / bundled_model(name).filename
@@ -160,7 +160,7 @@ def _difference(path: Path, model: BundledModel) -> str:
 
 def _assemble_into(tmp: Path, parts: list[Path], dest: Path, model: BundledModel, progress: Progress | None) -> None:
     """Concatenate `parts` into `tmp`, the temporary of `dest`; AssetError unless size and sha256 match, so that
-    nothing half-written or wrong is renamed into place (cache.built_once does that, fsynced)."""
+    nothing half-written or wrong is renamed into place (cache_folder.built_once does that, fsynced)."""
     stamp_path(dest).unlink(missing_ok=True)
     digest, written = _concatenate(parts, tmp, model.size, dest.name, progress)
     if written != model.size or digest != model.sha256:

@@ -1,5 +1,5 @@
-"""What a cached block must look like to replace a layer: each field's dtype and shape, from the layer's
-output rows and input width. The quantized cache checks every block it reads against the model's layers
+"""What a stored block must look like to replace a layer: each field's dtype and shape, from the layer's
+output rows and input width. stored_weights.py checks every block it reads against the model's layers
 before it hands them over: the kernels index with these shapes, so a damaged or hostile file whose hash
 record matches would otherwise reach C++ as reads and writes out of bounds, not as an error."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specchat.cache import remembered_sha256
+from specchat.cache_folder import remembered_sha256
 from specchat.config import W4A8_MODES
 from specchat.errors import ModelLoadError
 from specchat.loading import assets

@@ -2,8 +2,8 @@
 
 1. resolve (plan.py): each model's source, device, dtype and quantization, settled before anything slow;
 2. materialise: the checkpoint (checkpoint.py: a bundled model's GGUF assembled, a GGUF converted, each once and
-   cached), its weights (weights.py), specchat's own quantization (quantize.py, cached), the tokenizer
-   (shared_tokenizer.py), every weight made resident (resident.py);
+   cached), its weights (weights.py), specchat's own quantization (quantize.py, its weights stored once), the
+   tokenizer (shared_tokenizer.py), every weight made resident (resident.py);
 3. attach (attach.py): what runs the model (the lean forward, the compiled layer loop, the w4a8 kernel), labelled.
 
 Sources: `bundled:<name>` (GGUF assembled from pip packages), a `.gguf` file (converted once

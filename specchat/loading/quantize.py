@@ -1,6 +1,6 @@
-"""The last materialise step: specchat's own quantization of loaded weights, cached once quantized.
+"""The last materialise step: specchat's own quantization of loaded weights, stored once quantized.
 
-Weight-only int8, or int8×int8 / 4-bit×int8 with batch-invariant attention (quantized_cache.py keeps the blocks).
+Weight-only int8, or int8×int8 / 4-bit×int8 with batch-invariant attention (stored_weights.py keeps the blocks).
 bitsandbytes' 4bit and 8bit are from_pretrained's business (devices.quantization_config): nothing is done here.
 A slim checkpoint's quantized layers are filled here, and then checked whole.
 """
@@ -14,7 +14,7 @@ import torch
 
 from specchat.config import INVARIANT_MODES, W4A8_MODES
 from specchat.kernels.build import q4_kernel
-from specchat.loading import assets, quantized_cache
+from specchat.loading import assets, stored_weights
 from specchat.loading.checkpoint import Checkpoint
 from specchat.loading.devices import dtype_name
 from specchat.loading.finite import check_weights
@@ -36,11 +36,11 @@ class Quantized:
 
 
 def quantize(model, checkpoint: Checkpoint, plan: ModelPlan, progress: Progress | None = None) -> Quantized:
-    """The model quantized as the plan says (in place: from the cache when it holds the blocks)."""
+    """The model quantized as the plan says (in place: from its stored weights when they are there)."""
     dtype, label = plan.dtype, quantization_label(checkpoint.quantization, plan.quantization)
     check_weights(plan.label, model.named_parameters())  # before any quantizer sees a NaN
     if plan.quantization in OWN_MODES:
-        notices = quantize_with_cache(model, checkpoint, plan, progress)
+        notices = quantize_with_stored_weights(model, checkpoint, plan, progress)
         for notice in notices:
             notify(progress, notice)
     if plan.quantization in INVARIANT_MODES:
@@ -54,15 +54,17 @@ def quantize(model, checkpoint: Checkpoint, plan: ModelPlan, progress: Progress 
     return Quantized(model, dtype, label)
 
 
-def quantize_with_cache(model, checkpoint: Checkpoint, plan: ModelPlan, progress: Progress | None) -> list[str]:
-    """Quantize in one of OWN_MODES through quantized_cache.py; the notice lines to show (a damaged cache file
+def quantize_with_stored_weights(
+    model, checkpoint: Checkpoint, plan: ModelPlan, progress: Progress | None
+) -> list[str]:
+    """Quantize in one of OWN_MODES through stored_weights.py; the notice lines to show (damaged stored weights
     rebuilt, layers left unquantized)."""
     mode = plan.quantization
     if mode in W4A8_MODES:  # compiled before the weights are quantized, so its wait is said first
         q4_kernel(progress)
-    path = quantized_cache.cache_path(checkpoint.identity, dtype_name(plan.dtype), mode)
-    rebuilt = quantized_cache.quantize_with_cache(model, path, plan.label, mode, progress, gguf=checkpoint.gguf)
-    unfit = quantized_cache.unquantized_layers(model, mode)
+    path = stored_weights.stored_weights_path(checkpoint.identity, dtype_name(plan.dtype), mode)
+    rebuilt = stored_weights.load_or_quantize(model, path, plan.label, mode, progress, gguf=checkpoint.gguf)
+    unfit = stored_weights.unquantized_layers(model, mode)
     notices = [rebuilt] if rebuilt else []
     if unfit:
         notices.append(

@@ -1,4 +1,4 @@
-"""The quantized cache's files: safetensors files written and read with plain file I/O.
+"""The stored weights' files: safetensors files written and read with plain file I/O.
 
 Why not safetensors' own functions: they report an I/O failure as text (an unreadable file as a
 FileNotFoundError without errno, a full disk as a SafetensorError), which cannot be told from damage; and
@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import torch
 
-from specchat.cache import DamagedFile
+from specchat.cache_folder import DamagedFile
 
 DTYPES = {
     "BOOL": torch.bool,

@@ -82,7 +82,7 @@ def quantize_w4a8(
     finer_bits: int = FINER_BITS,
 ) -> dict[str, Q4Tiles]:
     """Replace every nn.Linear of `model` (the head too) whose shape the kernel takes (`fits`) by a
-    Q4Linear; returns the tiles used (what the quantized cache stores). The others stay as they are.
+    Q4Linear; returns the tiles used (what the stored weights hold). The others stay as they are.
 
     From `blocks` (by module name; each taken out of the dict as it is used) when given. Else a layer takes
     its block from `exact` (a GGUF's own blocks: the file's weights bit for bit) or is quantized from its

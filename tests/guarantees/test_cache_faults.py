@@ -2,7 +2,7 @@
 mid-build, heals at the next load, and the model computes exactly what an undamaged load computes.
 
 Kinds: the assembled bundled GGUF (loaded as `bundled:`), the checkpoint converted from a GGUF file,
-and the w8a8 quantized-weights file of a model directory. Faults: a file cut short, a flipped byte,
+and the w8a8 stored weights of a model directory. Faults: a file cut short, a flipped byte,
 a missing file, a leftover temporary of a dead writer, and SIGKILL to a process doing the work at
 several points of it. Kills run in workers forked from one small fork server (a subprocess that
 imports torch and transformers once and never computes, so forking it is safe and cheap): the worker
@@ -42,10 +42,10 @@ import torch
 from model_files import later, logits, save_dir, tiny_qwen2, write_gguf
 from tiny_models import build_model, build_tokenizer
 
-from specchat import cache as specchat_cache
+from specchat import cache_folder
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
-from specchat.loading import assets, checkpoint, quantized_cache, tensor_file
+from specchat.loading import assets, checkpoint, stored_weights, tensor_file
 from specchat.loading.gguf import convert as gguf_convert
 from specchat.loading.models import load_model
 
@@ -112,7 +112,7 @@ class Artefact:
         if self.label == "converted":
             return gguf_convert.converted_dir(world.bundle.sha256, torch.float32)
         identity = checkpoint.directory_identity(world.model_dir)
-        return quantized_cache.cache_path(identity, "float32", "w8a8")
+        return stored_weights.stored_weights_path(identity, "float32", "w8a8")
 
     def accepted(self, world: World) -> bool:
         """Whether the cache's own checks take the artefact as complete (this may write stamps)."""
@@ -121,7 +121,7 @@ class Artefact:
             return path.is_file() and assets.is_verified(path, world.bundle.size, world.bundle.sha256)
         if self.label == "converted":
             return gguf_convert.is_converted(world.bundle.sha256, torch.float32)
-        return quantized_cache._read(path, None)[0] is not None
+        return stored_weights._read(path, None)[0] is not None
 
     def files(self, world: World) -> dict[str, str]:
         """sha256 of every file the artefact is made of (stamps excluded: they hold mtimes)."""
@@ -367,7 +367,7 @@ POINTS = {
         "renamed into place": (lambda: os, "replace", "after", _replace_into("converted")),
     },
     "quantized": {
-        "quantized, nothing written": (lambda: quantized_cache, "_write", "before", None),
+        "quantized, nothing written": (lambda: stored_weights, "_write", "before", None),
         "weights in the temporary file": (lambda: tensor_file, "write_tensors", "after", None),
         "record written, before the rename": (lambda: os, "replace", "before", _replace_into("quantized")),
         "renamed into place": (lambda: os, "replace", "after", _replace_into("quantized")),
@@ -829,7 +829,7 @@ IO_ERRORS = {
     "ENOMEM": MemoryError,
     "ENOSPC": lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
 }
-READS = {"quantized": (lambda: tensor_file, "read_tensors"), "converted": (lambda: specchat_cache, "read_record")}
+READS = {"quantized": (lambda: tensor_file, "read_tensors"), "converted": (lambda: cache_folder, "read_record")}
 
 
 @pytest.mark.parametrize(
@@ -865,7 +865,7 @@ BAD_BLOCKS = {  # (which tensor: the first whose name ends so, what it becomes; 
 
 
 def rewrite_quantized(path: Path, change: str) -> None:
-    """Rewrite the quantized cache file with one tensor changed, and a record that matches it: a file whole
+    """Rewrite the stored-weights file with one tensor changed, and a record that matches it: a file whole
     by its size and sha256, as a mis-written or hostile one can be."""
     tensors = tensor_file.read_tensors(path)
     suffix, becomes = BAD_BLOCKS[change]
@@ -875,8 +875,8 @@ def rewrite_quantized(path: Path, change: str) -> None:
     else:
         tensors[name] = becomes(tensors[name])
     tensor_file.write_tensors(path, tensors)
-    meta = {"format": quantized_cache.FORMAT, "size": path.stat().st_size, "sha256": _sha(path)}
-    quantized_cache._meta_path(path).write_text(json.dumps(meta) + "\n")
+    meta = {"format": stored_weights.FORMAT, "size": path.stat().st_size, "sha256": _sha(path)}
+    stored_weights._meta_path(path).write_text(json.dumps(meta) + "\n")
     path.with_name(path.name + ".verified").unlink(missing_ok=True)
 
 

@@ -22,7 +22,7 @@ def tok():
 @pytest.fixture
 def cache(tmp_path, monkeypatch, kernel):
     """A cache of the test's own, with the machine's built w4a8 kernel in it (no second compile)."""
-    from specchat.cache import cache_dir
+    from specchat.cache_folder import cache_dir
 
     built = cache_dir() / "kernels"
     root = tmp_path / "cache"

@@ -66,12 +66,12 @@ def test_only_q4_k_layers_that_decode_to_the_loaded_weights_are_taken(tiny_gguf)
 
 
 def test_a_w4a8_model_from_a_gguf_runs_its_q4_k_layers_on_the_files_blocks(tiny_gguf, tmp_path):
-    from specchat.loading import quantized_cache
+    from specchat.loading import stored_weights
     from specchat.quant.w4a8 import Q4Linear
 
     path, model = tiny_gguf
-    cache = tmp_path / "tiny-float32-w4a8.safetensors"
-    quantized_cache.quantize_with_cache(model, cache, "tiny", "w4a8", gguf=lambda: path)
+    stored = tmp_path / "tiny-float32-w4a8.safetensors"
+    stored_weights.load_or_quantize(model, stored, "tiny", "w4a8", gguf=lambda: path)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, Q4Linear)
     assert torch.equal(

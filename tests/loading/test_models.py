@@ -13,7 +13,7 @@ from conftest import assert_greedy_spec_is_target_only
 from model_files import PROMPT, greedy_reply, logits, save_dir, tiny_qwen2, write_gguf
 from tiny_models import CHATML, build_model, build_tokenizer
 
-from specchat import cache as specchat_cache
+from specchat import cache_folder
 from specchat.config import Config, ModelConfig, SamplingConfig, SpeculationConfig, UIConfig
 from specchat.loading import assets, devices, pair_check, shared_tokenizer
 from specchat.loading import models as model_loading
@@ -242,7 +242,7 @@ def test_gguf_file_converts_once_and_loads_from_the_cache(gguf_file, tok, cache,
         raise AssertionError("converted again although the cache holds the checkpoint")
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", no_conversion)
-    monkeypatch.setattr(specchat_cache, "file_sha256", no_conversion)  # the digest is remembered too
+    monkeypatch.setattr(cache_folder, "file_sha256", no_conversion)  # the digest is remembered too
     again, _, _ = load_model(ModelConfig(source=str(path), dtype="float32"))
     assert torch.equal(logits(again, tokenizer), logits(original, tok))
 
@@ -348,7 +348,7 @@ def test_a_whole_conversion_is_not_rebuilt_and_records_the_gguf_relative_to_the_
     path, _ = gguf_file
     load_model(ModelConfig(source=str(path), dtype="float32"))
     monkeypatch.setattr(gguf_convert, "convert_gguf", lambda *a: pytest.fail("converted again"))
-    monkeypatch.setattr(specchat_cache, "file_sha256", lambda *a: pytest.fail("hashed again"))
+    monkeypatch.setattr(cache_folder, "file_sha256", lambda *a: pytest.fail("hashed again"))
     load_model(ModelConfig(source=str(path), dtype="float32"))
     directory = next((cache / "converted").iterdir())
     recorded = gguf_convert.read_meta(directory)["gguf"]

@@ -1,4 +1,4 @@
-"""The quantized cache's file format (loading/tensor_file.py): plain safetensors, written and read with plain
+"""The stored weights' file format (loading/tensor_file.py): plain safetensors, written and read with plain
 file I/O. Damage of any kind is DamagedFile, never another exception and never an allocation larger than the
 file; an I/O failure is an OSError with its errno; tensors come back equal and 64-byte aligned."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specchat.cache import DamagedFile
+from specchat.cache_folder import DamagedFile
 from specchat.loading import tensor_file
 from specchat.loading.tensor_file import read_tensors, write_tensors
 

@@ -12,7 +12,7 @@ from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact,
 from tiny_models import build_model
 
 from specchat.config import AUTO
-from specchat.loading import quantized_cache
+from specchat.loading import stored_weights
 from specchat.quant.q4_block import Q4Block
 from specchat.quant.q4_levels import LEVEL_BITS
 from specchat.quant.q4_tiles import Q4Tiles
@@ -194,22 +194,22 @@ def test_a_multi_turn_w4a8_reply_stays_exact_when_the_cache_is_reused(w4a8_pair,
     assert_multi_turn_exact(*w4a8_pair, tokenizer)
 
 
-def test_the_w4a8_weights_cache_round_trips_without_quantizing_again(tmp_path, tokenizer, monkeypatch, kernel):
+def test_the_w4a8_stored_weights_round_trip_without_quantizing_again(tmp_path, tokenizer, monkeypatch, kernel):
     model = build_model(len(tokenizer), seed=1, layers=2, hidden=128)
     path = tmp_path / "model-float32-w4a8.safetensors"
     first = copy.deepcopy(model)
-    assert quantized_cache.quantize_with_cache(first, path, "tiny", "w4a8") is None and path.exists()
+    assert stored_weights.load_or_quantize(first, path, "tiny", "w4a8") is None and path.exists()
     with monkeypatch.context() as patch:  # the second start must not quantize at all
         patch.setattr(Q4Block, "quantize", lambda weight: pytest.fail("quantized again"))
         again = copy.deepcopy(model)
-        assert quantized_cache.quantize_with_cache(again, path, "tiny", "w4a8") is None
+        assert stored_weights.load_or_quantize(again, path, "tiny", "w4a8") is None
     assert isinstance(again.model.layers[0].mlp.down_proj, Q4Linear)
     ids = torch.tensor([list(range(3, 30))])
     assert torch.equal(first(ids).logits, again(ids).logits)
 
 
-def test_writing_a_cache_entry_deletes_that_entry_in_older_formats_and_nothing_else(tmp_path, tokenizer, kernel):
-    path = quantized_cache.cache_path("ab" * 32, "float32", "w4a8")
+def test_storing_weights_deletes_their_older_formats_and_nothing_else(tmp_path, tokenizer, kernel):
+    path = stored_weights.stored_weights_path("ab" * 32, "float32", "w4a8")
     path = tmp_path / path.name  # ...-float32-w4a8-v<current>.safetensors
     stem = path.name.rpartition("-v")[0]
     older = [tmp_path / f"{stem}-v{n}.safetensors{suffix}" for n in (1, 3) for suffix in ("", ".json", ".verified")]
@@ -225,12 +225,12 @@ def test_writing_a_cache_entry_deletes_that_entry_in_older_formats_and_nothing_e
     for file in older + kept:
         file.write_bytes(b"x")
     model = build_model(len(tokenizer), seed=1, layers=1, hidden=128)
-    assert quantized_cache.quantize_with_cache(model, path, "tiny", "w4a8") is None
-    assert path.exists() and quantized_cache._meta_path(path).exists()
+    assert stored_weights.load_or_quantize(model, path, "tiny", "w4a8") is None
+    assert path.exists() and stored_weights._meta_path(path).exists()
     assert not any(file.exists() for file in older)
     assert all(file.exists() for file in kept)
     (tmp_path / "plain-v1.safetensors").write_bytes(b"x")
-    assert quantized_cache.remove_older_formats(tmp_path / "plain.safetensors") == []  # no version: no entry
+    assert stored_weights.remove_older_formats(tmp_path / "plain.safetensors") == []  # no version: no entry
 
 
 def test_layers_reading_one_input_give_bitwise_their_own_products_in_one_call(kernel, tokenizer, monkeypatch):

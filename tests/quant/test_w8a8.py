@@ -1,4 +1,4 @@
-"""int8×int8 (w8a8) targets: bitwise batch invariance, greedy exactness in bf16, the weights cache."""
+"""int8×int8 (w8a8) targets: bitwise batch invariance, greedy exactness in bf16, the stored weights."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tiny_models import build_model
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
 from specchat.config import AUTO
-from specchat.loading import quantized_cache
+from specchat.loading import stored_weights
 from specchat.quant import shared, w8a8
 from specchat.quant.int8_weights import Int8Block, Int8Linear
 from specchat.quant.w8a8 import W8A8Linear, quantize_w8a8
@@ -221,39 +221,39 @@ def test_a_multi_turn_w8a8_reply_stays_exact_when_the_cache_is_reused(bf16_pair,
     assert_multi_turn_exact(*bf16_pair, tokenizer)
 
 
-def test_the_weights_cache_round_trips_and_rebuilds_a_damaged_file(tmp_path, tokenizer, monkeypatch):
+def test_the_stored_weights_round_trip_and_a_damaged_file_is_rebuilt(tmp_path, tokenizer, monkeypatch):
     model = build_model(len(tokenizer), seed=1, layers=2, hidden=64)
     path = tmp_path / "model-bfloat16-w8a8.safetensors"
     first = copy.deepcopy(model)
-    assert quantized_cache.quantize_with_cache(first, path, "tiny", "w8a8") is None and path.exists()
+    assert stored_weights.load_or_quantize(first, path, "tiny", "w8a8") is None and path.exists()
     with monkeypatch.context() as patch:  # the second start must not quantize at all
         patch.setattr(Int8Block, "quantize", lambda weight: pytest.fail("quantized again"))
         again = copy.deepcopy(model)
-        assert quantized_cache.quantize_with_cache(again, path, "tiny") is None
+        assert stored_weights.load_or_quantize(again, path, "tiny") is None
     x = torch.randn(3, 128)
     assert torch.equal(first.model.layers[0].mlp.down_proj(x), again.model.layers[0].mlp.down_proj(x))
     path.write_bytes(path.read_bytes()[:1000])  # a killed write
-    notice = quantized_cache.quantize_with_cache(copy.deepcopy(model), path, "tiny")
+    notice = stored_weights.load_or_quantize(copy.deepcopy(model), path, "tiny")
     assert notice and "rebuilt" in notice and path.stat().st_size > 1000
     assert json.loads(path.with_name(path.name + ".json").read_text())["size"] == path.stat().st_size
 
 
-def test_weights_read_from_the_cache_are_aligned_for_the_int8_kernel(tmp_path, tokenizer):
+def test_stored_weights_read_back_are_aligned_for_the_int8_kernel(tmp_path, tokenizer):
     """safetensors maps the file; a tensor there starts wherever the header ends, and torch's int8
     kernel crashed (SIGSEGV) on such weights for 8 rows and more."""
     path = tmp_path / "int8.safetensors"
-    quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=2), path, "tiny", "int8")
-    blocks, _ = quantized_cache._read(path, None)
+    stored_weights.load_or_quantize(build_model(len(tokenizer), seed=1, layers=2), path, "tiny", "int8")
+    blocks, _ = stored_weights._read(path, None)
     assert blocks and all(t.data_ptr() % 64 == 0 for b in blocks.values() for t in (b.weight, b.scale, b.row_sums))
     again = build_model(len(tokenizer), seed=1, layers=2)
-    quantized_cache.quantize_with_cache(again, path, "tiny", "int8")
+    stored_weights.load_or_quantize(again, path, "tiny", "int8")
     assert again(torch.tensor([list(range(3, 40))])).logits.isfinite().all()
 
 
-def test_a_cache_for_another_model_is_rebuilt(tmp_path, tokenizer):
+def test_stored_weights_of_another_model_are_rebuilt(tmp_path, tokenizer):
     path = tmp_path / "w8a8.safetensors"
-    quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=2), path, "tiny")
-    notice = quantized_cache.quantize_with_cache(build_model(len(tokenizer), seed=1, layers=3), path, "tiny")
+    stored_weights.load_or_quantize(build_model(len(tokenizer), seed=1, layers=2), path, "tiny")
+    notice = stored_weights.load_or_quantize(build_model(len(tokenizer), seed=1, layers=3), path, "tiny")
     assert notice and "another model" in notice
 
 
@@ -275,14 +275,14 @@ def test_a_layer_packed_in_row_pieces_computes_the_same_as_one_piece(monkeypatch
     assert torch.equal(whole(x), pieces(x))
 
 
-def test_weight_only_int8_weights_are_cached_too(tmp_path, tokenizer, monkeypatch):
+def test_weight_only_int8_weights_are_stored_too(tmp_path, tokenizer, monkeypatch):
     model = build_model(len(tokenizer), seed=1, layers=2, hidden=64)
     path = tmp_path / "int8.safetensors"
     first = copy.deepcopy(model)
-    quantized_cache.quantize_with_cache(first, path, "tiny", "int8")
+    stored_weights.load_or_quantize(first, path, "tiny", "int8")
     monkeypatch.setattr(Int8Block, "quantize", lambda weight: pytest.fail("quantized again"))
     again = copy.deepcopy(model)
-    quantized_cache.quantize_with_cache(again, path, "tiny", "int8")
+    stored_weights.load_or_quantize(again, path, "tiny", "int8")
     assert isinstance(again.lm_head, Int8Linear)
     x = torch.randn(2, 64)
     assert torch.equal(first.lm_head(x), again.lm_head(x))
@@ -290,9 +290,9 @@ def test_weight_only_int8_weights_are_cached_too(tmp_path, tokenizer, monkeypatc
 
 def test_w8a8_fast_reads_the_same_weights_file_as_w8a8():
     """Both modes quantize the weights the same way; only the activation passes differ."""
-    assert quantized_cache.cache_path("ab" * 16, "float32", "w8a8-fast") == quantized_cache.cache_path(
+    assert stored_weights.stored_weights_path("ab" * 16, "float32", "w8a8-fast") == stored_weights.stored_weights_path(
         "ab" * 16, "float32", "w8a8"
     )
-    assert quantized_cache.cache_path("ab" * 16, "float32", "int8") != quantized_cache.cache_path(
+    assert stored_weights.stored_weights_path("ab" * 16, "float32", "int8") != stored_weights.stored_weights_path(
         "ab" * 16, "float32", "w8a8"
     )

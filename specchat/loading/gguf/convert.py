@@ -23,7 +23,7 @@ from gguf import LlamaFileType
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, GgufConfig
 from transformers.integrations.gguf.reader import read_gguf_metadata
 
-from specchat.cache import (
+from specchat.cache_folder import (
     built_once,
     cache_dir,
     file_records,
@@ -68,7 +68,7 @@ def is_converted(sha256: str, dtype: torch.dtype, slim: bool = False) -> bool:
 
 
 def damage(directory: Path, progress: Progress | None = None) -> str:
-    """'' when a finished conversion is whole, else what is wrong with it (cache.folder_damage: its record,
+    """'' when a finished conversion is whole, else what is wrong with it (cache_folder.folder_damage: its record,
     each recorded file's size and sha256, its safetensors files cut short). A failure to read (EIO, EACCES) is
     raised as ModelLoadError: it is no sign of damage."""
     return folder_damage(directory, META, "read the converted checkpoint", progress)
@@ -82,7 +82,7 @@ def ensure_converted(
     gguf: Path, sha256: str, dtype: torch.dtype, name: str, progress: Progress | None = None, slim: bool = False
 ) -> Path:
     """The converted checkpoint for `gguf` in `dtype` (slim: loading/gguf/slim.py), converting it first if it is
-    not cached: in a temporary directory renamed into place only when complete and fsynced (cache.built_once);
+    not cached: in a temporary directory renamed into place only when complete and fsynced (cache_folder.built_once);
     a damaged one is removed first, with one notice line."""
     out = converted_dir(sha256, dtype, slim)
     built_once(

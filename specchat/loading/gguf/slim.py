@@ -2,7 +2,7 @@
 
 The slim checkpoint in the cache holds the config, the tokenizer, and only the tensors that stay float in
 the chat: norms, biases, and layers the kernel cannot take. The input embeddings stay in the file's blocks
-(quant/block_embedding.py). The quantized layers come from the quantized cache, built from the GGUF a
+(quant/block_embedding.py). The quantized layers come from the stored weights, built from the GGUF a
 tensor at a time (gguf/blocks.py, streamed_blocks) when it has no copy.
 """
 
@@ -69,7 +69,7 @@ def _parameter_names(model: nn.Module) -> list[str]:
 
 def load(directory: Path) -> nn.Module:
     """The model of a slim checkpoint: float tensors loaded, embeddings in blocks, the quantized layers'
-    weights still on the meta device (the quantized cache replaces those layers)."""
+    weights still on the meta device (the stored weights replace those layers)."""
     model = empty_model(AutoConfig.from_pretrained(directory, local_files_only=True))
     with safe_open(str(directory / WEIGHTS), framework="pt") as weights:
         metadata = weights.metadata() or {}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specchat import cache
-from specchat.cache import (
+from specchat import cache_folder
+from specchat.cache_folder import (
     DiskError,
     being_built,
     building,
@@ -149,7 +149,7 @@ def test_a_read_that_fails_for_the_disk_is_raised_not_taken_as_damage(tmp_path, 
     def failing(*args, **kwargs):
         raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
 
-    monkeypatch.setattr(cache, "file_sha256", failing)
+    monkeypatch.setattr(cache_folder, "file_sha256", failing)
     with pytest.raises(OSError) as raised:
         is_verified(path, 8, "0" * 64)
     assert raised.value.errno == errno.EIO

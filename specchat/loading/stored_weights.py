@@ -1,5 +1,5 @@
-"""Quantize once: a model's int8 or 4-bit weights (w8a8, weight-only int8, w4a8), cached on disk
-beside the converted checkpoint.
+"""Quantize once: a model's int8 or 4-bit weights (w8a8, weight-only int8, w4a8), stored on disk in the
+cache folder beside the converted checkpoint: the stored weights.
 
 Quantizing the 1.5B target takes tens of seconds; loading its int8 weights takes a few. The file
 is keyed by the source's identity (the GGUF's sha256, or a fingerprint of a model directory), the
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specchat.cache import (
+from specchat.cache_folder import (
     DamagedFile,
     built_once,
     cache_dir,
@@ -56,7 +56,7 @@ VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\
 def _quantize_w4a8(
     model: nn.Module, blocks: dict[str, Q4Tiles] | None, gguf=None, finer_bits: int = FINER_BITS, say=None
 ) -> dict[str, Q4Tiles]:
-    """w4a8 from cached blocks, or from the model's weights and, where `gguf()` gives the GGUF file
+    """w4a8 from stored blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K (and Q5_K) blocks bit for bit (the file's finer layers:
     finer_bits); say(line): the notice naming the file's blocks requantized (gguf/blocks.py)."""
     exact = None
@@ -92,42 +92,43 @@ BLOCK_TYPES = dict.fromkeys(W4A8_MODES, Q4Tiles)  # how each mode's blocks are s
 SAME_WEIGHTS = {"w8a8-fast": "w8a8"}  # modes that differ only in how activations are multiplied
 
 
-def cache_path(identity: str, dtype_label: str, mode: str) -> Path:
+def stored_weights_path(identity: str, dtype_label: str, mode: str) -> Path:
     mode = SAME_WEIGHTS.get(mode, mode)
     return cache_dir() / "quantized" / f"{identity[:16]}-{dtype_label}-{mode}-v{FORMATS.get(mode, FORMAT)}.safetensors"
 
 
-def quantize_with_cache(
+def load_or_quantize(
     model: nn.Module, path: Path, label: str, mode: str = "w8a8", progress: Progress | None = None, gguf=None
 ) -> str | None:
-    """Quantize `model` in place (a mode of QUANTIZERS), from `path` when it holds a sound copy, else
-    quantizing it and writing the copy (cache.built_once: under the build lock, renamed into place).
+    """Quantize `model` in place (a mode of QUANTIZERS), from the stored weights at `path` when they are
+    sound, else quantizing it and storing its weights (cache_folder.built_once: under the build lock, renamed
+    into place).
     gguf: for the w4a8 modes, a function giving the GGUF file the model came from (its Q4_K blocks are
     used as they are), or None.
 
-    Returns a notice line when a damaged cache file was rebuilt, else None.
+    Returns a notice line when damaged stored weights were rebuilt, else None.
     """
-    cached = _CachedBlocks(model, path, progress, mode)
+    stored = _StoredBlocks(model, path, progress, mode)
     what = f"the {DESCRIPTIONS[mode]} weights of {label}"
 
     def quantize_into(tmp: Path) -> None:
-        report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; cached for later starts)", None)
+        report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; stored for later starts)", None)
         say = lambda line: notify(progress, f"{label}: {line}")
         options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
         _write(tmp, path, QUANTIZERS[mode](model, None, **options))
 
-    if built_once(path, what, cached.problem, quantize_into, "write the quantized-weights cache", progress):
-        with disk_errors(path, "write the quantized-weights cache"):
+    if built_once(path, what, stored.problem, quantize_into, "write the stored weights", progress):
+        with disk_errors(path, "write the stored weights"):
             remove_older_formats(path)
-        return cached.notice
+        return stored.notice
     report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)
-    QUANTIZERS[mode](model, cached.blocks)
+    QUANTIZERS[mode](model, stored.blocks)
     return None
 
 
 @dataclasses.dataclass
-class _CachedBlocks:
-    """What the cache file at `path` holds for `model`: its blocks once read whole and fitting, and the notice
+class _StoredBlocks:
+    """What the stored weights at `path` hold for `model`: its blocks once read whole and fitting, and the notice
     of a damaged file read (and deleted) on the way."""
 
     model: nn.Module
@@ -145,13 +146,13 @@ class _CachedBlocks:
 
 
 def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str):
-    """(blocks, notice): the cached blocks when whole and fitting this model's layers, else (None, why)."""
+    """(blocks, notice): the stored blocks when whole and fitting this model's layers, else (None, why)."""
     blocks, notice = _read(path, progress, BLOCK_TYPES.get(mode, Int8Block))
     if blocks is None:
         return None, notice
     linears = _linears(model, mode)
     if set(blocks) != set(linears):
-        return None, f"rebuilt the quantized-weights cache {path.name}: it is for another model"
+        return None, f"rebuilt the stored weights {path.name}: they are for another model"
     for name, linear in linears.items():
         problem = block_problem(blocks[name], linear)
         if problem:  # damaged, or made to reach the kernels out of bounds: never handed over
@@ -183,7 +184,7 @@ def _read(path: Path, progress: Progress | None, kind: type = Int8Block) -> tupl
     except DamagedFile as err:
         return None, _discard(path, str(err))
     except Exception as err:  # I/O, memory: says nothing about the content, so the file stays
-        raise ModelLoadError(disk_error(err, path, "read the quantized-weights cache")) from err
+        raise ModelLoadError(disk_error(err, path, "read the stored weights")) from err
 
 
 def _verified_blocks(path: Path, progress: Progress | None, kind: type) -> dict:
@@ -205,10 +206,10 @@ def _recorded(path: Path) -> tuple[int, str]:
 
 
 def _discard(path: Path, reason: str) -> str:
-    """Delete a damaged cache file; the notice line saying it is rebuilt and why."""
-    with disk_errors(path, "remove the damaged cache file"):
+    """Delete damaged stored weights; the notice line saying they are rebuilt and why."""
+    with disk_errors(path, "remove the damaged stored weights"):
         path.unlink(missing_ok=True)
-    return f"rebuilt the quantized-weights cache {path.name}: {reason}"
+    return f"rebuilt the stored weights {path.name}: {reason}"
 
 
 def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
@@ -238,7 +239,7 @@ def _field_value(tensor: torch.Tensor, field: dataclasses.Field):
 
 def _write(tmp: Path, path: Path, blocks: dict) -> None:
     """Write the blocks to `tmp`, the temporary of `path`, and record its size and sha256 beside `path`, each
-    fsynced (cache.built_once renames it into place)."""
+    fsynced (cache_folder.built_once renames it into place)."""
     tensors = {}
     for name, block in blocks.items():
         tensors.update(
@@ -250,7 +251,7 @@ def _write(tmp: Path, path: Path, blocks: dict) -> None:
 
 
 def remove_older_formats(path: Path) -> list[Path]:
-    """Delete the copies of this cache entry in other format versions (same source, dtype and mode,
+    """Delete the copies of these stored weights in other format versions (same source, dtype and mode,
     `-v<N>.safetensors` with another N, and their sidecars): after an upgrade they are never read
     again, and a target's is about a GB. Returns what was deleted; nothing for a name without `-v<N>`."""
     named = VERSIONED.fullmatch(path.name)

@@ -12,7 +12,7 @@ releases it when its holder exits, killed or not, so a crashed builder never blo
 
 Privacy: the cache root is the user's alone. It is created 0700 (its folders too), and a root that is not
 owned by the user, or that its group or others can write, is refused in one line: anyone who can write there
-could plant a quantized file, a converted checkpoint or a kernel `.so` that the next start loads, or a symlink
+could plant stored weights, a converted checkpoint or a kernel `.so` that the next start loads, or a symlink
 at a temporary's predictable name. Once the root is the user's and closed, no other user can reach below it.
 
 Disk faults: a read that fails for the disk (EIO, EACCES, a read-only cache) or for memory is an error of one
