@@ -44,11 +44,12 @@ bench: install-models $(VENV)/.installed-bench
 	$(PY) -m specchat.bench $(BENCH_ARGS)
 
 # Lint and format (pyproject.toml's [tool.ruff]); `ruff format .` writes the format it checks. mypy: strict on
-# speculative/, config.py and api.py (pyproject.toml's [tool.mypy]).
+# speculative/, config.py, settings.py and api.py (pyproject.toml's [tool.mypy]). Dead code: scripts/dead_code.py.
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(PY) scripts/dead_code.py
 
 # The layers and the no-circle rule of pyproject.toml's [tool.importlinter]
 lint-imports: install-test

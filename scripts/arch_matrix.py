@@ -45,9 +45,9 @@ def row(tok, kind: str, architecture: str, tokens: int) -> str:
     """One case's table row."""
     from model_files import typed_pair_files
 
-    from specchat.config import load_config
     from specchat.errors import one_line
     from specchat.loading.models import load_pair
+    from specchat.settings import load_config
 
     with tempfile.TemporaryDirectory() as folder:
         os.environ["SPECCHAT_CACHE"] = str(Path(folder) / "cache")

@@ -146,9 +146,10 @@ def build(shape: str, out: Path, tokenizer_cache: Path, untied: bool = False) ->
 def specchat_decoder(gguf: Path, tokens: int, context: int):
     """The file loaded as the chat loads it (no drafter): (pair, load seconds, the CONTEXT-token prompt, reply), where
     reply() decodes `tokens` new tokens target-only after the prompt (greedy, no stop token) and gives their tok/s."""
-    from specchat.config import SamplingConfig, SpeculationConfig, load_config
+    from specchat.config import SamplingConfig, SpeculationConfig
     from specchat.loading.models import load_pair
     from specchat.progress import to_stderr
+    from specchat.settings import load_config
     from specchat.speculative.engine import Engine, run_to_end
 
     cfg = load_config(None, [f"target.source={gguf}", "drafter.source=", "speculation.mode=target"])

@@ -10,24 +10,15 @@ so the output, the provenance of every token and the statistics are exactly what
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specchat.config import (
-    AUTO,
-    GAMMA_MAX,
-    RANDOM,
-    Auto,
-    Config,
-    Gamma,
-    Mode,
-    SamplingConfig,
-    SpeculationConfig,
-    problem,
-)
+from specchat.config import AUTO, GAMMA_MAX, RANDOM, Auto, Config, Gamma, Mode, SamplingConfig, SpeculationConfig
+from specchat.settings import problem
 from specchat.speculative.detok import Tokenizer
 from specchat.speculative.engine import Engine
 from specchat.speculative.events import Event, ReplyDone, Token
@@ -63,106 +54,63 @@ class Generation:
         return iter((self.ids, self.acceptance_rate))
 
 
+@dataclass(frozen=True)
+class Options:
+    """The keywords the functions here take, with their defaults. `gamma`: drafts a step, 0-16 or "auto";
+    `temperature` 0 is greedy; `top_k` 0 and `top_p` 1 are off; `eos_token_ids` default to the tokenizer's and the
+    target's generation config's; `seed=None` draws a fresh seed; `drafter_vocab` > 0 lets the drafter score only
+    ids below it (plus ids seen and stop ids), which stays exact. autoregressive_generate takes all but the
+    drafter's (DRAFTER_KEYWORDS)."""
+
+    gamma: int | str = 4
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    eos_token_ids: int | Iterable[int] | None = None
+    seed: int | None = 0
+    drafter_vocab: int = 0
+
+
+DRAFTER_KEYWORDS = ("gamma", "drafter_vocab")
+
+
 def speculative_generate(
-    input_ids: PromptIds,
-    drafter: Model | None,
-    target: Model,
-    tokenizer: Tokenizer | None = None,
-    *,
-    gamma: int | str = 4,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    eos_token_ids: int | Iterable[int] | None = None,
-    seed: int | None = 0,
-    drafter_vocab: int = 0,
+    input_ids: PromptIds, drafter: Model | None, target: Model, tokenizer: Tokenizer | None = None, **options: Any
 ) -> Generation:
-    """Generate after `input_ids` (a list of ids, or a 1-D / [1, n] tensor): `drafter` proposes
-    `gamma` tokens a step (0–16, or "auto"), `target` verifies them in one forward, and the
-    rejection rule keeps the output distributed exactly as the target's (greedy at temperature 0).
-    `tokenizer` (optional) gives `text`; `eos_token_ids` default to the tokenizer's and the target's
-    generation config's; `seed=None` draws a fresh seed; `drafter_vocab` > 0 lets the drafter score
-    only ids below it (plus ids seen and stop ids), which stays exact. Bad arguments raise ValueError."""
+    """Generate after `input_ids` (a list of ids, or a 1-D / [1, n] tensor): `drafter` proposes `gamma` tokens a
+    step, `target` verifies them in one forward, and the rejection rule keeps the output distributed exactly as the
+    target's (greedy at temperature 0). `tokenizer` (optional) gives `text`; the keywords are Options'. Bad
+    arguments raise ValueError (an unknown keyword: TypeError)."""
     if drafter is None:
         raise ValueError("speculative_generate needs a drafter model; use autoregressive_generate without one")
-    return _collect(
-        stream(
-            input_ids,
-            drafter,
-            target,
-            tokenizer,
-            gamma=gamma,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=eos_token_ids,
-            seed=seed,
-            drafter_vocab=drafter_vocab,
-        ),
-        tokenizer,
-    )
+    return _collect(stream(input_ids, drafter, target, tokenizer, **options), tokenizer)
 
 
 def autoregressive_generate(
-    input_ids: PromptIds,
-    target: Model,
-    tokenizer: Tokenizer | None = None,
-    *,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    eos_token_ids: int | Iterable[int] | None = None,
-    seed: int | None = 0,
+    input_ids: PromptIds, target: Model, tokenizer: Tokenizer | None = None, **options: Any
 ) -> Generation:
     """The target alone, one token per forward, through the same engine: the reference that
-    speculative_generate equals (greedy) or matches in distribution (sampled)."""
-    return _collect(
-        stream(
-            input_ids,
-            None,
-            target,
-            tokenizer,
-            gamma=0,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=eos_token_ids,
-            seed=seed,
-        ),
-        tokenizer,
-    )
+    speculative_generate equals (greedy) or matches in distribution (sampled). The keywords are Options' but the
+    drafter's."""
+    _options(options, DRAFTER_KEYWORDS)
+    return _collect(stream(input_ids, None, target, tokenizer, **options), tokenizer)
 
 
 def stream(
-    input_ids: PromptIds,
-    drafter: Model | None,
-    target: Model,
-    tokenizer: Tokenizer | None = None,
-    *,
-    gamma: int | str = 4,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    eos_token_ids: int | Iterable[int] | None = None,
-    seed: int | None = 0,
-    drafter_vocab: int = 0,
+    input_ids: PromptIds, drafter: Model | None, target: Model, tokenizer: Tokenizer | None = None, **options: Any
 ) -> Iterator[Event]:
     """The engine's events as they happen (arguments as speculative_generate; drafter=None runs the
     target alone): Token (id, text delta, origin), Rejected (drafts the target refused), StepDone,
     and a final ReplyDone with the stats. Without a tokenizer every text is ''."""
-    ids = _prompt_ids(input_ids)
-    sampling = _sampling(temperature, top_k, top_p, max_new_tokens, seed)
+    ids, chosen = _prompt_ids(input_ids), _options(options)
+    sampling = _sampling(chosen)
     speculation = SpeculationConfig(
-        gamma=_gamma(gamma, drafter),
+        gamma=_gamma(chosen.gamma, drafter),
         mode=Mode.SPEC if drafter is not None else Mode.TARGET,
-        drafter_vocab=_non_negative("drafter_vocab", drafter_vocab),
+        drafter_vocab=_non_negative("drafter_vocab", chosen.drafter_vocab),
     )
-    engine = _engine(drafter, target, tokenizer, eos_token_ids)
+    engine = _engine(drafter, target, tokenizer, chosen.eos_token_ids)
     return engine.stream(ids, sampling, speculation)
 
 
@@ -170,8 +118,8 @@ def load_pair(config: str | None = None, **overrides: Any) -> LoadedPair:
     """The chat's loader: the bundled pair by default, or a pair config TOML, with any config key
     overridden, e.g. load_pair(**{"target.dtype": "float32"}). Returns a LoadedPair whose
     .drafter, .target and .tokenizer the functions above take."""
-    from specchat.config import load_config, set_from_text, with_value
     from specchat.loading.models import load_pair as load
+    from specchat.settings import load_config, set_from_text, with_value
 
     cfg: Config = load_config(config)
     for key, value in overrides.items():
@@ -197,7 +145,18 @@ def _prompt_ids(input_ids: PromptIds) -> list[int]:
     return ids
 
 
-def _sampling(temperature: float, top_k: int, top_p: float, max_new_tokens: int, seed: int | None) -> SamplingConfig:
+def _options(given: dict[str, Any], left_out: tuple[str, ...] = ()) -> Options:
+    """The Options the keywords `given` choose; TypeError naming a keyword no function here takes (or one in
+    `left_out`)."""
+    names = [field.name for field in dataclasses.fields(Options) if field.name not in left_out]
+    unknown = [name for name in given if name not in names]
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; the keywords are {', '.join(names)}")
+    return Options(**given)
+
+
+def _sampling(options: Options) -> SamplingConfig:
+    temperature, top_p, max_new_tokens, seed = options.temperature, options.top_p, options.max_new_tokens, options.seed
     if not temperature >= 0:
         raise ValueError(f"temperature must be ≥ 0 (0 = greedy), got {temperature}")
     if not 0 < top_p <= 1:
@@ -208,7 +167,7 @@ def _sampling(temperature: float, top_k: int, top_p: float, max_new_tokens: int,
         raise ValueError(f"seed must be an integer, or None for a fresh one, got {seed!r}")
     return SamplingConfig(
         temperature=float(temperature),
-        top_k=_non_negative("top_k", top_k),
+        top_k=_non_negative("top_k", options.top_k),
         top_p=float(top_p),
         seed=RANDOM if seed is None or seed < 0 else seed,
         max_new_tokens=max_new_tokens,

@@ -16,13 +16,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from specchat.config import Config, ConfigError, Mode, drafter_needed, load_config, set_from_text
+from specchat.config import Config, ConfigError, Mode
 from specchat.loading.models import LoadedPair, reply_stops
 from specchat.progress import Notice, each_message_once
 from specchat.progress import Progress as ReportFn
 from specchat.safe_text import visible
 from specchat.session.chat import ChatSession, CompareFn
 from specchat.session.warm_up import warm_up
+from specchat.settings import load_config, set_from_text
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.engine import Engine
 
 Loader = Callable[[Config, ReportFn], LoadedPair]  # specchat.loading.models.load_pair, or a test's stand-in

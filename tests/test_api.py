@@ -107,6 +107,14 @@ def test_bad_arguments_get_one_clear_value_error(target, similar_drafter_model, 
     assert str(caught.value).startswith(message)
 
 
+def test_a_keyword_no_function_takes_is_a_type_error_that_lists_the_keywords(target, similar_drafter_model, tokenizer):
+    ids = tokenizer.encode(PROMPT)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'; the keywords are gamma, temp"):
+        specchat.speculative_generate(ids, similar_drafter_model, target, temprature=0.5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gamma'; the keywords are temperature, top_k"):
+        specchat.autoregressive_generate(ids, target, gamma=4)
+
+
 def test_a_drafter_with_a_smaller_vocabulary_is_refused(target, tokenizer):
     from tiny_models import build_model
 

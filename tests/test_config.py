@@ -15,16 +15,11 @@ from specchat.config import (
     Config,
     ConfigError,
     ModelConfig,
-    apply_overrides,
-    as_flat_dict,
     from_wire,
-    get_value,
-    load_config,
-    problem,
     show_value,
     to_wire,
-    tomllib,
 )
+from specchat.settings import apply_overrides, as_flat_dict, get_value, load_config, problem, tomllib
 
 REQUIRED_SECTIONS = {"target", "drafter", "sampling", "speculation"}
 BUNDLED_CONFIGS = sorted(CONFIG_DIR.glob("*.toml"))

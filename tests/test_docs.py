@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specchat.config import all_keys
+from specchat.settings import all_keys
 from specchat.tui.commands import build_registry
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,8 +20,9 @@ from rich.table import Table
 
 from specchat.bench.methods import Method, Runner
 from specchat.bench.suite import SETTINGS, load_prompts
-from specchat.config import AUTO, Mode, SpeculationConfig, load_config
+from specchat.config import AUTO, Mode, SpeculationConfig
 from specchat.loading.models import load_model, load_pair
+from specchat.settings import load_config
 
 TARGET = Method("target-only", "specchat", Mode.TARGET)
 BASELINE = "default levers (auto γ)"

@@ -24,10 +24,11 @@ import torch
 
 from specchat.bench.suite import load_prompts
 from specchat.bench.targets import fixed_text, forward_ms, quantization_modes
-from specchat.config import ConfigError, SamplingConfig, load_config
+from specchat.config import ConfigError, SamplingConfig
 from specchat.errors import ModelLoadError
 from specchat.progress import to_stderr
 from specchat.session.chat import render_prompt
+from specchat.settings import load_config
 from specchat.speculative.model_io import forward, new_kv_cache
 from specchat.speculative.sampling import probs_from_logits
 

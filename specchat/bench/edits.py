@@ -19,8 +19,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from specchat.config import AUTO, ConfigError, Mode, SamplingConfig, load_config
+from specchat.config import AUTO, ConfigError, Mode, SamplingConfig
 from specchat.errors import ModelLoadError
+from specchat.settings import load_config
 from specchat.speculative.drafters import model as model_drafter
 from specchat.speculative.drafters.lookup import match_start
 from specchat.speculative.events import ReplyEnd

@@ -28,10 +28,11 @@ import torch
 
 from specchat.bench.part_timing import seconds_of, split_forward
 from specchat.bench.prefill import prefill_rows, prefill_table, prompt_ids
-from specchat.config import ConfigError, SamplingConfig, load_config
+from specchat.config import ConfigError, SamplingConfig
 from specchat.errors import ModelLoadError
 from specchat.kernels.build import running_path
 from specchat.progress import to_stderr
+from specchat.settings import load_config
 from specchat.speculative import model_io
 from specchat.speculative.drafters.vocab import DraftVocab
 from specchat.speculative.model_io import PREFILL_CHUNK

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from specchat.bench.methods import ASSISTED, LLAMACPP_TARGET_ONLY, Measurement, Method, Runner, default_methods
 from specchat.bench.turns import compare_reuse
-from specchat.config import QUANTIZATIONS, ConfigError, Mode, SamplingConfig, load_config, with_value
+from specchat.config import QUANTIZATIONS, ConfigError, Mode, SamplingConfig
 from specchat.errors import ModelLoadError
+from specchat.settings import load_config, with_value
 
 PROMPTS_FILE = Path(__file__).parent.parent / "prompts" / "bench.json"
 RESULTS_DIR = Path("bench") / "results"

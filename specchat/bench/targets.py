@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from specchat.config import QUANTIZATIONS, ConfigError, load_config
+from specchat.config import QUANTIZATIONS, ConfigError
 from specchat.errors import ModelLoadError
+from specchat.settings import load_config
 from specchat.speculative.model_io import crop_to, forward, new_kv_cache
 
 TEXT_FILES = ("README.md", "specchat/speculative/engine.py")

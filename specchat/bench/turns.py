@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specchat.config import Config, with_value
+from specchat.config import Config
 from specchat.session.chat import ChatSession
+from specchat.settings import with_value
 from specchat.speculative.engine import Engine
 from specchat.speculative.events import ReplyDone
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from specchat.config import Config, ModelConfig, drafter_needed
+from specchat.config import Config, ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.attach import attach, pair_sampler
 from specchat.loading.checkpoint import checkpoint_for
@@ -33,6 +33,7 @@ from specchat.loading.tokenizer_check import output_width, stop_ids
 from specchat.loading.weights import load_weights
 from specchat.memory import release_freed_memory
 from specchat.progress import Progress, report
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.pair import Pair
 
 __all__ = ["ModelLoadError", "ModelFacts", "LoadedPair", "load_pair", "load_model"]

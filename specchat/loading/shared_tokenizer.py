@@ -38,11 +38,10 @@ PLAIN_TEMPLATE = (
 PLAIN_TURN_STOP = "\nUser:"  # a base model under PLAIN_TEMPLATE that writes this has begun the user's next turn
 
 # What AutoTokenizer reads from a directory for the vocabulary: the tokenizer's own files, remote code (the chat
-# template apart: TEMPLATE_FILES, and tokenizer_config.json's "chat_template").
+# template apart: chat_template.jinja or .json, and tokenizer_config.json's "chat_template").
 TOKENIZER_FILES = re.compile(
     r"^(tokenizer.*|vocab.*|merges\.txt|special_tokens_map\.json|added_tokens\.json|.*\.model|.*\.tiktoken|.*\.py)$"
 )
-TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 UNREAD = object()  # a chat template this module does not read itself (named templates, a folder of them)
 
 

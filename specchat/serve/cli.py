@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn, TextIO
 
-from specchat.config import ConfigError, set_from_text
+from specchat.config import ConfigError
 from specchat.errors import ModelLoadError
 from specchat.launch import OneLineParser, UsageError, add_pair_options, make_console, prepare, read_pair_config
 from specchat.safe_text import visible
@@ -22,6 +22,7 @@ from specchat.serve.access_log import to_stderr
 from specchat.serve.app import MAX_BODY, Settings, build_app
 from specchat.serve.guard import Guard
 from specchat.serve.service import MAX_TOKENS, MAX_WAITING, Service
+from specchat.settings import set_from_text
 
 API_KEY_VARIABLE = "SPECCHAT_API_KEY"
 EXAMPLES = """examples:

@@ -17,8 +17,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from specchat.config import Config, ConfigError, from_mapping, to_wire
+from specchat.config import Config, ConfigError, to_wire
 from specchat.serve.tool_calls import ToolError, check_tools, history_message, parse_reply
+from specchat.settings import from_mapping
 from specchat.speculative.metrics import ReplyStats
 
 MAX_MESSAGES = 4096

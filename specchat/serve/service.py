@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from specchat.config import Mode, SamplingConfig, SpeculationConfig, drafter_needed
+from specchat.config import Mode, SamplingConfig, SpeculationConfig
 from specchat.serve.protocol import Request, RequestError
 from specchat.serve.tool_calls import template_takes_tools
 from specchat.session.chat import ChatError, render_prompt
@@ -25,6 +25,7 @@ from specchat.session.json_mode import JsonConstraint, SchemaError, grammar_for,
 from specchat.session.logit_rules import FrequencyPenalty, LogitBias, TopLogprobs
 from specchat.session.reply_loop import reply_events
 from specchat.speculative.constraint import Constraint, Rules
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.events import ReplyDone, Token
 
 MAX_WAITING = 8  # requests admitted at once (one runs, the rest wait); more are answered 429

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from specchat.config import RANDOM, Config, Mode, SamplingConfig, drafter_needed, undecodable_at
+from specchat.config import RANDOM, Config, Mode, SamplingConfig, undecodable_at
 from specchat.session.literal_text import LiteralTextError, literal_ids
 from specchat.session.repetition import REPETITION
 from specchat.session.reply_loop import reply_events
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.events import Rejected, ReplyDone, Token
 from specchat.speculative.insight import Rejection
 from specchat.speculative.metrics import ReplyStats

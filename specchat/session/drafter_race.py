@@ -18,8 +18,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specchat import drafter_kinds
 from specchat.config import AUTO, GAMMA_MAX, Gamma, Mode, SpeculationConfig, seed_for_reply
+from specchat.speculative.drafters import registry as kinds
 from specchat.speculative.drafters.registry import default_name
 from specchat.speculative.engine import Engine, run_to_end
 from specchat.speculative.metrics import ReplyStats
@@ -85,12 +85,12 @@ def winner(runs: list[RaceRun]) -> RaceRun | None:
 
 
 def contenders(engine: Engine, current: str) -> list[str]:
-    """None, then every kind of drafter that can draft here (drafter_kinds.py): one that takes a number as the
+    """None, then every kind of drafter that can draft here (speculative/drafters/registry.py): one that takes a number as the
     current name where it is that kind's, else with the number a race tries (self:N: a quarter of the layers).
     With no drafter model, auto is lookup alone and is left out."""
-    parsed = drafter_kinds.parse(current)
+    parsed = kinds.parse(current)
     names = [NO_DRAFTER]
-    for kind in drafter_kinds.KINDS:
+    for kind in kinds.KINDS:
         if kind.name == "auto" and not engine.has_model_drafter:
             continue
         name = current if parsed and parsed[0] is kind else default_name(kind, engine.drafters.setup)

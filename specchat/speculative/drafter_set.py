@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from specchat.config import Mode, SpeculationConfig
-from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftView
-from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable, build
+from specchat.speculative.drafters.base import CachedDrafter, Drafter, DrafterSetup, DrafterUnusable, DraftView
+from specchat.speculative.drafters.registry import build
 from specchat.speculative.model_io import Model
 from specchat.speculative.sampling import Sampler
 

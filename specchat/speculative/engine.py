@@ -15,13 +15,14 @@ import copy
 import threading
 from collections.abc import Iterable, Iterator
 
-from specchat.config import Mode, SamplingConfig, SpeculationConfig, drafter_needed
+from specchat.config import Mode, SamplingConfig, SpeculationConfig
 from specchat.speculative import model_io
 from specchat.speculative.constraint import Constraint
 from specchat.speculative.conversation import Conversation
 from specchat.speculative.detok import Detokenizer, Tokenizer
 from specchat.speculative.drafter_set import DrafterSet
 from specchat.speculative.drafters.base import CachedDrafter, Drafter, DraftView
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.drafters.text import drafter_for
 from specchat.speculative.events import Event, PrefillProgress, ReplyDone, ReplyEnd, step_events
 from specchat.speculative.gamma import AutoGamma, GammaPolicy

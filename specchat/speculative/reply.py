@@ -11,7 +11,7 @@ from typing import Protocol
 
 import torch
 
-from specchat.config import Auto, Mode, SamplingConfig, SpeculationConfig, drafter_needed, seed_for_reply
+from specchat.config import Auto, Mode, SamplingConfig, SpeculationConfig, seed_for_reply
 from specchat.memory import release_freed_memory, resident_bytes
 from specchat.speculative import model_io
 from specchat.speculative.commit import committed, refusal_record
@@ -19,6 +19,7 @@ from specchat.speculative.constraint import Constraint, for_drafts
 from specchat.speculative.conversation import Conversation
 from specchat.speculative.drafter_set import DrafterSet
 from specchat.speculative.drafters.base import DraftPlan
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.events import PrefillProgress, ReplyEnd
 from specchat.speculative.gamma import GammaPolicy
 from specchat.speculative.metrics import StatsRecorder

@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import TextIO
 
-from specchat.config import Config, ConfigError, set_from_text, with_value
+from specchat.config import Config, ConfigError
 from specchat.errors import ModelLoadError
 from specchat.launch import (
     CompareFactory,
@@ -27,6 +27,7 @@ from specchat.launch import (
 from specchat.loading.models import load_pair
 from specchat.safe_text import json_text, visible
 from specchat.session.chat import ChatError, ChatSession, CompareFn
+from specchat.settings import set_from_text, with_value
 from specchat.speculative.events import ReplyDone, Token
 from specchat.speculative.sampling import NoLawError
 from specchat.tui import render

@@ -23,8 +23,9 @@ from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
 
-from specchat.config import Mode, with_value
+from specchat.config import Mode
 from specchat.session.chat import ChatError, ChatSession
+from specchat.settings import with_value
 from specchat.tui import render
 from specchat.tui.commands import Clip, Registry, write_free_name
 from specchat.tui.reply_view import markdown_view, osc52

@@ -15,10 +15,11 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from specchat.config import Config, ConfigError, Mode, as_flat_dict, from_wire, problem, to_wire, with_value
+from specchat.config import Config, ConfigError, Mode, from_wire, to_wire
 from specchat.fileio import write_text_atomic
 from specchat.safe_text import json_text, visible
 from specchat.session.chat import CUT_MARKS, ChatError, ChatSession, ReplyRecord
+from specchat.settings import as_flat_dict, problem, with_value
 from specchat.speculative.metrics import ReplyStats
 from specchat.tui.render import stats_line
 

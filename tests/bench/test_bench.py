@@ -13,8 +13,9 @@ from tiny_models import build_model
 from specchat.bench import suite as bench
 from specchat.bench.methods import Measurement, Method, Runner, default_methods
 from specchat.bench.report import markdown_table
-from specchat.config import AUTO, Config, ConfigError, with_value
+from specchat.config import AUTO, Config, ConfigError
 from specchat.loading.models import LoadedPair, ModelFacts
+from specchat.settings import with_value
 
 PROMPTS = [
     {"name": "code", "kind": "code", "messages": [{"role": "user", "content": "def reverse(lst):"}]},

@@ -12,7 +12,8 @@ import numpy as np
 
 from specchat.bench import llamacpp
 from specchat.bench.methods import default_methods
-from specchat.config import SamplingConfig, load_config
+from specchat.config import SamplingConfig
+from specchat.settings import load_config
 
 
 def test_without_llama_cpp_python_the_rows_are_skipped_with_one_line(monkeypatch):

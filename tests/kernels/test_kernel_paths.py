@@ -330,8 +330,8 @@ def test_the_bundled_pair_gives_the_same_tokens_on_the_portable_path_and_stays_e
     speculative with the portable path forced: the same token ids."""
     from model_files import greedy_reply
 
-    from specchat.config import load_config
     from specchat.loading.models import load_pair
+    from specchat.settings import load_config
 
     pair = load_pair(load_config(None, []))
     messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]

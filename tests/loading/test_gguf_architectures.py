@@ -9,12 +9,12 @@ import torch
 from model_files import greedy_reply, logits, tiny_model, vocab_size, write_gguf
 from tiny_models import build_tokenizer
 
-from specchat.config import load_config
 from specchat.errors import ModelLoadError
 from specchat.loading import devices, plan
 from specchat.loading.gguf.config import file_config, set_head_size
 from specchat.loading.models import load_pair
 from specchat.runtime import architectures
+from specchat.settings import load_config
 
 
 @pytest.fixture(autouse=True)

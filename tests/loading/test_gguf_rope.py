@@ -11,9 +11,9 @@ from test_gguf_architectures import cache, on_the_cpu
 from tiny_models import build_tokenizer
 from transformers import LlamaForCausalLM
 
-from specchat.config import load_config
 from specchat.loading.gguf.config import file_config, llama3_divisors, llama3_scaling
 from specchat.loading.models import load_model
+from specchat.settings import load_config
 
 HEAD = 16  # 8 frequencies; with base 10000 and an original context of 2048, every band of the scaling has some
 SCALING = {

@@ -11,8 +11,9 @@ from model_files import tiny_model, vocab_size, write_gguf
 from test_gguf_architectures import cache, on_the_cpu
 from tiny_models import build_tokenizer
 
-from specchat.config import ModelConfig, load_config
+from specchat.config import ModelConfig
 from specchat.loading.models import load_model
+from specchat.settings import load_config
 
 PROMPT_IDS = list(range(3, 40))
 

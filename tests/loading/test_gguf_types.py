@@ -18,13 +18,14 @@ from gguf.quants import dequantize
 from model_files import BLOCK_SCALES, BLOCK_WIDE, greedy_reply, random_blocks, tiny_model, typed_pair_files, vocab_size
 from test_gguf_architectures import cache, on_the_cpu, tok
 
-from specchat.config import ModelConfig, load_config
+from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.gguf.blocks import AS_STORED as AS_STORED_DECODERS
 from specchat.loading.gguf.blocks import _decoded, decode_q5_k, requantized_notice
 from specchat.loading.models import load_model, load_pair
 from specchat.quant.q4_tiles import Q4Tiles
 from specchat.quant.w4a8 import Q4Linear
+from specchat.settings import load_config
 
 FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
 

@@ -594,7 +594,7 @@ def test_hub_id_without_network_says_how_to_work_offline(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_bundled_pair_greedy_speculation_equals_target_only():
     """Assembles and converts on the first run (minutes, float32 cache), then loads in seconds."""
-    from specchat.config import load_config
+    from specchat.settings import load_config
 
     cfg = load_config(
         None,
@@ -624,7 +624,7 @@ def test_bundled_pair_greedy_speculation_equals_target_only():
 def test_bundled_pair_as_the_chat_loads_it_is_exact_in_its_own_dtype():
     """The default config (w4a8 target on the GGUF's own Q4_K blocks, w4a8-fast drafter, lean forwards):
     speculative == target-only for gamma 1, 4 and 8 over a longer reply, in the dtype the chat runs."""
-    from specchat.config import load_config
+    from specchat.settings import load_config
 
     pair = load_pair(load_config(None, []))
     assert pair.target_facts.backend == pair.drafter_facts.backend == "lean (compiled layers)"

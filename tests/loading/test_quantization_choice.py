@@ -12,11 +12,12 @@ import torch
 from tiny_models import build_tokenizer
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from specchat.config import Config, ConfigError, ModelConfig, load_config
+from specchat.config import Config, ConfigError, ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.kernels import build as kernels
 from specchat.loading import devices, quantization_choice
 from specchat.loading.quantization_choice import choose, choose_quantizations
+from specchat.settings import load_config
 
 
 @pytest.fixture

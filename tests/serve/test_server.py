@@ -149,7 +149,7 @@ def test_a_lone_surrogate_is_a_400_that_names_its_field(client, route, body, fie
 
 def test_a_body_past_the_bound_or_not_json_is_refused(pair):
     service = Service(None, pair.tokenizer, "", 1024)
-    from specchat.config import load_config
+    from specchat.settings import load_config
 
     client = TestClient(build_app(service, Settings("m", load_config(None), max_body=100)), base_url=LOCAL)
     as_json = {"Content-Type": "application/json"}

@@ -10,8 +10,9 @@ import threading
 import pytest
 from conftest import make_engine
 
-from specchat.config import Config, SamplingConfig, with_value
+from specchat.config import Config, SamplingConfig
 from specchat.session.chat import ChatError, ChatSession, Notice, TemplateFailure, render_prompt
+from specchat.settings import with_value
 from specchat.speculative.events import ReplyDone, Token
 from specchat.tui.transcript import save_transcript
 

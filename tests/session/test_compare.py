@@ -9,10 +9,11 @@ import torch
 from conftest import make_engine
 from rich.console import Console
 
-from specchat.config import RANDOM, Config, with_value
+from specchat.config import RANDOM, Config
 from specchat.loading.models import LoadedPair, ModelFacts
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer, CompareReport
+from specchat.settings import with_value
 from specchat.tui.compare_view import CompareView, view_compare_fn
 
 

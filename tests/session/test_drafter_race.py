@@ -7,7 +7,7 @@ import threading
 
 from conftest import make_engine
 
-from specchat.config import Config, SamplingConfig, SpeculationConfig, with_value
+from specchat.config import Config, SamplingConfig, SpeculationConfig
 from specchat.session.chat import ChatSession
 from specchat.session.drafter_race import (
     RACE_RUNS,
@@ -18,6 +18,7 @@ from specchat.session.drafter_race import (
     race_seconds,
     winner,
 )
+from specchat.settings import with_value
 from specchat.speculative.metrics import ReplyStats
 from specchat.speculative.model_io import kv_length
 from specchat.tui.commands import build_registry

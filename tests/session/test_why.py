@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import make_engine, reference_probs
 
-from specchat.config import Config, SamplingConfig, SpeculationConfig, with_value
+from specchat.config import Config, SamplingConfig, SpeculationConfig
 from specchat.session.chat import ChatSession
+from specchat.settings import with_value
 from specchat.speculative.events import Origin
 from specchat.tui.commands import build_registry
 

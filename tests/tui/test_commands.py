@@ -10,9 +10,10 @@ from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from rich.console import Console
 
-from specchat.config import AUTO, RANDOM, Config, SamplingConfig, UIConfig, all_keys, with_value
+from specchat.config import AUTO, RANDOM, Config, SamplingConfig, UIConfig
 from specchat.safe_text import visible
 from specchat.session.chat import ChatSession, Notice
+from specchat.settings import all_keys, with_value
 from specchat.speculative.events import Origin
 from specchat.speculative.metrics import ReplyStats
 from specchat.tui.commands import Command, Outcome, Registry, build_registry

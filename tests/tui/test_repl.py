@@ -13,8 +13,9 @@ from prompt_toolkit.history import InMemoryHistory
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from specchat.config import RANDOM, Config, SamplingConfig, with_value
+from specchat.config import RANDOM, Config, SamplingConfig
 from specchat.session.chat import ChatSession
+from specchat.settings import with_value
 from specchat.speculative.events import Origin, Rejected, Token
 from specchat.speculative.metrics import ReplyStats
 from specchat.tui.commands import build_registry

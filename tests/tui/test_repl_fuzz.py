@@ -26,10 +26,11 @@ from prompt_toolkit.history import InMemoryHistory
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-from specchat.config import Config, SamplingConfig, all_keys, get_value, with_value
+from specchat.config import Config, SamplingConfig
 from specchat.loading.models import LoadedPair, ModelFacts
 from specchat.session.chat import ChatSession
 from specchat.session.compare import Comparer
+from specchat.settings import all_keys, get_value, with_value
 from specchat.tui.commands import Registry, build_registry
 from specchat.tui.compare_view import view_compare_fn
 from specchat.tui.render import Renderer, make_console

@@ -120,3 +120,18 @@ class CachedDrafter(Drafter, Protocol):
     def view(self) -> DraftView: ...  # what it reads and scores
 
     def fresh(self, view: DraftView) -> CachedDrafter: ...
+
+
+class DrafterUnusable(ValueError):
+    """A drafter name that cannot draft here; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class DrafterSetup:
+    """What a drafter kind's constructor may build on (drafters/registry.py)."""
+
+    target: Model
+    model: Drafter | None  # the drafter model's Drafter (None: no drafter model is loaded)
+    vocab_size: int
+    sampler: Sampler = TORCH_SAMPLER  # computes q: the engine's, the one its step computes p with
+    view: DraftView = DraftView()  # what a drafter model reads and scores

@@ -13,10 +13,9 @@ from __future__ import annotations
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan
+from specchat.speculative.drafters.base import Draft, Drafter, DrafterSetup, DraftPlan
+from specchat.speculative.drafters.copies import copy_draft
 from specchat.speculative.drafters.lookup import MIN_NGRAM, WINDOW, common_prefix_len, match_start
-from specchat.speculative.drafters.lookup_drafter import copy_draft
-from specchat.speculative.drafters.registry import DrafterSetup
 
 COPY_MATCH = MIN_NGRAM  # copy where prompt lookup finds a match at all (the newest 3 tokens occurred before)
 COPY_TOKENS = 4  # tokens a first copy drafts; one taken whole doubles the next, up to the plan's copy length
@@ -98,7 +97,7 @@ class MixedDrafter:
 
 
 def lookup_from_setup(setup: DrafterSetup, _: int | None) -> MixedDrafter:
-    """The `lookup` row's constructor (drafter_kinds.py): copies alone, no model."""
+    """The `lookup` row's constructor (drafters/registry.py): copies alone, no model."""
     return MixedDrafter(None, setup.vocab_size)
 
 

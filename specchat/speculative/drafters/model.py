@@ -10,10 +10,17 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.speculative import model_io
-from specchat.speculative.drafters.base import Draft, Drafter, DraftPlan, DraftRows, DraftView
+from specchat.speculative.drafters.base import (
+    Draft,
+    Drafter,
+    DrafterSetup,
+    DrafterUnusable,
+    DraftPlan,
+    DraftRows,
+    DraftView,
+)
 from specchat.speculative.drafters.context import MIN_GAP, ContextGap
 from specchat.speculative.drafters.lookup import Guesser, NoGuess, PromptLookup, common_prefix_len
-from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
 from specchat.speculative.drafters.vocab import DraftVocab, head_width
 from specchat.speculative.readback import read_back
 from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
@@ -180,7 +187,7 @@ class ModelDrafter:
 
 
 def from_setup(setup: DrafterSetup, _: int | None) -> Drafter:
-    """The `model` row's constructor (drafter_kinds.py): the pair's drafter model, as loading made its Drafter
+    """The `model` row's constructor (drafters/registry.py): the pair's drafter model, as loading made its Drafter
     (a ModelDrafter, or a TextDrafter for a drafter of another tokenizer)."""
     if setup.model is None:
         raise DrafterUnusable("model: no drafter model is loaded")

@@ -15,20 +15,9 @@ from typing import Any
 from torch import nn
 
 from specchat.speculative import model_io
-from specchat.speculative.drafters.base import DraftView
+from specchat.speculative.drafters.base import DrafterSetup, DrafterUnusable, DraftView
 from specchat.speculative.drafters.model import ModelDrafter
-from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable
 from specchat.speculative.sampling import TORCH_SAMPLER, Sampler
-
-PREFIX = "self:"
-
-
-def self_layers(name: str) -> int | None:
-    """N of a 'self:N' drafter name; None for another name."""
-    if not name.startswith(PREFIX):
-        return None
-    digits = name[len(PREFIX) :]
-    return int(digits) if digits.isdigit() else None
 
 
 def layer_count(model: model_io.Model) -> int:
@@ -79,7 +68,7 @@ def self_drafter(
 
 
 def from_setup(setup: DrafterSetup, n: int | None) -> ModelDrafter:
-    """The `self:N` row's constructor (drafter_kinds.py)."""
+    """The `self:N` row's constructor (drafters/registry.py)."""
     n = quarter_of_layers(setup) if n is None else n
     problem = check_self_layers(setup.target, n)
     if problem:

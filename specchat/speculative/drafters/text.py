@@ -21,7 +21,7 @@ import torch
 
 from specchat.config import SamplingConfig
 from specchat.speculative.drafters.base import Draft, DraftPlan, DraftView
-from specchat.speculative.drafters.lookup_drafter import copy_draft
+from specchat.speculative.drafters.copies import copy_draft
 from specchat.speculative.drafters.model import ModelDrafter
 from specchat.speculative.drafters.retokenize import (
     TextMirror,

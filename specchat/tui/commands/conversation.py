@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prompt_toolkit.completion import PathCompleter
 
-from specchat.config import with_value
 from specchat.safe_text import visible
 from specchat.session.chat import ChatSession
+from specchat.settings import with_value
 from specchat.tui import render
 from specchat.tui.commands.registry import Command, Outcome, fail
 from specchat.tui.transcript import load_transcript

@@ -6,8 +6,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from specchat import drafter_kinds
-from specchat.config import Mode, drafter_needed
+from specchat.config import Mode
 from specchat.session.chat import ChatSession
 from specchat.session.drafter_race import (
     NO_DRAFTER,
@@ -20,6 +19,8 @@ from specchat.session.drafter_race import (
     race,
     race_seconds,
 )
+from specchat.speculative.drafters import registry as kinds
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.tui.commands.registry import Command, Outcome, fail
 from specchat.tui.commands.values import show_or_set
 from specchat.tui.compare_view import RaceSubject, race_view
@@ -49,7 +50,7 @@ def cmd_compare_drafters(session: ChatSession) -> Outcome:
 def cmd_compare_gamma(session: ChatSession, arg: str) -> Outcome:
     if not session.records:
         return fail("/compare: no reply yet: /compare gamma reruns the last prompt at each γ")
-    if not session.has_drafter and drafter_kinds.needs_model(session.config.speculation.drafter):
+    if not session.has_drafter and kinds.needs_model(session.config.speculation.drafter):
         return fail("/compare gamma: the drafter model is not loaded; pick another with /drafter lookup or self:N")
     try:
         gammas = parse_gammas(arg)

@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import re
 
-from specchat import drafter_kinds
-from specchat.config import (
-    MODES,
-    Mode,
-    all_keys,
-    as_flat_dict,
-    drafter_needed,
-    set_from_text,
-    with_value,
-)
+from specchat.config import MODES, Mode
 from specchat.safe_text import visible
 from specchat.session.chat import ChatSession
+from specchat.settings import all_keys, as_flat_dict, set_from_text, with_value
+from specchat.speculative.drafters import registry as kinds
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.tui import render
 from specchat.tui.commands.races import cmd_compare
 from specchat.tui.commands.registry import Command, Outcome, fail
@@ -103,10 +97,10 @@ def cmd_mode(session: ChatSession, arg: str) -> Outcome:
 def cmd_drafter(session: ChatSession, arg: str) -> Outcome:
     if arg == "model" and not session.has_drafter:
         return fail("/drafter: no drafter model is loaded; lookup or self:N (no second model) is possible")
-    problem = session.engine.drafter_problem(arg) if arg and drafter_kinds.parse(arg) else None
+    problem = session.engine.drafter_problem(arg) if arg and kinds.parse(arg) else None
     if problem:
         return fail(f"/drafter: {problem}")
-    return show_or_set(session, "drafter", "speculation.drafter", drafter_kinds.usage(), arg)
+    return show_or_set(session, "drafter", "speculation.drafter", kinds.usage(), arg)
 
 
 def cmd_config(session: ChatSession, arg: str) -> Outcome:
@@ -194,10 +188,10 @@ def setting_commands() -> list[Command]:
         ),
         Command(
             "drafter",
-            drafter_kinds.usage(),
-            "who drafts: " + "; ".join(f"{kind.usage}, {kind.help}" for kind in drafter_kinds.KINDS),
+            kinds.usage(),
+            "who drafts: " + "; ".join(f"{kind.usage}, {kind.help}" for kind in kinds.KINDS),
             cmd_drafter,
-            dict.fromkeys(kind.name + (":4" if kind.argument else "") for kind in drafter_kinds.KINDS),
+            dict.fromkeys(kind.name + (":4" if kind.argument else "") for kind in kinds.KINDS),
         ),
         Command("config", "", "every current setting", cmd_config),
         Command(

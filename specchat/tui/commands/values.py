@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from specchat.config import WORD_SETTINGS, get_value, set_from_text, show_value
+from specchat.config import WORD_SETTINGS, show_value
 from specchat.session.chat import ChatSession
+from specchat.settings import get_value, set_from_text
 from specchat.tui.commands.registry import Command, Outcome
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from specchat.config import VIEWS, Mode, with_value
+from specchat.config import VIEWS, Mode
 from specchat.safe_text import visible
 from specchat.session.chat import ChatSession
+from specchat.settings import with_value
 from specchat.speculative.gamma import AutoGamma, gamma_curve
 from specchat.tui import render, stats_view
 from specchat.tui.commands.registry import Command, Outcome, fail

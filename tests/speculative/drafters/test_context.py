@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids
 
-from specchat.config import ConfigError, SpeculationConfig, load_config, set_from_text
+from specchat.config import ConfigError, SpeculationConfig
+from specchat.settings import load_config, set_from_text
 from specchat.speculative.drafters.context import MIN_GAP, ContextGap
 from specchat.speculative.events import ReplyDone
 

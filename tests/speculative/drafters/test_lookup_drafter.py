@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from conftest import hf_greedy, make_engine, prompt_ids
 
-from specchat.config import Config, SamplingConfig, SpeculationConfig, drafter_needed
+from specchat.config import Config, SamplingConfig, SpeculationConfig
 from specchat.session.chat import ChatError, ChatSession
+from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.events import Origin
 from specchat.speculative.model_io import kv_length
 from specchat.tui.commands import build_registry

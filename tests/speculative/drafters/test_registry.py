@@ -1,4 +1,4 @@
-"""Drafters by name from one table (specchat/drafter_kinds.py): a new kind is its own code and one row.
+"""Drafters by name from one table (speculative/drafters/registry.py): a new kind is its own code and one row.
 
 The toy kind below is this file's code (a drafter that proposes the newest token again) and one row added to
 the table; with nothing else changed, the settings take its name, `/drafter` and `/help` offer it, the drafter
@@ -11,11 +11,12 @@ import dataclasses
 import pytest
 from conftest import GREEDY, hf_greedy, make_engine, prompt_ids
 
-from specchat import drafter_kinds
-from specchat.config import ConfigError, SpeculationConfig, load_config
-from specchat.drafter_kinds import DrafterKind
-from specchat.speculative.drafters.lookup_drafter import copy_draft
-from specchat.speculative.drafters.registry import DrafterSetup, DrafterUnusable, build
+from specchat.config import ConfigError, SpeculationConfig
+from specchat.settings import load_config
+from specchat.speculative.drafters import registry as kinds
+from specchat.speculative.drafters.base import DrafterSetup, DrafterUnusable
+from specchat.speculative.drafters.copies import copy_draft
+from specchat.speculative.drafters.registry import DrafterKind, build
 
 PROMPT = "def add(a, b):"
 
@@ -43,8 +44,8 @@ def echo_from_setup(setup: DrafterSetup, _: int | None) -> EchoDrafter:
 @pytest.fixture
 def echo_kind(monkeypatch):
     """The one row a new kind adds."""
-    row = DrafterKind("echo", "the newest token again", f"{__name__}:echo_from_setup")
-    monkeypatch.setattr(drafter_kinds, "KINDS", [*drafter_kinds.KINDS, row])
+    row = DrafterKind("echo", "the newest token again", echo_from_setup)
+    monkeypatch.setattr(kinds, "KINDS", [*kinds.KINDS, row])
     return row
 
 
@@ -78,9 +79,9 @@ def test_names_the_table_does_not_hold_are_refused_in_one_line(target, tokenizer
         build("echo", setup)
 
 
-def test_every_row_builds_from_its_named_constructor(target, similar_drafter_model, tokenizer):
+def test_every_row_builds_from_its_constructor(target, similar_drafter_model, tokenizer):
     engine = make_engine(target, similar_drafter_model, tokenizer)
-    for kind in drafter_kinds.KINDS:
+    for kind in kinds.KINDS:
         name = kind.name + (":1" if kind.argument else "")
         assert engine.drafter_problem(name) is None, name
         assert engine.drafters.built[name] is not None
@@ -94,6 +95,6 @@ def test_the_docs_list_every_kind():
 
     docs = Path(__file__).parents[3] / "docs"
     commands, config = (docs / "commands.md").read_text(), (docs / "config.md").read_text()
-    for kind in drafter_kinds.KINDS:
+    for kind in kinds.KINDS:
         assert f"`{kind.usage}`" in config and kind.usage in commands, kind.usage
-    assert drafter_kinds.usage() in commands.replace("\\|", "|")
+    assert kinds.usage() in commands.replace("\\|", "|")

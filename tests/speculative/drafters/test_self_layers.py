@@ -8,8 +8,9 @@ import pytest
 import torch
 from conftest import hf_greedy, make_engine, prompt_ids
 
-from specchat.config import ConfigError, SamplingConfig, SpeculationConfig, load_config
+from specchat.config import ConfigError, SamplingConfig, SpeculationConfig
 from specchat.runtime.lean import LeanKVCache, attach_lean
+from specchat.settings import load_config
 from specchat.speculative.drafters.self_layers import truncated_model
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=30)
