@@ -3,6 +3,7 @@
     python -m specchat.bench.profile [--config FILE] [--gamma 4] [--context 256] [--repeats 9] [key=value ...]
     python -m specchat.bench.profile --prefill 512 2048 8192 [--chunk N]   (prompt reading: bench/prefill.py)
     python -m specchat.bench.profile --rows 1 5 9 17 33 65   (T(n): a target forward of n rows, what a copy costs)
+    python -m specchat.bench.profile --steps [--tokens 128]   (a whole step of a real reply, by part: step_split.py)
 
 For one decode step of the target (1 token), a verification forward of the target (gamma+1 tokens)
 and one decode step of the drafter (1 token, with the drafter's restricted head as the chat runs it),
@@ -168,6 +169,12 @@ def parse_args(argv):
         help="instead: the target's forward of N rows after the context, T(N) and T(N)/T(1) (verifying N-1 drafts)",
     )
     parser.add_argument(
+        "--steps",
+        action="store_true",
+        help="instead: a real reply's steps (drafter model, --gamma), each split by part (bench/step_split.py)",
+    )
+    parser.add_argument("--tokens", type=int, default=128, help="with --steps: tokens of the timed reply (128)")
+    parser.add_argument(
         "--chunk",
         type=int,
         default=PREFILL_CHUNK,
@@ -207,6 +214,8 @@ def main(argv=None) -> int:
     context = pair.tokenizer.encode(fixed_text())[: args.context]
     if args.rows:
         return _rows_report(pair, context, args.rows, args.repeats)
+    if args.steps:
+        return _steps_report(pair, cfg, args.gamma, args.tokens)
     vocab_limit = cfg.speculation.drafter_vocab
     print(
         f"target {pair.target_facts.name} ({pair.target_facts.quantization}, {pair.target_facts.dtype}); "
@@ -245,6 +254,22 @@ def _rows_report(pair, context: list[int], rows: list[int], repeats: int) -> int
         extra = f"{(ms / costs[1] - 1) / (n - 1):.3f}" if n > 1 else "—"
         lines.append(f"| {n} | {ms:.1f} | {ms / costs[1]:.2f} | {extra} |")
     print("\n".join(lines))
+    return 0
+
+
+def _steps_report(pair, cfg, gamma: int, tokens: int) -> int:
+    from specchat.bench.step_split import report
+    from specchat.bench.suite import load_prompts
+    from specchat.session.chat import render_prompt
+
+    prompt = load_prompts(None, quick=True)[0]
+    ids = render_prompt(pair.tokenizer, cfg.ui.system_prompt, prompt["messages"])
+    print(
+        f"target {pair.target_facts.name} ({pair.target_facts.quantization}); drafter "
+        f"{pair.drafter_facts.name if pair.drafter_facts else '—'}; kernel {running_path() or '—'}; γ {gamma}; "
+        f"drafter_vocab {cfg.speculation.drafter_vocab}; {torch.get_num_threads()} threads; prompt {prompt['name']!r}, greedy, {tokens} tokens\n"
+    )
+    print(report(pair, list(ids), gamma, tokens, cfg.speculation))
     return 0
 
 
