@@ -151,6 +151,7 @@ class UIConfig:
 class RuntimeConfig:
     kernel: str = "auto"  # the w4a8 kernel's code path: auto (the fastest this CPU has) or one of KERNELS
     kv_cache: str = "float16"  # keys and values of models on the compiled layer loop: float16, bfloat16 or float32
+    memory_check: bool = True  # refuse, before loading, a pair that will not fit in memory (loading/memory_need.py)
 
 
 @dataclass(frozen=True)

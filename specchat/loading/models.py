@@ -24,6 +24,7 @@ from specchat.loading.attach import attach, pair_sampler
 from specchat.loading.checkpoint import checkpoint_for
 from specchat.loading.devices import dtype_name
 from specchat.loading.huge_pages import huge_pages_offered, into_huge_pages, w4a8_tensors
+from specchat.loading.memory_need import check_memory
 from specchat.loading.pair_check import PairCheck, judge_pair
 from specchat.loading.plan import ModelPlan, plan_model, plan_pair
 from specchat.loading.quantize import quantize
@@ -70,6 +71,7 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     """Load the target and (when configured) the drafter, check they fit together."""
     _check_drafter_needed(cfg)
     plans = plan_pair(cfg, progress)  # before any slow work: a mode or a device that cannot run here fails now
+    check_memory(plans, cfg)  # and a pair that will not fit in memory
     tokenizers: dict = {}  # one tokenizer for checkpoints with the same tokenizer files
     loaded = {}
     for plan in plans:

@@ -49,6 +49,7 @@ NUMBERS = (  # `<architecture><suffix>`, read where it is an integer or a float:
     ".rope.dimension_count",
     ".attention.sliding_window",
     ".rope.scaling.factor",  # Gemma-3's global layers' (gguf/gemma.py)
+    ".context_length",  # the KV cache at the context limit (loading/memory_need.py)
 )
 SPECIAL_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")  # read where integers: checked in range
 TOKENS = "tokenizer.ggml.tokens"  # its item count is read (TOKEN_COUNT), every token skipped
