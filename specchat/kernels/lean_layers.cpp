@@ -7,7 +7,7 @@
 // and key (add_head_norms) before the rotation. Gemma's layers add norms after attention and after the MLP
 // (add_sandwich_norms), a GELU-tanh MLP (set_activation), soft-capped scores (set_softcap), and windows and
 // rotary tables of their own (set_layer_attention); their 1 + w norms come folded into the weights.
-#include <torch/python.h>
+#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <chrono>
@@ -82,7 +82,7 @@ Q4Product checked_product(const Projection& projection, const char* name, int64_
   TORCH_CHECK(product.outputs == outputs, name, " gives ", product.outputs, " outputs; the layer takes ", outputs);
   const torch::Tensor& bias = projection.bias;
   if (bias.defined())
-    TORCH_CHECK(bias.device().is_cpu() && bias.dim() == 1 && bias.scalar_type() == torch::kFloat32 &&
+    TORCH_CHECK(bias.device().is_cpu() && bias.dim() == 1 && bias.scalar_type() == at::kFloat &&
                 bias.is_contiguous() && bias.size(0) == outputs, name, "'s bias must be float32 [", outputs,
                 "] on the CPU, not ", bias.scalar_type(), " ", bias.sizes(), " on ", bias.device());
   return product;
@@ -261,7 +261,7 @@ constexpr int64_t MAX_SIZE = int64_t{1} << 24;  // the most heads, head_dim, hid
 
 // A norm's weight as rms_norm_rows reads it: `width` contiguous float32 on the CPU.
 void check_norm(const torch::Tensor& weight, int64_t width, const char* name) {
-  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 1 && weight.scalar_type() == torch::kFloat32 &&
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 1 && weight.scalar_type() == at::kFloat &&
               weight.is_contiguous(), name, " must be a contiguous float32 vector on the CPU, not ", weight.scalar_type(),
               " ", weight.sizes(), " on ", weight.device());
   TORCH_CHECK(weight.size(0) == width, name, " is ", weight.size(0), " wide; the layers are ", width);
@@ -428,7 +428,7 @@ class LeanLayers {
 
   void check_hidden(const torch::Tensor& hidden, int64_t start) const {
     TORCH_CHECK(hidden.device().is_cpu(), "the compiled layers run on the CPU only, not on ", hidden.device());
-    TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == torch::kFloat32,
+    TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == at::kFloat,
                 "hidden must be float32 [1, fed, hidden]");
     TORCH_CHECK(start >= 0, "start must be >= 0, not ", start);
     TORCH_CHECK(layers_.empty() || hidden.size(2) == width_, "hidden is ", hidden.size(2), " wide; the layers take ", width_);
@@ -437,7 +437,7 @@ class LeanLayers {
   void check_tables(const torch::Tensor& cos, const torch::Tensor& sin, int64_t fed) const {
     for (const auto& table : {cos, sin})
       TORCH_CHECK(table.device().is_cpu() && (table.dim() == 2 || table.dim() == 3) &&
-                  table.scalar_type() == torch::kFloat32 && table.is_contiguous() && table.sizes() == cos.sizes() &&
+                  table.scalar_type() == at::kFloat && table.is_contiguous() && table.sizes() == cos.sizes() &&
                   table.size(-2) == fed && table.size(-1) == head_dim_,
                   "cos and sin must be contiguous float32 [fed, head_dim] or [tables, fed, head_dim] on the CPU");
     const int64_t tables = cos.dim() == 3 ? cos.size(0) : 1;
@@ -452,7 +452,7 @@ class LeanLayers {
     for (size_t i = 0; i < keys.size(); ++i)
       for (const auto& cache : {keys[i], values[i]}) {
         TORCH_CHECK(cache.device().is_cpu() && cache.dim() == 3, "keys and values must be 3-dimensional, on the CPU");
-        TORCH_CHECK((cache.scalar_type() == torch::kFloat32 || cache.scalar_type() == torch::kHalf ||
+        TORCH_CHECK((cache.scalar_type() == at::kFloat || cache.scalar_type() == torch::kHalf ||
                      cache.scalar_type() == torch::kBFloat16) &&
                     cache.scalar_type() == keys[0].scalar_type() && cache.is_contiguous() && cache.size(0) == kv_heads_ &&
                     cache.size(1) - fed >= start && cache.size(2) == head_dim_,

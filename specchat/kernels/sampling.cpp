@@ -18,7 +18,7 @@
 // A row with no finite largest logit (one holding +inf, or all -inf) or holding a NaN gives NaN probabilities,
 // as the torch code does (its best − best is inf − inf there, and its softmax NaN): no token is picked from it as
 // if it were a law (every e would be 0, and the nucleus of nothing has no last token).
-#include <torch/types.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cmath>
@@ -122,7 +122,7 @@ void row_probs(const float* x, int64_t width, float temperature, int64_t top_k, 
 }  // namespace
 
 torch::Tensor top_p_probs(torch::Tensor logits, double temperature, int64_t top_k, double top_p) {
-  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kFloat,
               "logits must be float32 [rows, vocab] on the CPU");
   TORCH_CHECK(temperature > 0 && std::isfinite(temperature) && top_p > 0 && top_p <= 1 && top_k >= 0,
               "temperature > 0, top_p in (0, 1], top_k >= 0 (temperature finite): not ", temperature, ", ", top_p, ", ", top_k);
@@ -218,13 +218,13 @@ Peak row_peak(const Peak* peaks, int64_t spans) {
 }  // namespace
 
 std::vector<torch::Tensor> greedy_rows(torch::Tensor logits) {
-  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.scalar_type() == at::kFloat,
               "logits must be float32 [rows, vocab] on the CPU");
   TORCH_CHECK(logits.size(1) > 0 && logits.size(1) < EXACT_INDEX, "logits must be 1 to 2^24 - 1 tokens wide");
   auto input = logits.contiguous();
   const int64_t rows = input.size(0), width = input.size(1), spans = (width + SPAN - 1) / SPAN;
   auto ids = torch::empty({rows}, torch::kLong);
-  auto totals = torch::empty({rows}, torch::kFloat32);
+  auto totals = torch::empty({rows}, at::kFloat);
   const float* x = input.data_ptr<float>();
   int64_t* id = ids.data_ptr<int64_t>();
   float* total = totals.data_ptr<float>();

@@ -8,7 +8,7 @@
 // Activations x [M, K] float32 are mapped per row and per block onto int8 (scale amax/127), as
 // llama.cpp's Q8 blocks do, so an outlier channel costs precision only inside its own block. A row
 // holding a NaN or an infinity gives NaN outputs.
-#include <torch/types.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>
@@ -114,13 +114,13 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   for (const auto& t : {qs, sc, m, d, dmin}) TORCH_CHECK(t.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", t.device());
   TORCH_CHECK(qs.dim() == 3 && sc.dim() == 3 && m.dim() == 3 && d.dim() == 3 && dmin.dim() == 3,
               "the weights must be in 16-row tiles (3-dimensional)");
-  TORCH_CHECK((qs.scalar_type() == torch::kUInt8 || qs.scalar_type() == torch::kInt8) && qs.is_contiguous(),
+  TORCH_CHECK((qs.scalar_type() == at::kByte || qs.scalar_type() == at::kChar) && qs.is_contiguous(),
               "qs must be contiguous uint8 (levels) or int8 (4-bit table indices)");
-  TORCH_CHECK(qs.scalar_type() == torch::kUInt8 || qs.size(2) == 16 * TILE_ROWS, "int8 qs must hold 4-bit table indices (16 bytes a row and group), not ",
+  TORCH_CHECK(qs.scalar_type() == at::kByte || qs.size(2) == 16 * TILE_ROWS, "int8 qs must hold 4-bit table indices (16 bytes a row and group), not ",
               qs.size(2) / TILE_ROWS, " bytes a row");
-  const bool halves = sc.scalar_type() == torch::kInt8;
+  const bool halves = sc.scalar_type() == at::kChar;
   for (const auto& t : {sc, m})
-    TORCH_CHECK(t.scalar_type() == (halves ? torch::kInt8 : torch::kUInt8) && t.is_contiguous(),
+    TORCH_CHECK(t.scalar_type() == (halves ? at::kChar : at::kByte) && t.is_contiguous(),
                 "sc and m must be contiguous uint8 (a group's) or both int8 (a half's)");
   for (const auto& t : {d, dmin}) TORCH_CHECK(t.scalar_type() == torch::kHalf && t.is_contiguous(), "d and dmin must be contiguous float16");
   const int64_t tiles = qs.size(0), groups = qs.size(1), blocks = d.size(1);
@@ -145,7 +145,7 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
 
 void check_input(const torch::Tensor& x) {
   TORCH_CHECK(x.device().is_cpu(), "the w4a8 kernel runs on the CPU only, not on ", x.device());
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32, "x must be float32 [M, K]");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "x must be float32 [M, K]");
 }
 
 void check_count(const std::vector<torch::Tensor>& t) {
@@ -155,11 +155,11 @@ void check_count(const std::vector<torch::Tensor>& t) {
 Q4Part part_from(const std::vector<torch::Tensor>& t, int64_t column) {
   check_count(t);
   const int64_t groups = check_tiles(t[0], t[1], t[2], t[3], t[4]);
-  const bool halves = t[1].scalar_type() == torch::kInt8;
+  const bool halves = t[1].scalar_type() == at::kChar;
   const auto bytes = [](const torch::Tensor& u) { return static_cast<const uint8_t*>(u.data_ptr()); };
   const q4::Tiles w{bytes(t[0]), bytes(t[1]), bytes(t[2]), reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
                     reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1),
-                    t[0].scalar_type() == torch::kInt8 ? q4::TABLE : bits_of(t[0].size(2)), halves};
+                    t[0].scalar_type() == at::kChar ? q4::TABLE : bits_of(t[0].size(2)), halves};
   return {w, t[0].size(0), column, groups * GROUP / t[3].size(1), groups * GROUP};
 }
 

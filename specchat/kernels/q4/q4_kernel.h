@@ -1,8 +1,15 @@
 // What the kernel module's sources call of each other (q4_kernel.cpp, lean_layers.cpp, bindings.cpp). Tensors
-// only: <torch/types.h> parses in a third of <torch/extension.h>'s time (6 s against 18 here), and only the two
-// sources that speak to Python (bindings.cpp, lean_layers.cpp) include the Python side (module.h).
+// only, and only the two sources that speak to Python (bindings.cpp, lean_layers.cpp) include the Python side
+// (module.h).
 #pragma once
-#include <torch/types.h>
+// ATen's tensor and the two factories the kernels call, not <torch/types.h> (all of ATen: 5.7 s a file here against
+// 1.5); `torch::` names ATen's, as <torch/types.h> makes it.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+namespace torch {
+using namespace at;  // NOLINT: torch::Tensor, torch::kFloat, torch::empty, as <torch/types.h> makes them
+}  // namespace torch
 
 #include <string>
 #include <vector>
