@@ -1,4 +1,5 @@
-"""`specchat` and `python infer.py`: the chat (tui/cli.py), or with `serve` first, the server (serve/cli.py)."""
+"""`specchat` and `python infer.py`: the chat (tui/cli.py); with `serve` first, the server (serve/cli.py); with
+`train-drafter` first, a draft head's training (training/cli.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ def main(argv: list[str] | None = None) -> int:
         from specchat.serve.cli import main as serve
 
         return serve(argv[1:])
+    if argv[:1] == ["train-drafter"]:
+        from specchat.training.cli import main as train_drafter
+
+        return train_drafter(argv[1:])
     from specchat.tui.cli import main as chat
 
     return chat(argv)

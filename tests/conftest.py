@@ -152,3 +152,16 @@ def int8_drafter_model(similar_drafter_model):
     drafter = copy.deepcopy(similar_drafter_model)
     quantize_linears(drafter)
     return drafter
+
+
+@pytest.fixture
+def head_on_target(target, tokenizer, monkeypatch):
+    """The target with a draft head trained for it (the `head` drafter's), taken off again after the test."""
+    from helpers import trained_head
+
+    from specchat.speculative import model_io
+
+    head, learnt, rows = trained_head(target, tokenizer)
+    monkeypatch.setattr(target, model_io.DRAFT_HEAD, head, raising=False)
+    monkeypatch.setattr(target, model_io.FEATURES, False, raising=False)  # restored after (the drafter sets it)
+    return head, learnt, rows

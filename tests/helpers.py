@@ -165,3 +165,28 @@ def scripted_reply(pieces, stats: ReplyStats, stop_reason: str = "eos") -> list:
         drafted, accepted = 0, 0
     text = "".join(e.text for e in events if isinstance(e, Token))
     return events + [ReplyDone(stats, text, tuple(ids), stop_reason)]
+
+
+_HEADS: dict = {}
+
+
+def trained_head(target, tokenizer, steps: int = 300):
+    """A draft head trained for `target` in seconds (training/head_training.py) on this repository's own sources,
+    once a session per target: (head, two of the batches it learnt from, the output rows it was trained against)."""
+    from pathlib import Path
+
+    from specchat.speculative.drafters.head import FeatureHead
+    from specchat.training.head_training import batch, output_rows, target_states, text_files, token_chunks, train_on
+
+    if id(target) not in _HEADS:
+        torch.manual_seed(0)
+        files = text_files([Path(__file__).parents[1] / "specchat" / "speculative"])
+        chunks = [ids for _, ids in zip(range(12), token_chunks(files, tokenizer, 128))]
+        rows = output_rows(target.get_output_embeddings(), len(tokenizer))
+        data = [batch(target_states(target, ids), ids, target.get_input_embeddings(), rows) for ids in chunks]
+        head = FeatureHead(rows.shape[1], 2 * rows.shape[1])
+        optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
+        for step in range(steps):
+            train_on(head, optimizer, data[step % len(data)], rows)
+        _HEADS[id(target)] = (head.eval(), data[:2], rows)
+    return _HEADS[id(target)]

@@ -23,6 +23,7 @@ from specchat.errors import ModelLoadError
 from specchat.loading.attach import attach, pair_sampler
 from specchat.loading.checkpoint import checkpoint_for
 from specchat.loading.devices import dtype_name
+from specchat.loading.draft_head import attach_draft_head
 from specchat.loading.huge_pages import huge_pages_offered, into_huge_pages, w4a8_tensors
 from specchat.loading.memory_need import check_memory
 from specchat.loading.pair_check import PairCheck, judge_pair
@@ -55,6 +56,8 @@ class ModelFacts:
         "transformers"  # lean | lean (compiled layers) | transformers | "transformers (why the lean one could not run)"
     )
     kernel: str = ""  # the w4a8 kernel's code path (avx512-vnni, avx-vnni, avx2, portable); "" without it
+    identity: str = ""  # what the weights are (a GGUF's sha256, a folder's fingerprint): the draft head's key
+    draft_head: str = ""  # the draft head trained for it (loading/draft_head.py), for the banner; "" without one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +141,7 @@ def load_planned(plan: ModelPlan, progress: Progress | None = None, tokenizers: 
     memory = tensor_bytes(tensors)
     in_huge_pages(model, plan.label, progress)
     attached = attach(model, plan, progress)
+    draft_head = attach_draft_head(model, checkpoint.identity, progress) if plan.role == "target" else ""
     facts = ModelFacts(
         plan.source.name,
         plan.written,
@@ -150,6 +154,8 @@ def load_planned(plan: ModelPlan, progress: Progress | None = None, tokenizers: 
         template,
         attached.backend,
         attached.kernel,
+        checkpoint.identity,
+        draft_head,
     )
     return model, tokenizer, facts
 

@@ -75,6 +75,7 @@ class LeanKVCache:
         self.length = 0
         self.keys: list[torch.Tensor] = []  # per layer [kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
+        self.features: torch.Tensor | None = None  # the last forward's kept rows' final hidden states
 
     @property
     def capacity(self) -> int:
@@ -237,6 +238,7 @@ class LeanForward:
             tail = hidden if tail is None else torch.cat([tail, hidden], dim=1)[:, -keep:]
         if not head:
             return tail[0]
+        cache.features = tail[0]  # kept for a draft head (model_io.features): no extra pass
         logits = self.head(tail)[0]
         if self.logit_cap is not None:  # Gemma's final soft-capping, as transformers computes it
             logits = torch.tanh(logits / self.logit_cap) * self.logit_cap

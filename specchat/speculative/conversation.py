@@ -12,9 +12,11 @@ import threading
 import time
 from collections.abc import Iterator
 
+import torch
+
 from specchat.config import Mode
 from specchat.speculative import model_io
-from specchat.speculative.drafters.base import Drafter
+from specchat.speculative.drafters.base import Drafter, TargetRows
 from specchat.speculative.drafters.lookup import common_prefix_len
 from specchat.speculative.events import PrefillProgress
 from specchat.speculative.model_io import Model
@@ -53,10 +55,12 @@ class Conversation:
         for upto in [*range(start + chunk, end, chunk), end] if end > start else []:
             if cancel.is_set():
                 break
+            rows = None
             if mode != Mode.DRAFTER:
                 model_io.forward(self.target, self.kv, self.ids[self.target_seen : upto], keep=1)
+                rows = self._rows(upto - 1)
             if drafter and mode != Mode.TARGET:
-                drafter.observe(self.ids, read=upto)
+                drafter.observe(self.ids, read=upto, target=rows)
             yield PrefillProgress(upto - start, end - start, time.perf_counter() - began)
 
     def prompt_read(self, mode: Mode, drafter: Drafter | None) -> int:
@@ -65,9 +69,18 @@ class Conversation:
             return drafter.observe(self.ids) if drafter is not None else 0
         return self.target_seen
 
-    def append(self, tokens: list[int], drafter: Drafter | None) -> None:
-        """Commit `tokens`; crop the target's KV cache to all but the newest token; the drafter rolls back too."""
+    def append(self, tokens: list[int], drafter: Drafter | None, fed_rows: torch.Tensor | None = None) -> None:
+        """Commit `tokens`; crop the target's KV cache to all but the newest token; the drafter rolls back too, and
+        is handed the target's hidden states of the step's forward (`fed_rows`, a row a token fed from the pending
+        one on) at the committed positions."""
+        start = len(self.ids) - 1
         self.ids.extend(tokens)
         model_io.crop_to(self.kv, min(self.target_seen, len(self.ids) - 1))
         if drafter:
-            drafter.observe(self.ids)
+            rows = TargetRows(start, fed_rows[: len(tokens)]) if fed_rows is not None else None
+            drafter.observe(self.ids, target=rows)
+
+    def _rows(self, position: int) -> TargetRows | None:
+        """The target's hidden state at `position`, from its last forward (which kept that row alone)."""
+        hidden = model_io.features(self.kv)
+        return TargetRows(position, hidden[-1:]) if hidden is not None else None

@@ -15,6 +15,8 @@ import torch
 from transformers import DynamicCache
 
 RUNNER = "specchat_runner"  # attribute of a model that runs its own forward
+DRAFT_HEAD = "specchat_draft_head"  # attribute of a target with a draft head trained for it (drafters/head.py)
+FEATURES = "specchat_features"  # attribute of a transformers model whose caches keep their last forward's features
 PREFILL_CHUNK = 128  # prompt tokens a forward while a prompt is read: the longest a cancel waits (bench/prefill.py)
 
 
@@ -74,6 +76,8 @@ class TransformersKVCache:
             self.inner.crop(-extra)
 
     def run(self, input_ids: torch.Tensor, keep: int, head: bool = True) -> torch.Tensor:
+        if head and getattr(self.model, FEATURES, False):
+            return self._logits_and_features(input_ids, keep)
         if head:
             out = self.model(input_ids=input_ids, past_key_values=self.inner, use_cache=True, logits_to_keep=keep)
             logits: torch.Tensor = out.logits[0, -keep:]
@@ -83,11 +87,27 @@ class TransformersKVCache:
         ).last_hidden_state[0, -keep:]
         return hidden
 
+    def _logits_and_features(self, input_ids: torch.Tensor, keep: int) -> torch.Tensor:
+        """The model's logits as its own forward computes them (decoder, head, a final soft-cap), its last hidden
+        states kept as `features` (what the lean forward keeps at no cost)."""
+        hidden = self.model.get_decoder()(input_ids=input_ids, past_key_values=self.inner, use_cache=True)
+        self.features = hidden.last_hidden_state[0, -keep:]
+        logits: torch.Tensor = self.model.get_output_embeddings()(self.features)
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
     @property
     def nbytes(self) -> int:
         layers = self.inner.layers
         tensors = [t for layer in layers for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
         return sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+
+
+def features(cache: KVCache) -> torch.Tensor | None:
+    """The last hidden states (after the final norm) of the rows the cache's last forward kept [keep, hidden]: the lean
+    forward's always, transformers' where the model asks for them (FEATURES); else None."""
+    kept: torch.Tensor | None = getattr(cache, "features", None)
+    return kept
 
 
 def runner(model: object) -> Runner | None:

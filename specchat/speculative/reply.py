@@ -72,7 +72,7 @@ def run_reply(
         computed = _step(parts, speculation, sampling, remaining, generator, constraint)
         why = refusal_record(computed, index, sampling, parts.sampler)
         step, finished = committed(computed, remaining, index, parts.eos_ids, why)
-        chat.append(step.tokens, drafter)
+        chat.append(step.tokens, drafter, step.target_rows)
         index, produced = index + 1, produced + len(step.tokens)
         recorder.record(step, kept=len(step.tokens))
         if finished or produced >= sampling.max_new_tokens:

@@ -71,6 +71,7 @@ class StepResult:
     confidences: list[float] = field(default_factory=list)  # the drafter's q of every drafted token
     refused_rows: tuple[torch.Tensor, torch.Tensor | None] | None = None  # at the first refused draft: (logits, p)
     rejection: Rejection | None = None  # /why's record of it (insight.rejection_at), on the committed copy
+    target_rows: torch.Tensor | None = None  # the verification forward's hidden states, a row a token fed (features)
     index: int = 0  # the committed copy's place in the reply
     last: bool = False  # whether it is the reply's last step
 
@@ -110,6 +111,7 @@ def speculative_step(
     drafts = draft.tokens.to(model_io.input_device(target))  # [drafted]; drafted <= gamma (a draft may end early)
     start = clock(target)
     logits, fed = _score(target, cache, ids, drafts, vocab_size)
+    target_rows = model_io.features(cache)  # the rows the forward kept, where the target keeps them (a draft head's)
     if sampling.penalized or constraint is not None:  # each row for what came before its token: the context, then
         drafted_ids = [int(token) for token in drafts.tolist()]  # the drafts before it; one read, only where needed
         contexts = [ids + drafted_ids[:row] for row in range(len(drafted_ids) + 1)]
@@ -139,6 +141,7 @@ def speculative_step(
         target_fed=fed,
         confidences=confidences,
         refused_rows=(logits, p) if n < gamma else None,
+        target_rows=target_rows,
     )
 
 

@@ -364,6 +364,10 @@ def banner(pair, drafter: str = "model", expected: str = "") -> Text:
     text.append(" · " + model_facts_text("target", pair.target_facts))
     if getattr(pair.target_facts, "template", "own") == "plain":
         text.append("\n         · the tokenizer has no chat template: using plain User:/Assistant: turns")
+    head = getattr(pair.target_facts, "draft_head", "")
+    if head:  # loading/draft_head.py
+        drafts = "it drafts" if drafter == "head" else "/drafter head drafts with it"
+        text.append(f"\n         · {visible(head)}: {drafts}")
     if drafter == "lookup":
         text.append("\n         · drafter: prompt lookup, no model (/drafter switches)")
     elif pair.drafter_facts is not None:

@@ -17,9 +17,9 @@ def test_a_slow_commit_lands_in_commit_and_the_parts_add_up_to_the_step(
 ):
     real_append = Conversation.append
 
-    def slow_append(self, tokens, drafter):
+    def slow_append(self, *args):
         time.sleep(0.02)
-        real_append(self, tokens, drafter)
+        real_append(self, *args)
 
     monkeypatch.setattr(Conversation, "append", slow_append)
     engine = make_engine(target, similar_drafter_model, tokenizer)

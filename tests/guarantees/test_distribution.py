@@ -315,6 +315,18 @@ def test_sampled_speculation_with_the_lookup_drafter_matches_target_distribution
 
 
 @pytest.mark.parametrize("runs", SIZES)
+def test_sampled_speculation_with_a_draft_head_matches_target_distribution(
+    head_on_target, setting, target, tokenizer, runs
+):
+    """The head drafts from the target's own hidden states (drafters/head.py), 3 tokens a step from its own law;
+    the first two tokens keep the target's."""
+    ids, _ = setting
+    engine = make_engine(target, None, tokenizer)
+    counts = empirical_first_two(engine_replies(engine, ids, 3, drafter="head"), 3, runs)
+    assert check(exact_first_two(target, ids, SAMPLING), counts, f"draft head, gamma 3, {runs} runs") <= 1.0
+
+
+@pytest.mark.parametrize("runs", SIZES)
 def test_sampled_speculation_with_the_auto_drafter_matches_target_distribution(
     target, similar_drafter_model, tokenizer, runs
 ):

@@ -96,14 +96,30 @@ class Draft:
         return drafter_top(row, sampling, ids, sampler)
 
 
+@dataclass(frozen=True)
+class TargetRows:
+    """The target's last hidden states (after its final norm) at positions start, start+1, ... of the committed
+    sequence, from a forward the target ran anyway (a step's verification, a prompt's chunk): a draft head reads them
+    (head.py); other drafters let them pass."""
+
+    start: int
+    hidden: torch.Tensor  # [rows, hidden], on the target's device
+
+    @property
+    def end(self) -> int:
+        """The position after the last row."""
+        return self.start + self.hidden.shape[0]
+
+
 class Drafter(Protocol):
     def propose(
         self, ids: list[int], plan: DraftPlan, sampling: SamplingConfig, generator: torch.Generator
     ) -> Draft: ...
 
-    def observe(self, ids: list[int], read: int = 0) -> int:
-        """The committed sequence is now `ids`; read ids[:read] now where read > 0. Returns how many of ids its
-        state stands for (0 for a drafter without a cache)."""
+    def observe(self, ids: list[int], read: int = 0, target: TargetRows | None = None) -> int:
+        """The committed sequence is now `ids`; read ids[:read] now where read > 0; `target`: the target's hidden
+        states of some of its positions, where its last forward kept them. Returns how many of ids its state
+        stands for (0 for a drafter without a cache)."""
         ...
 
     def reset(self) -> None: ...

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.speculative.drafters.base import Draft, Drafter, DrafterSetup, DraftPlan
+from specchat.speculative.drafters.base import Draft, Drafter, DrafterSetup, DraftPlan, TargetRows
 from specchat.speculative.drafters.copies import copy_draft
 from specchat.speculative.drafters.lookup import MIN_NGRAM, WINDOW, common_prefix_len, match_start
 
@@ -87,8 +87,8 @@ class MixedDrafter:
         taken_whole = bool(last) and ids[start : start + len(last)] == last
         return 2 * self.copy_tokens if taken_whole else COPY_TOKENS
 
-    def observe(self, ids: list[int], read: int = 0) -> int:
-        return self.drafter.observe(ids, read) if self.drafter is not None else 0
+    def observe(self, ids: list[int], read: int = 0, target: TargetRows | None = None) -> int:
+        return self.drafter.observe(ids, read, target) if self.drafter is not None else 0
 
     def reset(self) -> None:
         self.copy_tokens, self.last_copy = COPY_TOKENS, (0, [], 0)

@@ -18,6 +18,7 @@ from specchat.speculative.drafters.base import (
     DraftPlan,
     DraftRows,
     DraftView,
+    TargetRows,
 )
 from specchat.speculative.drafters.context import MIN_GAP, ContextGap
 from specchat.speculative.drafters.lookup import Guesser, NoGuess, PromptLookup, common_prefix_len
@@ -72,7 +73,7 @@ class ModelDrafter:
         self.history = []
         self._vocab = None
 
-    def observe(self, ids: list[int], read: int = 0) -> int:
+    def observe(self, ids: list[int], read: int = 0, target: TargetRows | None = None) -> int:
         """The committed sequence is now `ids`: keep what the cache holds of their common part with what it last
         observed (never the newest id: it is fed next step); with `read`, read ids[:read] now (a prompt's chunk).
         Returns how many of ids the cache stands for."""
@@ -135,7 +136,7 @@ class ModelDrafter:
         if self._short_of_gap:
             self.read_to(ids, len(ids) - 1)  # the part before a gap is read apart from the newest tokens
         guessing = not isinstance(self.guesser, NoGuess)
-        drafting = _Drafting(plan, sampling, generator, self._draft_vocab(ids), self.sampler, guessing, ids)
+        drafting = Drafting(plan, sampling, generator, self._draft_vocab(ids), self.sampler, guessing, ids)
         # [>=1] tokens: the newest committed one, plus any catch-up
         feed = self._tensor(ids[self.seen :])
         while not drafting.finished:
@@ -147,7 +148,7 @@ class ModelDrafter:
             feed = drafting.ids[-1]
         return drafting.draft(self.vocab_size, self.device)
 
-    def _draft_forward(self, feed: torch.Tensor, guess: list[int], drafting: _Drafting) -> None:
+    def _draft_forward(self, feed: torch.Tensor, guess: list[int], drafting: Drafting) -> None:
         """One forward over feed [n] + guess; draft from its rows while the guess matches what was drafted.
 
         Row j is conditioned on guess[:j], so it is the drafter's own next-token distribution as long
@@ -194,7 +195,7 @@ def from_setup(setup: DrafterSetup, _: int | None) -> Drafter:
     return setup.model
 
 
-class _Drafting:
+class Drafting:
     """One draft in progress: its tokens, q rows, confidences, and whether its plan says stop.
 
     Tokens and confidences stay on the device; with `host`, each is also read back as it is drafted (one read

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specchat.config import Mode
-from specchat.speculative.drafters import mixed, model, self_layers
+from specchat.speculative.drafters import head, mixed, model, self_layers
 from specchat.speculative.drafters.base import Drafter, DrafterSetup, DrafterUnusable
 
 NAME = re.compile(r"([a-z][a-z0-9_-]*)(?::([1-9][0-9]{0,2}))?")  # a kind's name, and N from 1 to 999 (self:N)
@@ -38,6 +38,7 @@ KINDS: list[DrafterKind] = [
     DrafterKind("model", "the drafter model", model.from_setup, needs_model=True),
     DrafterKind("lookup", "prompt lookup: a copy from the chat (no model)", mixed.lookup_from_setup),
     DrafterKind("auto", "a copy where the chat offers a match, else the model", mixed.auto_from_setup),
+    DrafterKind("head", "a draft head trained for the target (specchat train-drafter)", head.from_setup),
     DrafterKind(
         "self",
         "the target's own first N layers draft, no second model",
@@ -62,7 +63,7 @@ def parse(name: object) -> tuple[DrafterKind, int | None] | None:
 
 
 def usage() -> str:
-    """The names as a command's usage says them: model|lookup|auto|self:N."""
+    """The names as a command's usage says them: model|lookup|auto|head|self:N."""
     return "|".join(kind.usage for kind in KINDS)
 
 

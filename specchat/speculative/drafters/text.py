@@ -20,7 +20,7 @@ from typing import cast
 import torch
 
 from specchat.config import SamplingConfig
-from specchat.speculative.drafters.base import Draft, DraftPlan, DraftView
+from specchat.speculative.drafters.base import Draft, DraftPlan, DraftView, TargetRows
 from specchat.speculative.drafters.copies import copy_draft
 from specchat.speculative.drafters.model import ModelDrafter
 from specchat.speculative.drafters.retokenize import (
@@ -85,7 +85,7 @@ class TextDrafter:
         self.mirror.reset()
         self.stream, self.seen = [], 0
 
-    def observe(self, ids: list[int], read: int = 0) -> int:
+    def observe(self, ids: list[int], read: int = 0, target: TargetRows | None = None) -> int:
         """Nothing to crop yet: the next read of the conversation crops the cache to the ids that still agree. With
         `read`, ids[:read] are read now, in the drafter's own ids."""
         self.seen = min(self.seen, len(ids) - 1)

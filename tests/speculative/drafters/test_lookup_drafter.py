@@ -72,4 +72,4 @@ def test_the_drafter_command_and_the_toolbar(target, tokenizer):
     list(session.reply(REPEATING))
     assert session.records[-1].stats.drafter == "lookup"
     outcome = registry.run(session, "/drafter sideways")
-    assert outcome.error and "model, lookup, auto or self:N" in outcome.message
+    assert outcome.error and "model, lookup, auto, head or self:N" in outcome.message

@@ -31,7 +31,7 @@ class EchoDrafter:
         draft = copy_draft([ids[-1]] * plan.gamma, sampling, self.vocab_size)
         return dataclasses.replace(draft, source="model")  # auto gamma learns its alpha and c as a model's
 
-    def observe(self, ids, read=0) -> int:
+    def observe(self, ids, read=0, target=None) -> int:
         return 0  # it keeps no cache
 
     def reset(self) -> None: ...
@@ -70,7 +70,7 @@ def test_a_new_kind_is_its_code_and_one_row(echo_kind, target, tokenizer):
 
 def test_names_the_table_does_not_hold_are_refused_in_one_line(target, tokenizer):
     for bad in ("echo", "self", "model:2", "self:0", "self:1000", "Model", ""):
-        with pytest.raises(ConfigError, match="model, lookup, auto or self:N"):
+        with pytest.raises(ConfigError, match="model, lookup, auto, head or self:N"):
             load_config(None, [f"speculation.drafter={bad}"])
     setup = DrafterSetup(target, None, len(tokenizer))
     with pytest.raises(DrafterUnusable, match="no drafter model is loaded"):
@@ -79,7 +79,7 @@ def test_names_the_table_does_not_hold_are_refused_in_one_line(target, tokenizer
         build("echo", setup)
 
 
-def test_every_row_builds_from_its_constructor(target, similar_drafter_model, tokenizer):
+def test_every_row_builds_from_its_constructor(head_on_target, target, similar_drafter_model, tokenizer):
     engine = make_engine(target, similar_drafter_model, tokenizer)
     for kind in kinds.KINDS:
         name = kind.name + (":1" if kind.argument else "")

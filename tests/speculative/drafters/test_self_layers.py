@@ -61,7 +61,7 @@ def test_a_self_drafter_beyond_the_targets_layers_is_refused(target, tokenizer):
     with pytest.raises(ValueError, match="N must be from 1 to 2"):
         list(engine.stream(prompt_ids(tokenizer, PROMPT), GREEDY, SpeculationConfig(drafter="self:7")))
     for bad in ("self:0", "self:", "self:x", "selfish"):
-        with pytest.raises(ConfigError, match="model, lookup, auto or self:N"):
+        with pytest.raises(ConfigError, match="model, lookup, auto, head or self:N"):
             load_config(None, [f"speculation.drafter={bad}"])
 
 
