@@ -78,7 +78,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console = Console(stderr=True)
     run = TrainingRun(pair, cfg.speculation.drafter_vocab, args)
-    run.train(args.sources or default_sources(), args.minutes * 60, console)
+    try:
+        run.train(args.sources or default_sources(), args.minutes * 60, console)
+    except KeyboardInterrupt:
+        run._save_partial()
+        print(
+            f"specchat train-drafter: stopped after {run.done['chunks']} chunks; the same command goes on from there",
+            file=sys.stderr,
+        )
+        return 130
     print(run.report())
     return 0
 

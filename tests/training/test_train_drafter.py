@@ -55,19 +55,26 @@ def test_a_head_trained_in_the_budget_is_saved_and_the_next_load_puts_it_on_the_
     assert pair.target_facts.draft_head.startswith("draft head ")
 
 
-def test_a_stopped_run_resumes_where_its_checkpoint_left_off(cache, tiny_target, text, monkeypatch, capsys):
+def test_a_run_stopped_with_ctrl_c_resumes_where_it_left_off(cache, tiny_target, text, monkeypatch, capsys):
     _, config = tiny_target
+    real_train_on, calls = cli.train_on, []
+
+    def interrupted_on_the_fourth(*args):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real_train_on(*args)
+
     with monkeypatch.context() as patch:
-        patch.setattr(cli, "SAVE_EVERY", 1)
-        patch.setattr(cli.TrainingRun, "_save", lambda self: None)  # stopped before its end: the checkpoint stays
-        assert cli.main(["--config", str(config), "--minutes", "0.03", str(text)]) == 0
+        patch.setattr(cli, "train_on", interrupted_on_the_fourth)
+        assert cli.main(["--config", str(config), "--minutes", "1", str(text)]) == 130
+    assert "stopped after 3 chunks; the same command goes on from there" in capsys.readouterr().err
     [partial] = cache.glob("draft-heads/*.partial.pt")
-    stopped_at = torch.load(partial, weights_only=True)["done"]
-    assert stopped_at["chunks"] >= 1
+    assert torch.load(partial, weights_only=True)["done"]["chunks"] == 3
     assert cli.main(["--config", str(config), "--minutes", "0.03", str(text)]) == 0
     assert not partial.exists()  # the finished run's head replaced the checkpoint
     [head_file] = cache.glob("draft-heads/*.pt")
-    assert read_head(head_file)[1]["chunks"] > stopped_at["chunks"]  # it went on from the checkpoint
+    assert read_head(head_file)[1]["chunks"] > 3  # it went on from the checkpoint
 
 
 def test_bad_arguments_are_one_line_each(tiny_target, tmp_path, capsys):
