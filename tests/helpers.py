@@ -170,7 +170,7 @@ def scripted_reply(pieces, stats: ReplyStats, stop_reason: str = "eos") -> list:
 _HEADS: dict = {}
 
 
-def trained_head(target, tokenizer, steps: int = 900):
+def trained_head(target, tokenizer, steps: int = 300):
     """A draft head trained for `target` in seconds (training/head_training.py) on this repository's own sources,
     once a session per target: (head, two of the batches it learnt from, the output rows it was trained against)."""
     from pathlib import Path

@@ -52,6 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--config", help="model pair TOML (default: the bundled pair; its target is trained for)")
     parser.add_argument("--width", type=int, default=0, help="the head's inner width (default: the hidden size)")
     parser.add_argument("--rate", type=float, default=3e-4, help="AdamW's learning rate (default 3e-4)")
+    parser.add_argument("--depth", type=int, default=1, help="drafts deep each chunk is learnt (default 1)")
     parser.add_argument("--fresh", action="store_true", help="start over instead of resuming a stopped run")
     args = parser.parse_args(argv)
     args.overrides = [item for item in args.items if "=" in item and not Path(item).exists()]
@@ -61,8 +62,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.minutes <= 0 or args.width < 0 or args.rate <= 0:
-        print("specchat train-drafter: error: --minutes and --rate must be > 0, --width ≥ 0", file=sys.stderr)
+    if args.minutes <= 0 or args.width < 0 or args.rate <= 0 or not 1 <= args.depth <= 8:
+        print(
+            "specchat train-drafter: error: --minutes and --rate must be > 0, --width ≥ 0, --depth 1 to 8",
+            file=sys.stderr,
+        )
         return 2
     missing = [str(s) for s in args.sources if not s.exists()]
     if missing:
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run.train(args.sources or default_sources(), args.minutes * 60, console)
     except KeyboardInterrupt:
-        run._save_partial()
+        run.save_checkpoint()
         print(
             f"specchat train-drafter: stopped after {run.done['chunks']} chunks; the same command goes on from there",
             file=sys.stderr,
@@ -104,6 +108,7 @@ class TrainingRun:
         hidden = self.rows.shape[1]
         self.head = FeatureHead(hidden, args.width or hidden)
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=args.rate)
+        self.depth = args.depth
         self.done = {"chunks": 0, "positions": 0, "seconds": 0.0, "loss": 0.0}
         self.held_out: list = []
         if self.partial.is_file() and not args.fresh:
@@ -116,7 +121,7 @@ class TrainingRun:
         self.optimizer.load_state_dict(saved["optimizer"])
         self.done = dict(saved["done"])
 
-    def _save_partial(self) -> None:
+    def save_checkpoint(self) -> None:
         self.partial.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         state = {"record": head_record(self.head, {}), "optimizer": self.optimizer.state_dict(), "done": self.done}
         torch.save(state, self.partial)
@@ -136,12 +141,12 @@ class TrainingRun:
                 if index < skip:
                     continue
                 self.head.train()
-                losses.append(train_on(self.head, self.optimizer, self._batch(ids), self.rows))
+                losses.append(train_on(self.head, self.optimizer, self._batch(ids), self.rows, self.depth))
                 self._count(ids, losses)
                 self.done["next"] = index + 1  # where a resumed run goes on
                 progress.update(task, completed=elapsed, description=self._line(losses))
                 if self.done["chunks"] % SAVE_EVERY == 0:
-                    self._save_partial()
+                    self.save_checkpoint()
         self.done["seconds"] += time.perf_counter() - began
         self.done["agreement"] = self.held_out_agreement()
         self._save()

@@ -5,7 +5,7 @@ embedding, and to make the target's output head choose there what the target's o
 The target's hidden states are read with no output head (model_io.hidden_tensor): a position costs a prompt
 token's reading. The loss per position: smooth L1 between the predicted and the true next hidden state, plus the
 cross-entropy of the output head's rows (the drafter view's first ids) on the prediction against the token the
-true state chooses (EAGLE's two terms), three drafts deep: the second and third prediction from the head's own
+true state chooses (EAGLE's two terms); with --depth N, N drafts deep, each next prediction from the head's own
 previous one, as it drafts. Inputs get a little uniform noise, as EAGLE's.
 """
 
@@ -25,7 +25,7 @@ from specchat.speculative.drafters.head import FeatureHead
 CHUNK = 512  # tokens the target reads at a time
 NOISE = 0.1  # uniform noise on the input hidden states, × their RMS (EAGLE's 0.2 on raw features, here normed)
 CE_WEIGHT = 0.1
-UNROLL = 3  # drafts deep a chunk is learnt: the second and third from the head's own predictions
+DEPTH = 1  # drafts deep a chunk is learnt (train-drafter --depth): 3 measured worse in 20 minutes (draft-head.md)
 TEXT_SUFFIXES = (".py", ".md", ".txt", ".rst", ".toml", ".json", ".c", ".h", ".js", ".ts", ".rs", ".go", ".java")
 MAX_FILE_BYTES = 1_000_000
 
@@ -101,16 +101,18 @@ def batch(states: torch.Tensor, ids: list[int], embed: nn.Module, rows: torch.Te
     return Batch(states[:-1], embedded, next_states, chosen)
 
 
-def train_on(head: FeatureHead, optimizer: torch.optim.Optimizer, data: Batch, rows: torch.Tensor) -> float:
-    """One optimizer step on one chunk, UNROLL drafts deep: the first from the target's (noisy) states, each next
+def train_on(
+    head: FeatureHead, optimizer: torch.optim.Optimizer, data: Batch, rows: torch.Tensor, depth: int = DEPTH
+) -> float:
+    """One optimizer step on one chunk, `depth` drafts deep: the first from the target's (noisy) states, each next
     from the head's own prediction before it, as it drafts (EAGLE-3's training-time test). Its loss."""
     scale = data.states.pow(2).mean().sqrt()
     predicted = data.states + (torch.rand_like(data.states) - 0.5) * 2 * NOISE * scale
     loss = torch.zeros(())
-    for depth in range(min(UNROLL, data.states.shape[0])):
-        predicted = head(predicted if depth == 0 else predicted[:-1], data.embedded[depth:])
-        step = nn.functional.smooth_l1_loss(predicted, data.next_states[depth:])
-        loss = loss + step + CE_WEIGHT * nn.functional.cross_entropy(predicted @ rows.T, data.chosen[depth:])
+    for draft in range(min(depth, data.states.shape[0])):
+        predicted = head(predicted if draft == 0 else predicted[:-1], data.embedded[draft:])
+        step = nn.functional.smooth_l1_loss(predicted, data.next_states[draft:])
+        loss = loss + step + CE_WEIGHT * nn.functional.cross_entropy(predicted @ rows.T, data.chosen[draft:])
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()

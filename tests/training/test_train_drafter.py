@@ -83,6 +83,6 @@ def test_bad_arguments_are_one_line_each(tiny_target, tmp_path, capsys):
     assert cli.main(["--config", str(config), str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "specchat train-drafter: error: --minutes and --rate must be > 0, --width ≥ 0",
+        "specchat train-drafter: error: --minutes and --rate must be > 0, --width ≥ 0, --depth 1 to 8",
         f"specchat train-drafter: error: no such file or folder: {tmp_path / 'missing'}",
     ]

@@ -9,7 +9,7 @@ from conftest import GREEDY, hf_greedy, make_engine, prompt_ids
 
 from specchat.config import SpeculationConfig
 from specchat.speculative.drafters.head import FeatureHead
-from specchat.training.head_training import agreement
+from specchat.training.head_training import agreement, train_on
 
 PROMPT = "def add(a, b):\n    return"
 
@@ -25,8 +25,8 @@ def test_greedy_speculation_with_a_draft_head_is_the_targets_greedy_reply(head_o
 
 
 def test_training_fits_the_targets_next_hidden_states_on_the_text_it_read(head_on_target):
-    """On the text it learnt from, a trained head's first draft is the target's choice far more often than an
-    untrained one's (which is almost never). A tiny random target's states do not generalise from 1,500 positions;
+    """On the text it learnt from, a trained head's first draft is the target's choice most of the time, an
+    untrained one's almost never. A tiny random target's states do not generalise from 1,500 positions;
     the bundled target's held-out figure is train-drafter's report (docs/draft-head.md)."""
     head, learnt, rows = head_on_target
     torch.manual_seed(1)
@@ -34,7 +34,7 @@ def test_training_fits_the_targets_next_hidden_states_on_the_text_it_read(head_o
     positions = sum(agreement(head, data, rows)[1] for data in learnt)
     trained = sum(agreement(head, data, rows)[0] for data in learnt) / positions
     random = sum(agreement(untrained, data, rows)[0] for data in learnt) / positions
-    assert trained > max(0.3, 5 * random)
+    assert trained > max(0.5, 5 * random)
 
 
 def test_without_a_trained_head_the_drafter_is_refused_in_one_line(target, tokenizer):
@@ -62,3 +62,17 @@ def test_without_the_state_of_the_token_before_the_newest_it_drafts_nothing(head
     steps = [s for s in engine.steps(ids, GREEDY, SpeculationConfig(gamma=3, drafter="head"))]
     steps = [s for s in steps if type(s).__name__ == "StepResult"]
     assert steps[0].drafted == 0 and any(step.drafted for step in steps[1:])
+
+
+def test_a_deeper_training_step_adds_the_heads_own_later_drafts_to_its_loss(head_on_target):
+    """train-drafter --depth 3: the second and third drafts, each from the head's own previous prediction, add to
+    the first's loss (the same noise, no step taken: a learning rate of 0)."""
+    head, learnt, rows = head_on_target
+    copy = FeatureHead(head.out.out_features, head.out.in_features)
+    copy.load_state_dict(head.state_dict())
+    optimizer = torch.optim.SGD(copy.parameters(), lr=0.0)
+    losses = {}
+    for depth in (1, 3):
+        torch.manual_seed(7)
+        losses[depth] = train_on(copy, optimizer, learnt[0], rows, depth)
+    assert losses[3] > 2 * losses[1] > 0
