@@ -69,7 +69,7 @@ def parse_args(argv):
         "--drafters",
         default="lookup,self:7",
         metavar="NAMES",
-        help='drafters beyond the model with a row each at γ4 (auto: γauto): lookup, auto, self:N ("" for none)',
+        help='drafters beyond the model with a row each at γ4 (auto: γauto): lookup, auto, head, self:N ("" for none)',
     )
     parser.add_argument(
         "--methods",
