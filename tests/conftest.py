@@ -155,6 +155,14 @@ def int8_drafter_model(similar_drafter_model):
 
 
 @pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache folder of the test's own ($SPECCHAT_CACHE), empty; a module with its own `cache` fixture uses that."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECCHAT_CACHE", str(root))
+    return root
+
+
+@pytest.fixture
 def head_on_target(target, tokenizer, monkeypatch):
     """The target with a draft head trained for it (the `head` drafter's), taken off again after the test."""
     from helpers import trained_head

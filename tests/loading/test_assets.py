@@ -13,13 +13,6 @@ from specchat.loading.models import ModelLoadError
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("SPECCHAT_CACHE", str(root))
-    return root
-
-
-@pytest.fixture
 def fake(tmp_path, monkeypatch):
     """A three-part bundled model of 100 kB whose parts are plain files in tmp_path."""
     chunks = [bytes([i]) * 40_000 for i in (1, 2)] + [b"tail" * 5_000]

@@ -27,12 +27,6 @@ def target_dir(tmp_path_factory, tok):
     return path
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 def pretend_gpu(monkeypatch, device: str = "cuda:0") -> None:
     """load_model decides for `device`, but the weights still land on the CPU (there is no GPU here)."""
     monkeypatch.setattr(planning, "resolve_device", lambda asked: device)

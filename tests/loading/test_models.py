@@ -35,13 +35,6 @@ def on_the_cpu(monkeypatch):
 
 
 # ----- tiny checkpoints on disk -----------------------------------------------------------------
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("SPECCHAT_CACHE", str(root))
-    return root
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_tokenizer()

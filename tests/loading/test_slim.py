@@ -33,12 +33,6 @@ def on_the_cpu(monkeypatch):
     monkeypatch.setattr(plan, "resolve_device", lambda device: "cpu" if device == "auto" else resolve(device))
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_tokenizer()

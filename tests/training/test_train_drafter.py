@@ -16,13 +16,6 @@ from specchat.training import cli
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("SPECCHAT_CACHE", str(root))
-    return root
-
-
-@pytest.fixture
 def tiny_target(tmp_path):
     tok = build_tokenizer()
     path = write_gguf(tmp_path / "tiny.gguf", tiny_qwen2(len(tok)), tok)
