@@ -70,13 +70,14 @@ def _kind(module: nn.Module) -> str | None:
 
 
 @contextmanager
-def timed_function(owner, name: str, seconds: dict[str, float], key: str, timer: PartTimer | None = None):
-    """Count the time of calls to `owner.name` (a module-level function) into seconds[key]; with a
-    timer, linear modules called inside are not counted again."""
+def timed_function(owner, name: str, seconds: dict[str, float], key: str, timer: PartTimer | None = None, nested=""):
+    """Count the time of calls to `owner.name` (a module's function, a class's method, an object's) into
+    seconds[key]; with a timer, linear modules called inside are not counted again; with `nested`, what
+    seconds[nested] gained during a call is not counted in seconds[key] (the drafter's forwards inside its propose)."""
     original = getattr(owner, name)
 
     def timed(*args, **kwargs):
-        start = time.perf_counter()
+        start, inner = time.perf_counter(), seconds[nested] if nested else 0.0
         if timer:
             timer.in_shared += 1
         try:
@@ -84,7 +85,7 @@ def timed_function(owner, name: str, seconds: dict[str, float], key: str, timer:
         finally:
             if timer:
                 timer.in_shared -= 1
-            seconds[key] += time.perf_counter() - start
+            seconds[key] += time.perf_counter() - start - ((seconds[nested] - inner) if nested else 0.0)
 
     setattr(owner, name, timed)
     try:

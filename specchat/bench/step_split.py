@@ -13,7 +13,7 @@ import dataclasses
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
@@ -33,27 +33,6 @@ PARTS = (
     "γ policy and stats",
     "other (events, detokenizing, the loop)",
 )
-
-
-@contextmanager
-def timed_method(owner: type, name: str, seconds: dict[str, float], key: str, nested: str = "") -> Iterator[None]:
-    """Count calls to the method `owner.name` into seconds[key]; with `nested`, minus what seconds[nested] gained
-    inside the call (the drafter's forwards inside its propose)."""
-    original = getattr(owner, name)
-
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        start, inner = time.perf_counter(), seconds[nested] if nested else 0.0
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            elapsed = time.perf_counter() - start
-            seconds[key] += elapsed - ((seconds[nested] - inner) if nested else 0.0)
-
-    setattr(owner, name, timed)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 @contextmanager
@@ -82,14 +61,16 @@ def stopwatches(seconds: dict[str, float]) -> Iterator[None]:
         stack.enter_context(timed_function(step, "_verdict", seconds, "rule and read-back"))
         stack.enter_context(timed_function(step, "token_probs", seconds, "rule and read-back"))
         stack.enter_context(timed_function(step, "read_back", seconds, "rule and read-back"))
-        stack.enter_context(timed_method(model.ModelDrafter, "_draft_forward", seconds, "drafter forwards"))
+        stack.enter_context(timed_function(model.ModelDrafter, "_draft_forward", seconds, "drafter forwards"))
         drafter_rest = "drafter, beyond its forwards"
-        stack.enter_context(timed_method(model.ModelDrafter, "propose", seconds, drafter_rest, "drafter forwards"))
+        stack.enter_context(
+            timed_function(model.ModelDrafter, "propose", seconds, drafter_rest, nested="drafter forwards")
+        )
         stack.enter_context(timed_function(reply, "committed", seconds, "commit and roll back"))
         stack.enter_context(timed_function(reply, "refusal_record", seconds, "commit and roll back"))
-        stack.enter_context(timed_method(conversation.Conversation, "append", seconds, "commit and roll back"))
+        stack.enter_context(timed_function(conversation.Conversation, "append", seconds, "commit and roll back"))
         stack.enter_context(timed_function(reply, "draft_plan", seconds, "γ policy and stats"))
-        stack.enter_context(timed_method(reply.StatsRecorder, "record", seconds, "γ policy and stats"))
+        stack.enter_context(timed_function(reply.StatsRecorder, "record", seconds, "γ policy and stats"))
         yield
 
 
@@ -116,10 +97,9 @@ def split_steps(
     step_times(engine, ids, sampling, speculation)  # warm-up: the caches and the kernels' first calls
     engine.reset()
     seconds: dict[str, float] = defaultdict(float)
-    engine.policy.observe_step = _timed_observe(engine.policy.observe_step, seconds)
-    with stopwatches(seconds):
+    policy = timed_function(type(engine.policy), "observe_step", seconds, "γ policy and stats")
+    with stopwatches(seconds), policy:
         times = step_times(engine, ids, sampling, speculation)
-    del engine.policy.observe_step  # the class's own again
     total = sum(times)
     steps = len(times)
     split = {part: seconds.get(part, 0.0) / steps * 1e3 for part in PARTS[:-1]}
@@ -133,15 +113,6 @@ def split_steps(
         steps,
         tokens / steps,
     )
-
-
-def _timed_observe(observe: Callable[[Any], None], seconds: dict[str, float]) -> Callable[[Any], None]:
-    def timed(result: Any) -> None:
-        start = time.perf_counter()
-        observe(result)
-        seconds["γ policy and stats"] += time.perf_counter() - start
-
-    return timed
 
 
 def split_table(split: dict[str, float], steps: int, per_step: float) -> str:
