@@ -4,6 +4,8 @@
     python -m specchat.bench.profile --prefill 512 2048 8192 [--chunk N]   (prompt reading: bench/prefill.py)
     python -m specchat.bench.profile --rows 1 5 9 17 33 65   (T(n): a target forward of n rows, what a copy costs)
     python -m specchat.bench.profile --steps [--tokens 128]   (a whole step of a real reply, by part: step_split.py)
+    python -m specchat.bench.profile --layer-types Q4_K Q4_0 Q8_0 [--shape 7b] [--rows 1 5 9]
+        (the kernel alone over a layer of that shape in each GGUF type, no model loaded: layer_types.py)
 
 For one decode step of the target (1 token), a verification forward of the target (gamma+1 tokens)
 and one decode step of the drafter (1 token, with the drafter's restricted head as the chat runs it),
@@ -27,6 +29,7 @@ import sys
 
 import torch
 
+from specchat.bench.layer_types import SHAPES, TYPES, type_rows, types_table, unknown_types
 from specchat.bench.part_timing import seconds_of, split_forward
 from specchat.bench.prefill import prefill_rows, prefill_table, prompt_ids
 from specchat.config import ConfigError, SamplingConfig
@@ -180,6 +183,15 @@ def parse_args(argv):
         default=PREFILL_CHUNK,
         help=f"with --prefill: prompt tokens a forward (default {PREFILL_CHUNK}, as the chat reads)",
     )
+    parser.add_argument(
+        "--layer-types",
+        nargs="+",
+        metavar="TYPE",
+        help=f"instead: the kernel over one layer of --shape in each GGUF type ({', '.join(TYPES)}), T(n) for --rows",
+    )
+    parser.add_argument(
+        "--shape", default="7b", choices=list(SHAPES), help="with --layer-types: the layer's shape (default 7b)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     return parser.parse_args(argv)
 
@@ -199,6 +211,8 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.layer_types:
+        return _layer_types_report(args.layer_types, args.shape, args.rows or [1, 5, 9], args.repeats)
     try:
         cfg = load_config(args.config, args.overrides)
         from specchat.loading.models import load_pair
@@ -225,6 +239,30 @@ def main(argv=None) -> int:
     print(forward_table(forward_rows(pair, context, args.gamma, vocab_limit, args.repeats)) + "\n")
     width = vocab_limit if 0 < vocab_limit < pair.vocab_size else pair.vocab_size
     print(host_table(host_rows(pair, args.gamma, width, args.repeats, real_logits(pair, context, args.gamma))))
+    return 0
+
+
+def _layer_types_report(kinds: list[str], shape: str, rows: list[int], repeats: int) -> int:
+    unknown = unknown_types(kinds)
+    if unknown:
+        print(
+            f"specchat bench profile: error: --layer-types: no kernel type {', '.join(unknown)} "
+            f"(known: {', '.join(TYPES)})",
+            file=sys.stderr,
+        )
+        return 2
+    from specchat.kernels.build import q4_kernel
+
+    try:
+        kernel = q4_kernel(to_stderr())
+    except ModelLoadError as err:
+        print(f"specchat bench profile: error: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"one {shape}-shape layer (q, k, v, o, gate, up, down) per type; kernel path {running_path()}; "
+        f"{torch.get_num_threads()} threads; medians of {repeats}\n"
+    )
+    print(types_table(type_rows(kernel.q4_linear, kinds, SHAPES[shape], rows, repeats), rows))
     return 0
 
 

@@ -31,10 +31,10 @@ def expected_fields(kind: type, outs: int, width: int) -> dict:
         return {
             "qs": [(torch.uint8, (tiles, groups, TILE_ROWS * size)) for size in ROW_BYTES]
             + [(torch.int8, (tiles, groups, TILE_ROWS * ROW_BYTES[0]))],  # 4-bit table indices (IQ4's)
-            "sc": [(torch.uint8, (tiles, groups, TILE_ROWS)), halves],
+            "sc": [(torch.uint8, (tiles, groups, TILE_ROWS)), halves, (torch.uint8, (tiles, groups, 0))],  # 0: all 1
             "m": [(torch.uint8, (tiles, width // PAIR, 2 * TILE_ROWS)), halves],
             "d": per_block,
-            "dmin": per_block,
+            "dmin": per_block + [(torch.float16, (tiles, count, 0)) for count in (blocks, groups)],  # 0: d's
             "outs": outs,
         }
     raise TypeError(f"no shapes known for {kind.__name__}")
@@ -51,6 +51,17 @@ def block_problem(block, linear: nn.Linear) -> str:
         if not isinstance(value, torch.Tensor) or (value.dtype, tuple(value.shape)) not in wanted:
             found = f"{value.dtype} {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
             return f"{field} is {found}, not {wanted[0][0]} {list(wanted[0][1])}"
-    if isinstance(block, Q4Tiles) and block.sc.dtype != block.m.dtype:
-        return f"sc is {block.sc.dtype} and m {block.m.dtype}: both a group's (uint8) or both a half's (int8)"
+    if isinstance(block, Q4Tiles):
+        return _tiles_problem(block)
+    return ""
+
+
+def _tiles_problem(tiles: Q4Tiles) -> str:
+    """What the fields' shapes alone do not tell: their agreement with each other."""
+    if tiles.sc.dtype != tiles.m.dtype:
+        return f"sc is {tiles.sc.dtype} and m {tiles.m.dtype}: both a group's (uint8) or both a half's (int8)"
+    if tiles.sc.shape[2] == 0 and tiles.d.shape[1] != tiles.sc.shape[1]:
+        return "sc is left out (every scale 1), which only blocks of one 32-group may do"
+    if tiles.dmin.shape[2] == 0 and tiles.dmin.shape[1] != tiles.d.shape[1]:
+        return f"dmin is left out (d's), yet d is {list(tiles.d.shape)} and dmin {list(tiles.dmin.shape)}"
     return ""

@@ -47,9 +47,10 @@ from specchat.quant.w8a8 import quantize_w8a8
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 FORMATS = {
-    "w4a8": 9,
-    "w4a8-fast": 8,
-}  # a mode's own format, where it changed apart (8/7: a GGUF's Q8_0, Q4_0... as stored; 9/8: Q6_K, IQ4_* too)
+    "w4a8": 10,
+    "w4a8-fast": 9,
+}  # a mode's own format, where it changed apart (8/7: a GGUF's Q8_0, Q4_0... as stored; 9/8: Q6_K, IQ4_* too;
+# 10/9: blocks of one group without their unit scales, dmin left out where it is d)
 VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 

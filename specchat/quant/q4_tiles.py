@@ -21,26 +21,60 @@ class Q4Tiles:
     The last tile is padded with zero rows; `outs` is the true number of output rows."""
 
     qs: torch.Tensor  # uint8 [tiles, in/32, 16 · bytes a row's 32-group takes (16, 24 or 32)]; int8: table indices
-    # sc: uint8 [tiles, in/32, 16]; halves: int8 [tiles, in/32, 2·16], a group's first 16 inputs' then its last's
+    # sc: uint8 [tiles, in/32, 16]; halves: int8 [tiles, in/32, 2·16], a group's first 16 inputs' then its last's;
+    # [tiles, in/32, 0] in blocks of one group whose every scale is 1
     sc: torch.Tensor
     # m: uint8 [tiles, in/64, 32], groups 2p and 2p+1 side by side per row; halves: int8 [tiles, in/32, 32], a
     # group's two halves side by side per row
     m: torch.Tensor
     d: torch.Tensor  # float16 [tiles, blocks, 16] (blocks: in/32 where a block is one group)
-    dmin: torch.Tensor  # float16 [tiles, blocks, 16]
+    dmin: torch.Tensor  # float16 [tiles, blocks, 16]; [tiles, blocks, 0] where it is d
     outs: int
 
     @classmethod
     def from_block(cls, block: Q4Block) -> Q4Tiles:
-        """The block's tiles, QUANTIZE_ROWS rows (a multiple of 16) at a time: a head's temporaries stay small."""
+        """The block's tiles, QUANTIZE_ROWS rows (a multiple of 16) at a time: a head's temporaries stay small.
+        What the layout lets go unstored is left out: the scales of blocks of one group when every one is 1 (sc
+        [tiles, in/32, 0]), and dmin where it equals d (dmin [tiles, blocks, 0]): a GGUF's Q4_0 and Q8_0."""
         rows = block.sc.shape[0]
         if rows <= QUANTIZE_ROWS:
-            return cls._from_rows(block)
+            return cls._from_rows(block)._compact()
         parts = [
             cls._from_rows(Q4Block(*(t[start : start + QUANTIZE_ROWS] for t in block.tensors())))
             for start in range(0, rows, QUANTIZE_ROWS)
         ]
-        return cls(*(torch.cat(fields) for fields in zip(*(part.tensors() for part in parts))), outs=rows)
+        return cls.concat(parts, outs=rows)
+
+    @classmethod
+    def concat(cls, parts: list[Q4Tiles], outs: int) -> Q4Tiles:
+        """The tiles of consecutive runs of rows as one (each part but the last whole tiles), compact."""
+        alike = len({(part.sc.shape[2], part.dmin.shape[2]) for part in parts}) == 1
+        fields = zip(*((part.tensors() if alike else part.full_tensors()) for part in parts))
+        return cls(*(torch.cat(tensors).contiguous() for tensors in fields), outs=outs)._compact()
+
+    def _compact(self) -> Q4Tiles:
+        """These tiles with sc and dmin left out where the layout lets them be (q4_tiles.h)."""
+        sc, dmin = self.sc, self.dmin
+        one_group = self.d.shape[1] == sc.shape[1] and sc.dtype == torch.uint8
+        if one_group and sc.shape[2] and bool((sc.transpose(1, 2).flatten(0, 1)[: self.outs] == 1).all()):  # padding: 0
+            sc = sc.new_empty(*sc.shape[:2], 0)  # new storage: a view would keep the scales' bytes held
+        if dmin.shape[2] and torch.equal(dmin, self.d):
+            dmin = dmin.new_empty(*dmin.shape[:2], 0)
+        return Q4Tiles(self.qs, sc, self.m, self.d, dmin, outs=self.outs)
+
+    def full_tensors(self) -> tuple[torch.Tensor, ...]:
+        """(qs, sc, m, d, dmin) with nothing left out."""
+        return self.qs, self.full_sc, self.m, self.d, self.full_dmin
+
+    @property
+    def full_sc(self) -> torch.Tensor:
+        """sc as stored where left out: every scale 1."""
+        return self.sc if self.sc.shape[2] else torch.ones(*self.sc.shape[:2], TILE_ROWS, dtype=self.sc.dtype)
+
+    @property
+    def full_dmin(self) -> torch.Tensor:
+        """dmin, d where left out."""
+        return self.dmin if self.dmin.shape[2] else self.d
 
     @classmethod
     def _from_rows(cls, block: Q4Block) -> Q4Tiles:
@@ -60,12 +94,12 @@ class Q4Tiles:
     def to_block(self) -> Q4Block:
         """The weights a row after a row (the padding rows dropped)."""
         levels = _untile_levels(self.qs.view(torch.uint8), self.bits)[: self.outs]
-        d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].float().contiguous() for t in (self.d, self.dmin))
+        d, dmin = (t.transpose(1, 2).flatten(0, 1)[: self.outs].float().contiguous() for t in (self.d, self.full_dmin))
         tiles = self.m.shape[0]
         if self.sc.dtype == torch.int8:  # halves
             sc = self.sc.view(tiles, -1, 2, TILE_ROWS).permute(0, 3, 1, 2).reshape(tiles * TILE_ROWS, -1)
         else:
-            sc = self.sc.transpose(1, 2).flatten(0, 1)
+            sc = self.full_sc.transpose(1, 2).flatten(0, 1)
         sc = sc[: self.outs].contiguous()
         m = self.m.view(tiles, -1, TILE_ROWS, 2).permute(0, 2, 1, 3).reshape(tiles * TILE_ROWS, -1)[: self.outs]
         qs = LEVEL_BITS[self.bits][0](levels.contiguous()).view(self.qs.dtype)

@@ -121,9 +121,8 @@ class Q4Group:
     The layers' tiles become views of the fused tiles, so the weights are held once."""
 
     def __init__(self, layers: list[Q4Linear]):
-        parts = zip(*(layer.tiles.tensors() for layer in layers))
         self.widths = [layer.out_features for layer in layers]
-        self.fused = Q4Tiles(*(torch.cat(tensors).contiguous() for tensors in parts), outs=sum(self.widths))
+        self.fused = Q4Tiles.concat([layer.tiles for layer in layers], outs=sum(self.widths))
         self.product = layers[0].product
         start = 0
         for index, layer in enumerate(layers):

@@ -133,6 +133,60 @@ def test_every_path_gives_the_portable_paths_bits_on_each_type_as_stored(kernel,
         assert torch.equal(products(kernel, path, x[:rows], tiles), portable), f"{rows} rows"
 
 
+@pytest.mark.parametrize(
+    "kind, sc_left_out, dmin_left_out", [("Q4_0", True, True), ("Q8_0", True, True), ("Q4_1", True, False)]
+)
+def test_blocks_of_one_group_leave_out_unit_scales_and_a_dmin_equal_to_d_and_give_the_same_bits(
+    kernel, kind, sc_left_out, dmin_left_out
+):
+    """Q4_0's and Q8_0's tiles hold neither their scales (all 1) nor dmin (d); Q4_1's hold its own dmin. Every path
+    gives the bits of the same tiles held whole, and the tiles give back the block they were made from."""
+    tiles = group_type_tiles(kind, 200, 640, seed=4)
+    assert (tiles.sc.shape[2] == 0) == sc_left_out and (tiles.dmin.shape[2] == 0) == dmin_left_out
+    assert tiles.sc.shape[:2] == (13, 20) and tiles.dmin.shape[:2] == tiles.d.shape[:2]
+    whole = Q4Tiles(*tiles.full_tensors(), outs=tiles.outs)
+    assert whole.sc.shape[2] == whole.dmin.shape[2] == 16 and torch.equal(whole.dequantize(), tiles.dequantize())
+    assert all(torch.equal(a, b) for a, b in zip(Q4Tiles.from_block(tiles.to_block()).tensors(), tiles.tensors()))
+    x = torch.randn(17, 640)
+    for path in kernel.kernel_paths():
+        for rows in (1, 2, 5, 9, 17):
+            assert torch.equal(
+                products(kernel, path, x[:rows], tiles), products(kernel, "portable", x[:rows], whole)
+            ), (path, rows)
+
+
+@pytest.mark.parametrize("dmin_is_d", [False, True])
+def test_blocks_of_one_group_with_scales_of_their_own_give_the_portable_paths_bits_on_every_path(kernel, dmin_is_d):
+    """No GGUF type makes them, but the layout allows them: the AVX-512 path's code for blocks of one group with
+    their scales multiplied in, and with dmin its own or d's."""
+    tiles = group_type_tiles("Q4_1", 200, 640, seed=5)
+    block = tiles.to_block()
+    sc = torch.randint(1, 64, block.sc.shape, generator=torch.Generator().manual_seed(5), dtype=torch.uint8)
+    scaled = Q4Tiles.from_block(Q4Block(block.qs, sc, block.m, block.d, block.d if dmin_is_d else block.dmin))
+    assert scaled.sc.shape[2] == 16 and (scaled.dmin.shape[2] == 0) == dmin_is_d
+    x = torch.randn(17, 640)
+    x[:, 3] *= 30
+    for path in kernel.kernel_paths():
+        for rows in (1, 3, 8, 17):
+            assert torch.equal(
+                products(kernel, path, x[:rows], scaled), products(kernel, "portable", x[:rows], scaled)
+            ), (path, rows)
+    y = torch.randn(5, 640, generator=torch.Generator().manual_seed(6))  # no outlier: only the rounding of y
+    exact = y.double() @ scaled.dequantize().double().T
+    assert (products(kernel, "portable", y, scaled).double() - exact).norm() < 0.01 * exact.norm()
+
+
+def test_only_blocks_of_one_group_may_leave_out_their_scales(kernel):
+    tiles = Q4Tiles.from_block(Q4Block.quantize(torch.randn(32, 512) * 0.1, 4))
+    qs, sc, m, d, dmin = tiles.tensors()
+    with pytest.raises(RuntimeError, match="only blocks of one 32-group may leave out sc"):
+        kernel.q4_linear(torch.randn(1, 512), qs, sc[..., :0].contiguous(), m, d, dmin, -1)
+    assert torch.equal(  # dmin may be left out in any block: d stands for it
+        kernel.q4_linear(torch.ones(1, 512), qs, sc, m, d, d[..., :0].contiguous(), -1),
+        kernel.q4_linear(torch.ones(1, 512), qs, sc, m, d, d, -1),
+    )
+
+
 @pytest.mark.parametrize("kind", ["IQ4_NL", "IQ4_XS"])
 def test_table_indices_give_on_every_path_the_bits_of_the_levels_they_stand_for(kernel, kind):
     """IQ4's 4-bit indices, looked up in the kernel, give the products of the same weights held as 8-bit levels."""

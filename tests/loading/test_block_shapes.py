@@ -69,3 +69,22 @@ def test_a_files_own_halves_and_table_tiles_fit_and_their_scales_come_as_one_pai
         mixed = dataclasses.replace(tiles, m=torch.zeros(tiles.m.shape[0], 8, 32, dtype=torch.uint8))
         assert "both a group's" in block_problem(mixed, layer)
         assert block_problem(dataclasses.replace(tiles, sc=tiles.sc.view(torch.uint8)), layer)
+
+
+def test_tiles_that_leave_out_unit_scales_or_dmin_fit_only_where_the_layout_allows():
+    """Q4_0's tiles hold no sc (all 1) and no dmin (d): they fit. A cached block of 256-input blocks without its sc,
+    or without a dmin whose d is another shape, is named, not handed to the kernel."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from specchat.loading.gguf.blocks import decode_group_type
+
+    layer = nn.Linear(512, 40, bias=False)
+    raw = quantize(torch.randn(40, 512).numpy(), GGMLQuantizationType.Q4_0)
+    q4_0 = Q4Tiles.from_block(decode_group_type("Q4_0", torch.from_numpy(raw)))
+    assert q4_0.sc.shape[2] == q4_0.dmin.shape[2] == 0 and block_problem(q4_0, layer) == ""
+    q4_k = Q4Tiles.from_block(Q4Block.quantize(torch.randn(40, 512), 4))
+    no_scales = dataclasses.replace(q4_k, sc=q4_k.sc[..., :0].contiguous())
+    assert "only blocks of one 32-group" in block_problem(no_scales, layer)
+    no_dmin = dataclasses.replace(q4_k, dmin=q4_0.dmin)
+    assert block_problem(no_dmin, layer).startswith("dmin is left out (d's), yet d is [3, 2, 16]")

@@ -330,3 +330,30 @@ def test_each_version_of_the_kernel_source_builds_into_a_folder_of_its_own(monke
         patch.setattr(torch_module, "__version__", "0.0.1")
         assert kernels.q4_build_dir() != first
     assert kernels.q4_build_dir() == first
+
+
+def test_layers_of_one_group_blocks_fuse_whether_or_not_they_leave_out_their_dmin(kernel):
+    """A file's q as Q4_0 (no scales, no dmin held) beside k as Q4_1 (its own dmin): fused whole, with their products."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from specchat.loading.gguf.blocks import decode_group_type
+    from specchat.quant.w4a8 import Q4Group
+
+    torch.manual_seed(3)
+    tiles = [
+        Q4Tiles.from_block(
+            decode_group_type(
+                kind, torch.from_numpy(quantize((torch.randn(rows, 256) * 0.1).numpy(), GGMLQuantizationType[kind]))
+            )
+        )
+        for kind, rows in (("Q4_0", 64), ("Q4_1", 32), ("Q4_0", 16))
+    ]
+    assert [t.dmin.shape[2] for t in tiles] == [0, 16, 0] and all(t.sc.shape[2] == 0 for t in tiles)
+    layers = [Q4Linear(t, None, kernel.q4_linear) for t in tiles]
+    x = torch.randn(3, 256)
+    alone = [layer(x) for layer in layers]
+    group = Q4Group(layers)
+    assert group.fused.sc.shape[2] == 0 and group.fused.dmin.shape[2] == 16  # dmin held for all, d where it is d
+    assert all(torch.equal(a, b) for a, b in zip(alone, group.products(x), strict=True))
+    assert all(torch.equal(a, layer(x)) for a, layer in zip(alone, layers, strict=True))

@@ -131,15 +131,18 @@ int64_t check_tiles(const torch::Tensor& qs, const torch::Tensor& sc, const torc
   const int64_t per_block = groups / blocks;
   TORCH_CHECK((per_block == 1 || per_block % 2 == 0) && per_block <= q4::MAX_BLOCK_GROUPS,
               "a block must hold 1, 2, 4, 6 or 8 32-groups (32 to 256 inputs), not ", per_block);
+  TORCH_CHECK(sc.size(2) != 0 || (per_block == 1 && !halves), "only blocks of one 32-group may leave out sc (every scale 1)");
   if (halves) {
     TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == 2 * TILE_ROWS, "int8 sc must be [tiles, K/32, 32]");
     TORCH_CHECK(m.size(0) == tiles && m.size(1) == groups && m.size(2) == 2 * TILE_ROWS, "int8 m must be [tiles, K/32, 32]");
   } else {
-    TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && sc.size(2) == TILE_ROWS, "sc must be [tiles, K/32, 16]");
+    TORCH_CHECK(sc.size(0) == tiles && sc.size(1) == groups && (sc.size(2) == TILE_ROWS || sc.size(2) == 0),
+                "sc must be [tiles, K/32, 16] (or [tiles, K/32, 0]: every scale 1)");
     TORCH_CHECK(m.size(0) == tiles && m.size(1) * 2 == groups && m.size(2) == 2 * TILE_ROWS, "m must be [tiles, K/64, 32]");
   }
-  for (const auto& t : {d, dmin}) TORCH_CHECK(t.size(0) == tiles && t.size(1) == blocks && t.size(2) == TILE_ROWS,
-                                              "d and dmin must be float16 [tiles, blocks, 16]");
+  TORCH_CHECK(d.size(0) == tiles && d.size(1) == blocks && d.size(2) == TILE_ROWS, "d must be float16 [tiles, blocks, 16]");
+  TORCH_CHECK(dmin.size(0) == tiles && dmin.size(1) == blocks && (dmin.size(2) == TILE_ROWS || dmin.size(2) == 0),
+              "dmin must be float16 [tiles, blocks, 16] (or [tiles, blocks, 0]: dmin is d)");
   return groups;
 }
 
@@ -157,9 +160,11 @@ Q4Part part_from(const std::vector<torch::Tensor>& t, int64_t column) {
   const int64_t groups = check_tiles(t[0], t[1], t[2], t[3], t[4]);
   const bool halves = t[1].scalar_type() == at::kChar;
   const auto bytes = [](const torch::Tensor& u) { return static_cast<const uint8_t*>(u.data_ptr()); };
-  const q4::Tiles w{bytes(t[0]), bytes(t[1]), bytes(t[2]), reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>()),
-                    reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1),
-                    t[0].scalar_type() == at::kChar ? q4::TABLE : bits_of(t[0].size(2)), halves};
+  const auto* d = reinterpret_cast<const uint16_t*>(t[3].data_ptr<at::Half>());
+  const bool dmin_is_d = t[4].size(2) == 0, unit_scales = t[1].size(2) == 0;
+  const q4::Tiles w{bytes(t[0]), unit_scales ? nullptr : bytes(t[1]), bytes(t[2]), d,
+                    dmin_is_d ? d : reinterpret_cast<const uint16_t*>(t[4].data_ptr<at::Half>()), groups, t[3].size(1),
+                    t[0].scalar_type() == at::kChar ? q4::TABLE : bits_of(t[0].size(2)), halves, unit_scales};
   return {w, t[0].size(0), column, groups * GROUP / t[3].size(1), groups * GROUP};
 }
 

@@ -42,7 +42,8 @@ inline void group_scales(const Tiles& w, int64_t at, int half, __m256i* scales) 
     for (int s = 0; s < 2; ++s)
       scales[s] = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + (2 * at + s) * TILE_ROWS + half * 8)));
   } else {
-    scales[0] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + at * TILE_ROWS + half * 8)));
+    scales[0] = w.unit_scales ? _mm256_set1_epi32(1)
+                              : _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + at * TILE_ROWS + half * 8)));
   }
 }
 

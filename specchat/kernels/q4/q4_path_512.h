@@ -50,6 +50,11 @@ inline __m512i widen(const uint8_t* bytes) {
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes)));
 }
 
+// 32 bytes as 32 int16 lanes (two a 32-bit lane).
+inline __m512i widen16(const uint8_t* bytes) {
+  return _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bytes)));
+}
+
 // Block b's offset sums (q4_tiles.h) for R activation rows from `first`: m as int16 pairs (signed with halves)
 // times each step's pair of activation sums (step_mins, step_sums).
 template <int R, bool HALVES>
@@ -71,7 +76,7 @@ inline void group_scales(const Tiles& w, int64_t at, __m512i* scales) {
     for (int h = 0; h < 2; ++h)
       scales[h] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + (2 * at + h) * TILE_ROWS)));
   } else {
-    scales[0] = widen(w.sc + at * TILE_ROWS);
+    scales[0] = w.unit_scales ? _mm512_set1_epi32(1) : widen(w.sc + at * TILE_ROWS);
   }
 }
 

@@ -83,7 +83,7 @@ void scale_block(const Tiles& w, int64_t tile, int64_t b, ScaledBlock& into) {
     const int64_t at = tile * w.groups + b * per_block + g;
     __m512i v[8];
     unpack<BITS>(w.qs + at * BYTES, v);
-    const __m512i scales = widen(w.sc + at * TILE_ROWS);  // a row's scale in each of its lane's int16 halves
+    const __m512i scales = w.unit_scales ? _mm512_set1_epi32(1) : widen(w.sc + at * TILE_ROWS);  // in each lane's int16 halves
     const __m512i pairs = _mm512_or_si512(scales, _mm512_slli_epi32(scales, 16));
     for (int q = 0; q < 8; ++q) {
       const __m512i even = _mm512_mullo_epi16(_mm512_and_si512(v[q], low_bytes), pairs);

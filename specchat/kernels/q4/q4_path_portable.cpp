@@ -33,7 +33,7 @@ void unpack(const uint8_t* qs, int bits, uint8_t vectors[8][64]) {
 // Row j of group g (at: its index among the tiles' groups) into a row's sums: its Σ L·x times its scale, its
 // offset times the activations' sum; m holds pairs of groups side by side per row.
 void add_group(const Tiles& w, int32_t sum, int64_t at, int64_t g, int j, int32_t products, int32_t& dot, int32_t& offset) {
-  dot += products * w.sc[at * TILE_ROWS + j];
+  dot += w.unit_scales ? products : products * w.sc[at * TILE_ROWS + j];
   offset += w.m[(at - g % 2) * TILE_ROWS + g % 2 + 2 * j] * sum;
 }
 

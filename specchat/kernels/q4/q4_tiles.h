@@ -21,6 +21,9 @@
 //         to 256 inputs: one 32-group (a GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: a float16 scale a group, sc 1)
 //         or an even number of them
 //   w = d·sc·level − dmin·m
+//   Blocks of one group may leave out sc ([tiles, K/32, 0]: every scale 1, `unit_scales`), and any tiles dmin
+//   ([tiles, blocks, 0]: dmin is d, as a GGUF's Q4_0, Q5_0, Q8_0, IQ4_NL have it): 304 bytes a tile's 4-bit group,
+//   not 352, and the AVX-512 path's float steps for such blocks take fewer instructions (q4_path_avx512_vnni.cpp).
 // Or, with a scale and an offset per 16 inputs (a GGUF's Q6_K, IQ4_XS: `halves`, sc and m int8, signed):
 //   sc    int8 [tiles, K/32, 2, 16]: the scales of each group's first 16 inputs (16 rows), then of its last 16
 //   m     int8 [tiles, K/32, 16, 2]: each row's two offsets of the group side by side (an int16 pair per lane)
@@ -60,6 +63,7 @@ struct Tiles {
   int64_t groups, blocks;  // per row: K/32 and K/block
   int bits;  // 4, 6, 8 or TABLE
   bool halves = false;  // sc and m int8, one per 16 inputs (layout above)
+  bool unit_scales = false;  // every group's sc is 1 (blocks of one group only; no sc stored: sc is null)
 };
 
 struct Rows {
