@@ -35,6 +35,7 @@ struct Activations {
   std::vector<int16_t> sums;    // [M, K/32]
   std::vector<int16_t> half_sums;  // [M, K/16]
   std::vector<uint8_t> finite;  // [M]: 0 where the row holds a NaN or an infinity
+  std::vector<float> float_sums;  // [M, K/32]: sums as floats (exact), for blocks of one group (block 32 only)
 };
 
 using RowQuantizer = bool (*)(const float*, int64_t, int64_t, const q4::RowOut&);
@@ -50,6 +51,7 @@ Activations quantize_rows(RowQuantizer quantize, const float* x, int64_t rows, i
       a.finite[r] = quantize(x + r * width, width, block, out);
     }
   });
+  if (block == GROUP) a.float_sums.assign(a.sums.begin(), a.sums.end());
   return a;
 }
 
@@ -199,7 +201,7 @@ torch::Tensor q4_run(const Q4Product& product, const torch::Tensor& x) {
   std::vector<q4::Rows> activations;  // each part's, as the path functions read them
   for (const auto& part : parts) {
     const Activations& a = quantized.at(part.block);
-    activations.push_back({a.levels.data(), a.scales.data(), a.sums.data(), a.half_sums.data(), width});
+    activations.push_back({a.levels.data(), a.scales.data(), a.sums.data(), a.half_sums.data(), width, a.float_sums.data()});
   }
   auto out = torch::empty({rows, columns}, x.options());
   float* outs = out.data_ptr<float>();

@@ -117,7 +117,7 @@ void group_rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t f
       __m512i dot = _mm512_add_epi32(even, odd);
       if constexpr (!UNIT) dot = _mm512_mullo_epi32(dot, scales);
       const __m512 scale = _mm512_set1_ps(x.scales[(first + r) * w.blocks + g]);
-      const __m512 offset = _mm512_mul_ps(mins, _mm512_set1_ps(static_cast<float>(x.sums[(first + r) * w.groups + g])));
+      const __m512 offset = _mm512_mul_ps(mins, _mm512_set1_ps(x.float_sums[(first + r) * w.groups + g]));
       const __m512 d_scale = _mm512_mul_ps(d, scale);
       total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), d_scale, total[r]);
       total[r] = _mm512_fnmadd_ps(offset, SAME ? d_scale : _mm512_mul_ps(dmin, scale), total[r]);

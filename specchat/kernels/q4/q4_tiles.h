@@ -72,6 +72,7 @@ struct Rows {
   const int16_t* sums;   // [M, K/32]: each group's sum of levels (|sum| <= 32·127)
   const int16_t* half_sums;  // [M, K/16]: each 16 inputs' sum of levels
   int64_t width;
+  const float* float_sums = nullptr;  // [M, K/32]: sums as floats, where blocks are one group (block 32)
 };
 
 // out rows first..first+count, columns tile·16..(tile+tiles)·16−1 (row stride `stride`): W·x of tiles
