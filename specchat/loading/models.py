@@ -24,7 +24,7 @@ from specchat.loading.attach import attach, pair_sampler
 from specchat.loading.checkpoint import checkpoint_for
 from specchat.loading.devices import dtype_name
 from specchat.loading.draft_head import attach_draft_head
-from specchat.loading.huge_pages import huge_pages_offered, into_huge_pages, w4a8_tensors
+from specchat.loading.huge_pages import huge_pages_offered, into_huge_pages, outside_regions, w4a8_tensors
 from specchat.loading.memory_need import check_memory
 from specchat.loading.pair_check import PairCheck, judge_pair
 from specchat.loading.plan import ModelPlan, plan_model, plan_pair
@@ -121,7 +121,7 @@ def load_model(
 def in_huge_pages(model: nn.Module, label: str, progress: Progress | None) -> None:
     """The model's w4a8 tiles moved into 2 MB pages where the system offers them (loading/huge_pages.py), before
     the compiled layer loop takes their addresses."""
-    tiles = w4a8_tensors(model)
+    tiles = outside_regions(w4a8_tensors(model))  # not those read into 2 MB pages already (tile_arena.py)
     if tiles and huge_pages_offered():
         report(progress, f"moving {label}'s weights into 2 MB pages", None)
         into_huge_pages(tiles)

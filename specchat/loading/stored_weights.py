@@ -39,9 +39,11 @@ from specchat.kernels.build import q4_kernel
 from specchat.loading import tensor_file
 from specchat.loading.block_shapes import block_problem
 from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
+from specchat.loading.tile_arena import placer
 from specchat.progress import Progress, notify, report
 from specchat.quant.int8_weights import Int8Block, quantize_linears
 from specchat.quant.q4_tiles import Q4Tiles
+from specchat.quant.shared import shared_input_groups
 from specchat.quant.w4a8 import FINER_BITS, fitting_linears, quantize_w4a8
 from specchat.quant.w8a8 import quantize_w8a8
 
@@ -148,10 +150,12 @@ class _StoredBlocks:
 
 def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str):
     """(blocks, notice): the stored blocks when whole and fitting this model's layers, else (None, why)."""
-    blocks, notice = _read(path, progress, BLOCK_TYPES.get(mode, Int8Block))
+    kind = BLOCK_TYPES.get(mode, Int8Block)
+    linears = _linears(model, mode)
+    place = placer(shared_input_groups(linears)) if kind is Q4Tiles else None  # fused groups: views, not copies
+    blocks, notice = _read(path, progress, kind, place)
     if blocks is None:
         return None, notice
-    linears = _linears(model, mode)
     if set(blocks) != set(linears):
         return None, f"rebuilt the stored weights {path.name}: they are for another model"
     for name, linear in linears.items():
@@ -175,24 +179,24 @@ def unquantized_layers(model: nn.Module, mode: str) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
-def _read(path: Path, progress: Progress | None, kind: type = Int8Block) -> tuple[dict | None, str | None]:
+def _read(path: Path, progress: Progress | None, kind: type = Int8Block, place=None) -> tuple[dict | None, str | None]:
     """(blocks, None) when the file is whole; (None, None) when there is none; (None, notice) when it is
     damaged (deleted: it is rebuilt). A failure to read it raises ModelLoadError and keeps it."""
     try:
         if not path.exists():
             return None, None
-        return _verified_blocks(path, progress, kind), None
+        return _verified_blocks(path, progress, kind, place), None
     except DamagedFile as err:
         return None, _discard(path, str(err))
     except Exception as err:  # I/O, memory: says nothing about the content, so the file stays
         raise ModelLoadError(disk_error(err, path, "read the stored weights")) from err
 
 
-def _verified_blocks(path: Path, progress: Progress | None, kind: type) -> dict:
+def _verified_blocks(path: Path, progress: Progress | None, kind: type, place=None) -> dict:
     size, sha256 = _recorded(path)
     if not is_verified(path, size, sha256, progress):
         raise DamagedFile("its size or checksum does not match what was written")
-    return _blocks_from_file(path, kind)
+    return _blocks_from_file(path, kind, place)
 
 
 def _recorded(path: Path) -> tuple[int, str]:
@@ -213,12 +217,12 @@ def _discard(path: Path, reason: str) -> str:
     return f"rebuilt the stored weights {path.name}: {reason}"
 
 
-def _blocks_from_file(path: Path, kind: type = Int8Block) -> dict:
-    """The blocks (of dataclass `kind`), read into fresh memory (loading/tensor_file.py): not mapped, as the
-    mapped pages of a file stay resident (w4a8's grouped layers, q/k/v and gate/up, are fused into new
-    tensors: a mapped copy of their tiles held 0.9 GB of the bundled pair twice), and aligned (torch's CPU
-    int8 kernel crashes on misaligned weights from 8 rows up)."""
-    tensors = tensor_file.read_tensors(path)
+def _blocks_from_file(path: Path, kind: type = Int8Block, place=None) -> dict:
+    """The blocks (of dataclass `kind`), read into fresh memory (loading/tensor_file.py), or where `place` puts
+    them (w4a8: tile_arena.placer): not mapped, as the mapped pages of a file stay resident (a mapped copy of the
+    fused groups' tiles held 0.9 GB of the bundled pair twice), and aligned (torch's CPU int8 kernel crashes on
+    misaligned weights from 8 rows up)."""
+    tensors = tensor_file.read_tensors(path, place)
     names = {key.rsplit(".", 1)[0] for key in tensors}
     fields = dataclasses.fields(kind)
     try:

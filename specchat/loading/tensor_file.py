@@ -60,8 +60,10 @@ def write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         os.fsync(out.fileno())
 
 
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, in fresh memory. OSError for I/O, DamagedFile for the content."""
+def read_tensors(path: Path, place=None) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, in fresh memory, or where place({name: (dtype, shape)}) puts it (a dict
+    of contiguous tensors of those dtypes and shapes: loading/tile_arena.py). OSError for I/O, DamagedFile for the
+    content."""
     with path.open("rb") as src:
         size = os.fstat(src.fileno()).st_size
         length = int.from_bytes(_exactly(src, 8), "little")
@@ -72,10 +74,11 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         except (UnicodeDecodeError, ValueError) as err:
             raise DamagedFile(f"its header is not JSON ({err})") from None
         entries = _entries(header, size - 8 - length)
+        placed = place({name: (dtype, shape) for name, (dtype, shape, _) in entries.items()}) if place else {}
         tensors = {}
-        for name, (dtype, shape, begin) in entries.items():
+        for name, (dtype, shape, begin) in sorted(entries.items(), key=lambda item: item[1][2]):  # in file order
             src.seek(8 + length + begin)
-            tensors[name] = _read_into(src, torch.empty(shape, dtype=dtype))
+            tensors[name] = _read_into(src, placed[name] if name in placed else torch.empty(shape, dtype=dtype))
     return tensors
 
 

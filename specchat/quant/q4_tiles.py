@@ -47,10 +47,11 @@ class Q4Tiles:
 
     @classmethod
     def concat(cls, parts: list[Q4Tiles], outs: int) -> Q4Tiles:
-        """The tiles of consecutive runs of rows as one (each part but the last whole tiles), compact."""
+        """The tiles of consecutive runs of rows as one (each part but the last whole tiles), compact: a view
+        where the parts already lie side by side in memory (loading/tile_arena.py), else a copy."""
         alike = len({(part.sc.shape[2], part.dmin.shape[2]) for part in parts}) == 1
         fields = zip(*((part.tensors() if alike else part.full_tensors()) for part in parts))
-        return cls(*(torch.cat(tensors).contiguous() for tensors in fields), outs=outs)._compact()
+        return cls(*(_joined(tensors) for tensors in fields), outs=outs)._compact()
 
     def _compact(self) -> Q4Tiles:
         """These tiles with sc and dmin left out where the layout lets them be (q4_tiles.h)."""
@@ -138,6 +139,20 @@ class Q4Tiles:
 
     def dequantize(self) -> torch.Tensor:
         return self.to_block().dequantize()
+
+
+def _joined(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """torch.cat of the tensors (along the first dimension), as a view of their memory where they lie side by side
+    in one storage, each contiguous, of one dtype and shape but the first dimension."""
+    first = tensors[0]
+    storage, at = first.untyped_storage(), first.data_ptr()
+    for tensor in tensors:
+        same = tensor.dtype == first.dtype and tensor.shape[1:] == first.shape[1:] and tensor.is_contiguous()
+        if not same or tensor.untyped_storage().data_ptr() != storage.data_ptr() or tensor.data_ptr() != at:
+            return torch.cat(tensors).contiguous()
+        at += tensor.nbytes
+    shape = (sum(tensor.shape[0] for tensor in tensors), *first.shape[1:])
+    return first.new_empty(0).set_(storage, first.storage_offset(), shape)
 
 
 def _as_half(scales: torch.Tensor) -> torch.Tensor:

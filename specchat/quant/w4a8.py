@@ -122,7 +122,9 @@ class Q4Group:
 
     def __init__(self, layers: list[Q4Linear]):
         self.widths = [layer.out_features for layer in layers]
-        self.fused = Q4Tiles.concat([layer.tiles for layer in layers], outs=sum(self.widths))
+        own = [layer.tiles for layer in layers]
+        self.fused = Q4Tiles.concat(own, outs=sum(self.widths))
+        self.copied = self.fused.qs.data_ptr() != own[0].qs.data_ptr()  # not views of tiles side by side already
         self.product = layers[0].product
         start = 0
         for index, layer in enumerate(layers):
@@ -137,7 +139,7 @@ class Q4Group:
 def group_layers(model: nn.Module, names: list[str]) -> int:
     """Fuse the Q4Linear layers `names` of `model`, which read one input, into a Q4Group, where their
     levels are stored alike (as many bits, same block width) and each fills whole tiles. Returns the bytes of the
-    layers' own tiles it let go (0: not fused)."""
+    layers' own tiles it let go (0: not fused, or fused in place: tiles read side by side, tile_arena.py)."""
     layers = [model.get_submodule(name) for name in names]
     if not all(isinstance(layer, Q4Linear) for layer in layers):
         return 0
@@ -145,8 +147,8 @@ def group_layers(model: nn.Module, names: list[str]) -> int:
     alike = len({(t.qs.shape[2], t.qs.dtype, t.sc.dtype, t.d.shape[1]) for t in tiles}) == 1  # one layout
     if not alike or any(layer.out_features % TILE_ROWS for layer in layers):
         return 0
-    Q4Group(layers)
-    return sum(t.nbytes for part in tiles for t in part.tensors())
+    group = Q4Group(layers)
+    return sum(t.nbytes for part in tiles for t in part.tensors()) if group.copied else 0
 
 
 def whole_group(layers: list[Q4Linear]) -> Q4Group | None:
