@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # specchat vs llama.cpp's llama-bench at real shapes (issue 52's speed goal), on the same GGUF files.
 #
-#   scripts/real_shape.sh --llamacpp DIR --out DIR [--shape real|tiny] [--rounds 2] [--tokens 64]
+#   scripts/real_shape.sh --llamacpp DIR --out DIR [--shape real|tiny|large|large-tiny] [--rounds 2] [--tokens 64]
 #                         [--threads 2] [--context 32] [--types "Q4_K_M Q8_0"] [--untied] [--prepare-only]
 #
 # DIR (--llamacpp): a llama.cpp tree with convert_hf_to_gguf.py, gguf-py/ and the built tools
@@ -11,20 +11,24 @@
 # build), converts it with llama.cpp's own convert_hf_to_gguf.py to F16, quantizes that to Q4_K_M, Q8_0,
 # Q6_K and IQ4_XS with llama-quantize; every file is kept in --out and not made again. Then, ROUNDS times, file by
 # file, the two tools take turns, llama.cpp first in odd rounds and specchat in even ones: llama-bench tg
-# (-n TOKENS, -r 3) and pp of 1 and 5 tokens (-r 10), both at depth CONTEXT; specchat (scripts/real_shape.py
-# specchat: target-only decode through the engine and T(1), T(5) after a CONTEXT-token context, the default
+# (-n TOKENS, -r 3) and pp of 1, 5 and 9 tokens (-r 10), both at depth CONTEXT; specchat (scripts/real_shape.py
+# specchat: target-only decode through the engine and T(1), T(5), T(9) after a CONTEXT-token context, the default
 # config with target.source=FILE and no drafter). Threads: THREADS for both. The results go to OUT/results-<shape>-<time>.jsonl, and the table
 # (medians over the rounds) is printed and written beside them (.md).
 # --untied: the same shapes with an output matrix apart from the embeddings (files *-untied-*; the same
 # work per token for both tools), for a specchat that cannot yet load a tied-embedding quantized file.
 # --types: the quantization types timed (all are made either way), e.g. --types Q4_K_M for more rounds of one.
 # --prepare-only makes the files and stops: nothing is timed.
+# --shape large: Qwen2.5-7B's, Llama-3.1-8B's and Qwen2.5-14B's shapes, each file written straight from random blocks
+# of its type (scripts/real_shape.py blocks: Q4_K_M, Q8_0 and Q4_0 by default; --types picks among them and Q4_K,
+# Q6_K), no float checkpoint and no llama-quantize; 4.3-15 GB a file. large-tiny: a 2-layer stand-in to check it.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 python="${PYTHON:-$repo/.venv/bin/python}"
 llamacpp="" out="" shape="real" rounds=2 tokens=64 threads=2 context=32 prepare_only=0 untied="" types="Q4_K_M Q8_0 Q6_K"
+types_given=""
 made="Q4_K_M Q8_0 Q6_K IQ4_XS"  # the types quantized from F16
 
 die() {
@@ -41,10 +45,10 @@ while [ $# -gt 0 ]; do
     --tokens) tokens="${2:-}"; shift 2 ;;
     --threads) threads="${2:-}"; shift 2 ;;
     --context) context="${2:-}"; shift 2 ;;
-    --types) types="${2:-}"; shift 2 ;;
+    --types) types="${2:-}" types_given="${2:-}"; shift 2 ;;
     --untied) untied="--untied"; shift ;;
     --prepare-only) prepare_only=1; shift ;;
-    -h | --help) sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -54,14 +58,19 @@ done
 case "$shape" in
 real) shapes=(llama-1b qwen3-1.7b) ;;
 tiny) shapes=(tiny-llama tiny-qwen3) ;;
-*) die "--shape is real or tiny, got '$shape'" ;;
+large) shapes=(qwen2.5-7b llama-3.1-8b qwen2.5-14b) ;;
+large-tiny) shapes=(tiny-blocks) ;;
+*) die "--shape is real, tiny, large or large-tiny, got '$shape'" ;;
 esac
+blocks=0
+case "$shape" in large*) blocks=1 made="Q4_K_M Q8_0 Q4_0 Q4_K Q6_K" types="${types_given:-Q4_K_M Q8_0 Q4_0}" ;; esac
 [ -d "$llamacpp" ] || die "--llamacpp: no directory $llamacpp"
 llamacpp="$(cd "$llamacpp" && pwd)"
 bench="$llamacpp/build/bin/llama-bench"
 quantize="$llamacpp/build/bin/llama-quantize"
 convert="$llamacpp/convert_hf_to_gguf.py"
 for tool in "$bench" "$quantize"; do
+    [ "$blocks" = 1 ] && [ "$tool" = "$quantize" ] && continue  # block files are written, not quantized
     [ -x "$tool" ] || die "$llamacpp lacks $tool (build it: cmake --build build --target llama-bench llama-quantize)"
 done
 [ -f "$convert" ] && [ -d "$llamacpp/gguf-py" ] || die "$llamacpp lacks convert_hf_to_gguf.py or gguf-py/"
@@ -75,6 +84,16 @@ export PYTHONPATH="$llamacpp/gguf-py:$pydeps${PYTHONPATH:+:$PYTHONPATH}"
 
 files=()
 for shape_name in "${shapes[@]}"; do
+    if [ "$blocks" = 1 ]; then
+        for q in $types; do
+            case " $made " in *" $q "*) ;; *) die "--types for block files are among $made, not '$q'" ;; esac
+            file="$out/gguf/$shape_name-$q.gguf"
+            [ -s "$file" ] || "$python" "$here/real_shape.py" blocks --shape "$shape_name" --type "$q" --out "$file" \
+                --tokenizer-cache "$out/qwen-tokenizer" || die "could not write $file"
+            files+=("$file")
+        done
+        continue
+    fi
     name="$shape_name${untied:+-untied}"
     hf="$out/hf/$name"
     f16="$out/gguf/$name-F16.gguf"
@@ -119,7 +138,7 @@ time_llamacpp() {  # round file
     json="$logs/llama-bench-$1-${base%.gguf}.json"
     {
         "$bench" -m "$2" -p 0 -n "$tokens" -d "$context" -t "$threads" -r 3 -o json
-        "$bench" -m "$2" -p 1,5 -n 0 -d "$context" -t "$threads" -r 10 -o json
+        "$bench" -m "$2" -p 1,5,9 -n 0 -d "$context" -t "$threads" -r 10 -o json
     } >"$json.parts" 2>"$json.log" || die "llama-bench failed on $2; see $json.log"
     # two JSON arrays, one a run: join them into one
     "$python" -c 'import json,sys; t=open(sys.argv[1]).read(); d=json.JSONDecoder(); rows=[]; i=0

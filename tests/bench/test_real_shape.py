@@ -27,3 +27,39 @@ def test_the_specchat_half_decodes_a_gguf_target_only(tmp_path, monkeypatch, ker
     pair, load_s, prompt, reply = real_shape().specchat_decoder(target, tokens=6, context=12)
     assert load_s > 0 and len(prompt) == 12
     assert reply() > 0 and reply() > 0  # twice: the engine resets between replies
+
+
+def test_a_large_shape_is_written_in_blocks_with_q4_k_ms_mix_and_loads(tmp_path, monkeypatch, kernel):
+    """`real_shape.py blocks`: a file of a shape in random blocks of one type, no float checkpoint; Q4_K_M keeps the
+    output and every other layer's attn_v and ffn_down in Q6_K, as llama-quantize's mix does."""
+    import gguf
+
+    module = real_shape()
+    monkeypatch.setenv("SPECCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(module, "qwen_tokenizer", lambda cache: build_tokenizer())
+    path = tmp_path / "tiny-Q4_K_M.gguf"
+    assert (
+        module.main(
+            ["blocks", "--shape", "tiny-blocks", "--type", "Q4_K_M", "--out", str(path), "--tokenizer-cache", "x"]
+        )
+        == 0
+    )
+    kinds = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert kinds["output.weight"] == kinds["blk.0.attn_v.weight"] == kinds["blk.0.ffn_down.weight"] == "Q6_K"
+    assert kinds["blk.1.attn_v.weight"] == kinds["blk.0.ffn_up.weight"] == kinds["token_embd.weight"] == "Q4_K"
+    assert kinds["blk.0.attn_q.bias"] == "F32" and not (tmp_path / "tiny-Q4_K_M.gguf.part").exists()
+    pair, _, prompt, reply = module.specchat_decoder(path, tokens=4, context=12)
+    assert pair.target_facts.quantization == "Q4_K_M→w4a8" and reply() > 0
+
+
+def test_llama_benchs_prompts_of_5_and_9_give_their_ratios(tmp_path):
+    rows = [
+        {"n_prompt": 0, "n_gen": 64, "avg_ts": 10.0},
+        {"n_prompt": 1, "n_gen": 0, "avg_ts": 10.0},  # T(1) 100 ms
+        {"n_prompt": 5, "n_gen": 0, "avg_ts": 40.0},  # T(5) 125 ms
+        {"n_prompt": 9, "n_gen": 0, "avg_ts": 45.0},  # T(9) 200 ms
+    ]
+    (tmp_path / "bench.json").write_text(__import__("json").dumps(rows))
+    result = real_shape().llama_bench_rows(tmp_path / "bench.json", "f.gguf", 32)
+    assert result["tg_tok_s"] == 10.0 and result["t5_over_t1"] == pytest.approx(1.25)
+    assert result["t9_over_t1"] == pytest.approx(2.0)
