@@ -157,8 +157,8 @@ def test_blocks_of_one_group_leave_out_unit_scales_and_a_dmin_equal_to_d_and_giv
 
 @pytest.mark.parametrize("dmin_is_d", [False, True])
 def test_blocks_of_one_group_with_scales_of_their_own_give_the_portable_paths_bits_on_every_path(kernel, dmin_is_d):
-    """No GGUF type makes them, but the layout allows them: the AVX-512 path's code for blocks of one group with
-    their scales multiplied in, and with dmin its own or d's."""
+    """No GGUF type makes them, but the layout allows them: blocks of one group with scales of their own (the AVX-512
+    path's general code, the AVX2 path's code for blocks of one group), with dmin their own or d's."""
     tiles = group_type_tiles("Q4_1", 200, 640, seed=5)
     block = tiles.to_block()
     sc = torch.randint(1, 64, block.sc.shape, generator=torch.Generator().manual_seed(5), dtype=torch.uint8)

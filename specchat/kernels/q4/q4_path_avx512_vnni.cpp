@@ -22,6 +22,11 @@ namespace {
 // to 16 rows streams the weights once (the bundled pair's layers on a Xeon, against 8: 9 rows 16% faster, 12
 // rows 13%, 5 rows the same).
 constexpr int MAX_ROWS = 16;
+// The same for blocks of one group (group_rows_of_tile): 8, the second pass of 9 to 16 rows reading the tile's groups
+// from L2. Against 16 (Zen 5, a 7B-shape layer, in turns): 5 rows the same, 9 rows 5-10% slower (Q4_0 4.8-5.3 ms
+// against 4.6-4.7), and this file compiles in 15.5 s, not 21-26 (a copy of the code for each count and kind of
+// levels), the whole kernel in 28 s.
+constexpr int GROUP_ROWS = 8;
 
 
 // Group g's Σ L·x for R rows, then times the group's scales into dot. With one or two rows the
@@ -88,7 +93,7 @@ void rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t first) 
 // (the symmetric types) one product d·xs serves both steps. Against rows_of_tile, a 7B-shape layer (Zen 5, 2 threads,
 // `python -m specchat.bench.profile --layer-types Q4_0`, two runs each): Q4_0 T(5)/T(1) 1.47–1.52 → 1.21–1.32,
 // T(9)/T(1) 2.27–2.42 → 1.49–2.10 (Q4_K's own: 1.07–1.47, 1.33–1.93 in the same runs).
-template <int R, int BITS, bool UNIT, bool SAME>
+template <int R, int BITS, bool SAME>
 void group_rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
   constexpr int64_t BYTES = TILE_ROWS * group_bytes(BITS);
   __m512 total[R];
@@ -105,8 +110,6 @@ void group_rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t f
     const __m512 dmin = SAME ? d : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.dmin + at * TILE_ROWS)));
     const __m512i pairs = widen16(w.m + (at - g % 2) * TILE_ROWS);  // rows' m of groups g - g%2 and its next as int16 pairs
     const __m512 mins = _mm512_cvtepi32_ps(g % 2 ? _mm512_srli_epi32(pairs, 16) : _mm512_and_si512(pairs, _mm512_set1_epi32(0xFFFF)));
-    __m512i scales;
-    if constexpr (!UNIT) scales = widen(w.sc + at * TILE_ROWS);
     for (int r = 0; r < R; ++r) {
       const int8_t* group = levels[r] + g * GROUP;
       __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
@@ -114,8 +117,7 @@ void group_rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t f
         even = _mm512_dpbusd_epi32(even, v[q], broadcast4(group + 4 * q));
         odd = _mm512_dpbusd_epi32(odd, v[q + 1], broadcast4(group + 4 * q + 4));
       }
-      __m512i dot = _mm512_add_epi32(even, odd);
-      if constexpr (!UNIT) dot = _mm512_mullo_epi32(dot, scales);
+      const __m512i dot = _mm512_add_epi32(even, odd);
       const __m512 scale = _mm512_set1_ps(x.scales[(first + r) * w.blocks + g]);
       const __m512 offset = _mm512_mul_ps(mins, _mm512_set1_ps(x.float_sums[(first + r) * w.groups + g]));
       const __m512 d_scale = _mm512_mul_ps(d, scale);
@@ -129,15 +131,13 @@ void group_rows_of_tile(const Tiles& w, const Rows& x, const Job& job, int64_t f
 template <int BITS, bool HALVES>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
   if constexpr (!HALVES) {
-    if (w.groups == w.blocks) {
-      const auto run = [&](auto unit, auto same) {
-        in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) {
-          group_rows_of_tile<decltype(rows)::value, BITS, decltype(unit)::value, decltype(same)::value>(w, x, job, first);
+    if (w.unit_scales) {  // blocks of one group, as a GGUF's are: scales of their own take rows_of_tile
+      const auto run = [&](auto same) {
+        in_chunks<GROUP_ROWS>(job, [&](auto rows, int64_t first) {
+          group_rows_of_tile<decltype(rows)::value, BITS, decltype(same)::value>(w, x, job, first);
         });
       };
-      const bool same = w.dmin == w.d;
-      if (w.unit_scales) return same ? run(Count<1>{}, Count<1>{}) : run(Count<1>{}, Count<0>{});
-      return same ? run(Count<0>{}, Count<1>{}) : run(Count<0>{}, Count<0>{});
+      return w.dmin == w.d ? run(Count<1>{}) : run(Count<0>{});
     }
   }
   in_chunks<MAX_ROWS>(job, [&](auto rows, int64_t first) { rows_of_tile<decltype(rows)::value, BITS, HALVES>(w, x, job, first); });
