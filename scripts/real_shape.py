@@ -178,6 +178,7 @@ def write_blocks(shape: str, kind: str, out: Path, tokenizer_cache: Path) -> Non
     head = hidden // heads
     writer = gguf.GGUFWriter(str(out) + ".part", architecture)
     _block_header(writer, shape, layers, hidden, ffn, heads, kv_heads, rope, head)
+    writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{'Q4_K_S' if kind == 'Q4_K' else kind}"])
     _block_tokenizer(writer, tokenizer)
     rng = np.random.default_rng(0)
 
@@ -219,7 +220,6 @@ FINER = ("attn_v", "ffn_down")  # what Q4_K_M keeps in Q6_K (here every other la
 def _block_header(
     writer, shape: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, rope, head
 ) -> None:
-    import gguf
 
     writer.add_name(f"random {shape}")
     writer.add_context_length(32768)
@@ -231,7 +231,6 @@ def _block_header(
     writer.add_rope_freq_base(rope)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_dimension_count(head)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
 
 
 def _block_tokenizer(writer, tokenizer) -> None:

@@ -21,7 +21,8 @@
 # --prepare-only makes the files and stops: nothing is timed.
 # --shape large: Qwen2.5-7B's, Llama-3.1-8B's and Qwen2.5-14B's shapes, each file written straight from random blocks
 # of its type (scripts/real_shape.py blocks: Q4_K_M, Q8_0 and Q4_0 by default; --types picks among them and Q4_K,
-# Q6_K), no float checkpoint and no llama-quantize; 4.3-15 GB a file. large-tiny: a 2-layer stand-in to check it.
+# Q6_K), no float checkpoint and no llama-quantize; 4.3-15 GB a file. large-tiny: a 2-layer stand-in to check it;
+# --shape qwen2.5-7b (or llama-3.1-8b, qwen2.5-14b): that one shape alone.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -48,7 +49,7 @@ while [ $# -gt 0 ]; do
     --types) types="${2:-}" types_given="${2:-}"; shift 2 ;;
     --untied) untied="--untied"; shift ;;
     --prepare-only) prepare_only=1; shift ;;
-    -h | --help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
     esac
 done
@@ -60,10 +61,11 @@ real) shapes=(llama-1b qwen3-1.7b) ;;
 tiny) shapes=(tiny-llama tiny-qwen3) ;;
 large) shapes=(qwen2.5-7b llama-3.1-8b qwen2.5-14b) ;;
 large-tiny) shapes=(tiny-blocks) ;;
-*) die "--shape is real, tiny, large or large-tiny, got '$shape'" ;;
+qwen2.5-7b | llama-3.1-8b | qwen2.5-14b) shapes=("$shape") ;;
+*) die "--shape is real, tiny, large, large-tiny or one large shape (qwen2.5-7b, llama-3.1-8b, qwen2.5-14b), got '$shape'" ;;
 esac
 blocks=0
-case "$shape" in large*) blocks=1 made="Q4_K_M Q8_0 Q4_0 Q4_K Q6_K" types="${types_given:-Q4_K_M Q8_0 Q4_0}" ;; esac
+case "$shape" in real | tiny) ;; *) blocks=1 made="Q4_K_M Q8_0 Q4_0 Q4_K Q6_K" types="${types_given:-Q4_K_M Q8_0 Q4_0}" ;; esac
 [ -d "$llamacpp" ] || die "--llamacpp: no directory $llamacpp"
 llamacpp="$(cd "$llamacpp" && pwd)"
 bench="$llamacpp/build/bin/llama-bench"

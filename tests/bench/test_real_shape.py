@@ -50,6 +50,15 @@ def test_a_large_shape_is_written_in_blocks_with_q4_k_ms_mix_and_loads(tmp_path,
     assert kinds["blk.0.attn_q.bias"] == "F32" and not (tmp_path / "tiny-Q4_K_M.gguf.part").exists()
     pair, _, prompt, reply = module.specchat_decoder(path, tokens=4, context=12)
     assert pair.target_facts.quantization == "Q4_K_M→w4a8" and reply() > 0
+    q8 = tmp_path / "tiny-Q8_0.gguf"
+    assert (
+        module.main(["blocks", "--shape", "tiny-blocks", "--type", "Q8_0", "--out", str(q8), "--tokenizer-cache", "x"])
+        == 0
+    )
+    assert {
+        t.tensor_type.name for t in gguf.GGUFReader(q8).tensors if t.name.endswith(".weight") and "norm" not in t.name
+    } == {"Q8_0"}
+    assert int(gguf.GGUFReader(q8).fields["general.file_type"].parts[-1][0]) == gguf.LlamaFileType.MOSTLY_Q8_0
 
 
 def test_llama_benchs_prompts_of_5_and_9_give_their_ratios(tmp_path):
