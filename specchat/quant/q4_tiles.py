@@ -81,7 +81,6 @@ class Q4Tiles:
     def _from_rows(cls, block: Q4Block) -> Q4Tiles:
         rows = block.sc.shape[0]
         tiles = -(-rows // TILE_ROWS)
-        levels = LEVEL_BITS[block.bits][1](block.qs.view(torch.uint8))  # [out, in/32, 32] (or table indices)
         d, dmin = (_as_half(_tile(t, tiles).transpose(1, 2).contiguous()) for t in (block.d, block.dmin))
         sc = _tile(block.sc, tiles)  # [tiles, 16, scales a row]
         if block.halves:
@@ -89,7 +88,11 @@ class Q4Tiles:
         else:
             sc = sc.transpose(1, 2).contiguous()
         m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
-        qs = _tile_levels(_tile(levels, tiles), block.bits).view(block.qs.dtype)
+        if block.bits == 4:  # 4-bit levels (or table indices): straight from their bytes
+            qs = _tile_packed_4bit(block.qs.view(torch.uint8), tiles).view(block.qs.dtype)
+        else:
+            levels = LEVEL_BITS[block.bits][1](block.qs.view(torch.uint8))  # [out, in/32, 32]
+            qs = _tile_levels(_tile(levels, tiles), block.bits)
         return cls(qs, sc, m.contiguous(), d, dmin, outs=rows)
 
     def to_block(self) -> Q4Block:
@@ -188,6 +191,19 @@ def _tile_levels(levels: torch.Tensor, bits: int) -> torch.Tensor:
             )
         )
     return torch.cat(parts, dim=2).contiguous()
+
+
+def _tile_packed_4bit(packed: torch.Tensor, tiles: int) -> torch.Tensor:
+    """A Q4Block's 4-bit qs [out, in/2] (q4_levels._pack_levels: byte p·32 + i holds level i of group 2p and of
+    group 2p+1) → the kernel's qs [tiles, in/32, 256], as _tile_levels makes it but with no level unpacked: byte
+    c·64 + 4j + t of group g holds row j's level 4c + t (low nibble) and 16 + 4c + t (high). A 7B-shape layer's tiles
+    (Zen 5): Q4_0 0.22 → 0.15 s, Q4_K 0.24 → 0.17 s."""
+    rows = packed.shape[0]
+    x = packed.view(rows, -1, 2, 4, 4)  # [out, in/64, h, c, t]: byte p·32 + 16h + 4c + t, levels 16h + 4c + t
+    first = (x[:, :, 0] & 0x0F) | ((x[:, :, 1] & 0x0F) << 4)  # group 2p's
+    second = (x[:, :, 0] >> 4) | (x[:, :, 1] & 0xF0)  # group 2p + 1's
+    groups = torch.stack([first, second], dim=2).view(rows, -1, 4, 4)  # [out, in/32, c, t]
+    return _tile(groups, tiles).permute(0, 2, 3, 1, 4).reshape(tiles, -1, 16 * TILE_ROWS).contiguous()
 
 
 def _untile_levels(qs: torch.Tensor, bits: int) -> torch.Tensor:

@@ -357,3 +357,13 @@ def test_layers_of_one_group_blocks_fuse_whether_or_not_they_leave_out_their_dmi
     assert group.fused.sc.shape[2] == 0 and group.fused.dmin.shape[2] == 16  # dmin held for all, d where it is d
     assert all(torch.equal(a, b) for a, b in zip(alone, group.products(x), strict=True))
     assert all(torch.equal(a, layer(x)) for a, layer in zip(alone, layers, strict=True))
+
+
+def test_four_bit_levels_are_tiled_from_their_bytes_as_from_the_levels():
+    from specchat.quant import q4_tiles
+
+    levels = torch.randint(0, 16, (37, 12, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    tiles = -(-37 // 16)
+    packed = LEVEL_BITS[4][0](levels)
+    by_levels = q4_tiles._tile_levels(q4_tiles._tile(levels, tiles), 4)
+    assert torch.equal(q4_tiles._tile_packed_4bit(packed, tiles), by_levels)
