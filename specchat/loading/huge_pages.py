@@ -58,10 +58,11 @@ def w4a8_tensors(model: nn.Module) -> list[torch.Tensor]:
 REGIONS: set[int] = set()  # first bytes of the live regions made here: their storages are in 2 MB pages already
 
 
-def huge_page_region(nbytes: int, setting: Path = THP_SETTING) -> torch.Tensor | None:
-    """A uint8 tensor of `nbytes` zeros in an anonymous region that asks for 2 MB pages, its first byte 2 MB-aligned;
+def huge_page_region(nbytes: int, setting: Path = THP_SETTING, touched: bool = False) -> torch.Tensor | None:
+    """A uint8 tensor of `nbytes` in an anonymous region that asks for 2 MB pages, its first byte 2 MB-aligned;
     None where they are not offered, there is no room, or the kernel refuses the advice. The region lives as long
-    as any tensor viewing it."""
+    as any tensor viewing it. `touched`: zeroed up front, every page resident at once (for a region a file is read
+    into; a copy that frees the old pages as it goes leaves them to fault in one at a time, so as not to hold both)."""
     if not huge_pages_offered(setting):
         return None
     try:
@@ -78,9 +79,10 @@ def huge_page_region(nbytes: int, setting: Path = THP_SETTING) -> torch.Tensor |
     address = whole.data_ptr()
     REGIONS.add(address)
     weakref.finalize(whole.untyped_storage(), REGIONS.discard, address)
-    # touched once up front, so its pages fault in whole: reading 1 GB of a file into fresh pages of such a region
-    # took 1.12 s, zeroing it first 0.06 s and the read then 0.09 s (Zen 5; 0.45 s into torch.empty)
-    return whole[start : start + nbytes].zero_()
+    region = whole[start : start + nbytes]
+    # reading 1 GB of a file into fresh pages of such a region took 1.12 s, zeroing it first 0.06 s and the read then
+    # 0.09 s (Zen 5; 0.45 s into torch.empty)
+    return region.zero_() if touched else region
 
 
 def outside_regions(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

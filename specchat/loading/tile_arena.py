@@ -27,7 +27,7 @@ def placer(groups: list[list[str]]) -> Placer:
     def place(entries: Entries) -> dict[str, torch.Tensor]:
         runs = side_by_side_runs(entries, groups)
         offsets, total = _offsets(runs, entries)
-        region = huge_page_region(total)
+        region = huge_page_region(total, touched=True)
         if region is None:
             region = torch.empty(total, dtype=torch.uint8)
         return {name: _carve(region, offsets[name], *entries[name]) for run in runs for name in run}
