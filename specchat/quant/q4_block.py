@@ -5,6 +5,7 @@ here, or from a GGUF's own blocks (loading/gguf/blocks.py). The kernel reads the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,25 @@ from specchat.quant.q4_levels import GROUP, HALF, LEVEL_BITS, PAIR, unpacked_lev
 
 QUANTIZE_ROWS = 8192  # rows quantized at a time
 HALF_MAX = float(torch.finfo(torch.float16).max)
+
+
+def rows_in_place(rows: int, chunks: Iterable[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+    """Tensors of `rows` rows (the first dimension) filled from the tensors of consecutive chunks of rows, each
+    copied into place as it comes; a lone chunk of all the rows is used as it is."""
+    whole: list[torch.Tensor] = []
+    start = 0
+    for chunk in chunks:
+        count = chunk[0].shape[0]
+        if start == 0 and count == rows:
+            return list(chunk)
+        if not whole:
+            whole = [t.new_empty(rows, *t.shape[1:]) for t in chunk]
+        for into, part in zip(whole, chunk, strict=True):
+            into[start : start + count] = part
+        start += count
+    if start != rows:
+        raise ValueError(f"the chunks hold {start} rows, not {rows}")
+    return whole
 
 
 def block_width(width: int) -> int:
@@ -43,11 +63,12 @@ class Q4Block:
         quantized on its own, QUANTIZE_ROWS at a time (a head of 151,936 rows needs no GBs of temporaries)."""
         if bits not in LEVEL_BITS:
             raise ValueError(f"w4a8 levels are 4, 6 or 8 bits, not {bits}")
-        return cls.concat(
-            [
+        return cls.from_chunks(
+            weight.shape[0],
+            (
                 cls._quantize_rows(weight[start : start + QUANTIZE_ROWS], bits)
                 for start in range(0, weight.shape[0], QUANTIZE_ROWS)
-            ]
+            ),
         )
 
     @classmethod
@@ -56,6 +77,12 @@ class Q4Block:
         if len(parts) == 1:
             return parts[0]
         return cls(*(torch.cat(fields).contiguous() for fields in zip(*(part.tensors() for part in parts))))
+
+    @classmethod
+    def from_chunks(cls, rows: int, chunks: Iterable[Q4Block]) -> Q4Block:
+        """The block of `rows` rows from the blocks of consecutive runs of them, each copied into place as it comes:
+        no list of them held beside the whole (a 151,936-row head in Q6_K: 0.5 GB less at its peak)."""
+        return cls(*rows_in_place(rows, (chunk.tensors() for chunk in chunks)))
 
     @classmethod
     def _quantize_rows(cls, weight: torch.Tensor, bits: int) -> Q4Block:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specchat.quant.q4_block import QUANTIZE_ROWS, Q4Block
+from specchat.quant.q4_block import QUANTIZE_ROWS, Q4Block, rows_in_place
 from specchat.quant.q4_levels import GROUP, LEVEL_BITS
 
 TILE_ROWS = 16  # output rows the kernel reads interleaved (one per 32-bit lane of a 512-bit vector)
@@ -37,13 +37,11 @@ class Q4Tiles:
         What the layout lets go unstored is left out: the scales of blocks of one group when every one is 1 (sc
         [tiles, in/32, 0]), and dmin where it equals d (dmin [tiles, blocks, 0]): a GGUF's Q4_0 and Q8_0."""
         rows = block.sc.shape[0]
-        if rows <= QUANTIZE_ROWS:
-            return cls._from_rows(block)._compact()
-        parts = [
-            cls._from_rows(Q4Block(*(t[start : start + QUANTIZE_ROWS] for t in block.tensors())))
+        parts = (
+            cls._from_rows(Q4Block(*(t[start : start + QUANTIZE_ROWS] for t in block.tensors()))).tensors()
             for start in range(0, rows, QUANTIZE_ROWS)
-        ]
-        return cls.concat(parts, outs=rows)
+        )
+        return cls(*rows_in_place(-(-rows // TILE_ROWS), parts), outs=rows)._compact()  # chunks: whole tiles
 
     @classmethod
     def concat(cls, parts: list[Q4Tiles], outs: int) -> Q4Tiles:

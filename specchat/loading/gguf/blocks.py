@@ -283,8 +283,8 @@ def _decoded(kind: str, raw: torch.Tensor) -> Q4Block | None:
     151,936 rows needs no GB of temporaries); None where a scale is past what it holds."""
     decode = AS_STORED[kind][1]
     try:
-        return Q4Block.concat(
-            [decode(raw[start : start + QUANTIZE_ROWS]) for start in range(0, len(raw), QUANTIZE_ROWS)]
+        return Q4Block.from_chunks(
+            len(raw), (decode(raw[start : start + QUANTIZE_ROWS]) for start in range(0, len(raw), QUANTIZE_ROWS))
         )
     except ScaleOverflow:
         return None
@@ -327,7 +327,8 @@ def streamed_blocks(
             requantized[kind] += 1
         if tensors.unchanged(weight):  # row chunks: no float copy of a 151,936-row head
             rows_of = tensors.float_chunks(weight)
-            yield name, Q4Block.concat([Q4Block.quantize(_checked(path, weight, rows), finer_bits) for rows in rows_of])
+            blocks = (Q4Block.quantize(_checked(path, weight, rows), finer_bits) for rows in rows_of)
+            yield name, Q4Block.from_chunks(tensors.rows(weight), blocks)
         else:
             values = _checked(path, weight, tensors.float(weight))
             yield name, Q4Block.quantize(values.reshape(layer.weight.shape), finer_bits)
