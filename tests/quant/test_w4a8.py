@@ -379,4 +379,3 @@ def test_a_block_made_from_chunks_of_rows_is_the_blocks_concatenated():
     assert Q4Block.from_chunks(16, iter(parts[:1])).qs is parts[0].qs  # one chunk of all the rows: itself
     with pytest.raises(ValueError, match="the chunks hold 48 rows, not 53"):
         rows_in_place(53, (p.tensors() for p in parts[:2]))
-
