@@ -88,6 +88,8 @@ class Q4Tiles:
         m = _tile(block.m, tiles).view(tiles, TILE_ROWS, -1, 2).permute(0, 2, 1, 3).reshape(tiles, -1, 2 * TILE_ROWS)
         if block.bits == 4:  # 4-bit levels (or table indices): straight from their bytes
             qs = _tile_packed_4bit(block.qs.view(torch.uint8), tiles).view(block.qs.dtype)
+        elif block.bits == 6:
+            qs = _tile_packed_6bit(block.qs, tiles)
         else:
             levels = LEVEL_BITS[block.bits][1](block.qs.view(torch.uint8))  # [out, in/32, 32]
             qs = _tile_levels(_tile(levels, tiles), block.bits)
@@ -202,6 +204,24 @@ def _tile_packed_4bit(packed: torch.Tensor, tiles: int) -> torch.Tensor:
     second = (x[:, :, 0] >> 4) | (x[:, :, 1] & 0xF0)  # group 2p + 1's
     groups = torch.stack([first, second], dim=2).view(rows, -1, 4, 4)  # [out, in/32, c, t]
     return _tile(groups, tiles).permute(0, 2, 3, 1, 4).reshape(tiles, -1, 16 * TILE_ROWS).contiguous()
+
+
+def _tile_packed_6bit(packed: torch.Tensor, tiles: int) -> torch.Tensor:
+    """A Q4Block's 6-bit qs [out, 3·in/4] (q4_levels._pack_levels_6: per 64 inputs 32 bytes of low nibbles as the
+    4-bit levels', then 16 bytes of top 2 bits: byte i holds those of level i of group 2p at bits 4-5, of level 16 + i
+    at 6-7, of group 2p + 1's level i at 0-1 and 16 + i at 2-3) → the kernel's qs [tiles, in/32, 384] (q4_tiles.h: the
+    4-bit part, then top chunk e's byte 4j + t: row j's levels 16e + 4s + t, s = 0..3, at bits 2s), with no level
+    unpacked. A 7B-shape ffn_down in Q6_K (Zen 5): its tiles 0.31 → 0.22 s."""
+    rows = packed.shape[0]
+    chunks = packed.view(rows, -1, 48)  # [out, in/64, 32 + 16]
+    nibbles = _tile_packed_4bit(chunks[..., :32].reshape(rows, -1), tiles)  # [tiles, in/32, 256]
+    tops = chunks[..., 32:].reshape(rows, -1, 4, 4)  # [out, in/64, s, t]: byte 4s + t
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)  # where level 4s + t's top goes in a tile byte
+    fields = [((tops >> at) & 3) << shifts for at in (4, 6, 0, 2)]  # group 2p: levels i, 16 + i; group 2p + 1: same
+    merged = [field[:, :, 0] | field[:, :, 1] | field[:, :, 2] | field[:, :, 3] for field in fields]  # [out, in/64, t]
+    groups = torch.stack(merged, dim=2).view(rows, -1, 2, 4)  # [out, in/32, e, t]
+    top = _tile(groups, tiles).permute(0, 2, 3, 1, 4).reshape(tiles, -1, 8 * TILE_ROWS)
+    return torch.cat([nibbles, top], dim=2).contiguous()
 
 
 def _untile_levels(qs: torch.Tensor, bits: int) -> torch.Tensor:

@@ -379,3 +379,13 @@ def test_a_block_made_from_chunks_of_rows_is_the_blocks_concatenated():
     assert Q4Block.from_chunks(16, iter(parts[:1])).qs is parts[0].qs  # one chunk of all the rows: itself
     with pytest.raises(ValueError, match="the chunks hold 48 rows, not 53"):
         rows_in_place(53, (p.tensors() for p in parts[:2]))
+
+
+def test_six_bit_levels_are_tiled_from_their_bytes_as_from_the_levels():
+    from specchat.quant import q4_tiles
+
+    levels = torch.randint(0, 64, (37, 12, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    tiles = -(-37 // 16)
+    packed = LEVEL_BITS[6][0](levels)
+    by_levels = q4_tiles._tile_levels(q4_tiles._tile(levels, tiles), 6)
+    assert torch.equal(q4_tiles._tile_packed_6bit(packed, tiles), by_levels)
