@@ -359,14 +359,16 @@ def test_layers_of_one_group_blocks_fuse_whether_or_not_they_leave_out_their_dmi
     assert all(torch.equal(a, layer(x)) for a, layer in zip(alone, layers, strict=True))
 
 
-def test_four_bit_levels_are_tiled_from_their_bytes_as_from_the_levels():
+@pytest.mark.parametrize("bits", [4, 6])
+def test_levels_are_tiled_from_their_bytes_as_from_the_levels(bits):
     from specchat.quant import q4_tiles
 
-    levels = torch.randint(0, 16, (37, 12, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    generator = torch.Generator().manual_seed(bits)
+    levels = torch.randint(0, 2**bits, (37, 12, 32), dtype=torch.uint8, generator=generator)
     tiles = -(-37 // 16)
-    packed = LEVEL_BITS[4][0](levels)
-    by_levels = q4_tiles._tile_levels(q4_tiles._tile(levels, tiles), 4)
-    assert torch.equal(q4_tiles._tile_packed_4bit(packed, tiles), by_levels)
+    packed = LEVEL_BITS[bits][0](levels)
+    from_bytes = {4: q4_tiles._tile_packed_4bit, 6: q4_tiles._tile_packed_6bit}[bits]
+    assert torch.equal(from_bytes(packed, tiles), q4_tiles._tile_levels(q4_tiles._tile(levels, tiles), bits))
 
 
 def test_a_block_made_from_chunks_of_rows_is_the_blocks_concatenated():
@@ -379,13 +381,3 @@ def test_a_block_made_from_chunks_of_rows_is_the_blocks_concatenated():
     assert Q4Block.from_chunks(16, iter(parts[:1])).qs is parts[0].qs  # one chunk of all the rows: itself
     with pytest.raises(ValueError, match="the chunks hold 48 rows, not 53"):
         rows_in_place(53, (p.tensors() for p in parts[:2]))
-
-
-def test_six_bit_levels_are_tiled_from_their_bytes_as_from_the_levels():
-    from specchat.quant import q4_tiles
-
-    levels = torch.randint(0, 64, (37, 12, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
-    tiles = -(-37 // 16)
-    packed = LEVEL_BITS[6][0](levels)
-    by_levels = q4_tiles._tile_levels(q4_tiles._tile(levels, tiles), 6)
-    assert torch.equal(q4_tiles._tile_packed_6bit(packed, tiles), by_levels)
