@@ -72,13 +72,6 @@ class Q4Block:
         )
 
     @classmethod
-    def concat(cls, parts: list[Q4Block]) -> Q4Block:
-        """The blocks of consecutive row ranges as one."""
-        if len(parts) == 1:
-            return parts[0]
-        return cls(*(torch.cat(fields).contiguous() for fields in zip(*(part.tensors() for part in parts))))
-
-    @classmethod
     def from_chunks(cls, rows: int, chunks: Iterable[Q4Block]) -> Q4Block:
         """The block of `rows` rows from the blocks of consecutive runs of them, each copied into place as it comes:
         no list of them held beside the whole (a 151,936-row head in Q6_K: 0.5 GB less at its peak)."""
