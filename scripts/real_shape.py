@@ -98,8 +98,6 @@ BLOCK_SHAPES = {
     "tiny-blocks": ("qwen2", 256, 2, 512, 2, 1, 1000000.0),  # to check the script in seconds
 }
 BLOCK_TYPES = ("Q4_K_M", "Q8_0", "Q4_0", "Q4_K", "Q6_K")
-# (bytes a block, weights a block, offsets of its float16 scales): d 0.01, dmin 0.005
-BLOCK_LAYOUT = {"Q4_K": (144, 256, (0, 2)), "Q6_K": (210, 256, (208,)), "Q8_0": (34, 32, (0,)), "Q4_0": (18, 32, (0,))}
 
 
 def qwen_tokenizer(cache: Path):
@@ -157,21 +155,13 @@ def build(shape: str, out: Path, tokenizer_cache: Path, untied: bool = False) ->
     print(f"{out}: {shape} ({architecture}), {params / 1e9:.2f}B parameters, vocab {len(tokenizer)}, {tied}")
 
 
-def random_blocks(kind: str, rows: int, width: int, rng):
-    """uint8 [rows, width/weights·bytes] of `kind` blocks: random bytes, d 0.01 and dmin 0.005."""
-    import numpy as np
-
-    size, weights, offsets = BLOCK_LAYOUT[kind]
-    raw = rng.integers(0, 256, size=(rows, width // weights, size), dtype=np.uint8)
-    for index, offset in enumerate(offsets):
-        raw[..., offset : offset + 2] = np.array([0.01 / (index + 1)], dtype=np.float16).view(np.uint8)
-    return raw.reshape(rows, -1)
-
-
 def write_blocks(shape: str, kind: str, out: Path, tokenizer_cache: Path) -> None:
     """A GGUF of `shape` (BLOCK_SHAPES) in random `kind` blocks (Q4_K_M: llama-quantize's mix), written to `out`."""
     import gguf
     import numpy as np
+    import torch
+
+    from specchat.bench.layer_types import random_blocks
 
     architecture, hidden, layers, ffn, heads, kv_heads, rope = BLOCK_SHAPES[shape]
     tokenizer = qwen_tokenizer(tokenizer_cache)
@@ -180,13 +170,14 @@ def write_blocks(shape: str, kind: str, out: Path, tokenizer_cache: Path) -> Non
     _block_header(writer, shape, layers, hidden, ffn, heads, kv_heads, rope, head)
     writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{'Q4_K_S' if kind == 'Q4_K' else kind}"])
     _block_tokenizer(writer, tokenizer)
-    rng = np.random.default_rng(0)
+    generator = torch.Generator().manual_seed(0)
 
     def matrix(name: str, rows: int, width: int, layer: int = -1) -> None:
         finer = kind == "Q4_K_M" and (name == "output.weight" or (layer % 2 == 0 and name.split(".")[-2] in FINER))
         stored = "Q6_K" if finer else "Q4_K" if kind == "Q4_K_M" else kind
         qtype = gguf.GGMLQuantizationType[stored]
-        writer.add_tensor(name, random_blocks(stored, rows, width, rng), raw_dtype=qtype)
+        blocks = random_blocks(stored, rows, width, generator).numpy()  # d 0.01, dmin 0.005 (bench/layer_types.py)
+        writer.add_tensor(name, blocks, raw_dtype=qtype)
 
     def floats(name: str, count: int, value: float) -> None:
         writer.add_tensor(name, np.full(count, value, dtype=np.float32))
