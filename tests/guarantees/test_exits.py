@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,19 @@ def test_an_interrupted_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, mo
     assert [p.name for p in tmp_path.iterdir()] == ["chat.md"]
     write_text_atomic(path, "the new transcript\n")
     assert path.read_text() == "the new transcript\n"
+
+
+class RaisesWhenCollected:
+    """Stands for a signal landing in a `__del__`, where Python only reports what is raised."""
+
+    def __del__(self):
+        raise Terminated(signal.SIGTERM)
+
+
+def test_a_signal_swallowed_in_a_finalizer_is_sent_again_and_leaves():
+    before = sys.unraisablehook
+    with pytest.raises(Terminated) as caught, leave_on_signals():
+        RaisesWhenCollected()  # collected at once: its __del__ raises, Python swallows it
+        time.sleep(5)  # the signal sent again lands here
+    assert caught.value.exit_status == 143
+    assert sys.unraisablehook is before
