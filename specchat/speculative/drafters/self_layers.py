@@ -33,15 +33,24 @@ def check_self_layers(model: model_io.Model, n: int) -> str | None:
 
 
 def truncated_model(model: model_io.Model, n: int) -> model_io.Model:
-    """A view of `model` that runs only its first n decoder layers: new module objects around the same
-    layers, norm, embeddings and head (no weight is copied), with a config that says n layers."""
+    """A view of `model` that runs only its first n decoder layers (layers_view)."""
+    return layers_view(model, list(range(n)))
+
+
+def layers_view(model: model_io.Model, keep: list[int]) -> model_io.Model:
+    """A view of `model` that runs only its decoder layers `keep`, in that order: new module objects around the
+    same layers, norm, embeddings and head (no weight is copied), with a config that says len(keep) layers.
+    One that skips a layer runs on the lean forward only: transformers' cache finds a layer by its own index."""
+    if keep != list(range(len(keep))) and model_io.runner(model) is None:
+        raise ValueError("a view that skips layers runs on the lean forward only (runtime/lean.py)")
     config = copy.copy(model.config)
-    config.num_hidden_layers = n
+    config.num_hidden_layers = len(keep)
     if getattr(config, "layer_types", None):
-        config.layer_types = list(config.layer_types)[:n]
+        config.layer_types = [config.layer_types[index] for index in keep]
+    layers = list(model.get_decoder().layers)
     decoder = copy.copy(model.get_decoder())
     decoder._modules = dict(decoder._modules)
-    decoder.layers = nn.ModuleList(list(decoder.layers)[:n])
+    decoder.layers = nn.ModuleList([layers[index] for index in keep])
     decoder.config = config
     view: Any = copy.copy(model)  # an nn.Module whose own _modules and __dict__ are replaced below
     view._modules = dict(view._modules)
@@ -51,8 +60,8 @@ def truncated_model(model: model_io.Model, n: int) -> model_io.Model:
     own = model_io.runner(model)
     if own is not None:
         setattr(view, model_io.RUNNER, own.for_view(view))
-    truncated: model_io.Model = view
-    return truncated
+    viewed: model_io.Model = view
+    return viewed
 
 
 def _decoder_attribute(model: Any) -> str:
