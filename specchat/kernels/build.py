@@ -48,6 +48,7 @@ SOURCES = [
     "q4/q4_path_avx_vnni.cpp",
     "q4/q4_path_avx512_vnni.cpp",
     "q4/q4_path_amx.cpp",
+    "q4/file_tiles.cpp",
     "lean_layers.cpp",
     "sampling.cpp",
     "bindings.cpp",

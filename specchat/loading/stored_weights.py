@@ -17,6 +17,7 @@ import dataclasses
 import glob
 import json
 import re
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from specchat.errors import ModelLoadError
 from specchat.kernels.build import q4_kernel
 from specchat.loading import tensor_file
 from specchat.loading.block_shapes import block_problem
+from specchat.loading.file_tiles import MARKER, Q4_K_TYPE, FileChanged, MarkedPlacement, as_stored_layers
 from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 from specchat.loading.tile_arena import placer
 from specchat.progress import Progress, notify, report
@@ -49,10 +51,11 @@ from specchat.quant.w8a8 import quantize_w8a8
 
 FORMAT = 1  # bump when the layout or the quantization recipe changes
 FORMATS = {
-    "w4a8": 10,
-    "w4a8-fast": 9,
+    "w4a8": 11,
+    "w4a8-fast": 10,
 }  # a mode's own format, where it changed apart (8/7: a GGUF's Q8_0, Q4_0... as stored; 9/8: Q6_K, IQ4_* too;
-# 10/9: blocks of one group without their unit scales, dmin left out where it is d)
+# 10/9: blocks of one group without their unit scales, dmin left out where it is d; 11/10: a user's GGUF's Q4_K
+# layers a marker, tiled from the file at each start)
 VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 
@@ -101,24 +104,33 @@ def stored_weights_path(identity: str, dtype_label: str, mode: str) -> Path:
 
 
 def load_or_quantize(
-    model: nn.Module, path: Path, label: str, mode: str = "w8a8", progress: Progress | None = None, gguf=None
+    model: nn.Module,
+    path: Path,
+    label: str,
+    mode: str = "w8a8",
+    progress: Progress | None = None,
+    gguf=None,
+    file_stays: bool = False,
 ) -> str | None:
     """Quantize `model` in place (a mode of QUANTIZERS), from the stored weights at `path` when they are
     sound, else quantizing it and storing its weights (cache_folder.built_once: under the build lock, renamed
     into place).
     gguf: for the w4a8 modes, a function giving the GGUF file the model came from (its Q4_K blocks are
-    used as they are), or None.
+    used as they are), or None. file_stays: that file stays where it is (a user's own, not a bundled model's
+    assembled copy): the layers it holds in Q4_K are tiled from it at each start (file_tiles.py), not stored.
 
     Returns a notice line when damaged stored weights were rebuilt, else None.
     """
-    stored = _StoredBlocks(model, path, progress, mode)
+    from_file = gguf if file_stays and mode in W4A8_MODES else None
+    stored = _StoredBlocks(model, path, progress, mode, from_file)
     what = f"the {DESCRIPTIONS[mode]} weights of {label}"
 
     def quantize_into(tmp: Path) -> None:
         report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; stored for later starts)", None)
         say = lambda line: notify(progress, f"{label}: {line}")
         options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
-        _write(tmp, path, QUANTIZERS[mode](model, None, **options))
+        blocks = QUANTIZERS[mode](model, None, **options)
+        _write(tmp, path, blocks, as_stored_layers(from_file(), blocks) if from_file else set())
 
     if built_once(path, what, stored.problem, quantize_into, "write the stored weights", progress):
         with disk_errors(path, "write the stored weights"):
@@ -138,22 +150,30 @@ class _StoredBlocks:
     path: Path
     progress: Progress | None
     mode: str
+    gguf: Callable[[], Path] | None = None  # the GGUF its marked layers are tiled from (file_tiles.py)
     blocks: dict | None = None
     notice: str | None = None
 
     def problem(self) -> str | None:
         """'' when the file is sound (its blocks kept), None when there is none (a damaged one is gone)."""
-        self.blocks, notice = _sound_blocks(self.model, self.path, self.progress, self.mode)
+        self.blocks, notice = _sound_blocks(self.model, self.path, self.progress, self.mode, self.gguf)
         self.notice = notice or self.notice
         return None if self.blocks is None else ""
 
 
-def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str):
-    """(blocks, notice): the stored blocks when whole and fitting this model's layers, else (None, why)."""
+def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode: str, gguf=None):
+    """(blocks, notice): the stored blocks (and those tiled from `gguf()` where they are marked) when whole and
+    fitting this model's layers, else (None, why)."""
     kind = BLOCK_TYPES.get(mode, Int8Block)
     linears = _linears(model, mode)
     place = placer(shared_input_groups(linears)) if kind is Q4Tiles else None  # fused groups: views, not copies
-    blocks, notice = _read(path, progress, kind, place)
+    marked = None
+    if place is not None and gguf is not None:
+        place = marked = MarkedPlacement(
+            place, {name: (lin.out_features, lin.in_features) for name, lin in linears.items()}
+        )
+    from_file = (lambda names: marked.tiles(gguf(), names)) if marked is not None else None
+    blocks, notice = _read(path, progress, kind, place, from_file)
     if blocks is None:
         return None, notice
     if set(blocks) != set(linears):
@@ -179,24 +199,26 @@ def unquantized_layers(model: nn.Module, mode: str) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
-def _read(path: Path, progress: Progress | None, kind: type = Int8Block, place=None) -> tuple[dict | None, str | None]:
+def _read(
+    path: Path, progress: Progress | None, kind: type = Int8Block, place=None, from_file=None
+) -> tuple[dict | None, str | None]:
     """(blocks, None) when the file is whole; (None, None) when there is none; (None, notice) when it is
     damaged (deleted: it is rebuilt). A failure to read it raises ModelLoadError and keeps it."""
     try:
         if not path.exists():
             return None, None
-        return _verified_blocks(path, progress, kind, place), None
+        return _verified_blocks(path, progress, kind, place, from_file), None
     except DamagedFile as err:
         return None, _discard(path, str(err))
     except Exception as err:  # I/O, memory: says nothing about the content, so the file stays
         raise ModelLoadError(disk_error(err, path, "read the stored weights")) from err
 
 
-def _verified_blocks(path: Path, progress: Progress | None, kind: type, place=None) -> dict:
+def _verified_blocks(path: Path, progress: Progress | None, kind: type, place=None, from_file=None) -> dict:
     size, sha256 = _recorded(path)
     if not is_verified(path, size, sha256, progress):
         raise DamagedFile("its size or checksum does not match what was written")
-    return _blocks_from_file(path, kind, place)
+    return _blocks_from_file(path, kind, place, from_file)
 
 
 def _recorded(path: Path) -> tuple[int, str]:
@@ -217,20 +239,30 @@ def _discard(path: Path, reason: str) -> str:
     return f"rebuilt the stored weights {path.name}: {reason}"
 
 
-def _blocks_from_file(path: Path, kind: type = Int8Block, place=None) -> dict:
+def _blocks_from_file(path: Path, kind: type = Int8Block, place=None, from_file=None) -> dict:
     """The blocks (of dataclass `kind`), read into fresh memory (loading/tensor_file.py), or where `place` puts
     them (w4a8: tile_arena.placer): not mapped, as the mapped pages of a file stay resident (a mapped copy of the
     fused groups' tiles held 0.9 GB of the bundled pair twice), and aligned (torch's CPU int8 kernel crashes on
-    misaligned weights from 8 rows up)."""
+    misaligned weights from 8 rows up). Layers marked to be tiled from the GGUF (file_tiles.py) are, by
+    from_file(their names)."""
     tensors = tensor_file.read_tensors(path, place)
-    names = {key.rsplit(".", 1)[0] for key in tensors}
+    marked = {key.removesuffix(f".{MARKER}") for key in tensors if key.endswith(f".{MARKER}")}
+    names = {key.rsplit(".", 1)[0] for key in tensors} - marked
     fields = dataclasses.fields(kind)
     try:
-        return {
+        blocks = {
             name: kind(*(_field_value(tensors[f"{name}.{field.name}"], field) for field in fields)) for name in names
         }
     except KeyError as err:
         raise DamagedFile(f"it lacks {err.args[0]}") from None
+    if not marked:
+        return blocks
+    if from_file is None:
+        raise DamagedFile("it names layers to tile from a GGUF file, and none is at hand")
+    try:
+        return blocks | from_file(marked)
+    except FileChanged as err:
+        raise DamagedFile(str(err)) from None
 
 
 def _field_value(tensor: torch.Tensor, field: dataclasses.Field):
@@ -242,11 +274,14 @@ def _field_value(tensor: torch.Tensor, field: dataclasses.Field):
     return int(tensor.item())
 
 
-def _write(tmp: Path, path: Path, blocks: dict) -> None:
+def _write(tmp: Path, path: Path, blocks: dict, from_file: frozenset[str] | set[str] = frozenset()) -> None:
     """Write the blocks to `tmp`, the temporary of `path`, and record its size and sha256 beside `path`, each
-    fsynced (cache_folder.built_once renames it into place)."""
-    tensors = {}
+    fsynced (cache_folder.built_once renames it into place). The layers `from_file` are written as a marker
+    (file_tiles.py): a start tiles them from the GGUF."""
+    tensors = {f"{name}.{MARKER}": torch.tensor(Q4_K_TYPE) for name in from_file}
     for name, block in blocks.items():
+        if name in from_file:
+            continue
         tensors.update(
             {f"{name}.{field.name}": torch.as_tensor(getattr(block, field.name)) for field in dataclasses.fields(block)}
         )

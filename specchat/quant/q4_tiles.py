@@ -41,7 +41,7 @@ class Q4Tiles:
             cls._from_rows(Q4Block(*(t[start : start + QUANTIZE_ROWS] for t in block.tensors()))).tensors()
             for start in range(0, rows, QUANTIZE_ROWS)
         )
-        return cls(*rows_in_place(-(-rows // TILE_ROWS), parts), outs=rows)._compact()  # chunks: whole tiles
+        return cls(*rows_in_place(-(-rows // TILE_ROWS), parts), outs=rows).compact()  # chunks: whole tiles
 
     @classmethod
     def concat(cls, parts: list[Q4Tiles], outs: int) -> Q4Tiles:
@@ -49,9 +49,9 @@ class Q4Tiles:
         where the parts already lie side by side in memory (loading/tile_arena.py), else a copy."""
         alike = len({(part.sc.shape[2], part.dmin.shape[2]) for part in parts}) == 1
         fields = zip(*((part.tensors() if alike else part.full_tensors()) for part in parts))
-        return cls(*(_joined(tensors) for tensors in fields), outs=outs)._compact()
+        return cls(*(_joined(tensors) for tensors in fields), outs=outs).compact()
 
-    def _compact(self) -> Q4Tiles:
+    def compact(self) -> Q4Tiles:
         """These tiles with sc and dmin left out where the layout lets them be (q4_tiles.h)."""
         sc, dmin = self.sc, self.dmin
         one_group = self.d.shape[1] == sc.shape[1] and sc.dtype == torch.uint8

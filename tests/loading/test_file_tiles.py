@@ -1,0 +1,110 @@
+"""A user's GGUF's Q4_K layers are tiled from the file at each start (loading/file_tiles.py): the stored weights hold a
+marker for them, not a second copy; the tiles are bit for bit those of the first start; a file that no longer holds
+the blocks a marker names gets its stored weights rebuilt; a bundled model's layers stay stored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_files import greedy_reply, typed_pair_files
+from test_gguf_architectures import cache, on_the_cpu, tok
+from test_gguf_types import prompt_ids
+
+from specchat.loading import file_tiles, stored_weights
+from specchat.loading.gguf.blocks import decode_q4_k
+from specchat.loading.models import load_pair
+from specchat.loading.tensor_file import read_tensors
+from specchat.quant.q4_tiles import Q4Tiles
+from specchat.quant.w4a8 import Q4Linear
+from specchat.settings import load_config
+
+FIXTURES = (cache, on_the_cpu, tok)  # test_gguf_architectures' autouse fixtures, on here too
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def q4_k_bytes(rows: int, blocks: int, seed: int, same_min: bool = False) -> torch.Tensor:
+    """Random Q4_K blocks with small finite fp16 d and dmin (dmin equal to d where `same_min`)."""
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (rows, blocks, 144), dtype=torch.uint8, generator=g)
+    d = (torch.rand(rows, blocks, 1, generator=g) / 64).half().view(torch.uint8)
+    raw[..., 0:2] = d
+    raw[..., 2:4] = d if same_min else (torch.rand(rows, blocks, 1, generator=g) / 64).half().view(torch.uint8)
+    return raw.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("rows, blocks, same_min", [(37, 2, False), (16, 1, True), (100, 3, False), (1, 1, False)])
+def test_the_compiled_tiling_gives_the_tiles_of_the_decoded_blocks_bit_for_bit(kernel, rows, blocks, same_min):
+    raw = q4_k_bytes(rows, blocks, seed=rows, same_min=same_min)
+    wanted = Q4Tiles.from_block(decode_q4_k(raw))
+    tiles = file_tiles.tile_q4_k(raw)
+    assert tiles.outs == wanted.outs and tiles.dmin.shape == wanted.dmin.shape  # dmin left out where it is d
+    for got, expected in zip(tiles.tensors(), wanted.tensors()):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+
+
+def test_the_compiled_tiling_refuses_fields_of_another_shape(kernel):
+    raw = q4_k_bytes(20, 1, seed=1)
+    fields = {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in file_tiles.tile_shapes(16, 256).items()}
+    with pytest.raises(ValueError, match="tile_q4_k: qs must be a contiguous tensor of the tiles' shape"):
+        file_tiles.tile_q4_k(raw, fields)
+    with pytest.raises(ValueError, match="whole Q4_K blocks"):
+        file_tiles.tile_q4_k(raw[:, :100])
+
+
+def stored_file():
+    [path] = [p for p in (stored_weights.cache_dir() / "quantized").glob("*-w4a8-v*.safetensors")]
+    return path
+
+
+def q4_tiles(pair) -> dict[str, Q4Tiles]:
+    return {name: layer.tiles for name, layer in pair.target.named_modules() if isinstance(layer, Q4Linear)}
+
+
+@pytest.mark.parametrize("architecture, kept", [("qwen2", 0), ("llama", 4)])  # llama's q and k rows are reordered
+def test_a_q4_k_files_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
+    tmp_path, tok, kernel, architecture, kept
+):
+    target, drafter = typed_pair_files(tmp_path, tok, "Q4_K", architecture)
+    config = load_config(None, [f"target.source={target}", f"drafter.source={drafter}"])
+    first = load_pair(config)
+    stored = read_tensors(stored_file())
+    markers = [name for name in stored if name.endswith(".from_file")]
+    held = {name.rsplit(".", 1)[0] for name in stored if not name.endswith(".from_file")}
+    assert len(markers) == 15 - kept and len(held) == kept  # 7 layers a block, 2 blocks, the head
+    assert all(int(stored[name]) == file_tiles.Q4_K_TYPE for name in markers)
+    again = load_pair(config)  # tiled from the file this time
+    before, after = q4_tiles(first), q4_tiles(again)
+    assert before.keys() == after.keys() and len(after) == 15
+    for name, tiles in after.items():
+        assert all(torch.equal(a, b) for a, b in zip(tiles.tensors(), before[name].tensors())), name
+    ids = prompt_ids(tok)
+    assert greedy_reply(again, "spec", ids) == greedy_reply(again, "target", ids) == greedy_reply(first, "target", ids)
+
+
+def test_a_file_that_no_longer_holds_the_marked_blocks_has_its_stored_weights_rebuilt(
+    tmp_path, tok, kernel, monkeypatch
+):
+    target, drafter = typed_pair_files(tmp_path, tok, "Q4_K", "qwen2")
+    config = load_config(None, [f"target.source={target}", f"drafter.source={drafter}"])
+    wanted = q4_tiles(load_pair(config))
+    monkeypatch.setattr(file_tiles, "q4_k_tensors", lambda gguf: {})  # as if the file's tensors were gone
+    lines = []
+    pair = load_pair(config, lambda message, fraction: lines.append(message))
+    said = [line for line in lines if "rebuilt the stored weights" in line]
+    assert len(said) == 1 and "no longer holds the Q4_K blocks of" in said[0]
+    assert all(
+        torch.equal(a, b) for name, t in q4_tiles(pair).items() for a, b in zip(t.tensors(), wanted[name].tensors())
+    )
+    assert not any(name.endswith(".from_file") for name in read_tensors(stored_file()))  # none could be verified
+
+
+def test_without_the_file_at_hand_every_layer_is_stored(tmp_path, tok, kernel, monkeypatch):
+    target, drafter = typed_pair_files(tmp_path, tok, "Q4_K", "qwen2")
+    real = stored_weights.load_or_quantize
+    monkeypatch.setattr(
+        stored_weights, "load_or_quantize", lambda *args, **kw: real(*args, **{**kw, "file_stays": False})
+    )  # as for a bundled model, whose assembled file is let go
+    load_pair(load_config(None, [f"target.source={target}", f"drafter.source={drafter}"]))
+    stored = read_tensors(stored_file())
+    assert not any(name.endswith(".from_file") for name in stored) and len({n.rsplit(".", 1)[0] for n in stored}) == 15
