@@ -1,11 +1,12 @@
-"""A GGUF's Q4_K layers built from the file at every start, so the stored weights need not hold a second copy.
+"""A GGUF's Q4_K and Q6_K layers built from the file at every start, so the stored weights need not hold a second copy.
 
-Q4_K blocks run on the w4a8 kernel as stored (gguf/blocks.py); their tiles are a byte shuffle of the file's bytes,
-which the compiled module does at the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF
-stays on disk, the stored weights keep, for each such layer, only a marker naming the file's tensor (MARKER), and a
-start tiles that tensor straight into its place among the stored tiles (tile_arena.py). A layer becomes a marker
-only where the file's tiles, built so, are bit for bit those the first start made (as_stored_layers): one whose
-rows transformers reorders (Llama's q and k), or of any other type, keeps its tiles in the stored weights.
+Both run on the w4a8 kernel as stored (gguf/blocks.py); their tiles are a shuffle of the file's bits, which the
+compiled module does at about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on
+disk, the stored weights keep, for each such layer, only a marker naming the type of the file's tensor
+("<layer>.from_file_Q4_K": a Q4_K_M file's layers are all one of the two), and a start tiles that tensor straight
+into its place among the stored tiles (tile_arena.py). A layer becomes a marker only where the file's tiles, built
+so, are bit for bit those the first start made (as_stored_layers): one whose rows transformers reorders (Llama's q
+and k), one requantized, or one of any other type keeps its tiles in the stored weights.
 """
 
 from __future__ import annotations
@@ -16,50 +17,75 @@ import torch
 from gguf import GGMLQuantizationType
 
 from specchat.kernels.build import q4_kernel
-from specchat.loading.gguf.blocks import Q4_K_BYTES, module_name
+from specchat.loading.gguf.blocks import Q4_K_BYTES, Q6_K_BYTES, module_name
 from specchat.loading.gguf.header import read_tensors
+from specchat.quant.q4_block import QUANTIZE_ROWS
 from specchat.quant.q4_levels import GROUP
 from specchat.quant.q4_tiles import TILE_ROWS, Q4Tiles
 
-MARKER = "from_file"  # "<layer>.from_file": a 0-dim int64, the GGML type of the file's tensor the layer is tiled from
-Q4_K_INPUTS = 256  # inputs a Q4_K block
-Q4_K_TYPE = int(GGMLQuantizationType.Q4_K)  # what a marker holds
+MARKER = "from_file_"  # "<layer>.from_file_<type>": a 0-dim int64, the GGML type the layer is tiled from
+BLOCK_INPUTS = 256  # inputs a Q4_K or Q6_K block
+BLOCK_BYTES = {"Q4_K": Q4_K_BYTES, "Q6_K": Q6_K_BYTES}  # the types tiled from the file, and their blocks' bytes
 
 
 class FileChanged(ValueError):
-    """The GGUF no longer holds the Q4_K tensor a marker names (the stored weights are then rebuilt)."""
+    """The GGUF no longer holds the blocks a marker names (the stored weights are then rebuilt)."""
 
 
-def tile_shapes(rows: int, inputs: int) -> dict[str, tuple[torch.dtype, list[int]]]:
-    """The fields of a Q4_K layer's tiles (rows × inputs weights), whole (dmin not left out): name → (dtype, shape)."""
-    tiles, groups, blocks = -(-rows // TILE_ROWS), inputs // GROUP, inputs // Q4_K_INPUTS
-    return {
-        "qs": (torch.uint8, [tiles, groups, 16 * TILE_ROWS]),
-        "sc": (torch.uint8, [tiles, groups, TILE_ROWS]),
-        "m": (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS]),
-        "d": (torch.float16, [tiles, blocks, TILE_ROWS]),
-        "dmin": (torch.float16, [tiles, blocks, TILE_ROWS]),
-    }
+FIELDS = ("qs", "sc", "m", "d", "dmin")
 
 
-def tile_q4_k(raw: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> Q4Tiles:
-    """The tiles of Q4_K blocks, uint8 [rows, blocks·144], written into `into` (placed tensors of tile_shapes) or
-    fresh ones: Q4Tiles.from_block(decode_q4_k(raw)) bit for bit."""
-    rows, inputs = raw.shape[0], raw.shape[1] // Q4_K_BYTES * Q4_K_INPUTS
-    fields = into or {
-        name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in tile_shapes(rows, inputs).items()
-    }
-    q4_kernel().tile_q4_k(raw.contiguous(), *(fields[name] for name in ("qs", "sc", "m", "d", "dmin")))
-    return Q4Tiles(*(fields[name] for name in ("qs", "sc", "m", "d", "dmin")), outs=rows).compact()
+def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtype, list[int]]]:
+    """The fields of a Q4_K or Q6_K layer's tiles (rows × inputs weights), whole (dmin not left out): name → (dtype,
+    shape). Q6_K's: 6-bit levels, a scale a 16 (halves)."""
+    tiles, groups, blocks = -(-rows // TILE_ROWS), inputs // GROUP, inputs // BLOCK_INPUTS
+    if kind == "Q6_K":
+        sc = m = (torch.int8, [tiles, groups, 2 * TILE_ROWS])
+        qs = (torch.uint8, [tiles, groups, 24 * TILE_ROWS])
+    else:
+        sc, m = (torch.uint8, [tiles, groups, TILE_ROWS]), (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS])
+        qs = (torch.uint8, [tiles, groups, 16 * TILE_ROWS])
+    half = (torch.float16, [tiles, blocks, TILE_ROWS])
+    return {"qs": qs, "sc": sc, "m": m, "d": half, "dmin": half}
 
 
-def q4_k_tensors(gguf: Path) -> dict[str, object]:
-    """The file's Q4_K weights by the module transformers names (gguf/blocks.py's module_name): header entries."""
+def tile_blocks(kind: str, raw: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> Q4Tiles:
+    """The tiles of Q4_K or Q6_K blocks, uint8 [rows, blocks·bytes], written into `into` (placed tensors of
+    tile_shapes) or fresh ones: Q4Tiles.from_block(decode_q4_k(raw) or decode_q6_k(raw)) bit for bit."""
+    rows, inputs = raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * BLOCK_INPUTS
+    shapes = tile_shapes(kind, rows, inputs)
+    fields = into or {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in shapes.items()}
+    tiler = q4_kernel().tile_q6_k if kind == "Q6_K" else q4_kernel().tile_q4_k
+    tiler(raw.contiguous(), *(fields[name] for name in FIELDS))
+    return Q4Tiles(*(fields[name] for name in FIELDS), outs=rows).compact()
+
+
+def file_tensors(gguf: Path) -> dict[str, object]:
+    """The file's Q4_K and Q6_K weights by the module transformers names (gguf/blocks.py's module_name): header
+    entries."""
     return {
         module_name(tensor.name): tensor
         for tensor in read_tensors(gguf)[1]
-        if module_name(tensor.name) and tensor.tensor_type == GGMLQuantizationType.Q4_K
+        if module_name(tensor.name) and tensor.tensor_type.name in BLOCK_BYTES
     }
+
+
+def marker(kind: str) -> str:
+    return f"{MARKER}{kind}"
+
+
+def marker_value(kind: str) -> torch.Tensor:
+    return torch.tensor(int(GGMLQuantizationType[kind]))
+
+
+def marked_layers(names) -> dict[str, str]:
+    """{layer: type} of the marker names among `names` ("<layer>.from_file_<type>")."""
+    found = {}
+    for name in names:
+        layer, _, field = name.rpartition(".")
+        if field.startswith(MARKER):
+            found[layer] = field.removeprefix(MARKER)
+    return found
 
 
 def raw_blocks(tensor) -> torch.Tensor:
@@ -67,34 +93,56 @@ def raw_blocks(tensor) -> torch.Tensor:
     return torch.from_numpy(tensor.data.reshape(tensor.rows, tensor.row_bytes))
 
 
-def as_stored_layers(gguf: Path, blocks: dict[str, Q4Tiles]) -> set[str]:
-    """The layers whose tiles the file's Q4_K tensor gives bit for bit: those a start may tile from the file."""
-    same = set()
-    for name, tensor in q4_k_tensors(gguf).items():
-        tiles = blocks.get(name)
-        if tiles is not None and _equal(tile_q4_k(raw_blocks(tensor)), tiles):
-            same.add(name)
+def as_stored_layers(gguf: Path, blocks: dict[str, Q4Tiles]) -> dict[str, str]:
+    """{layer: type} of the layers whose tiles the file's tensor gives bit for bit: those a start may tile from the
+    file."""
+    same = {}
+    for name, tensor in file_tensors(gguf).items():
+        tiles, kind = blocks.get(name), tensor.tensor_type.name
+        if tiles is not None and same_tiles(kind, raw_blocks(tensor), tiles):
+            same[name] = kind
     return same
 
 
-def _equal(a: Q4Tiles, b: Q4Tiles) -> bool:
-    return a.outs == b.outs and all(
-        x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors())
-    )
+def same_tiles(kind: str, raw: torch.Tensor, tiles: Q4Tiles) -> bool:
+    """Whether tile_blocks(kind, raw) would be `tiles`, bit for bit, field for field (dmin left out alike), tiled
+    QUANTIZE_ROWS rows at a time: a 151,936-row head is not held twice."""
+    rows, inputs = raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * BLOCK_INPUTS
+    shapes = tile_shapes(kind, rows, inputs)
+    wanted = dict(zip(FIELDS, tiles.tensors()))
+    if tiles.outs != rows or any(
+        (wanted[name].dtype, list(wanted[name].shape)) != shapes[name] for name in FIELDS if name != "dmin"
+    ):
+        return False
+    min_left_out = wanted["dmin"].shape[2] == 0
+    min_is_d = True
+    for start in range(0, rows, QUANTIZE_ROWS):
+        part = raw[start : start + QUANTIZE_ROWS]
+        fields = tile_blocks(kind, part).full_tensors()
+        at = slice(start // TILE_ROWS, start // TILE_ROWS + fields[0].shape[0])
+        if not all(torch.equal(got, wanted[name][at]) for name, got in zip(FIELDS[:4], fields)):
+            return False
+        min_is_d = min_is_d and torch.equal(fields[4], fields[3])
+        if not min_left_out and not torch.equal(fields[4], wanted["dmin"][at]):
+            return False
+    return min_left_out == min_is_d  # the whole layer's dmin left out exactly where tile_blocks leaves it out
 
 
-def tiles_from_file(gguf: Path, rows_of: dict[str, tuple[int, int]], placed: dict[str, torch.Tensor]) -> dict:
-    """{layer: its tiles} for the marked layers (layer → (rows, inputs) the model gives it), each tiled from the
-    file into its placed fields ("<layer>.<field>" in `placed`, else fresh memory). FileChanged where the file's
-    tensor is missing, not Q4_K, or not of the layer's shape."""
-    found = q4_k_tensors(gguf)
+def tiles_from_file(
+    gguf: Path, marked: dict[str, str], rows_of: dict[str, tuple[int, int]], placed: dict[str, torch.Tensor]
+) -> dict:
+    """{layer: its tiles} for the marked layers ({layer: type}; layer → (rows, inputs) the model gives it), each
+    tiled from the file into its placed fields ("<layer>.<field>" in `placed`, else fresh memory). FileChanged
+    where the file's tensor is missing, of another type, or not of the layer's shape."""
+    found = file_tensors(gguf)
     tiles = {}
-    for layer, (rows, inputs) in rows_of.items():
-        tensor = found.get(layer)
-        if tensor is None or (tensor.rows, tensor.row_bytes) != (rows, inputs // Q4_K_INPUTS * Q4_K_BYTES):
-            raise FileChanged(f"{gguf.name} no longer holds the Q4_K blocks of {layer} its stored weights name")
-        fields = {name: placed[f"{layer}.{name}"] for name in tile_shapes(rows, inputs) if f"{layer}.{name}" in placed}
-        tiles[layer] = tile_q4_k(raw_blocks(tensor), fields if len(fields) == 5 else None)
+    for layer, kind in marked.items():
+        (rows, inputs), tensor = rows_of[layer], found.get(layer)
+        wanted = (kind, rows, inputs // BLOCK_INPUTS * BLOCK_BYTES[kind])
+        if tensor is None or (tensor.tensor_type.name, tensor.rows, tensor.row_bytes) != wanted:
+            raise FileChanged(f"{gguf.name} no longer holds the {kind} blocks of {layer} its stored weights name")
+        fields = {name: placed[f"{layer}.{name}"] for name in FIELDS if f"{layer}.{name}" in placed}
+        tiles[layer] = tile_blocks(kind, raw_blocks(tensor), fields if len(fields) == len(FIELDS) else None)
     return tiles
 
 
@@ -108,20 +156,20 @@ class MarkedPlacement:
         self.placed: dict[str, torch.Tensor] = {}
 
     def __call__(self, entries: dict) -> dict[str, torch.Tensor]:
-        marked = [name.removesuffix(f".{MARKER}") for name in entries if name.endswith(f".{MARKER}")]
+        marked = marked_layers(entries)
         extra = {
             f"{layer}.{field}": entry
-            for layer in marked
-            if layer in self.shapes
-            for field, entry in tile_shapes(*self.shapes[layer]).items()
+            for layer, kind in marked.items()
+            if layer in self.shapes and kind in BLOCK_BYTES
+            for field, entry in tile_shapes(kind, *self.shapes[layer]).items()
         }
         where = self.place({**entries, **extra})
         self.placed = {name: tensor for name, tensor in where.items() if name in extra}
         return {name: tensor for name, tensor in where.items() if name not in extra}
 
-    def tiles(self, gguf: Path, marked: set[str]) -> dict[str, Q4Tiles]:
-        """The marked layers' tiles, from the file into their places (tiles_from_file)."""
-        unknown = sorted(marked - set(self.shapes))
+    def tiles(self, gguf: Path, marked: dict[str, str]) -> dict[str, Q4Tiles]:
+        """The marked layers' tiles ({layer: type}), from the file into their places (tiles_from_file)."""
+        unknown = sorted(layer for layer, kind in marked.items() if layer not in self.shapes or kind not in BLOCK_BYTES)
         if unknown:
-            raise FileChanged(f"its marker names {unknown[0]}, which is no layer of this model")
-        return tiles_from_file(gguf, {layer: self.shapes[layer] for layer in marked}, self.placed)
+            raise FileChanged(f"its marker names {unknown[0]}, which is no layer of this model tiled from a file")
+        return tiles_from_file(gguf, marked, self.shapes, self.placed)

@@ -39,7 +39,14 @@ from specchat.errors import ModelLoadError
 from specchat.kernels.build import q4_kernel
 from specchat.loading import tensor_file
 from specchat.loading.block_shapes import block_problem
-from specchat.loading.file_tiles import MARKER, Q4_K_TYPE, FileChanged, MarkedPlacement, as_stored_layers
+from specchat.loading.file_tiles import (
+    FileChanged,
+    MarkedPlacement,
+    as_stored_layers,
+    marked_layers,
+    marker,
+    marker_value,
+)
 from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 from specchat.loading.tile_arena import placer
 from specchat.progress import Progress, notify, report
@@ -55,7 +62,7 @@ FORMATS = {
     "w4a8-fast": 10,
 }  # a mode's own format, where it changed apart (8/7: a GGUF's Q8_0, Q4_0... as stored; 9/8: Q6_K, IQ4_* too;
 # 10/9: blocks of one group without their unit scales, dmin left out where it is d; 11/10: a user's GGUF's Q4_K
-# layers a marker, tiled from the file at each start)
+# and Q6_K layers a marker, tiled from the file at each start)
 VERSIONED = re.compile(r"(?P<entry>.+)-v(?P<version>\d+)\.safetensors(?:\.json|\.verified)?")
 
 
@@ -130,7 +137,7 @@ def load_or_quantize(
         say = lambda line: notify(progress, f"{label}: {line}")
         options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
         blocks = QUANTIZERS[mode](model, None, **options)
-        _write(tmp, path, blocks, as_stored_layers(from_file(), blocks) if from_file else set())
+        _write(tmp, path, blocks, as_stored_layers(from_file(), blocks) if from_file else {})
 
     if built_once(path, what, stored.problem, quantize_into, "write the stored weights", progress):
         with disk_errors(path, "write the stored weights"):
@@ -246,8 +253,8 @@ def _blocks_from_file(path: Path, kind: type = Int8Block, place=None, from_file=
     misaligned weights from 8 rows up). Layers marked to be tiled from the GGUF (file_tiles.py) are, by
     from_file(their names)."""
     tensors = tensor_file.read_tensors(path, place)
-    marked = {key.removesuffix(f".{MARKER}") for key in tensors if key.endswith(f".{MARKER}")}
-    names = {key.rsplit(".", 1)[0] for key in tensors} - marked
+    marked = marked_layers(tensors)
+    names = {key.rsplit(".", 1)[0] for key in tensors} - set(marked)
     fields = dataclasses.fields(kind)
     try:
         blocks = {
@@ -274,11 +281,12 @@ def _field_value(tensor: torch.Tensor, field: dataclasses.Field):
     return int(tensor.item())
 
 
-def _write(tmp: Path, path: Path, blocks: dict, from_file: frozenset[str] | set[str] = frozenset()) -> None:
+def _write(tmp: Path, path: Path, blocks: dict, from_file: dict[str, str] | None = None) -> None:
     """Write the blocks to `tmp`, the temporary of `path`, and record its size and sha256 beside `path`, each
-    fsynced (cache_folder.built_once renames it into place). The layers `from_file` are written as a marker
-    (file_tiles.py): a start tiles them from the GGUF."""
-    tensors = {f"{name}.{MARKER}": torch.tensor(Q4_K_TYPE) for name in from_file}
+    fsynced (cache_folder.built_once renames it into place). The layers `from_file` ({layer: GGML type}) are
+    written as a marker (file_tiles.py): a start tiles them from the GGUF."""
+    from_file = from_file or {}
+    tensors = {f"{name}.{marker(kind)}": marker_value(kind) for name, kind in from_file.items()}
     for name, block in blocks.items():
         if name in from_file:
             continue

@@ -1,17 +1,18 @@
-"""A user's GGUF's Q4_K layers are tiled from the file at each start (loading/file_tiles.py): the stored weights hold a
-marker for them, not a second copy; the tiles are bit for bit those of the first start; a file that no longer holds
-the blocks a marker names gets its stored weights rebuilt; a bundled model's layers stay stored."""
+"""A user's GGUF's Q4_K and Q6_K layers are tiled from the file at each start (loading/file_tiles.py): the stored weights
+hold a marker for them, not a second copy; the tiles are bit for bit those of the first start; a file that no longer
+holds the blocks a marker names gets its stored weights rebuilt; a bundled model's layers stay stored."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from model_files import greedy_reply, typed_pair_files
+from gguf import GGMLQuantizationType
+from model_files import greedy_reply, random_blocks, typed_pair_files
 from test_gguf_architectures import cache, on_the_cpu, tok
 from test_gguf_types import prompt_ids
 
 from specchat.loading import file_tiles, stored_weights
-from specchat.loading.gguf.blocks import decode_q4_k
+from specchat.loading.gguf.blocks import decode_q4_k, decode_q6_k
 from specchat.loading.models import load_pair
 from specchat.loading.tensor_file import read_tensors
 from specchat.quant.q4_tiles import Q4Tiles
@@ -33,11 +34,21 @@ def q4_k_bytes(rows: int, blocks: int, seed: int, same_min: bool = False) -> tor
     return raw.reshape(rows, -1)
 
 
+def blocks_of(kind: str, rows: int, blocks: int, seed: int, same_min: bool) -> torch.Tensor:
+    if kind == "Q4_K":
+        return q4_k_bytes(rows, blocks, seed, same_min)
+    raw = torch.from_numpy(random_blocks("Q6_K", rows, blocks * 256, seed=seed)).reshape(rows, -1)
+    if same_min:  # d 0: dmin (32·d) is d, and left out
+        raw.view(rows, blocks, 210)[..., 208:210] = 0
+    return raw
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("rows, blocks, same_min", [(37, 2, False), (16, 1, True), (100, 3, False), (1, 1, False)])
-def test_the_compiled_tiling_gives_the_tiles_of_the_decoded_blocks_bit_for_bit(kernel, rows, blocks, same_min):
-    raw = q4_k_bytes(rows, blocks, seed=rows, same_min=same_min)
-    wanted = Q4Tiles.from_block(decode_q4_k(raw))
-    tiles = file_tiles.tile_q4_k(raw)
+def test_the_compiled_tiling_gives_the_tiles_of_the_decoded_blocks_bit_for_bit(kernel, kind, rows, blocks, same_min):
+    raw = blocks_of(kind, rows, blocks, seed=rows, same_min=same_min)
+    wanted = Q4Tiles.from_block((decode_q6_k if kind == "Q6_K" else decode_q4_k)(raw))
+    tiles = file_tiles.tile_blocks(kind, raw)
     assert tiles.outs == wanted.outs and tiles.dmin.shape == wanted.dmin.shape  # dmin left out where it is d
     for got, expected in zip(tiles.tensors(), wanted.tensors()):
         assert got.dtype == expected.dtype and torch.equal(got, expected)
@@ -45,11 +56,20 @@ def test_the_compiled_tiling_gives_the_tiles_of_the_decoded_blocks_bit_for_bit(k
 
 def test_the_compiled_tiling_refuses_fields_of_another_shape(kernel):
     raw = q4_k_bytes(20, 1, seed=1)
-    fields = {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in file_tiles.tile_shapes(16, 256).items()}
+    shapes = file_tiles.tile_shapes("Q4_K", 16, 256).items()
+    fields = {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in shapes}
     with pytest.raises(ValueError, match="tile_q4_k: qs must be a contiguous tensor of the tiles' shape"):
-        file_tiles.tile_q4_k(raw, fields)
+        file_tiles.tile_blocks("Q4_K", raw, fields)
     with pytest.raises(ValueError, match="whole Q4_K blocks"):
-        file_tiles.tile_q4_k(raw[:, :100])
+        file_tiles.tile_blocks("Q4_K", raw[:, :100])
+    q6 = blocks_of("Q6_K", 16, 1, seed=2, same_min=False)
+    fields = {
+        name: torch.empty(shape, dtype=dtype)
+        for name, (dtype, shape) in file_tiles.tile_shapes("Q6_K", 16, 256).items()
+    }
+    fields["sc"] = fields["sc"].view(torch.uint8)  # Q6_K's scales are signed
+    with pytest.raises(ValueError, match="tile_q6_k: sc must be a contiguous tensor"):
+        file_tiles.tile_blocks("Q6_K", q6, fields)
 
 
 def stored_file():
@@ -61,18 +81,23 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
     return {name: layer.tiles for name, layer in pair.target.named_modules() if isinstance(layer, Q4Linear)}
 
 
-@pytest.mark.parametrize("architecture, kept", [("qwen2", 0), ("llama", 4)])  # llama's q and k rows are reordered
-def test_a_q4_k_files_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
-    tmp_path, tok, kernel, architecture, kept
+@pytest.mark.parametrize(
+    "kind, architecture, kept",
+    [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 4), ("Q6_K", "qwen2", 0), ("Q8_0", "qwen2", 15)],
+)  # llama's q and k rows are reordered; Q8_0 is not tiled from the file
+def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
+    tmp_path, tok, kernel, kind, architecture, kept
 ):
-    target, drafter = typed_pair_files(tmp_path, tok, "Q4_K", architecture)
+    target, drafter = typed_pair_files(tmp_path, tok, kind, architecture)
     config = load_config(None, [f"target.source={target}", f"drafter.source={drafter}"])
     first = load_pair(config)
     stored = read_tensors(stored_file())
-    markers = [name for name in stored if name.endswith(".from_file")]
-    held = {name.rsplit(".", 1)[0] for name in stored if not name.endswith(".from_file")}
+    markers = [name for name in stored if ".from_file_" in name]
+    held = {name.rsplit(".", 1)[0] for name in stored if ".from_file_" not in name}
     assert len(markers) == 15 - kept and len(held) == kept  # 7 layers a block, 2 blocks, the head
-    assert all(int(stored[name]) == file_tiles.Q4_K_TYPE for name in markers)
+    assert all(
+        name.endswith(f".from_file_{kind}") and int(stored[name]) == GGMLQuantizationType[kind] for name in markers
+    )
     again = load_pair(config)  # tiled from the file this time
     before, after = q4_tiles(first), q4_tiles(again)
     assert before.keys() == after.keys() and len(after) == 15
@@ -88,7 +113,7 @@ def test_a_file_that_no_longer_holds_the_marked_blocks_has_its_stored_weights_re
     target, drafter = typed_pair_files(tmp_path, tok, "Q4_K", "qwen2")
     config = load_config(None, [f"target.source={target}", f"drafter.source={drafter}"])
     wanted = q4_tiles(load_pair(config))
-    monkeypatch.setattr(file_tiles, "q4_k_tensors", lambda gguf: {})  # as if the file's tensors were gone
+    monkeypatch.setattr(file_tiles, "file_tensors", lambda gguf: {})  # as if the file's tensors were gone
     lines = []
     pair = load_pair(config, lambda message, fraction: lines.append(message))
     said = [line for line in lines if "rebuilt the stored weights" in line]
@@ -96,7 +121,7 @@ def test_a_file_that_no_longer_holds_the_marked_blocks_has_its_stored_weights_re
     assert all(
         torch.equal(a, b) for name, t in q4_tiles(pair).items() for a, b in zip(t.tensors(), wanted[name].tensors())
     )
-    assert not any(name.endswith(".from_file") for name in read_tensors(stored_file()))  # none could be verified
+    assert not any(".from_file_" in name for name in read_tensors(stored_file()))  # none could be verified
 
 
 def test_without_the_file_at_hand_every_layer_is_stored(tmp_path, tok, kernel, monkeypatch):
@@ -107,4 +132,19 @@ def test_without_the_file_at_hand_every_layer_is_stored(tmp_path, tok, kernel, m
     )  # as for a bundled model, whose assembled file is let go
     load_pair(load_config(None, [f"target.source={target}", f"drafter.source={drafter}"]))
     stored = read_tensors(stored_file())
-    assert not any(name.endswith(".from_file") for name in stored) and len({n.rsplit(".", 1)[0] for n in stored}) == 15
+    assert not any(".from_file_" in name for name in stored) and len({n.rsplit(".", 1)[0] for n in stored}) == 15
+
+
+def test_a_layer_is_marked_only_where_every_chunk_and_the_way_dmin_is_held_match(kernel, monkeypatch):
+    monkeypatch.setattr(file_tiles, "QUANTIZE_ROWS", 32)  # 100 rows: four chunks
+    raw = q4_k_bytes(100, 2, seed=5)
+    tiles = Q4Tiles.from_block(decode_q4_k(raw))
+    assert file_tiles.same_tiles("Q4_K", raw, tiles)
+    changed = Q4Tiles(*(t.clone() for t in tiles.tensors()), outs=tiles.outs)
+    changed.qs[5, 1, 7] ^= 1  # one bit of row 80's tile, in the third chunk
+    assert not file_tiles.same_tiles("Q4_K", raw, changed)
+    same_min = q4_k_bytes(100, 2, seed=5, same_min=True)
+    left_out = Q4Tiles.from_block(decode_q4_k(same_min))
+    assert left_out.dmin.shape[2] == 0 and file_tiles.same_tiles("Q4_K", same_min, left_out)
+    held = Q4Tiles(*left_out.full_tensors(), outs=100)  # the same weights with dmin held: not as tile_blocks makes it
+    assert not file_tiles.same_tiles("Q4_K", same_min, held)

@@ -1,8 +1,9 @@
-// A GGUF's Q4_K blocks as stored → the kernel's tiles (q4_tiles.h), written into tensors the caller has placed: what
-// quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decode_q4_k(raw)) gives, bit for bit (before
-// leaving out a dmin equal to d), with no level unpacked and no temporary. A start builds a file's Q4_K layers
-// from the file itself this way, where the stored weights would otherwise hold a second copy of them.
+// A GGUF's Q4_K and Q6_K blocks as stored → the kernel's tiles (q4_tiles.h), written into tensors the caller has
+// placed: what quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decode_q4_k(raw) or decode_q6_k(raw))
+// gives, bit for bit (before leaving out a dmin equal to d), with no temporary. A start builds a file's Q4_K and
+// Q6_K layers from the file itself this way, where the stored weights would otherwise hold a second copy of them.
 #include <ATen/Parallel.h>
+#include <c10/util/Half.h>
 
 #include <cstdint>
 #include <cstring>
@@ -14,16 +15,18 @@
 namespace {
 
 constexpr int64_t kBlockBytes = 144;  // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+constexpr int64_t kQ6Bytes = 210;     // 128 bytes of low nibbles, 64 of top 2 bits, 16 int8 scales, fp16 d
 constexpr int64_t kGroups = 8;        // 32-input groups a block
 constexpr int64_t kTileRows = 16;
 
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("tile_q4_k: " + what);
+void require(bool ok, const std::string& what, const char* function = "tile_q4_k") {
+  if (!ok) throw std::invalid_argument(std::string(function) + ": " + what);
 }
 
-void require_field(const torch::Tensor& t, const char* name, at::ScalarType type, std::vector<int64_t> shape) {
+void require_field(const torch::Tensor& t, const char* name, at::ScalarType type, std::vector<int64_t> shape,
+                   const char* function = "tile_q4_k") {
   require(t.scalar_type() == type && t.is_contiguous() && t.sizes().vec() == shape,
-          std::string(name) + " must be a contiguous tensor of the tiles' shape and dtype");
+          std::string(name) + " must be a contiguous tensor of the tiles' shape and dtype", function);
 }
 
 // Group g's (0..7) 6-bit scale and min from a block's 12 scale bytes (llama.cpp's get_scale_min_k4).
@@ -104,6 +107,90 @@ void tile_q4_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Ten
       for (int64_t j = 0; j < kTileRows; ++j) {
         const int64_t row = t * kTileRows + j;
         put_row(out, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
+      }
+    }
+  });
+}
+
+namespace {
+
+// Row j of tile t of Q6_K blocks (nullptr: a padding row, all zero): 6-bit levels L (element e of a 128-half h: the
+// low nibble of ql byte h·64 + e % 64, the high one past 64; top 2 bits of qh byte h·32 + e % 32 at 2·(e / 32)) tiled
+// as q4_tiles.h's 6-bit qs; each 16's int8 scale as sc (a group's first 16's then its last's) and m (side by side);
+// d the block's, dmin 32·d.
+void put_q6_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
+  constexpr int64_t kQs = 24 * kTileRows;  // bytes a group's 16 rows take: 256 of nibbles, 128 of top bits
+  for (int64_t b = 0; b < out.blocks; ++b) {
+    const uint8_t* block = row ? row + b * kQ6Bytes : nullptr;
+    uint8_t levels[256] = {0};
+    uint16_t d = 0;
+    if (block) {
+      for (int64_t k = 0; k < 256; ++k) {
+        const int64_t h = k / 128, e = k % 128;
+        const uint8_t low = (block[h * 64 + e % 64] >> (4 * (e / 64))) & 0x0F;
+        const uint8_t top = (block[128 + h * 32 + e % 32] >> (2 * (e / 32))) & 3;
+        levels[k] = low | (top << 4);
+      }
+      std::memcpy(&d, block + 208, 2);
+    }
+    c10::Half half_d;
+    half_d.x = d;
+    const c10::Half half_dmin(static_cast<float>(half_d) * 32.0f);
+    out.d[(t * out.blocks + b) * kTileRows + j] = d;
+    out.dmin[(t * out.blocks + b) * kTileRows + j] = half_dmin.x;
+    for (int64_t k = 0; k < kGroups; ++k) {
+      const int64_t g = b * kGroups + k;
+      const uint8_t* level = levels + k * 32;
+      for (int64_t half = 0; half < 2; ++half) {
+        const uint8_t scale = block ? block[192 + 2 * k + half] : 0;  // the int8 scale's bits
+        out.sc[(t * out.groups + g) * 2 * kTileRows + half * kTileRows + j] = scale;
+        out.m[(t * out.groups + g) * 2 * kTileRows + 2 * j + half] = scale;
+      }
+      uint8_t* qs = out.qs + (t * out.groups + g) * kQs;
+      for (int64_t c = 0; c < 4; ++c) {
+        for (int64_t i = 0; i < 4; ++i) {
+          qs[c * 64 + 4 * j + i] = (level[4 * c + i] & 0x0F) | ((level[16 + 4 * c + i] & 0x0F) << 4);
+        }
+      }
+      for (int64_t e = 0; e < 2; ++e) {
+        for (int64_t i = 0; i < 4; ++i) {
+          uint8_t tops = 0;
+          for (int64_t s = 0; s < 4; ++s) tops |= ((level[16 * e + 4 * s + i] >> 4) & 3) << (2 * s);
+          qs[256 + e * 64 + 4 * j + i] = tops;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
+               torch::Tensor dmin) {
+  const char* self = "tile_q6_k";
+  require(raw.dim() == 2 && raw.scalar_type() == torch::kByte && raw.is_contiguous(),
+          "raw must be contiguous uint8 [rows, blocks·210]", self);
+  require(raw.size(1) > 0 && raw.size(1) % kQ6Bytes == 0, "a row must be whole Q6_K blocks of 210 bytes", self);
+  const int64_t rows = raw.size(0), blocks = raw.size(1) / kQ6Bytes, groups = blocks * kGroups;
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  require_field(qs, "qs", torch::kByte, {tiles, groups, 24 * kTileRows}, self);
+  require_field(sc, "sc", torch::kChar, {tiles, groups, 2 * kTileRows}, self);
+  require_field(m, "m", torch::kChar, {tiles, groups, 2 * kTileRows}, self);
+  require_field(d, "d", torch::kHalf, {tiles, blocks, kTileRows}, self);
+  require_field(dmin, "dmin", torch::kHalf, {tiles, blocks, kTileRows}, self);
+  const Out out{qs.data_ptr<uint8_t>(),
+                reinterpret_cast<uint8_t*>(sc.data_ptr()),
+                reinterpret_cast<uint8_t*>(m.data_ptr()),
+                reinterpret_cast<uint16_t*>(d.data_ptr()),
+                reinterpret_cast<uint16_t*>(dmin.data_ptr()),
+                groups,
+                blocks};
+  const uint8_t* bytes = raw.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t j = 0; j < kTileRows; ++j) {
+        const int64_t row = t * kTileRows + j;
+        put_q6_row(out, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
       }
     }
   });
