@@ -69,12 +69,16 @@ void put_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
       const uint8_t* bytes = block ? block + 16 + chunk * 32 : nullptr;
       uint8_t* low = out.qs + (t * out.groups + first) * 16 * kTileRows + 4 * j;
       uint8_t* high = low + 16 * kTileRows;
-      for (int64_t c = 0; c < 4; ++c) {
-        for (int64_t i = 0; i < 4; ++i) {
-          const uint8_t a = bytes ? bytes[4 * c + i] : 0, z = bytes ? bytes[16 + 4 * c + i] : 0;
-          low[c * 64 + i] = (a & 0x0F) | ((z & 0x0F) << 4);  // levels 4c + i and 16 + 4c + i of group 2p
-          high[c * 64 + i] = (a >> 4) | (z & 0xF0);           // the same of group 2p + 1
+      for (int64_t c = 0; c < 4; ++c) {  // four levels at a time, a byte each
+        uint32_t a = 0, z = 0;
+        if (bytes) {
+          std::memcpy(&a, bytes + 4 * c, 4);
+          std::memcpy(&z, bytes + 16 + 4 * c, 4);
         }
+        const uint32_t lows = (a & 0x0F0F0F0Fu) | ((z & 0x0F0F0F0Fu) << 4);  // levels 4c + i, 16 + 4c + i of 2p
+        const uint32_t highs = ((a >> 4) & 0x0F0F0F0Fu) | (z & 0xF0F0F0F0u);  // the same of group 2p + 1
+        std::memcpy(low + c * 64, &lows, 4);
+        std::memcpy(high + c * 64, &highs, 4);
       }
     }
   }
@@ -114,50 +118,49 @@ void tile_q4_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Ten
 
 namespace {
 
-// Row j of tile t of Q6_K blocks (nullptr: a padding row, all zero): 6-bit levels L (element e of a 128-half h: the
-// low nibble of ql byte h·64 + e % 64, the high one past 64; top 2 bits of qh byte h·32 + e % 32 at 2·(e / 32)) tiled
-// as q4_tiles.h's 6-bit qs; each 16's int8 scale as sc (a group's first 16's then its last's) and m (side by side);
-// d the block's, dmin 32·d.
+inline uint32_t word_at(const uint8_t* bytes) {
+  uint32_t word;
+  std::memcpy(&word, bytes, 4);
+  return word;
+}
+
+// Row j of tile t of Q6_K blocks (nullptr: a padding row, all zero). Level i of 32-group k of a block (k = 4h + s):
+// the low (s < 2) or high nibble of ql byte 64h + 32(s % 2) + i, and bits 2s, 2s + 1 of qh byte 32h + i, on top;
+// tiled as q4_tiles.h's 6-bit qs, four levels a word. Each 16's int8 scale goes to sc (a group's first 16's then
+// its last's) and m (side by side); d is the block's, dmin 32·d.
 void put_q6_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
   constexpr int64_t kQs = 24 * kTileRows;  // bytes a group's 16 rows take: 256 of nibbles, 128 of top bits
   for (int64_t b = 0; b < out.blocks; ++b) {
     const uint8_t* block = row ? row + b * kQ6Bytes : nullptr;
-    uint8_t levels[256] = {0};
     uint16_t d = 0;
-    if (block) {
-      for (int64_t k = 0; k < 256; ++k) {
-        const int64_t h = k / 128, e = k % 128;
-        const uint8_t low = (block[h * 64 + e % 64] >> (4 * (e / 64))) & 0x0F;
-        const uint8_t top = (block[128 + h * 32 + e % 32] >> (2 * (e / 32))) & 3;
-        levels[k] = low | (top << 4);
-      }
-      std::memcpy(&d, block + 208, 2);
-    }
+    if (block) std::memcpy(&d, block + 208, 2);
     c10::Half half_d;
     half_d.x = d;
     const c10::Half half_dmin(static_cast<float>(half_d) * 32.0f);
     out.d[(t * out.blocks + b) * kTileRows + j] = d;
     out.dmin[(t * out.blocks + b) * kTileRows + j] = half_dmin.x;
     for (int64_t k = 0; k < kGroups; ++k) {
-      const int64_t g = b * kGroups + k;
-      const uint8_t* level = levels + k * 32;
+      const int64_t g = b * kGroups + k, h = k / 4, s = k % 4;
       for (int64_t half = 0; half < 2; ++half) {
         const uint8_t scale = block ? block[192 + 2 * k + half] : 0;  // the int8 scale's bits
         out.sc[(t * out.groups + g) * 2 * kTileRows + half * kTileRows + j] = scale;
         out.m[(t * out.groups + g) * 2 * kTileRows + 2 * j + half] = scale;
       }
-      uint8_t* qs = out.qs + (t * out.groups + g) * kQs;
-      for (int64_t c = 0; c < 4; ++c) {
-        for (int64_t i = 0; i < 4; ++i) {
-          qs[c * 64 + 4 * j + i] = (level[4 * c + i] & 0x0F) | ((level[16 + 4 * c + i] & 0x0F) << 4);
-        }
+      uint8_t* qs = out.qs + (t * out.groups + g) * kQs + 4 * j;
+      const uint8_t* low = block ? block + 64 * h + 32 * (s % 2) : nullptr;
+      const uint8_t* top = block ? block + 128 + 32 * h : nullptr;
+      for (int64_t c = 0; c < 4; ++c) {  // levels 4c + i (low nibble) and 16 + 4c + i (high), i = 0..3
+        const uint32_t a = low ? word_at(low + 4 * c) : 0, z = low ? word_at(low + 16 + 4 * c) : 0;
+        const uint32_t nibbles = s < 2 ? (a & 0x0F0F0F0Fu) | ((z & 0x0F0F0F0Fu) << 4)
+                                       : ((a >> 4) & 0x0F0F0F0Fu) | (z & 0xF0F0F0F0u);
+        std::memcpy(qs + c * 64, &nibbles, 4);
       }
-      for (int64_t e = 0; e < 2; ++e) {
-        for (int64_t i = 0; i < 4; ++i) {
-          uint8_t tops = 0;
-          for (int64_t s = 0; s < 4; ++s) tops |= ((level[16 * e + 4 * s + i] >> 4) & 3) << (2 * s);
-          qs[256 + e * 64 + 4 * j + i] = tops;
+      for (int64_t e = 0; e < 2; ++e) {  // top chunk e: levels 16e + 4u + i's top bits at bits 2u, u = 0..3
+        uint32_t tops = 0;
+        for (int64_t u = 0; u < 4 && top; ++u) {
+          tops |= ((word_at(top + 16 * e + 4 * u) >> (2 * s)) & 0x03030303u) << (2 * u);
         }
+        std::memcpy(qs + 256 + e * 64, &tops, 4);
       }
     }
   }
