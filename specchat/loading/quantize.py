@@ -63,9 +63,8 @@ def quantize_with_stored_weights(
     if mode in W4A8_MODES:  # compiled before the weights are quantized, so its wait is said first
         q4_kernel(progress)
     path = stored_weights.stored_weights_path(checkpoint.identity, dtype_name(plan.dtype), mode)
-    file_stays = (
-        checkpoint.gguf is not None and plan.source.kind != "bundled"
-    )  # a bundled GGUF is assembled, then let go
+    # a user's GGUF stays where it is; a bundled model's is assembled for its first start, then let go
+    file_stays = checkpoint.gguf is not None and plan.source.kind != "bundled"
     rebuilt = stored_weights.load_or_quantize(
         model, path, plan.label, mode, progress, gguf=checkpoint.gguf, file_stays=file_stays
     )

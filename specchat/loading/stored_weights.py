@@ -124,7 +124,8 @@ def load_or_quantize(
     into place).
     gguf: for the w4a8 modes, a function giving the GGUF file the model came from (its Q4_K blocks are
     used as they are), or None. file_stays: that file stays where it is (a user's own, not a bundled model's
-    assembled copy): the layers it holds in Q4_K are tiled from it at each start (file_tiles.py), not stored.
+    assembled copy): the layers it holds in Q4_K and Q6_K are tiled from it at each start (file_tiles.py), not
+    stored.
 
     Returns a notice line when damaged stored weights were rebuilt, else None.
     """
