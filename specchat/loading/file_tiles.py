@@ -1,10 +1,10 @@
-"""A GGUF's Q4_K and Q6_K layers built from the file at every start, so the stored weights need not hold a second copy.
+"""A GGUF's layers built from the file at every start, so the stored weights need not hold a second copy of them.
 
-Both run on the w4a8 kernel as stored (gguf/blocks.py); their tiles are a shuffle of the file's bits, which the
-compiled module does at about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on
-disk, the stored weights keep, for each such layer, only a marker naming the type of the file's tensor
-("<layer>.from_file_Q4_K": a Q4_K_M file's layers are all one of the two), and a start tiles that tensor straight
-into its place among the stored tiles (tile_arena.py). A layer becomes a marker only where the file's tiles, built
+Layers of the types in BLOCK_BYTES (Q4_K and Q6_K: all of a Q4_K_M file's; Q4_0, Q4_1, IQ4_NL, Q8_0) run on the w4a8
+kernel as stored (gguf/blocks.py), and their tiles are a shuffle of the file's bits, which the compiled module does at
+about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on disk, the stored
+weights keep, for each such layer, only a marker naming the type of the file's tensor ("<layer>.from_file_Q4_K"),
+and a start tiles that tensor straight into its place among the stored tiles (tile_arena.py). A layer becomes a marker only where the file's tiles, built
 so, are bit for bit those the first start made (as_stored_layers): one whose rows transformers reorders (Llama's q
 and k), one requantized, or one of any other type keeps its tiles in the stored weights.
 """
@@ -19,15 +19,22 @@ import torch
 from gguf import GGMLQuantizationType
 
 from specchat.kernels.build import q4_kernel
-from specchat.loading.gguf.blocks import Q4_K_BYTES, Q6_K_BYTES, module_name
+from specchat.loading.gguf.blocks import GROUP_BLOCK_BYTES, Q4_K_BYTES, Q6_K_BYTES, module_name
 from specchat.loading.gguf.header import read_tensors
 from specchat.quant.q4_block import QUANTIZE_ROWS
 from specchat.quant.q4_levels import GROUP
 from specchat.quant.q4_tiles import TILE_ROWS, Q4Tiles
 
 MARKER = "from_file_"  # "<layer>.from_file_<type>": a 0-dim int64, the GGML type the layer is tiled from
-BLOCK_INPUTS = 256  # inputs a Q4_K or Q6_K block
-BLOCK_BYTES = {"Q4_K": Q4_K_BYTES, "Q6_K": Q6_K_BYTES}  # the types tiled from the file, and their blocks' bytes
+GROUP_KINDS = {
+    "Q4_0": 0,
+    "Q4_1": 1,
+    "IQ4_NL": 2,
+    "Q8_0": 3,
+}  # the one-group types tiled from the file: the kernel's codes
+BLOCK_BYTES = {"Q4_K": Q4_K_BYTES, "Q6_K": Q6_K_BYTES, "IQ4_NL": 18} | {
+    kind: GROUP_BLOCK_BYTES[kind] for kind in ("Q4_0", "Q4_1", "Q8_0")
+}  # the types tiled from the file, and their blocks' bytes
 
 
 class FileChanged(ValueError):
@@ -37,10 +44,25 @@ class FileChanged(ValueError):
 FIELDS = ("qs", "sc", "m", "d", "dmin")
 
 
+def block_inputs(kind: str) -> int:
+    """Inputs a block of `kind` covers: 32 for the one-group types, 256 for Q4_K and Q6_K."""
+    return GROUP if kind in GROUP_KINDS else 256
+
+
 def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtype, list[int]]]:
-    """The fields of a Q4_K or Q6_K layer's tiles (rows × inputs weights), whole (dmin not left out): name → (dtype,
-    shape). Q6_K's: 6-bit levels, a scale a 16 (halves)."""
-    tiles, groups, blocks = -(-rows // TILE_ROWS), inputs // GROUP, inputs // BLOCK_INPUTS
+    """The fields of a layer's tiles (rows × inputs weights) of a type in BLOCK_BYTES: name → (dtype, shape). Q4_K's
+    and Q6_K's whole (dmin not left out; Q6_K's 6-bit levels, a scale a 16: halves); the one-group types' without
+    their scales (every one 1) and, but Q4_1's, without dmin (it is d), as Q4Tiles.compact leaves them out."""
+    tiles, groups, blocks = -(-rows // TILE_ROWS), inputs // GROUP, inputs // block_inputs(kind)
+    if kind in GROUP_KINDS:
+        width = (32 if kind == "Q8_0" else 16) * TILE_ROWS
+        return {
+            "qs": (torch.int8 if kind == "IQ4_NL" else torch.uint8, [tiles, groups, width]),
+            "sc": (torch.uint8, [tiles, groups, 0]),
+            "m": (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS]),
+            "d": (torch.float16, [tiles, groups, TILE_ROWS]),
+            "dmin": (torch.float16, [tiles, groups, TILE_ROWS if kind == "Q4_1" else 0]),
+        }
     if kind == "Q6_K":
         sc = m = (torch.int8, [tiles, groups, 2 * TILE_ROWS])
         qs = (torch.uint8, [tiles, groups, 24 * TILE_ROWS])
@@ -52,19 +74,22 @@ def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtyp
 
 
 def tile_blocks(kind: str, raw: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> Q4Tiles:
-    """The tiles of Q4_K or Q6_K blocks, uint8 [rows, blocks·bytes], written into `into` (placed tensors of
-    tile_shapes) or fresh ones: Q4Tiles.from_block(decode_q4_k(raw) or decode_q6_k(raw)) bit for bit."""
-    rows, inputs = raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * BLOCK_INPUTS
+    """The tiles of blocks of a type in BLOCK_BYTES, uint8 [rows, blocks·bytes], written into `into` (placed tensors
+    of tile_shapes) or fresh ones: Q4Tiles.from_block of gguf/blocks.py's decoding of them, bit for bit."""
+    rows, inputs = raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * block_inputs(kind)
     shapes = tile_shapes(kind, rows, inputs)
     fields = into or {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in shapes.items()}
-    tiler = q4_kernel().tile_q6_k if kind == "Q6_K" else q4_kernel().tile_q4_k
-    tiler(raw.contiguous(), *(fields[name] for name in FIELDS))
+    kernel, raw = q4_kernel(), raw.contiguous()
+    if kind in GROUP_KINDS:
+        kernel.tile_group_blocks(raw, GROUP_KINDS[kind], fields["qs"], fields["m"], fields["d"], fields["dmin"])
+    else:
+        (kernel.tile_q6_k if kind == "Q6_K" else kernel.tile_q4_k)(raw, *(fields[name] for name in FIELDS))
     return Q4Tiles(*(fields[name] for name in FIELDS), outs=rows).compact()
 
 
 def file_tensors(gguf: Path) -> dict[str, object]:
-    """The file's Q4_K and Q6_K weights by the module transformers names (gguf/blocks.py's module_name): header
-    entries."""
+    """The file's weights of the types in BLOCK_BYTES by the module transformers names (gguf/blocks.py's
+    module_name): header entries."""
     return {
         module_name(tensor.name): tensor
         for tensor in read_tensors(gguf)[1]
@@ -116,7 +141,7 @@ def as_stored_layers(gguf: Path, blocks: dict[str, Q4Tiles]) -> dict[str, str]:
 def same_tiles(kind: str, raw: torch.Tensor, tiles: Q4Tiles) -> bool:
     """Whether tile_blocks(kind, raw) would be `tiles`, bit for bit, field for field (dmin left out alike), tiled
     QUANTIZE_ROWS rows at a time: a 151,936-row head is not held twice."""
-    rows, inputs = raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * BLOCK_INPUTS
+    rows, inputs = raw.shape[0], raw.shape[1] // BLOCK_BYTES[kind] * block_inputs(kind)
     shapes = tile_shapes(kind, rows, inputs)
     wanted = dict(zip(FIELDS, tiles.tensors()))
     if tiles.outs != rows or any(
@@ -126,13 +151,12 @@ def same_tiles(kind: str, raw: torch.Tensor, tiles: Q4Tiles) -> bool:
     min_left_out = wanted["dmin"].shape[2] == 0
     min_is_d = True
     for start in range(0, rows, QUANTIZE_ROWS):
-        part = raw[start : start + QUANTIZE_ROWS]
-        fields = tile_blocks(kind, part).full_tensors()
-        at = slice(start // TILE_ROWS, start // TILE_ROWS + fields[0].shape[0])
-        if not all(torch.equal(got, wanted[name][at]) for name, got in zip(FIELDS[:4], fields)):
+        chunk = tile_blocks(kind, raw[start : start + QUANTIZE_ROWS])
+        at = slice(start // TILE_ROWS, start // TILE_ROWS + chunk.qs.shape[0])
+        if not all(torch.equal(got, wanted[name][at]) for name, got in zip(FIELDS[:4], chunk.tensors())):
             return False
-        min_is_d = min_is_d and torch.equal(fields[4], fields[3])
-        if not min_left_out and not torch.equal(fields[4], wanted["dmin"][at]):
+        min_is_d = min_is_d and torch.equal(chunk.full_dmin, chunk.d)
+        if not min_left_out and not torch.equal(chunk.full_dmin, wanted["dmin"][at]):
             return False
     return min_left_out == min_is_d  # the whole layer's dmin left out exactly where tile_blocks leaves it out
 
@@ -147,7 +171,7 @@ def tiles_from_file(
     tiles = {}
     for layer, kind in marked.items():
         (rows, inputs), tensor = rows_of[layer], found.get(layer)
-        wanted = (kind, rows, inputs // BLOCK_INPUTS * BLOCK_BYTES[kind])
+        wanted = (kind, rows, inputs // block_inputs(kind) * BLOCK_BYTES[kind])
         if tensor is None or (tensor.tensor_type.name, tensor.rows, tensor.row_bytes) != wanted:
             raise FileChanged(f"{gguf.name} no longer holds the {kind} blocks of {layer} its stored weights name")
         fields = {name: placed[f"{layer}.{name}"] for name in FIELDS if f"{layer}.{name}" in placed}

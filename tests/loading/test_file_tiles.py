@@ -1,6 +1,7 @@
-"""A user's GGUF's Q4_K and Q6_K layers are tiled from the file at each start (loading/file_tiles.py): the stored weights
-hold a marker for them, not a second copy; the tiles are bit for bit those of the first start; a file that no longer
-holds the blocks a marker names gets its stored weights rebuilt; a bundled model's layers stay stored."""
+"""A user's GGUF's layers of the types the kernel tiles from the file (Q4_K, Q6_K, Q4_0, Q4_1, IQ4_NL, Q8_0) are tiled
+from it at each start (loading/file_tiles.py): the stored weights hold a marker for them, not a second copy; the tiles
+are bit for bit those of the first start; a file that no longer holds the blocks a marker names gets its stored
+weights rebuilt; a bundled model's layers stay stored."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from test_gguf_architectures import cache, on_the_cpu, tok
 from test_gguf_types import prompt_ids
 
 from specchat.loading import file_tiles, stored_weights
-from specchat.loading.gguf.blocks import decode_q4_k, decode_q6_k
+from specchat.loading.gguf.blocks import AS_STORED
 from specchat.loading.models import load_pair
 from specchat.loading.tensor_file import read_tensors
 from specchat.quant.q4_tiles import Q4Tiles
@@ -35,19 +36,38 @@ def q4_k_bytes(rows: int, blocks: int, seed: int, same_min: bool = False) -> tor
 
 
 def blocks_of(kind: str, rows: int, blocks: int, seed: int, same_min: bool) -> torch.Tensor:
+    """Random blocks of `kind` covering blocks·256 inputs a row; `same_min`: dmin made d (Q4_K), d 0 (Q6_K: dmin is
+    32·d), min −d (Q4_1)."""
+    import gguf
+
     if kind == "Q4_K":
         return q4_k_bytes(rows, blocks, seed, same_min)
-    raw = torch.from_numpy(random_blocks("Q6_K", rows, blocks * 256, seed=seed)).reshape(rows, -1)
-    if same_min:  # d 0: dmin (32·d) is d, and left out
-        raw.view(rows, blocks, 210)[..., 208:210] = 0
+    width = blocks * 256
+    if kind in ("Q6_K", "IQ4_NL"):
+        raw = torch.from_numpy(random_blocks(kind, rows, width, seed=seed)).reshape(rows, -1)
+    else:  # gguf-py's own quantization of random weights
+        weights = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)).numpy() / 10
+        raw = torch.from_numpy(gguf.quants.quantize(weights, gguf.GGMLQuantizationType[kind])).reshape(rows, -1)
+    if same_min and kind == "Q6_K":
+        raw.view(rows, -1, 210)[..., 208:210] = 0
+    if same_min and kind == "Q4_1":
+        groups = raw.view(rows, -1, 20)
+        groups[..., 2:4] = (groups[..., 0:2].contiguous().view(torch.float16) * -1).view(torch.uint8)
     return raw
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def decoded(kind: str, raw: torch.Tensor) -> Q4Tiles:
+    return Q4Tiles.from_block(AS_STORED[kind][1](raw))
+
+
+KINDS = ["Q4_K", "Q6_K", "Q4_0", "Q4_1", "IQ4_NL", "Q8_0"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows, blocks, same_min", [(37, 2, False), (16, 1, True), (100, 3, False), (1, 1, False)])
 def test_the_compiled_tiling_gives_the_tiles_of_the_decoded_blocks_bit_for_bit(kernel, kind, rows, blocks, same_min):
     raw = blocks_of(kind, rows, blocks, seed=rows, same_min=same_min)
-    wanted = Q4Tiles.from_block((decode_q6_k if kind == "Q6_K" else decode_q4_k)(raw))
+    wanted = decoded(kind, raw)
     tiles = file_tiles.tile_blocks(kind, raw)
     assert tiles.outs == wanted.outs and tiles.dmin.shape == wanted.dmin.shape  # dmin left out where it is d
     for got, expected in zip(tiles.tensors(), wanted.tensors()):
@@ -62,6 +82,10 @@ def test_the_compiled_tiling_refuses_fields_of_another_shape(kernel):
         file_tiles.tile_blocks("Q4_K", raw, fields)
     with pytest.raises(ValueError, match="whole Q4_K blocks"):
         file_tiles.tile_blocks("Q4_K", raw[:, :100])
+    with pytest.raises(ValueError, match="tile_group_blocks: dmin must be a contiguous tensor"):
+        q4_0 = blocks_of("Q4_0", 16, 1, seed=2, same_min=False)
+        fields = file_tiles.tile_shapes("Q4_1", 16, 256).items()
+        file_tiles.tile_blocks("Q4_0", q4_0, {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in fields})
     q6 = blocks_of("Q6_K", 16, 1, seed=2, same_min=False)
     fields = {
         name: torch.empty(shape, dtype=dtype)
@@ -83,8 +107,9 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
 
 @pytest.mark.parametrize(
     "kind, architecture, kept",
-    [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 4), ("Q6_K", "qwen2", 0), ("Q8_0", "qwen2", 15)],
-)  # llama's q and k rows are reordered; Q8_0 is not tiled from the file
+    [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 4), ("Q6_K", "qwen2", 0), ("Q4_0", "qwen2", 0), ("Q8_0", "llama", 4)]
+    + [("IQ4_NL", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_0", "qwen2", 15)],
+)  # llama's q and k rows are reordered; Q5_0 is not tiled from the file
 def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
     tmp_path, tok, kernel, kind, architecture, kept
 ):
@@ -138,13 +163,13 @@ def test_without_the_file_at_hand_every_layer_is_stored(tmp_path, tok, kernel, m
 def test_a_layer_is_marked_only_where_every_chunk_and_the_way_dmin_is_held_match(kernel, monkeypatch):
     monkeypatch.setattr(file_tiles, "QUANTIZE_ROWS", 32)  # 100 rows: four chunks
     raw = q4_k_bytes(100, 2, seed=5)
-    tiles = Q4Tiles.from_block(decode_q4_k(raw))
+    tiles = decoded("Q4_K", raw)
     assert file_tiles.same_tiles("Q4_K", raw, tiles)
     changed = Q4Tiles(*(t.clone() for t in tiles.tensors()), outs=tiles.outs)
     changed.qs[5, 1, 7] ^= 1  # one bit of row 80's tile, in the third chunk
     assert not file_tiles.same_tiles("Q4_K", raw, changed)
     same_min = q4_k_bytes(100, 2, seed=5, same_min=True)
-    left_out = Q4Tiles.from_block(decode_q4_k(same_min))
+    left_out = decoded("Q4_K", same_min)
     assert left_out.dmin.shape[2] == 0 and file_tiles.same_tiles("Q4_K", same_min, left_out)
     held = Q4Tiles(*left_out.full_tensors(), outs=100)  # the same weights with dmin held: not as tile_blocks makes it
     assert not file_tiles.same_tiles("Q4_K", same_min, held)

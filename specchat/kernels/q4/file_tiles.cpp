@@ -1,7 +1,7 @@
-// A GGUF's Q4_K and Q6_K blocks as stored → the kernel's tiles (q4_tiles.h), written into tensors the caller has
-// placed: what quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decode_q4_k(raw) or decode_q6_k(raw))
-// gives, bit for bit (before leaving out a dmin equal to d), with no temporary. A start builds a file's Q4_K and
-// Q6_K layers from the file itself this way, where the stored weights would otherwise hold a second copy of them.
+// A GGUF's Q4_K, Q6_K, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h), written into
+// tensors the caller has placed: what quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of
+// them) gives, bit for bit (before leaving out a dmin equal to d), with no temporary. A start builds a file's layers
+// of those types from the file itself this way, where the stored weights would otherwise hold a second copy of them.
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 
@@ -194,6 +194,81 @@ void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Ten
       for (int64_t j = 0; j < kTileRows; ++j) {
         const int64_t row = t * kTileRows + j;
         put_q6_row(out, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
+      }
+    }
+  });
+}
+
+namespace {
+
+// The one-group types tiled from the file: bytes a 32-group, where its levels start, the offset level m, whether a
+// level is a byte (Q8_0) or a nibble, and whether the block carries a min (Q4_1: dmin = −min).
+struct GroupType {
+  int64_t bytes, levels_at;
+  uint8_t m;
+  bool byte_levels, with_min;
+};
+constexpr GroupType kGroupTypes[] = {
+    {18, 2, 8, false, false},   // 0: Q4_0, w = d·(q − 8)
+    {20, 4, 1, false, true},    // 1: Q4_1, w = d·q + min
+    {18, 2, 128, false, false},  // 2: IQ4_NL, table indices (the kernel looks each level up), offset d·128
+    {34, 2, 128, true, false},  // 3: Q8_0, levels q + 128, offset d·128
+};
+
+// Row j of tile t of one-group blocks (nullptr: a padding row, all zero). A nibble type's group bytes are the tile's
+// bytes as they are (byte i: level i low, 16 + i high; the tile's byte 64c + 4j + i holds levels 4c + i and
+// 16 + 4c + i); Q8_0's 32 int8 levels go four a vector, + 128. sc is left out (every scale 1) and dmin too, but Q4_1's.
+void put_group_row(const Out& out, const GroupType& type, int64_t t, int64_t j, const uint8_t* row) {
+  const int64_t width = (type.byte_levels ? 32 : 16) * kTileRows;  // a group's bytes in the tile
+  for (int64_t g = 0; g < out.groups; ++g) {
+    const uint8_t* block = row ? row + g * type.bytes : nullptr;
+    uint16_t d = 0, min = 0;
+    if (block) std::memcpy(&d, block, 2);
+    if (block && type.with_min) std::memcpy(&min, block + 2, 2);
+    out.d[(t * out.groups + g) * kTileRows + j] = d;
+    if (type.with_min) out.dmin[(t * out.groups + g) * kTileRows + j] = block ? min ^ 0x8000u : 0;  // −min, exactly
+    out.m[(t * (out.groups / 2) + g / 2) * 2 * kTileRows + 2 * j + g % 2] = block ? type.m : 0;
+    uint8_t* qs = out.qs + (t * out.groups + g) * width + 4 * j;
+    const int64_t words = type.byte_levels ? 8 : 4;
+    for (int64_t c = 0; c < words; ++c) {
+      uint32_t word = block ? word_at(block + type.levels_at + 4 * c) : 0;
+      if (block && type.byte_levels) word ^= 0x80808080u;  // int8 q + 128, byte by byte
+      std::memcpy(qs + c * 64, &word, 4);
+    }
+  }
+}
+
+}  // namespace
+
+void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch::Tensor m, torch::Tensor d,
+                       torch::Tensor dmin) {
+  const char* self = "tile_group_blocks";
+  require(kind >= 0 && kind < 4, "kind must be 0 (Q4_0), 1 (Q4_1), 2 (IQ4_NL) or 3 (Q8_0)", self);
+  const GroupType& type = kGroupTypes[kind];
+  require(raw.dim() == 2 && raw.scalar_type() == torch::kByte && raw.is_contiguous(),
+          "raw must be contiguous uint8 [rows, groups·bytes]", self);
+  require(raw.size(1) > 0 && raw.size(1) % (2 * type.bytes) == 0, "a row must be an even number of whole blocks", self);
+  const int64_t rows = raw.size(0), groups = raw.size(1) / type.bytes;
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
+  require(qs.scalar_type() == torch::kByte || qs.scalar_type() == torch::kChar, "qs must be uint8 or int8", self);
+  require(qs.is_contiguous() && qs.sizes().vec() == std::vector<int64_t>{tiles, groups, (type.byte_levels ? 32 : 16) * kTileRows},
+          "qs must be a contiguous tensor of the tiles' shape", self);
+  require_field(m, "m", torch::kByte, {tiles, groups / 2, 2 * kTileRows}, self);
+  require_field(d, "d", torch::kHalf, {tiles, groups, kTileRows}, self);
+  require_field(dmin, "dmin", torch::kHalf, {tiles, groups, type.with_min ? kTileRows : 0}, self);
+  const Out out{reinterpret_cast<uint8_t*>(qs.data_ptr()),
+                nullptr,
+                m.data_ptr<uint8_t>(),
+                reinterpret_cast<uint16_t*>(d.data_ptr()),
+                reinterpret_cast<uint16_t*>(dmin.data_ptr()),
+                groups,
+                groups};
+  const uint8_t* bytes = raw.data_ptr<uint8_t>();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t j = 0; j < kTileRows; ++j) {
+        const int64_t row = t * kTileRows + j;
+        put_group_row(out, type, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
       }
     }
   });
