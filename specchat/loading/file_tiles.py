@@ -5,8 +5,9 @@ kernel as stored (gguf/blocks.py), and their tiles are a shuffle of the file's b
 about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on disk, the stored
 weights keep, for each such layer, only a marker naming the type of the file's tensor ("<layer>.from_file_Q4_K"),
 and a start tiles that tensor straight into its place among the stored tiles (tile_arena.py). A layer becomes a marker only where the file's tiles, built
-so, are bit for bit those the first start made (as_stored_layers): one whose rows transformers reorders (Llama's q
-and k), one requantized, or one of any other type keeps its tiles in the stored weights.
+so, are bit for bit those the first start made (as_stored_layers): a layer requantized, or of any other type, keeps
+its tiles in the stored weights. Where transformers reorders a tensor's rows (Llama's q and k), the marker holds the
+order (int64 [rows]: the stored row each of the layer's rows is), and the file's rows are tiled in that order.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from gguf import GGMLQuantizationType
 from specchat.kernels.build import q4_kernel
 from specchat.loading.gguf.blocks import GROUP_BLOCK_BYTES, Q4_K_BYTES, Q6_K_BYTES, module_name
 from specchat.loading.gguf.header import read_tensors
+from specchat.loading.gguf.tensors import GGUFTensors, streamable
 from specchat.quant.q4_block import QUANTIZE_ROWS
 from specchat.quant.q4_levels import GROUP
 from specchat.quant.q4_tiles import TILE_ROWS, Q4Tiles
 
-MARKER = "from_file_"  # "<layer>.from_file_<type>": a 0-dim int64, the GGML type the layer is tiled from
+MARKER = "from_file_"  # "<layer>.from_file_<type>": int64, the GGML type (0-dim), or the row order (rows)
 GROUP_KINDS = {
     "Q4_0": 0,
     "Q4_1": 1,
@@ -101,8 +103,9 @@ def marker(kind: str) -> str:
     return f"{MARKER}{kind}"
 
 
-def marker_value(kind: str) -> torch.Tensor:
-    return torch.tensor(int(GGMLQuantizationType[kind]))
+def marker_value(kind: str, order: torch.Tensor | None = None) -> torch.Tensor:
+    """What a marker holds: the row order where there is one, else the GGML type."""
+    return order if order is not None else torch.tensor(int(GGMLQuantizationType[kind]))
 
 
 def marked_layers(names) -> dict[str, str]:
@@ -127,15 +130,52 @@ def raw_blocks(tensor) -> torch.Tensor:
         return torch.from_numpy(mapped.reshape(tensor.rows, tensor.row_bytes))
 
 
-def as_stored_layers(gguf: Path, blocks: dict[str, Q4Tiles]) -> dict[str, str]:
-    """{layer: type} of the layers whose tiles the file's tensor gives bit for bit: those a start may tile from the
-    file."""
+def as_stored_layers(
+    gguf: Path, blocks: dict[str, Q4Tiles], orders: dict[str, torch.Tensor]
+) -> dict[str, tuple[str, torch.Tensor | None]]:
+    """{layer: (type, row order or None)} of the layers whose tiles the file's tensor gives bit for bit (its rows in
+    the order transformers puts them: `orders`, row_orders'): those a start may tile from the file."""
     same = {}
     for name, tensor in file_tensors(gguf).items():
-        tiles, kind = blocks.get(name), tensor.tensor_type.name
-        if tiles is not None and same_tiles(kind, raw_blocks(tensor), tiles):
-            same[name] = kind
+        tiles, kind, order = blocks.get(name), tensor.tensor_type.name, orders.get(name)
+        if tiles is not None and same_tiles(kind, in_order(raw_blocks(tensor), order), tiles):
+            same[name] = (kind, order)
     return same
+
+
+def row_orders(gguf: Path, model) -> dict[str, torch.Tensor]:
+    """{layer: the stored row each of its rows is} for the file's tensors whose rows transformers reorders (Llama's q
+    and k), where its processor does nothing else (gguf/tensors.py); none for a file it does more to. `model`: as
+    loaded, before its layers are quantized (their weights' names are how the file's tensors are found)."""
+    if not streamable(gguf):
+        return {}
+    tensors = GGUFTensors(gguf, model)
+    orders = {}
+    for layer in file_tensors(gguf):
+        weight = f"{layer}.weight"
+        if weight in tensors and not tensors.unchanged(weight):
+            try:
+                order = tensors.row_order(weight)
+            except ValueError:  # more than reordered: its tiles are compared as they are, and differ
+                continue
+            if order is not None:
+                orders[layer] = order
+    return orders
+
+
+def in_order(raw: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+    """The stored rows in the layer's order (a copy), or as they are."""
+    return raw if order is None else raw[order]
+
+
+def checked_order(order: torch.Tensor, rows: int, layer: str) -> torch.Tensor | None:
+    """A marker's row order, checked to be a permutation of the layer's rows; None for a 0-dim marker (no order)."""
+    if order.dim() == 0:
+        return None
+    ok = order.dim() == 1 and order.dtype == torch.int64 and len(order) == rows
+    if not ok or not torch.equal(order.sort().values, torch.arange(rows)):
+        raise FileChanged(f"its row order for {layer} is not one of the layer's {rows} rows each once")
+    return order
 
 
 def same_tiles(kind: str, raw: torch.Tensor, tiles: Q4Tiles) -> bool:
@@ -162,11 +202,16 @@ def same_tiles(kind: str, raw: torch.Tensor, tiles: Q4Tiles) -> bool:
 
 
 def tiles_from_file(
-    gguf: Path, marked: dict[str, str], rows_of: dict[str, tuple[int, int]], placed: dict[str, torch.Tensor]
+    gguf: Path,
+    marked: dict[str, str],
+    rows_of: dict[str, tuple[int, int]],
+    placed: dict[str, torch.Tensor],
+    values: dict[str, torch.Tensor],
 ) -> dict:
-    """{layer: its tiles} for the marked layers ({layer: type}; layer → (rows, inputs) the model gives it), each
-    tiled from the file into its placed fields ("<layer>.<field>" in `placed`, else fresh memory). FileChanged
-    where the file's tensor is missing, of another type, or not of the layer's shape."""
+    """{layer: its tiles} for the marked layers ({layer: type}; layer → (rows, inputs) the model gives it; values:
+    what each marker holds), each tiled from the file, its rows in the marker's order, into its placed fields
+    ("<layer>.<field>" in `placed`, else fresh memory). FileChanged where the file's tensor is missing, of another
+    type, or not of the layer's shape, or an order is not one."""
     found = file_tensors(gguf)
     tiles = {}
     for layer, kind in marked.items():
@@ -174,8 +219,10 @@ def tiles_from_file(
         wanted = (kind, rows, inputs // block_inputs(kind) * BLOCK_BYTES[kind])
         if tensor is None or (tensor.tensor_type.name, tensor.rows, tensor.row_bytes) != wanted:
             raise FileChanged(f"{gguf.name} no longer holds the {kind} blocks of {layer} its stored weights name")
+        order = checked_order(values[layer], rows, layer)
         fields = {name: placed[f"{layer}.{name}"] for name in FIELDS if f"{layer}.{name}" in placed}
-        tiles[layer] = tile_blocks(kind, raw_blocks(tensor), fields if len(fields) == len(FIELDS) else None)
+        raw = in_order(raw_blocks(tensor), order)
+        tiles[layer] = tile_blocks(kind, raw, fields if len(fields) == len(FIELDS) else None)
     return tiles
 
 
@@ -200,9 +247,10 @@ class MarkedPlacement:
         self.placed = {name: tensor for name, tensor in where.items() if name in extra}
         return {name: tensor for name, tensor in where.items() if name not in extra}
 
-    def tiles(self, gguf: Path, marked: dict[str, str]) -> dict[str, Q4Tiles]:
-        """The marked layers' tiles ({layer: type}), from the file into their places (tiles_from_file)."""
+    def tiles(self, gguf: Path, marked: dict[str, str], values: dict[str, torch.Tensor]) -> dict[str, Q4Tiles]:
+        """The marked layers' tiles ({layer: type}; values: what each marker holds), from the file into their places
+        (tiles_from_file)."""
         unknown = sorted(layer for layer, kind in marked.items() if layer not in self.shapes or kind not in BLOCK_BYTES)
         if unknown:
             raise FileChanged(f"its marker names {unknown[0]}, which is no layer of this model tiled from a file")
-        return tiles_from_file(gguf, marked, self.shapes, self.placed)
+        return tiles_from_file(gguf, marked, self.shapes, self.placed, values)

@@ -46,6 +46,7 @@ from specchat.loading.file_tiles import (
     marked_layers,
     marker,
     marker_value,
+    row_orders,
 )
 from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 from specchat.loading.tile_arena import placer
@@ -137,8 +138,9 @@ def load_or_quantize(
         report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; stored for later starts)", None)
         say = lambda line: notify(progress, f"{label}: {line}")
         options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
+        orders = row_orders(from_file(), model) if from_file else {}  # before its layers are replaced
         blocks = QUANTIZERS[mode](model, None, **options)
-        _write(tmp, path, blocks, as_stored_layers(from_file(), blocks) if from_file else {})
+        _write(tmp, path, blocks, as_stored_layers(from_file(), blocks, orders) if from_file else {})
 
     if built_once(path, what, stored.problem, quantize_into, "write the stored weights", progress):
         with disk_errors(path, "write the stored weights"):
@@ -180,7 +182,7 @@ def _sound_blocks(model: nn.Module, path: Path, progress: Progress | None, mode:
         place = marked = MarkedPlacement(
             place, {name: (lin.out_features, lin.in_features) for name, lin in linears.items()}
         )
-    from_file = (lambda names: marked.tiles(gguf(), names)) if marked is not None else None
+    from_file = (lambda names, values: marked.tiles(gguf(), names, values)) if marked is not None else None
     blocks, notice = _read(path, progress, kind, place, from_file)
     if blocks is None:
         return None, notice
@@ -252,7 +254,7 @@ def _blocks_from_file(path: Path, kind: type = Int8Block, place=None, from_file=
     them (w4a8: tile_arena.placer): not mapped, as the mapped pages of a file stay resident (a mapped copy of the
     fused groups' tiles held 0.9 GB of the bundled pair twice), and aligned (torch's CPU int8 kernel crashes on
     misaligned weights from 8 rows up). Layers marked to be tiled from the GGUF (file_tiles.py) are, by
-    from_file(their names)."""
+    from_file({layer: type}, {layer: what its marker holds})."""
     tensors = tensor_file.read_tensors(path, place)
     marked = marked_layers(tensors)
     names = {key.rsplit(".", 1)[0] for key in tensors} - set(marked)
@@ -268,7 +270,7 @@ def _blocks_from_file(path: Path, kind: type = Int8Block, place=None, from_file=
     if from_file is None:
         raise DamagedFile("it names layers to tile from a GGUF file, and none is at hand")
     try:
-        return blocks | from_file(marked)
+        return blocks | from_file(marked, {layer: tensors[f"{layer}.{marker(kind)}"] for layer, kind in marked.items()})
     except FileChanged as err:
         raise DamagedFile(str(err)) from None
 
@@ -282,12 +284,12 @@ def _field_value(tensor: torch.Tensor, field: dataclasses.Field):
     return int(tensor.item())
 
 
-def _write(tmp: Path, path: Path, blocks: dict, from_file: dict[str, str] | None = None) -> None:
+def _write(tmp: Path, path: Path, blocks: dict, from_file: dict | None = None) -> None:
     """Write the blocks to `tmp`, the temporary of `path`, and record its size and sha256 beside `path`, each
-    fsynced (cache_folder.built_once renames it into place). The layers `from_file` ({layer: GGML type}) are
-    written as a marker (file_tiles.py): a start tiles them from the GGUF."""
+    fsynced (cache_folder.built_once renames it into place). The layers `from_file` ({layer: (GGML type, row order
+    or None)}) are written as a marker (file_tiles.py): a start tiles them from the GGUF."""
     from_file = from_file or {}
-    tensors = {f"{name}.{marker(kind)}": marker_value(kind) for name, kind in from_file.items()}
+    tensors = {f"{name}.{marker(kind)}": marker_value(kind, order) for name, (kind, order) in from_file.items()}
     for name, block in blocks.items():
         if name in from_file:
             continue

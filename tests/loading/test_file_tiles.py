@@ -107,9 +107,9 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
 
 @pytest.mark.parametrize(
     "kind, architecture, kept",
-    [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 4), ("Q6_K", "qwen2", 0), ("Q4_0", "qwen2", 0), ("Q8_0", "llama", 4)]
+    [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 0), ("Q6_K", "qwen2", 0), ("Q4_0", "qwen2", 0), ("Q8_0", "llama", 0)]
     + [("IQ4_NL", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_0", "qwen2", 15)],
-)  # llama's q and k rows are reordered; Q5_0 is not tiled from the file
+)  # llama's q and k rows are reordered (their markers hold the order); Q5_0 is not tiled from the file
 def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
     tmp_path, tok, kernel, kind, architecture, kept
 ):
@@ -120,9 +120,12 @@ def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_til
     markers = [name for name in stored if ".from_file_" in name]
     held = {name.rsplit(".", 1)[0] for name in stored if ".from_file_" not in name}
     assert len(markers) == 15 - kept and len(held) == kept  # 7 layers a block, 2 blocks, the head
-    assert all(
-        name.endswith(f".from_file_{kind}") and int(stored[name]) == GGMLQuantizationType[kind] for name in markers
+    assert all(name.endswith(f".from_file_{kind}") for name in markers)
+    orders = {name for name in markers if stored[name].dim() == 1}  # llama's q and k: 2 blocks
+    assert len(orders) == (4 if architecture == "llama" else 0) and all(
+        ".q_proj." in n or ".k_proj." in n for n in orders
     )
+    assert all(int(stored[name]) == GGMLQuantizationType[kind] for name in markers if name not in orders)
     again = load_pair(config)  # tiled from the file this time
     before, after = q4_tiles(first), q4_tiles(again)
     assert before.keys() == after.keys() and len(after) == 15
@@ -173,3 +176,11 @@ def test_a_layer_is_marked_only_where_every_chunk_and_the_way_dmin_is_held_match
     assert left_out.dmin.shape[2] == 0 and file_tiles.same_tiles("Q4_K", same_min, left_out)
     held = Q4Tiles(*left_out.full_tensors(), outs=100)  # the same weights with dmin held: not as tile_blocks makes it
     assert not file_tiles.same_tiles("Q4_K", same_min, held)
+
+
+def test_a_markers_row_order_must_be_each_of_the_layers_rows_once():
+    assert file_tiles.checked_order(torch.tensor(12), 4, "q") is None  # a type code: no order
+    assert torch.equal(file_tiles.checked_order(torch.tensor([2, 0, 3, 1]), 4, "q"), torch.tensor([2, 0, 3, 1]))
+    for bad in (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1, 3]), torch.tensor([0, 1, 2, 9]), torch.zeros(4)):
+        with pytest.raises(file_tiles.FileChanged, match="its row order for q is not one of the layer's 4 rows"):
+            file_tiles.checked_order(bad, 4, "q")
