@@ -9,8 +9,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
              pybind11::arg("outs") = -1, pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("q4_linear_parts", &q4_linear_parts, "the products of several w4a8 weights side by side, x quantized once",
              pybind11::arg("x"), pybind11::arg("weights"), pybind11::call_guard<pybind11::gil_scoped_release>());
-  module.def("tile_q4_k", &tile_q4_k, "a GGUF's Q4_K blocks written into the kernel's tiles", pybind11::arg("raw"),
-             pybind11::arg("qs"), pybind11::arg("sc"), pybind11::arg("m"), pybind11::arg("d"), pybind11::arg("dmin"),
+  module.def("tile_q4_k", &tile_q4_k, "a GGUF's Q4_K (or Q5_K) blocks written into the kernel's tiles",
+             pybind11::arg("raw"), pybind11::arg("fifth_bits"), pybind11::arg("qs"), pybind11::arg("sc"), pybind11::arg("m"), pybind11::arg("d"), pybind11::arg("dmin"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("tile_q6_k", &tile_q6_k, "a GGUF's Q6_K blocks written into the kernel's tiles", pybind11::arg("raw"),
              pybind11::arg("qs"), pybind11::arg("sc"), pybind11::arg("m"), pybind11::arg("d"), pybind11::arg("dmin"),

@@ -1,4 +1,4 @@
-"""A user's GGUF's layers of the types the kernel tiles from the file (Q4_K, Q6_K, Q4_0, Q4_1, IQ4_NL, Q8_0) are tiled
+"""A user's GGUF's layers of the types the kernel tiles from the file (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, IQ4_NL, Q8_0) are tiled
 from it at each start (loading/file_tiles.py): the stored weights hold a marker for them, not a second copy; the tiles
 are bit for bit those of the first start; a file that no longer holds the blocks a marker names gets its stored
 weights rebuilt; a bundled model's layers stay stored."""
@@ -43,11 +43,13 @@ def blocks_of(kind: str, rows: int, blocks: int, seed: int, same_min: bool) -> t
     if kind == "Q4_K":
         return q4_k_bytes(rows, blocks, seed, same_min)
     width = blocks * 256
-    if kind in ("Q6_K", "IQ4_NL"):
+    if kind in ("Q5_K", "Q6_K", "IQ4_NL"):
         raw = torch.from_numpy(random_blocks(kind, rows, width, seed=seed)).reshape(rows, -1)
     else:  # gguf-py's own quantization of random weights
         weights = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)).numpy() / 10
         raw = torch.from_numpy(gguf.quants.quantize(weights, gguf.GGMLQuantizationType[kind])).reshape(rows, -1)
+    if same_min and kind == "Q5_K":
+        raw.view(rows, -1, 176)[..., 2:4] = raw.view(rows, -1, 176)[..., 0:2]
     if same_min and kind == "Q6_K":
         raw.view(rows, -1, 210)[..., 208:210] = 0
     if same_min and kind == "Q4_1":
@@ -60,7 +62,7 @@ def decoded(kind: str, raw: torch.Tensor) -> Q4Tiles:
     return Q4Tiles.from_block(AS_STORED[kind][1](raw))
 
 
-KINDS = ["Q4_K", "Q6_K", "Q4_0", "Q4_1", "IQ4_NL", "Q8_0"]
+KINDS = ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "IQ4_NL", "Q8_0"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -108,7 +110,7 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
 @pytest.mark.parametrize(
     "kind, architecture, kept",
     [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 0), ("Q6_K", "qwen2", 0), ("Q4_0", "qwen2", 0), ("Q8_0", "llama", 0)]
-    + [("IQ4_NL", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_0", "qwen2", 15)],
+    + [("IQ4_NL", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_K", "qwen2", 0), ("Q5_0", "qwen2", 15)],
 )  # llama's q and k rows are reordered (their markers hold the order); Q5_0 is not tiled from the file
 def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
     tmp_path, tok, kernel, kind, architecture, kept

@@ -1,4 +1,4 @@
-// A GGUF's Q4_K, Q6_K, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h), written into
+// A GGUF's Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h), written into
 // tensors the caller has placed: what quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of
 // them) gives, bit for bit (before leaving out a dmin equal to d), with no temporary. A start builds a file's layers
 // of those types from the file itself this way, where the stored weights would otherwise hold a second copy of them.
@@ -46,10 +46,19 @@ struct Out {
   int64_t groups, blocks;
 };
 
+// Where a K block's parts lie: Q4_K's (144 bytes: d, dmin, 12 bytes of scales, 128 of nibbles) or Q5_K's (176: the
+// same with 32 bytes of fifth bits before the nibbles: byte i, bit k, level i of the block's group k).
+struct KType {
+  int64_t bytes, nibbles_at, width;  // a block's bytes, where its nibbles start, a group's bytes in the tile
+  bool fifth_bits;
+};
+constexpr KType kQ4K{kBlockBytes, 16, 16 * kTileRows, false};
+constexpr KType kQ5K{176, 48, 24 * kTileRows, true};
+
 // Row j of tile t from its stored bytes (nullptr: a padding row, all zero).
-void put_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
+void put_row(const Out& out, const KType& type, int64_t t, int64_t j, const uint8_t* row) {
   for (int64_t b = 0; b < out.blocks; ++b) {
-    const uint8_t* block = row ? row + b * kBlockBytes : nullptr;
+    const uint8_t* block = row ? row + b * type.bytes : nullptr;
     uint16_t d = 0, dmin = 0;
     if (block) {
       std::memcpy(&d, block, 2);
@@ -66,9 +75,9 @@ void put_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
     }
     for (int64_t chunk = 0; chunk < 4; ++chunk) {  // 64 inputs: groups 2p (low nibbles) and 2p + 1 (high)
       const int64_t first = (b * 4 + chunk) * 2;
-      const uint8_t* bytes = block ? block + 16 + chunk * 32 : nullptr;
-      uint8_t* low = out.qs + (t * out.groups + first) * 16 * kTileRows + 4 * j;
-      uint8_t* high = low + 16 * kTileRows;
+      const uint8_t* bytes = block ? block + type.nibbles_at + chunk * 32 : nullptr;
+      uint8_t* low = out.qs + (t * out.groups + first) * type.width + 4 * j;
+      uint8_t* high = low + type.width;
       for (int64_t c = 0; c < 4; ++c) {  // four levels at a time, a byte each
         uint32_t a = 0, z = 0;
         if (bytes) {
@@ -81,19 +90,34 @@ void put_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
         std::memcpy(high + c * 64, &highs, 4);
       }
     }
+    if (!type.fifth_bits) continue;
+    for (int64_t k = 0; k < kGroups; ++k) {  // top chunk e: levels 16e + 4u + i's fifth bit at bit 2u, u = 0..3
+      uint8_t* tops = out.qs + (t * out.groups + b * kGroups + k) * type.width + 256 + 4 * j;
+      for (int64_t e = 0; e < 2; ++e) {
+        uint32_t word = 0;
+        for (int64_t u = 0; u < 4 && block; ++u) {
+          uint32_t bits;
+          std::memcpy(&bits, block + 16 + 16 * e + 4 * u, 4);
+          word |= ((bits >> k) & 0x01010101u) << (2 * u);
+        }
+        std::memcpy(tops + e * 64, &word, 4);
+      }
+    }
   }
 }
 
 }  // namespace
 
-void tile_q4_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
-               torch::Tensor dmin) {
+void tile_q4_k(torch::Tensor raw, bool fifth_bits, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
+               torch::Tensor d, torch::Tensor dmin) {
+  const KType& type = fifth_bits ? kQ5K : kQ4K;
   require(raw.dim() == 2 && raw.scalar_type() == torch::kByte && raw.is_contiguous(),
-          "raw must be contiguous uint8 [rows, blocks·144]");
-  require(raw.size(1) > 0 && raw.size(1) % kBlockBytes == 0, "a row must be whole Q4_K blocks of 144 bytes");
-  const int64_t rows = raw.size(0), blocks = raw.size(1) / kBlockBytes, groups = blocks * kGroups;
+          "raw must be contiguous uint8 [rows, blocks·bytes]");
+  require(raw.size(1) > 0 && raw.size(1) % type.bytes == 0,
+          fifth_bits ? "a row must be whole Q5_K blocks of 176 bytes" : "a row must be whole Q4_K blocks of 144 bytes");
+  const int64_t rows = raw.size(0), blocks = raw.size(1) / type.bytes, groups = blocks * kGroups;
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  require_field(qs, "qs", torch::kByte, {tiles, groups, 16 * kTileRows});
+  require_field(qs, "qs", torch::kByte, {tiles, groups, type.width});
   require_field(sc, "sc", torch::kByte, {tiles, groups, kTileRows});
   require_field(m, "m", torch::kByte, {tiles, groups / 2, 2 * kTileRows});
   require_field(d, "d", torch::kHalf, {tiles, blocks, kTileRows});
@@ -110,7 +134,7 @@ void tile_q4_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Ten
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t j = 0; j < kTileRows; ++j) {
         const int64_t row = t * kTileRows + j;
-        put_row(out, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
+        put_row(out, type, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
       }
     }
   });
