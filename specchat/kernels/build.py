@@ -58,6 +58,7 @@ HEADERS = [
     "q4/q4_kernel.h",
     "q4/cpu_features.h",
     "q4/q4_tiles.h",
+    "q4/file_tiles.h",
     "q4/q4_path_256.h",
     "q4/q4_path_512.h",
     "q4/tile_shares.h",

@@ -186,3 +186,12 @@ def test_a_markers_row_order_must_be_each_of_the_layers_rows_once():
     for bad in (torch.tensor([0, 1, 2]), torch.tensor([0, 1, 1, 3]), torch.tensor([0, 1, 2, 9]), torch.zeros(4)):
         with pytest.raises(file_tiles.FileChanged, match="its row order for q is not one of the layer's 4 rows"):
             file_tiles.checked_order(bad, 4, "q")
+
+
+def test_q6_k_dmin_is_32_d_exactly_for_subnormal_normal_and_large_d(kernel):
+    d = torch.tensor([0.0, 1e-7, 3e-6, 6e-5, 1e-4, 0.5, -0.75, 100.0, 2000.0]).half()  # 32 · 2000 < 65504
+    raw = blocks_of("Q6_K", len(d), 1, seed=3, same_min=False)
+    raw.view(len(d), 1, 210)[..., 208:210] = d.view(torch.uint8).view(len(d), 1, 2)
+    tiles, wanted = file_tiles.tile_blocks("Q6_K", raw), decoded("Q6_K", raw)
+    assert all(torch.equal(got, expected) for got, expected in zip(tiles.tensors(), wanted.tensors()))
+    assert torch.equal(tiles.full_dmin.transpose(1, 2).flatten(0, 1)[: len(d), 0].float(), d.float() * 32)

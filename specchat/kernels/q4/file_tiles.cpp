@@ -1,33 +1,15 @@
-// A GGUF's Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h), written into
-// tensors the caller has placed: what quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of
-// them) gives, bit for bit (before leaving out a dmin equal to d), with no temporary. A start builds a file's layers
-// of those types from the file itself this way, where the stored weights would otherwise hold a second copy of them.
-#include <ATen/Parallel.h>
-#include <c10/util/Half.h>
+// A GGUF's Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h): what
+// quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of them) gives, bit for bit (before leaving
+// out a dmin equal to d), with no temporary. A start builds a file's layers of those types from the file itself this
+// way, where the stored weights would otherwise hold a second copy of them.
+#include "file_tiles.h"
 
-#include <cstdint>
 #include <cstring>
-#include <stdexcept>
-#include <string>
 
-#include "q4_kernel.h"
-
+namespace file_tiles {
 namespace {
 
 constexpr int64_t kBlockBytes = 144;  // fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
-constexpr int64_t kQ6Bytes = 210;     // 128 bytes of low nibbles, 64 of top 2 bits, 16 int8 scales, fp16 d
-constexpr int64_t kGroups = 8;        // 32-input groups a block
-constexpr int64_t kTileRows = 16;
-
-void require(bool ok, const std::string& what, const char* function = "tile_q4_k") {
-  if (!ok) throw std::invalid_argument(std::string(function) + ": " + what);
-}
-
-void require_field(const torch::Tensor& t, const char* name, at::ScalarType type, std::vector<int64_t> shape,
-                   const char* function = "tile_q4_k") {
-  require(t.scalar_type() == type && t.is_contiguous() && t.sizes().vec() == shape,
-          std::string(name) + " must be a contiguous tensor of the tiles' shape and dtype", function);
-}
 
 // Group g's (0..7) 6-bit scale and min from a block's 12 scale bytes (llama.cpp's get_scale_min_k4).
 inline void scale_and_min(const uint8_t* s, int64_t g, uint8_t& scale, uint8_t& min) {
@@ -40,11 +22,26 @@ inline void scale_and_min(const uint8_t* s, int64_t g, uint8_t& scale, uint8_t& 
   }
 }
 
-struct Out {
-  uint8_t *qs, *sc, *m;
-  uint16_t *d, *dmin;
-  int64_t groups, blocks;
-};
+inline uint32_t word_at(const uint8_t* bytes) {
+  uint32_t word;
+  std::memcpy(&word, bytes, 4);
+  return word;
+}
+
+// 32 × a float16 (its bits), exactly where the product is one (as 32·d is for every Q6_K block the kernel holds as
+// stored); an infinity past the range.
+uint16_t times_32(uint16_t h) {
+  const uint16_t sign = h & 0x8000u, exponent = (h >> 10) & 0x1F, fraction = h & 0x3FF;
+  if (exponent == 0x1F || (exponent == 0 && fraction == 0)) return h;
+  if (exponent == 0) {  // subnormal: fraction · 2^−24, times 32 is fraction · 2^−19
+    int top = 9;
+    while (!(fraction >> top)) --top;
+    if (top <= 4) return sign | static_cast<uint16_t>(fraction << 5);  // still subnormal
+    return sign | static_cast<uint16_t>((top - 4) << 10) | static_cast<uint16_t>((fraction << (10 - top)) & 0x3FF);
+  }
+  if (exponent + 5 >= 0x1F) return sign | 0x7C00u;
+  return sign | static_cast<uint16_t>((exponent + 5) << 10) | fraction;
+}
 
 // Where a K block's parts lie: Q4_K's (144 bytes: d, dmin, 12 bytes of scales, 128 of nibbles) or Q5_K's (176: the
 // same with 32 bytes of fifth bits before the nibbles: byte i, bit k, level i of the block's group k).
@@ -106,48 +103,6 @@ void put_row(const Out& out, const KType& type, int64_t t, int64_t j, const uint
   }
 }
 
-}  // namespace
-
-void tile_q4_k(torch::Tensor raw, bool fifth_bits, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
-               torch::Tensor d, torch::Tensor dmin) {
-  const KType& type = fifth_bits ? kQ5K : kQ4K;
-  require(raw.dim() == 2 && raw.scalar_type() == torch::kByte && raw.is_contiguous(),
-          "raw must be contiguous uint8 [rows, blocks·bytes]");
-  require(raw.size(1) > 0 && raw.size(1) % type.bytes == 0,
-          fifth_bits ? "a row must be whole Q5_K blocks of 176 bytes" : "a row must be whole Q4_K blocks of 144 bytes");
-  const int64_t rows = raw.size(0), blocks = raw.size(1) / type.bytes, groups = blocks * kGroups;
-  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  require_field(qs, "qs", torch::kByte, {tiles, groups, type.width});
-  require_field(sc, "sc", torch::kByte, {tiles, groups, kTileRows});
-  require_field(m, "m", torch::kByte, {tiles, groups / 2, 2 * kTileRows});
-  require_field(d, "d", torch::kHalf, {tiles, blocks, kTileRows});
-  require_field(dmin, "dmin", torch::kHalf, {tiles, blocks, kTileRows});
-  const Out out{qs.data_ptr<uint8_t>(),
-                sc.data_ptr<uint8_t>(),
-                m.data_ptr<uint8_t>(),
-                reinterpret_cast<uint16_t*>(d.data_ptr()),
-                reinterpret_cast<uint16_t*>(dmin.data_ptr()),
-                groups,
-                blocks};
-  const uint8_t* bytes = raw.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t j = 0; j < kTileRows; ++j) {
-        const int64_t row = t * kTileRows + j;
-        put_row(out, type, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
-      }
-    }
-  });
-}
-
-namespace {
-
-inline uint32_t word_at(const uint8_t* bytes) {
-  uint32_t word;
-  std::memcpy(&word, bytes, 4);
-  return word;
-}
-
 // Row j of tile t of Q6_K blocks (nullptr: a padding row, all zero). Level i of 32-group k of a block (k = 4h + s):
 // the low (s < 2) or high nibble of ql byte 64h + 32(s % 2) + i, and bits 2s, 2s + 1 of qh byte 32h + i, on top;
 // tiled as q4_tiles.h's 6-bit qs, four levels a word. Each 16's int8 scale goes to sc (a group's first 16's then
@@ -158,11 +113,8 @@ void put_q6_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
     const uint8_t* block = row ? row + b * kQ6Bytes : nullptr;
     uint16_t d = 0;
     if (block) std::memcpy(&d, block + 208, 2);
-    c10::Half half_d;
-    half_d.x = d;
-    const c10::Half half_dmin(static_cast<float>(half_d) * 32.0f);
     out.d[(t * out.blocks + b) * kTileRows + j] = d;
-    out.dmin[(t * out.blocks + b) * kTileRows + j] = half_dmin.x;
+    out.dmin[(t * out.blocks + b) * kTileRows + j] = times_32(d);
     for (int64_t k = 0; k < kGroups; ++k) {
       const int64_t g = b * kGroups + k, h = k / 4, s = k % 4;
       for (int64_t half = 0; half < 2; ++half) {
@@ -189,41 +141,6 @@ void put_q6_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
     }
   }
 }
-
-}  // namespace
-
-void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
-               torch::Tensor dmin) {
-  const char* self = "tile_q6_k";
-  require(raw.dim() == 2 && raw.scalar_type() == torch::kByte && raw.is_contiguous(),
-          "raw must be contiguous uint8 [rows, blocks·210]", self);
-  require(raw.size(1) > 0 && raw.size(1) % kQ6Bytes == 0, "a row must be whole Q6_K blocks of 210 bytes", self);
-  const int64_t rows = raw.size(0), blocks = raw.size(1) / kQ6Bytes, groups = blocks * kGroups;
-  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  require_field(qs, "qs", torch::kByte, {tiles, groups, 24 * kTileRows}, self);
-  require_field(sc, "sc", torch::kChar, {tiles, groups, 2 * kTileRows}, self);
-  require_field(m, "m", torch::kChar, {tiles, groups, 2 * kTileRows}, self);
-  require_field(d, "d", torch::kHalf, {tiles, blocks, kTileRows}, self);
-  require_field(dmin, "dmin", torch::kHalf, {tiles, blocks, kTileRows}, self);
-  const Out out{qs.data_ptr<uint8_t>(),
-                reinterpret_cast<uint8_t*>(sc.data_ptr()),
-                reinterpret_cast<uint8_t*>(m.data_ptr()),
-                reinterpret_cast<uint16_t*>(d.data_ptr()),
-                reinterpret_cast<uint16_t*>(dmin.data_ptr()),
-                groups,
-                blocks};
-  const uint8_t* bytes = raw.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t j = 0; j < kTileRows; ++j) {
-        const int64_t row = t * kTileRows + j;
-        put_q6_row(out, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
-      }
-    }
-  });
-}
-
-namespace {
 
 // The one-group types tiled from the file: bytes a 32-group, where its levels start, the offset level m, whether a
 // level is a byte (Q8_0) or a nibble, and whether the block carries a min (Q4_1: dmin = −min).
@@ -262,38 +179,38 @@ void put_group_row(const Out& out, const GroupType& type, int64_t t, int64_t j, 
   }
 }
 
+template <typename PutRow>
+void tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, int64_t first, int64_t last, PutRow put) {
+  for (int64_t t = first; t < last; ++t) {
+    for (int64_t j = 0; j < kTileRows; ++j) {
+      const int64_t row = t * kTileRows + j;
+      put(t, j, row < rows ? raw + row * row_bytes : nullptr);
+    }
+  }
+}
+
 }  // namespace
 
-void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch::Tensor m, torch::Tensor d,
-                       torch::Tensor dmin) {
-  const char* self = "tile_group_blocks";
-  require(kind >= 0 && kind < 4, "kind must be 0 (Q4_0), 1 (Q4_1), 2 (IQ4_NL) or 3 (Q8_0)", self);
-  const GroupType& type = kGroupTypes[kind];
-  require(raw.dim() == 2 && raw.scalar_type() == torch::kByte && raw.is_contiguous(),
-          "raw must be contiguous uint8 [rows, groups·bytes]", self);
-  require(raw.size(1) > 0 && raw.size(1) % (2 * type.bytes) == 0, "a row must be an even number of whole blocks", self);
-  const int64_t rows = raw.size(0), groups = raw.size(1) / type.bytes;
-  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  require(qs.scalar_type() == torch::kByte || qs.scalar_type() == torch::kChar, "qs must be uint8 or int8", self);
-  require(qs.is_contiguous() && qs.sizes().vec() == std::vector<int64_t>{tiles, groups, (type.byte_levels ? 32 : 16) * kTileRows},
-          "qs must be a contiguous tensor of the tiles' shape", self);
-  require_field(m, "m", torch::kByte, {tiles, groups / 2, 2 * kTileRows}, self);
-  require_field(d, "d", torch::kHalf, {tiles, groups, kTileRows}, self);
-  require_field(dmin, "dmin", torch::kHalf, {tiles, groups, type.with_min ? kTileRows : 0}, self);
-  const Out out{reinterpret_cast<uint8_t*>(qs.data_ptr()),
-                nullptr,
-                m.data_ptr<uint8_t>(),
-                reinterpret_cast<uint16_t*>(d.data_ptr()),
-                reinterpret_cast<uint16_t*>(dmin.data_ptr()),
-                groups,
-                groups};
-  const uint8_t* bytes = raw.data_ptr<uint8_t>();
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t j = 0; j < kTileRows; ++j) {
-        const int64_t row = t * kTileRows + j;
-        put_group_row(out, type, t, j, row < rows ? bytes + row * raw.size(1) : nullptr);
-      }
-    }
-  });
+int64_t k_block_bytes(bool fifth_bits) { return fifth_bits ? kQ5K.bytes : kQ4K.bytes; }
+int64_t group_block_bytes(int64_t kind) { return kGroupTypes[kind].bytes; }
+bool group_byte_levels(int64_t kind) { return kGroupTypes[kind].byte_levels; }
+bool group_with_min(int64_t kind) { return kGroupTypes[kind].with_min; }
+
+void q4_k_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, bool fifth_bits, const Out& out, int64_t first,
+                int64_t last) {
+  const KType& type = fifth_bits ? kQ5K : kQ4K;
+  tiles(raw, rows, row_bytes, first, last, [&](int64_t t, int64_t j, const uint8_t* row) { put_row(out, type, t, j, row); });
 }
+
+void q6_k_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, const Out& out, int64_t first, int64_t last) {
+  tiles(raw, rows, row_bytes, first, last, [&](int64_t t, int64_t j, const uint8_t* row) { put_q6_row(out, t, j, row); });
+}
+
+void group_tiles(int64_t kind, const uint8_t* raw, int64_t rows, int64_t row_bytes, const Out& out, int64_t first,
+                 int64_t last) {
+  const GroupType& type = kGroupTypes[kind];
+  tiles(raw, rows, row_bytes, first, last,
+        [&](int64_t t, int64_t j, const uint8_t* row) { put_group_row(out, type, t, j, row); });
+}
+
+}  // namespace file_tiles

@@ -16,10 +16,12 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cpu_features.h"
+#include "file_tiles.h"
 #include "q4_kernel.h"
 #include "q4_tiles.h"
 #include "tile_shares.h"
@@ -266,4 +268,97 @@ void set_kernel_path(const std::string& name) {
     known += (known.empty() ? "" : ", ") + std::string(path.name);
   }
   TORCH_CHECK(false, "unknown kernel path ", name, " (known: ", known, ")");
+}
+
+// A GGUF's blocks into tiles (file_tiles.cpp does the bytes): the tensors checked against the layout, then a layer's
+// tiles shared out over the threads.
+namespace {
+
+void require(bool ok, const char* function, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string(function) + ": " + what);
+}
+
+void require_field(const char* function, const torch::Tensor& t, const char* name, at::ScalarType type,
+                   std::vector<int64_t> shape) {
+  require(t.scalar_type() == type && t.is_contiguous() && t.sizes().vec() == shape, function,
+          std::string(name) + " must be a contiguous tensor of the tiles' shape and dtype");
+}
+
+// raw's rows, each whole blocks of `bytes` (a multiple of `pairs`·bytes); its tiles.
+int64_t raw_tiles(const char* function, const torch::Tensor& raw, int64_t bytes, int64_t pairs, const char* what) {
+  require(raw.dim() == 2 && raw.scalar_type() == torch::kByte && raw.is_contiguous(), function,
+          "raw must be contiguous uint8 [rows, blocks·bytes]");
+  require(raw.size(1) > 0 && raw.size(1) % (pairs * bytes) == 0, function, what);
+  return (raw.size(0) + file_tiles::kTileRows - 1) / file_tiles::kTileRows;
+}
+
+file_tiles::Out out_of(const torch::Tensor& qs, const torch::Tensor& sc, const torch::Tensor& m, const torch::Tensor& d,
+                       const torch::Tensor& dmin, int64_t groups, int64_t blocks) {
+  return {static_cast<uint8_t*>(qs.data_ptr()),     static_cast<uint8_t*>(sc.data_ptr()),
+          static_cast<uint8_t*>(m.data_ptr()),      static_cast<uint16_t*>(d.data_ptr()),
+          static_cast<uint16_t*>(dmin.data_ptr()), groups,
+          blocks};
+}
+
+template <typename Tiler>
+void over_tiles(int64_t tiles, Tiler tiler) {
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) { tiler(begin, end); });
+}
+
+}  // namespace
+
+void tile_q4_k(torch::Tensor raw, bool fifth_bits, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
+               torch::Tensor d, torch::Tensor dmin) {
+  const char* self = "tile_q4_k";
+  const int64_t bytes = file_tiles::k_block_bytes(fifth_bits);
+  const int64_t tiles = raw_tiles(self, raw, bytes, 1,
+                                  fifth_bits ? "a row must be whole Q5_K blocks of 176 bytes"
+                                             : "a row must be whole Q4_K blocks of 144 bytes");
+  const int64_t blocks = raw.size(1) / bytes, groups = blocks * file_tiles::kGroups, rows = file_tiles::kTileRows;
+  require_field(self, qs, "qs", torch::kByte, {tiles, groups, (fifth_bits ? 24 : 16) * rows});
+  require_field(self, sc, "sc", torch::kByte, {tiles, groups, rows});
+  require_field(self, m, "m", torch::kByte, {tiles, groups / 2, 2 * rows});
+  require_field(self, d, "d", torch::kHalf, {tiles, blocks, rows});
+  require_field(self, dmin, "dmin", torch::kHalf, {tiles, blocks, rows});
+  const file_tiles::Out out = out_of(qs, sc, m, d, dmin, groups, blocks);
+  over_tiles(tiles, [&](int64_t first, int64_t last) {
+    file_tiles::q4_k_tiles(raw.data_ptr<uint8_t>(), raw.size(0), raw.size(1), fifth_bits, out, first, last);
+  });
+}
+
+void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
+               torch::Tensor dmin) {
+  const char* self = "tile_q6_k";
+  const int64_t tiles = raw_tiles(self, raw, file_tiles::kQ6Bytes, 1, "a row must be whole Q6_K blocks of 210 bytes");
+  const int64_t blocks = raw.size(1) / file_tiles::kQ6Bytes, groups = blocks * file_tiles::kGroups;
+  const int64_t rows = file_tiles::kTileRows;
+  require_field(self, qs, "qs", torch::kByte, {tiles, groups, 24 * rows});
+  require_field(self, sc, "sc", torch::kChar, {tiles, groups, 2 * rows});
+  require_field(self, m, "m", torch::kChar, {tiles, groups, 2 * rows});
+  require_field(self, d, "d", torch::kHalf, {tiles, blocks, rows});
+  require_field(self, dmin, "dmin", torch::kHalf, {tiles, blocks, rows});
+  const file_tiles::Out out = out_of(qs, sc, m, d, dmin, groups, blocks);
+  over_tiles(tiles, [&](int64_t first, int64_t last) {
+    file_tiles::q6_k_tiles(raw.data_ptr<uint8_t>(), raw.size(0), raw.size(1), out, first, last);
+  });
+}
+
+void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch::Tensor m, torch::Tensor d,
+                       torch::Tensor dmin) {
+  const char* self = "tile_group_blocks";
+  require(kind >= 0 && kind < 4, self, "kind must be 0 (Q4_0), 1 (Q4_1), 2 (IQ4_NL) or 3 (Q8_0)");
+  const int64_t bytes = file_tiles::group_block_bytes(kind);
+  const int64_t tiles = raw_tiles(self, raw, bytes, 2, "a row must be an even number of whole blocks");
+  const int64_t groups = raw.size(1) / bytes, rows = file_tiles::kTileRows;
+  const std::vector<int64_t> qs_shape{tiles, groups, (file_tiles::group_byte_levels(kind) ? 32 : 16) * rows};
+  require((qs.scalar_type() == torch::kByte || qs.scalar_type() == torch::kChar) && qs.is_contiguous() &&
+              qs.sizes().vec() == qs_shape,
+          self, "qs must be a contiguous tensor of the tiles' shape");
+  require_field(self, m, "m", torch::kByte, {tiles, groups / 2, 2 * rows});
+  require_field(self, d, "d", torch::kHalf, {tiles, groups, rows});
+  require_field(self, dmin, "dmin", torch::kHalf, {tiles, groups, file_tiles::group_with_min(kind) ? rows : 0});
+  const file_tiles::Out out = out_of(qs, qs, m, d, dmin, groups, groups);  // sc: not written
+  over_tiles(tiles, [&](int64_t first, int64_t last) {
+    file_tiles::group_tiles(kind, raw.data_ptr<uint8_t>(), raw.size(0), raw.size(1), out, first, last);
+  });
 }
