@@ -15,7 +15,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
@@ -121,15 +120,15 @@ def marked_layers(names) -> dict[str, str]:
 
 
 def raw_blocks(tensor) -> torch.Tensor:
-    """A header entry's stored bytes, uint8 [rows, bytes a row], mapped from the file (read only, unmapped once let
-    go): the tiler reads the system's cached pages, with no copy into fresh memory (a 7B file's 4.4 GB)."""
+    """A header entry's stored bytes, uint8 [rows, bytes a row], mapped from the file (TensorEntry.mapped_blocks):
+    the tiler reads the system's cached pages, with no copy into fresh memory (a 7B file's 4.4 GB)."""
     try:  # an OSError (EIO, EACCES) is the stored weights' reader's to say
-        mapped = np.memmap(tensor.path, dtype=np.uint8, mode="r", offset=tensor.start, shape=(tensor.nbytes,))
+        mapped = tensor.mapped_blocks()
     except ValueError:  # the file is shorter than its header says now
         raise FileChanged(f"{Path(tensor.path).name} no longer holds all of its tensor {tensor.name}") from None
     with warnings.catch_warnings():  # the tiler only reads it: torch's warning about a read-only array is moot
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(mapped.reshape(tensor.rows, tensor.row_bytes))
+        return torch.from_numpy(mapped)
 
 
 def as_stored_layers(

@@ -91,6 +91,13 @@ class TensorEntry:
             )
         return _shaped(data, self.tensor_type, self.shape, self.rows)
 
+    def mapped_blocks(self) -> np.ndarray:
+        """The stored bytes as uint8 [rows, bytes a row], mapped read-only (unmapped once let go): for a reader of
+        each byte once (file_tiles.py's tiler), no copy into fresh memory. ValueError where the file is now shorter
+        than the entry says; OSError where it cannot be opened."""
+        mapped = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.start, shape=(self.nbytes,))
+        return mapped.reshape(self.rows, self.row_bytes)
+
 
 Header = tuple[dict, list[TensorEntry]]  # what read_tensors returns: the facts, and the tensors in file order
 
