@@ -31,7 +31,7 @@ cat > "$ASAN_DIR/site/sitecustomize.py" <<'PY'
 import specchat.kernels.build as _build
 
 _plain_flags = _build.kernel_flags
-_build.kernel_flags = lambda: [*_plain_flags(), "-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
+_build.kernel_flags = lambda *paths: [*_plain_flags(*paths), "-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
 PY
 
 export SPECCHAT_CACHE="$ASAN_DIR/cache"

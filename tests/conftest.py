@@ -13,6 +13,10 @@ import pytest
 from specchat.threads import set_wait_policy
 
 set_wait_policy()  # the tests run torch as the programs do (threads.py); importing specchat sets nothing
+# The kernel with every code path this CPU runs, so that the tests compare them all (kernels/build.py); a user's start
+# builds only the fastest (tests/kernels/test_code_paths.py checks that build). SPECCHAT_KERNEL_BUILD=fastest: the same
+# tests on the build users run.
+os.environ.setdefault("SPECCHAT_KERNEL_BUILD", "every")
 
 HELPERS = (
     "GREEDY",

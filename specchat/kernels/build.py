@@ -2,11 +2,12 @@
 (q4/: q4_kernel.cpp, its code paths q4_path_*.cpp, and cpu_features.cpp, which says which the CPU runs), the lean forward's layer loop
 (lean_layers.cpp), sampling's probabilities (sampling.cpp), and the module's Python bindings (bindings.cpp).
 
-The module holds every code path of the product the compiler can build here (portable C++; on x86 also
-AVX2, AVX-VNNI, AVX-512 VNNI and AMX-INT8) and runs the fastest one the CPU has; $SPECCHAT_KERNEL names another
-(`portable`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx`), for A/B runs and tests. Every path gives the same bits.
+The product has code paths (portable C++; on x86 also AVX2, AVX-VNNI, AVX-512 VNNI and AMX-INT8) that give the
+same bits. A build holds the fastest this CPU has and the portable one (code_paths.py); a path named by
+$SPECCHAT_KERNEL or runtime.kernel (`portable`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx`) that such a build lacks,
+or $SPECCHAT_KERNEL_BUILD=every (for A/B runs and tests), takes a build of every path the compiler can build here.
 
-Each version of the sources builds into a folder of its own, named by the sources, the flags, torch's
+Each version of the sources builds into a folder of its own, named by the sources, the paths, the flags, torch's
 version, the Python ABI and the compiler, so environments sharing a cache never load each other's build.
 
 A build never waits on a dead builder. torch's load() takes an O_EXCL `lock` file in the build folder on
@@ -32,29 +33,31 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from specchat.cache_folder import being_built, building, cache_dir, fsync_one, optional_write, private_dir
 from specchat.errors import ModelLoadError, one_line
+from specchat.kernels import code_paths
 from specchat.progress import Progress, report
 
 KERNEL_ENV = "SPECCHAT_KERNEL"  # forces a code path of the product
+BUILD_ENV = "SPECCHAT_KERNEL_BUILD"  # `every`: a build of every path, whatever the CPU runs fastest
+BUILDS = ("fastest", "every")  # $SPECCHAT_KERNEL_BUILD's values; fastest (the default): code_paths' choice
+# The sources, the slowest to compile first (ninja starts them in this order: the build ends sooner than when a long
+# one starts last), each compiled path's own file (code_paths.SOURCES, the AVX-512 ones among the slowest) in place.
 SOURCES = [
-    "q4/q4_kernel.cpp",
-    "q4/cpu_features.cpp",
-    "q4/q4_path_portable.cpp",
-    "q4/q4_path_avx2.cpp",
-    "q4/q4_path_avx_vnni.cpp",
-    "q4/q4_path_avx512_vnni.cpp",
-    "q4/q4_path_amx.cpp",
-    "q4/file_tiles.cpp",
-    "lean_layers.cpp",
-    "sampling.cpp",
+    PATHS_HERE := "the compiled paths' files",
     "bindings.cpp",
+    "lean_layers.cpp",
+    "q4/q4_kernel.cpp",
+    "sampling.cpp",
+    "q4/quantize_avx2.cpp",
+    "q4/file_tiles.cpp",
+    "q4/cpu_features.cpp",
 ]
 HEADERS = [
-    "module.h",
+    "lean_layers.h",
     "q4/q4_kernel.h",
     "q4/cpu_features.h",
     "q4/q4_tiles.h",
@@ -73,8 +76,10 @@ def _source_dir() -> Path:
     return Path(__file__).parent
 
 
-def kernel_sources() -> list[Path]:
-    return [_source_dir() / name for name in SOURCES]
+def kernel_sources(paths: tuple[str, ...] = code_paths.PATHS) -> list[Path]:
+    """The module's sources with those of these code paths."""
+    names = [[code_paths.SOURCES[path] for path in paths] if name == PATHS_HERE else [name] for name in SOURCES]
+    return [_source_dir() / name for group in names for name in group]
 
 
 def kernel_headers() -> list[Path]:
@@ -94,10 +99,10 @@ def _torch_uses_openmp() -> bool:
     return "OpenMP" in torch.__config__.parallel_info() and "not found" not in torch.__config__.parallel_info()
 
 
-def kernel_flags() -> list[str]:
-    """The compiler flags for this machine: AVX2 (with FMA and F16C) as the layer loop's baseline where the CPU has it
-    (the product's faster paths are chosen at run time either way), OpenMP where torch uses it."""
-    flags = list(BASE_FLAGS)
+def kernel_flags(paths: tuple[str, ...] = code_paths.PATHS) -> list[str]:
+    """The compiler flags for this machine and these code paths: AVX2 (with FMA and F16C) as the layer loop's baseline
+    where the CPU has it (the product's path is chosen at run time either way), OpenMP where torch uses it."""
+    flags = [*BASE_FLAGS, *code_paths.path_macros(paths)]
     if _has_avx2():
         flags += ["-mavx2", "-mfma", "-mf16c"]  # F16C: every AVX2 CPU has it
     if _torch_uses_openmp():
@@ -117,22 +122,31 @@ def compiler_version() -> str:
     return (done.stdout.splitlines() or [""])[0]
 
 
-def build_identity() -> bytes:
+def build_identity(paths: tuple[str, ...]) -> bytes:
     import torch
 
-    sources = b"".join(path.read_bytes() for path in [*kernel_sources(), *kernel_headers()])
-    context = [" ".join(kernel_flags()), torch.__version__, sys.implementation.cache_tag, compiler_version(), LAYOUT]
+    sources = b"".join(path.read_bytes() for path in [*kernel_sources(paths), *kernel_headers()])
+    context = [
+        " ".join(kernel_flags(paths)),
+        torch.__version__,
+        sys.implementation.cache_tag,
+        compiler_version(),
+        LAYOUT,
+    ]
     return sources + "\n".join(context).encode()
 
 
-def q4_build_dir() -> Path:
-    """The kernel module's build folder for this version of its sources, flags and toolchain."""
-    return cache_dir() / "kernels" / f"q4-{hashlib.sha256(build_identity()).hexdigest()[:16]}"
+def q4_build_dir(paths: tuple[str, ...] | None = None) -> Path:
+    """The kernel module's build folder for this version of its sources, code paths (by default the build this process
+    runs, else the one it would build first), flags and toolchain."""
+    paths = paths or _paths_for("auto")
+    tag = "every" if paths == code_paths.every_path() else "-".join(paths)
+    return cache_dir() / "kernels" / f"q4-{tag}-{hashlib.sha256(build_identity(paths)).hexdigest()[:16]}"
 
 
-def build_kernel(build_dir: str, name: str = "specchat_q4"):
-    """The compiled kernel module, built once into build_dir with the machine's C++ compiler; later
-    calls load it. Raises where nothing compiles (the compiler's log is in build_dir)."""
+def build_kernel(build_dir: str, name: str = "specchat_q4", paths: tuple[str, ...] = code_paths.PATHS):
+    """The compiled kernel module with these code paths, built once into build_dir with the machine's C++ compiler;
+    later calls load it. Raises where nothing compiles (the compiler's log is in build_dir)."""
     import importlib.util
 
     compiler = os.environ.get("CXX", "c++")
@@ -142,9 +156,9 @@ def build_kernel(build_dir: str, name: str = "specchat_q4"):
         import ninja
 
         os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
-    flags = kernel_flags()
+    flags = kernel_flags(paths)
     openmp = [flag for flag in flags if flag == "-fopenmp"]
-    return load_extension(name, kernel_sources(), Path(build_dir), flags, openmp)
+    return load_extension(name, kernel_sources(paths), Path(build_dir), flags, openmp)
 
 
 def load_extension(name: str, sources: list[Path], build_dir: Path, cflags: list[str], ldflags: list[str]):
@@ -234,12 +248,27 @@ def _import(name: str, library: Path):
     return module
 
 
-@lru_cache(maxsize=1)
-def _kernel_or_error() -> tuple[object | None, str]:
-    """(the built module, "") or (None, why not), once a process: a failed build is not retried."""
-    build_dir = q4_build_dir()
+_running: list[tuple[str, ...]] = []  # the code paths of the build this process runs, once one is loaded
+
+
+def _paths_for(asked: str) -> tuple[str, ...]:
+    """The code paths of the build that runs `asked` (a path's name, or auto: $SPECCHAT_KERNEL's, else the fastest):
+    the build this process runs where it holds it, else code_paths' choice ($SPECCHAT_KERNEL_BUILD=every: all)."""
+    asked = asked if asked != "auto" else os.environ.get(KERNEL_ENV, "")
+    if _running and (not asked or asked in _running[-1]):
+        return _running[-1]
+    if os.environ.get(BUILD_ENV, "") == "every":
+        return code_paths.every_path()
+    return code_paths.paths_for(asked, code_paths.cpu_flags())
+
+
+@cache
+def _kernel_or_error(paths: tuple[str, ...]) -> tuple[object | None, str]:
+    """(the built module with these code paths, "") or (None, why not), once a process: a failed build is not
+    retried."""
+    build_dir = q4_build_dir(paths)
     try:
-        module = build_kernel(str(build_dir))
+        module = build_kernel(str(build_dir), paths=paths)
     except Exception as err:  # no compiler, no OpenMP, a compile error, a full disk: the whole log in build.log
         log = build_dir / "build.log"
         if not optional_write(lambda error=err: _write_log(log, error)):
@@ -259,19 +288,27 @@ def _write_log(log: Path, err: Exception) -> None:
     log.write_text(f"{type(err).__name__}: {err}\n")
 
 
-def kernel_problem(path: str = "auto", progress: Progress | None = None) -> str:
+def kernel_problem(path: str = "auto", progress: Progress | None = None, holding: str = "auto") -> str:
     """'' when the w4a8 kernel is built here (compiling it the first time, under a minute) and runs
     on `path` (runtime.kernel; auto: as it is, $SPECCHAT_KERNEL or else the fastest this CPU has);
-    else why not."""
-    built = (q4_build_dir() / "specchat_q4.so").exists()
-    if _kernel_or_error.cache_info().currsize == 0 and not built and shutil.which(os.environ.get("CXX", "c++")):
-        if being_built(q4_build_dir() / "specchat_q4"):
+    else why not. A path the running build lacks (`path`, or `holding` where path is auto: one to be set later) loads
+    (or builds) one that holds it, for the whole process."""
+    if (os.environ.get(BUILD_ENV) or "fastest") not in BUILDS:
+        return f"${BUILD_ENV} = {os.environ[BUILD_ENV]}: use one of {', '.join(BUILDS)}"
+    paths = _paths_for(path if path != "auto" else holding)
+    build_dir = q4_build_dir(paths)
+    fresh = _kernel_or_error.cache_info().currsize == 0 or paths not in _running
+    if fresh and not (build_dir / "specchat_q4.so").exists() and shutil.which(os.environ.get("CXX", "c++")):
+        if being_built(build_dir / "specchat_q4"):
             report(progress, "another specchat is compiling the w4a8 kernel; waiting for it (under a minute)", None)
         else:
-            report(progress, "compiling the w4a8 kernel (once per machine, under a minute)", None)
-    module, problem = _kernel_or_error()
-    if module is None or path == "auto":
+            report(progress, f"compiling the w4a8 kernel for {_named(paths)} (once per machine, under a minute)", None)
+    module, problem = _kernel_or_error(paths)
+    if module is None:
         return problem
+    _running[:] = [paths]
+    if path == "auto":
+        return ""
     try:
         module.set_kernel_path(path)
     except RuntimeError as err:
@@ -279,17 +316,21 @@ def kernel_problem(path: str = "auto", progress: Progress | None = None) -> str:
     return ""
 
 
+def _named(paths: tuple[str, ...]) -> str:
+    return "every code path" if paths == code_paths.every_path() else " and ".join(paths)
+
+
 def q4_kernel(progress: Progress | None = None):
-    """The w4a8 kernel module; raises ModelLoadError in one line where it cannot be had."""
+    """The w4a8 kernel module this process runs; raises ModelLoadError in one line where it cannot be had."""
     problem = kernel_problem("auto", progress)
     if problem:
         raise ModelLoadError(f"quantization w4a8 is not available here: {problem}")
-    return _kernel_or_error()[0]
+    return _kernel_or_error(_running[-1])[0]
 
 
 def running_path() -> str:
     """The code path the kernel's products run on, or '' when no model uses the kernel (nothing built)."""
-    if _kernel_or_error.cache_info().currsize == 0:
+    if not _running:
         return ""
-    module = _kernel_or_error()[0]
+    module = _kernel_or_error(_running[-1])[0]
     return module.kernel_path() if module is not None else ""

@@ -7,8 +7,8 @@
 // and key (add_head_norms) before the rotation. Gemma's layers add norms after attention and after the MLP
 // (add_sandwich_norms), a GELU-tanh MLP (set_activation), soft-capped scores (set_softcap), and windows and
 // rotary tables of their own (set_layer_attention); their 1 + w norms come folded into the weights.
-#include <torch/csrc/utils/pybind.h>
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "module.h"
+#include "lean_layers.h"
+#include "q4/q4_kernel.h"
 #include "simd.h"
 
 namespace {
@@ -68,7 +69,7 @@ Projection projection_from(const std::vector<std::vector<torch::Tensor>>& parts,
                            const std::optional<torch::Tensor>& bias) {
   TORCH_CHECK(!parts.empty(), "a projection needs at least one weight");
   Projection projection{parts, {}};
-  if (bias) projection.bias = bias->contiguous();  // checked with the layer (LeanLayers::check_layer)
+  if (bias) projection.bias = bias->contiguous();  // checked with the layer (LayerStack::check_layer)
   return projection;
 }
 
@@ -277,9 +278,10 @@ int64_t width_from(const torch::Tensor& norm, const char* name) {
 
 }  // namespace
 
-class LeanLayers {
+// The layers and what runs them; LeanLayers (lean_layers.h) is its face to bindings.cpp.
+class LayerStack {
  public:
-  LeanLayers(int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling)
+  LayerStack(int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling)
       : heads_(heads), kv_heads_(kv_heads), head_dim_(head_dim), scaling_(static_cast<float>(scaling)) {
     TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && heads <= MAX_SIZE,
                 "heads must be a multiple of kv_heads (both positive, at most 2^24): heads ", heads, ", kv_heads ", kv_heads);
@@ -573,19 +575,39 @@ class LeanLayers {
   PartTimes times_;
 };
 
-void register_lean_layers(pybind11::module& module) {
-  pybind11::class_<LeanLayers>(module, "LeanLayers", pybind11::module_local())
-      .def(pybind11::init<int64_t, int64_t, int64_t, double>())
-      .def("add_layer", &LeanLayers::add_layer)
-      .def("__len__", &LeanLayers::size)
-      .def("add_head_norms", &LeanLayers::add_head_norms)
-      .def("add_sandwich_norms", &LeanLayers::add_sandwich_norms)
-      .def("set_layer_attention", &LeanLayers::set_layer_attention)
-      .def("set_activation", &LeanLayers::set_activation)
-      .def("set_softcap", &LeanLayers::set_softcap)
-      .def("set_final_norm", &LeanLayers::set_final_norm)
-      .def("forward", &LeanLayers::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("forward_tail", &LeanLayers::forward_tail, pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def("time_parts", &LeanLayers::time_parts)
-      .def("part_seconds", &LeanLayers::part_seconds);
+LeanLayers::LeanLayers(int64_t heads, int64_t kv_heads, int64_t head_dim, double scaling)
+    : stack_(std::make_unique<LayerStack>(heads, kv_heads, head_dim, scaling)) {}
+LeanLayers::~LeanLayers() = default;
+
+void LeanLayers::add_layer(torch::Tensor input_norm, torch::Tensor post_norm, double eps,
+                           std::vector<std::vector<torch::Tensor>> qkv, std::optional<torch::Tensor> qkv_bias,
+                           std::vector<torch::Tensor> out, std::optional<torch::Tensor> out_bias,
+                           std::vector<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> gate_up_bias,
+                           int64_t gate_width, std::vector<torch::Tensor> down, std::optional<torch::Tensor> down_bias) {
+  stack_->add_layer(std::move(input_norm), std::move(post_norm), eps, std::move(qkv), std::move(qkv_bias), std::move(out),
+                    std::move(out_bias), std::move(gate_up), std::move(gate_up_bias), gate_width, std::move(down),
+                    std::move(down_bias));
 }
+void LeanLayers::add_head_norms(torch::Tensor q_norm, torch::Tensor k_norm, double eps) {
+  stack_->add_head_norms(std::move(q_norm), std::move(k_norm), eps);
+}
+void LeanLayers::add_sandwich_norms(torch::Tensor attention_out_norm, torch::Tensor mlp_out_norm) {
+  stack_->add_sandwich_norms(std::move(attention_out_norm), std::move(mlp_out_norm));
+}
+void LeanLayers::set_layer_attention(int64_t window, int64_t rope_table) { stack_->set_layer_attention(window, rope_table); }
+void LeanLayers::set_activation(const std::string& name) { stack_->set_activation(name); }
+void LeanLayers::set_softcap(double cap) { stack_->set_softcap(cap); }
+void LeanLayers::set_final_norm(torch::Tensor weight, double eps) { stack_->set_final_norm(std::move(weight), eps); }
+int64_t LeanLayers::size() const { return stack_->size(); }
+torch::Tensor LeanLayers::forward(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
+                                  const std::vector<torch::Tensor>& values, const torch::Tensor& cos,
+                                  const torch::Tensor& sin, int64_t start) {
+  return stack_->forward(std::move(hidden), keys, values, cos, sin, start);
+}
+torch::Tensor LeanLayers::forward_tail(torch::Tensor hidden, const std::vector<torch::Tensor>& keys,
+                                       const std::vector<torch::Tensor>& values, const torch::Tensor& cos,
+                                       const torch::Tensor& sin, int64_t start, int64_t keep) {
+  return stack_->forward_tail(std::move(hidden), keys, values, cos, sin, start, keep);
+}
+void LeanLayers::time_parts(bool on) { stack_->time_parts(on); }
+std::vector<double> LeanLayers::part_seconds() const { return stack_->part_seconds(); }

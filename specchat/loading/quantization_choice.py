@@ -46,7 +46,7 @@ def choose(
         return mc
     if torch.device(device or resolve_device(mc.device)).type != "cpu":
         return dataclasses.replace(mc, quantization="none") if mc.quantization in AUTO_MODES else mc
-    problem = kernel_problem("auto", progress)
+    problem = kernel_problem("auto", progress, holding=kernel_path)  # one build, the path named in it
     if not problem and kernel_path != "auto":  # a path named for this CPU: an error, never a fallback
         unavailable = kernel_problem(kernel_path)
         if unavailable:

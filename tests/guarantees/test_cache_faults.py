@@ -945,7 +945,7 @@ exec {compiler} "$@"
 def _child_kernel(job: dict) -> None:
     from specchat.kernels import build
 
-    build.kernel_sources = lambda: [Path(job["source"])]
+    build.kernel_sources = lambda paths=(): [Path(job["source"])]
     module = build.build_kernel(job["build_dir"], "tinyext")
     print(json.dumps({"answer": module.answer()}), flush=True)
 

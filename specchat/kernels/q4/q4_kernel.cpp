@@ -65,24 +65,50 @@ using TileProduct = void (*)(const q4::Tiles&, const q4::Rows&, const q4::Job&);
 
 struct Path {
   const char* name;
-  TileProduct product;
+  TileProduct product;  // nullptr: not in this build (build.py compiles the fastest path this CPU has, and portable)
   RowQuantizer quantize;  // the activations' int8 levels: the same bits on every path
-  bool (*available)();
-  const char* needs;  // what the CPU lacks when it is not available
+  bool (*cpu_has)();
+  const char* needs;  // what the CPU lacks when it does not have it
   int64_t tiles_a_job = 1;  // tiles the product takes in one call (q4_tiles.h's Job)
+
+  bool runs() const { return product != nullptr && cpu_has(); }
 };
 
 bool always() { return true; }
+
+// The product of each path this build holds (build.py's code_paths: -DSPECCHAT_PATH_<NAME>), else nullptr.
+#if defined(__x86_64__) || defined(_M_X64)
+#ifdef SPECCHAT_PATH_AMX
+constexpr TileProduct AMX = q4::tile_amx;
+#else
+constexpr TileProduct AMX = nullptr;
+#endif
+#ifdef SPECCHAT_PATH_AVX512_VNNI
+constexpr TileProduct AVX512_VNNI = q4::tile_avx512_vnni;
+#else
+constexpr TileProduct AVX512_VNNI = nullptr;
+#endif
+#ifdef SPECCHAT_PATH_AVX_VNNI
+constexpr TileProduct AVX_VNNI = q4::tile_avx_vnni;
+#else
+constexpr TileProduct AVX_VNNI = nullptr;
+#endif
+#ifdef SPECCHAT_PATH_AVX2
+constexpr TileProduct AVX2 = q4::tile_avx2;
+#else
+constexpr TileProduct AVX2 = nullptr;
+#endif
+#endif
 
 // Fastest first.
 const std::vector<Path>& paths() {
   static const std::vector<Path> all = {
 #if defined(__x86_64__) || defined(_M_X64)
-      {"amx", q4::tile_amx, q4::quantize_row_avx2, cpu::has_amx, "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles",
+      {"amx", AMX, q4::quantize_row_avx2, cpu::has_amx, "AMX-INT8, AVX-512 VNNI and the OS's leave to use the tiles",
        4},  // tiles a job: 2 and 8 measured within a few per cent of 4 (Xeon, 128 rows)
-      {"avx512-vnni", q4::tile_avx512_vnni, q4::quantize_row_avx2, cpu::has_avx512_vnni, "AVX-512 F/BW/VL/VNNI"},
-      {"avx-vnni", q4::tile_avx_vnni, q4::quantize_row_avx2, cpu::has_avx_vnni, "AVX-VNNI"},
-      {"avx2", q4::tile_avx2, q4::quantize_row_avx2, cpu::has_avx2, "AVX2 and FMA"},
+      {"avx512-vnni", AVX512_VNNI, q4::quantize_row_avx2, cpu::has_avx512_vnni, "AVX-512 F/BW/VL/VNNI"},
+      {"avx-vnni", AVX_VNNI, q4::quantize_row_avx2, cpu::has_avx_vnni, "AVX-VNNI"},
+      {"avx2", AVX2, q4::quantize_row_avx2, cpu::has_avx2, "AVX2 and FMA"},
 #endif
       {"portable", q4::tile_portable, q4::quantize_row_portable, always, ""},
   };
@@ -91,7 +117,7 @@ const std::vector<Path>& paths() {
 
 const Path* best_path() {
   for (const auto& path : paths())
-    if (path.available()) return &path;
+    if (path.runs()) return &path;
   return &paths().back();
 }
 
@@ -253,7 +279,7 @@ std::string kernel_path() { return selected().load()->name; }
 std::vector<std::string> kernel_paths() {
   std::vector<std::string> names;
   for (const auto& path : paths())
-    if (path.available()) names.push_back(path.name);
+    if (path.runs()) names.push_back(path.name);
   return names;
 }
 
@@ -261,7 +287,9 @@ void set_kernel_path(const std::string& name) {
   std::string known;
   for (const auto& path : paths()) {
     if (name == path.name) {
-      TORCH_CHECK(path.available(), "kernel path ", name, " needs ", path.needs, ", which this CPU lacks");
+      TORCH_CHECK(path.cpu_has(), "kernel path ", name, " needs ", path.needs, ", which this CPU lacks");
+      TORCH_CHECK(path.product != nullptr, "kernel path ", name, " is not in this build of the kernel, which holds ",
+                  "this CPU's fastest path (runtime.kernel=", name, " builds one with every path)");
       selected().store(&path);
       return;
     }

@@ -1,6 +1,5 @@
 // What the kernel module's sources call of each other (q4_kernel.cpp, lean_layers.cpp, bindings.cpp). Tensors
-// only, and only the two sources that speak to Python (bindings.cpp, lean_layers.cpp) include the Python side
-// (module.h).
+// only: bindings.cpp alone includes the Python side.
 #pragma once
 // ATen's tensor and the two factories the kernels call, not <torch/types.h> (all of ATen: 5.7 s a file here against
 // 1.5); `torch::` names ATen's, as <torch/types.h> makes it.
@@ -55,7 +54,7 @@ void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch:
                        torch::Tensor dmin);
 
 std::string kernel_path();                    // the code path the product runs
-std::vector<std::string> kernel_paths();      // the paths this CPU can run, fastest first
+std::vector<std::string> kernel_paths();      // the paths this build holds and this CPU runs, fastest first
 void set_kernel_path(const std::string& name);  // run the product on this path
 
 // logits [rows, vocab] float32 → probabilities after temperature, top-k (0: off), top-p (1: off) (sampling.cpp).
