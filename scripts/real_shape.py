@@ -233,7 +233,10 @@ def _block_tokenizer(writer, tokenizer) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")
     writer.add_token_list(tokens)
-    writer.add_token_types([3 if index in added else 1 for index in range(len(tokens))])
+    # llama.cpp's types: CONTROL (3) for special tokens, USER_DEFINED (4) for other added ones (<tool_call>...), as
+    # the bundled GGUFs hold them: the file's tokenizer then is the bundled drafter's, and shared with it at start
+    special = {entry["id"] for entry in spec["added_tokens"] if entry["special"]}
+    writer.add_token_types([(3 if index in special else 4) if index in added else 1 for index in range(len(tokens))])
     writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]])
     writer.add_bos_token_id(tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     writer.add_eos_token_id(tokenizer.convert_tokens_to_ids("<|im_end|>"))

@@ -112,7 +112,12 @@ def kernel_flags(paths: tuple[str, ...] = code_paths.PATHS) -> list[str]:
 
 def compiler_version() -> str:
     """The first line of the C++ compiler's --version ($CXX, else c++), or why there is none."""
-    compiler = os.environ.get("CXX", "c++")
+    return _compiler_line(os.environ.get("CXX", "c++"))
+
+
+@cache
+def _compiler_line(compiler: str) -> str:
+    """compiler_version's line, asked once a process (a subprocess: 0.3 s of a warm start)."""
     if shutil.which(compiler) is None:
         return f"no compiler {compiler!r}"
     try:
@@ -296,13 +301,8 @@ def kernel_problem(path: str = "auto", progress: Progress | None = None, holding
     if (os.environ.get(BUILD_ENV) or "fastest") not in BUILDS:
         return f"${BUILD_ENV} = {os.environ[BUILD_ENV]}: use one of {', '.join(BUILDS)}"
     paths = _paths_for(path if path != "auto" else holding)
-    build_dir = q4_build_dir(paths)
-    fresh = _kernel_or_error.cache_info().currsize == 0 or paths not in _running
-    if fresh and not (build_dir / "specchat_q4.so").exists() and shutil.which(os.environ.get("CXX", "c++")):
-        if being_built(build_dir / "specchat_q4"):
-            report(progress, "another specchat is compiling the w4a8 kernel; waiting for it (under a minute)", None)
-        else:
-            report(progress, f"compiling the w4a8 kernel for {_named(paths)} (once per machine, under a minute)", None)
+    if _kernel_or_error.cache_info().currsize == 0 or paths not in _running:
+        _announce_build(paths, progress)
     module, problem = _kernel_or_error(paths)
     if module is None:
         return problem
@@ -314,6 +314,17 @@ def kernel_problem(path: str = "auto", progress: Progress | None = None, holding
     except RuntimeError as err:
         return f"runtime.kernel = {path}: {one_line(err)}"
     return ""
+
+
+def _announce_build(paths: tuple[str, ...], progress: Progress | None) -> None:
+    """Say so where the build with these paths is still to be compiled (by this start or another)."""
+    build_dir = q4_build_dir(paths)
+    if (build_dir / "specchat_q4.so").exists() or not shutil.which(os.environ.get("CXX", "c++")):
+        return
+    if being_built(build_dir / "specchat_q4"):
+        report(progress, "another specchat is compiling the w4a8 kernel; waiting for it (under a minute)", None)
+    else:
+        report(progress, f"compiling the w4a8 kernel for {_named(paths)} (once per machine, under a minute)", None)
 
 
 def _named(paths: tuple[str, ...]) -> str:
