@@ -4,9 +4,12 @@ Layers of the types in BLOCK_BYTES (Q4_K and Q6_K: all of a Q4_K_M file's; Q5_K,
 kernel as stored (gguf/blocks.py), and their tiles are a shuffle of the file's bits, which the compiled module does at
 about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on disk, the stored
 weights keep, for each such layer, only a marker naming the type of the file's tensor ("<layer>.from_file_Q4_K"),
-and a start tiles that tensor straight into its place among the stored tiles (tile_arena.py). A layer becomes a marker only where the file's tiles, built
-so, are bit for bit those the first start made (as_stored_layers): a layer requantized, or of any other type, keeps
-its tiles in the stored weights. Where transformers reorders a tensor's rows (Llama's q and k), the marker holds the
+and a start tiles that tensor straight into its place among the stored tiles (tile_arena.py). A model read a tensor
+at a time (its weights never loaded) has its layers marked where the mode runs the type as stored, the shape fits and
+every scale is finite (tileable_layers): the first start does not decode them the slow way first, since the tiles are
+that decoding's bit for bit (tests/loading/test_file_tiles.py); it writes the markers and reads back as a later start
+does. A model whose weights were loaded has a layer marked only where the file's tiles are bit for bit those it made
+(as_stored_layers). A layer requantized, or of any other type, keeps its tiles in the stored weights. Where transformers reorders a tensor's rows (Llama's q and k), the marker holds the
 order (int64 [rows]: the stored row each of the layer's rows is), and the file's rows are tiled in that order.
 """
 
@@ -19,12 +22,20 @@ import torch
 from gguf import GGMLQuantizationType
 
 from specchat.kernels.build import q4_kernel
-from specchat.loading.gguf.blocks import GROUP_BLOCK_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, module_name
+from specchat.loading.gguf.blocks import (
+    GROUP_BLOCK_BYTES,
+    Q4_K_BYTES,
+    Q5_K_BYTES,
+    Q6_K_BYTES,
+    as_stored,
+    module_name,
+)
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.gguf.tensors import GGUFTensors, streamable
 from specchat.quant.q4_block import QUANTIZE_ROWS
 from specchat.quant.q4_levels import GROUP
 from specchat.quant.q4_tiles import TILE_ROWS, Q4Tiles
+from specchat.quant.w4a8 import fitting_linears
 
 MARKER = "from_file_"  # "<layer>.from_file_<type>": int64, the GGML type (0-dim), or the row order (rows)
 GROUP_KINDS = {
@@ -142,6 +153,42 @@ def as_stored_layers(
         if tiles is not None and same_tiles(kind, in_order(raw_blocks(tensor), order), tiles):
             same[name] = (kind, order)
     return same
+
+
+def tileable_layers(gguf: Path, model, finer_bits: int) -> dict[str, tuple[str, torch.Tensor | None]]:
+    """{layer: (type, row order or None)} of the model's layers a start may tile from the file (a model read a tensor
+    at a time: gguf/tensors.py's streamable, its weights on the meta device): a tensor of a type in BLOCK_BYTES that
+    the mode runs as stored (gguf/blocks.py's as_stored: w4a8-fast requantizes the finer ones), of the layer's shape,
+    its rows as transformers puts them (reordered at most), and every scale of its tiles finite (else its stored block
+    is read as before: a scale past float16's range is requantized, a NaN refused). What the first start's reference
+    decoding gives such a layer is its tiles bit for bit (tests/loading/test_file_tiles.py), so it is not made."""
+    if not streamable(gguf):
+        return {}
+    tensors, linears = GGUFTensors(gguf, model), fitting_linears(model)
+    found = {}
+    for layer, tensor in file_tensors(gguf).items():
+        kind, linear, weight = tensor.tensor_type.name, linears.get(layer), f"{layer}.weight"
+        if linear is None or weight not in tensors or not as_stored(kind, finer_bits):
+            continue
+        wanted = (linear.out_features, linear.in_features // block_inputs(kind) * BLOCK_BYTES[kind])
+        if linear.in_features % block_inputs(kind) or (tensor.rows, tensor.row_bytes) != wanted:
+            continue
+        try:
+            order = tensors.row_order(weight)
+        except ValueError:  # transformers does more than reorder its rows
+            continue
+        if finite_tiles(kind, in_order(raw_blocks(tensor), order)):
+            found[layer] = (kind, order)
+    return found
+
+
+def finite_tiles(kind: str, raw: torch.Tensor) -> bool:
+    """Whether every scale of the tiles of these blocks is finite, tiled QUANTIZE_ROWS rows at a time."""
+    for start in range(0, raw.shape[0], QUANTIZE_ROWS):
+        tiles = tile_blocks(kind, raw[start : start + QUANTIZE_ROWS])
+        if not all(bool(torch.isfinite(scales).all()) for scales in (tiles.d, tiles.full_dmin)):
+            return False
+    return True
 
 
 def row_orders(gguf: Path, model) -> dict[str, torch.Tensor]:

@@ -47,6 +47,7 @@ from specchat.loading.file_tiles import (
     marker,
     marker_value,
     row_orders,
+    tileable_layers,
 )
 from specchat.loading.gguf.blocks import matching_blocks, streamed_blocks
 from specchat.loading.tile_arena import placer
@@ -87,6 +88,7 @@ def _weights_unloaded(model: nn.Module) -> bool:
     return any(module.weight.is_meta for module in model.modules() if isinstance(module, nn.Linear))
 
 
+FINER_BITS_OF = {"w4a8": FINER_BITS, "w4a8-fast": 4}  # each w4a8 mode's finer layers' bits, as QUANTIZERS has them
 QUANTIZERS = {
     "w8a8": quantize_w8a8,
     "w8a8-fast": partial(quantize_w8a8, passes=1),
@@ -133,22 +135,39 @@ def load_or_quantize(
     from_file = gguf if file_stays and mode in W4A8_MODES else None
     stored = _StoredBlocks(model, path, progress, mode, from_file)
     what = f"the {DESCRIPTIONS[mode]} weights of {label}"
+    written_only = from_file is not None and _weights_unloaded(model)  # the model is quantized from what was written
 
     def quantize_into(tmp: Path) -> None:
         report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; stored for later starts)", None)
         say = lambda line: notify(progress, f"{label}: {line}")
+        if written_only:
+            _write_tiled_from_file(tmp, path, model, from_file(), FINER_BITS_OF[mode], say)
+            return
         options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
         orders = row_orders(from_file(), model) if from_file else {}  # before its layers are replaced
         blocks = QUANTIZERS[mode](model, None, **options)
         _write(tmp, path, blocks, as_stored_layers(from_file(), blocks, orders) if from_file else {})
 
-    if built_once(path, what, stored.problem, quantize_into, "write the stored weights", progress):
+    built = built_once(path, what, stored.problem, quantize_into, "write the stored weights", progress)
+    if built:
         with disk_errors(path, "write the stored weights"):
             remove_older_formats(path)
-        return stored.notice
+        if not written_only:
+            return stored.notice
+        if stored.problem() != "":  # read back as a later start reads it: tiled from the file into their places
+            raise ModelLoadError(f"the stored weights {path.name} just written do not read back: {stored.notice}")
     report(progress, f"loading the {DESCRIPTIONS[mode]} weights of {label}", None)
     QUANTIZERS[mode](model, stored.blocks)
-    return None
+    return stored.notice if built else None
+
+
+def _write_tiled_from_file(tmp: Path, path: Path, model: nn.Module, gguf: Path, finer_bits: int, say) -> None:
+    """The stored weights of a model read a tensor at a time from a GGUF that stays (its weights never loaded): the
+    layers it can tile from the file a marker each (file_tiles.tileable_layers), the others' tiles made from the file's
+    blocks (streamed_blocks), the model left as it is."""
+    tiled = tileable_layers(gguf, model, finer_bits)
+    blocks = {name: Q4Tiles.from_block(block) for name, block in streamed_blocks(gguf, model, finer_bits, say, tiled)}
+    _write(tmp, path, blocks, tiled)
 
 
 @dataclasses.dataclass

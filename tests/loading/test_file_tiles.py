@@ -113,10 +113,13 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
     + [("IQ4_NL", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_K", "qwen2", 0), ("Q5_0", "qwen2", 15)],
 )  # llama's q and k rows are reordered (their markers hold the order); Q5_0 is not tiled from the file
 def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
-    tmp_path, tok, kernel, kind, architecture, kept
+    tmp_path, tok, kernel, kind, architecture, kept, monkeypatch
 ):
+    """Each start's tiles are those of the reference decoding (gguf/blocks.py, every layer stored: a bundled model's
+    way), bit for bit: the first start tiles the file's layers without making them that way first."""
     target, drafter = typed_pair_files(tmp_path, tok, kind, architecture)
     config = load_config(None, [f"target.source={target}", f"drafter.source={drafter}"])
+    reference = q4_tiles(stored_as_a_bundled_model(config, tmp_path / "reference", monkeypatch))
     first = load_pair(config)
     stored = read_tensors(stored_file())
     markers = [name for name in stored if ".from_file_" in name]
@@ -130,11 +133,46 @@ def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_til
     assert all(int(stored[name]) == GGMLQuantizationType[kind] for name in markers if name not in orders)
     again = load_pair(config)  # tiled from the file this time
     before, after = q4_tiles(first), q4_tiles(again)
-    assert before.keys() == after.keys() and len(after) == 15
+    assert before.keys() == after.keys() == reference.keys() and len(after) == 15
     for name, tiles in after.items():
         assert all(torch.equal(a, b) for a, b in zip(tiles.tensors(), before[name].tensors())), name
+        assert all(torch.equal(a, b) for a, b in zip(tiles.tensors(), reference[name].tensors())), name
     ids = prompt_ids(tok)
     assert greedy_reply(again, "spec", ids) == greedy_reply(again, "target", ids) == greedy_reply(first, "target", ids)
+
+
+def stored_as_a_bundled_model(config, cache, monkeypatch):
+    """The pair loaded with every layer stored (as for a bundled model, whose assembled file is let go), in a cache of
+    its own."""
+    real = stored_weights.load_or_quantize
+    with monkeypatch.context() as patch:
+        patch.setenv("SPECCHAT_CACHE", str(cache))
+        patch.setattr(
+            stored_weights, "load_or_quantize", lambda *args, **kw: real(*args, **{**kw, "file_stays": False})
+        )
+        return load_pair(config)
+
+
+def test_a_files_layers_whose_scales_are_past_float16_or_that_the_mode_requantizes_are_not_tiled_from_it(
+    tmp_path, tok, kernel
+):
+    """Q6_K with 32·d past float16's range (the reference requantizes it: ScaleOverflow), and in w4a8-fast (every
+    layer 4-bit) the finer types, are stored; the rest of the file's layers are tiled from it."""
+    from specchat.loading.gguf.config import file_config
+    from specchat.loading.gguf.slim import empty_model
+
+    target, _ = typed_pair_files(tmp_path, tok, "Q6_K", "qwen2")
+    model = empty_model(file_config(target))
+    tileable = file_tiles.tileable_layers(target, model, finer_bits=6)
+    assert len(tileable) == 15 and all(kind == "Q6_K" for kind, _ in tileable.values())
+    assert file_tiles.tileable_layers(target, model, finer_bits=4) == {}  # w4a8-fast requantizes Q6_K
+    raw = blocks_of("Q6_K", 3, 1, seed=4, same_min=False)
+    assert file_tiles.finite_tiles("Q6_K", raw)
+    raw.view(3, 1, 210)[1, 0, 208:210] = torch.tensor([4096.0]).half().view(torch.uint8)  # 32·4096 > 65504
+    assert not file_tiles.finite_tiles("Q6_K", raw)
+    q4_0 = blocks_of("Q4_0", 3, 1, seed=4, same_min=False)
+    q4_0.view(3, -1, 18)[2, 0, 0:2] = torch.tensor([float("nan")]).half().view(torch.uint8)
+    assert not file_tiles.finite_tiles("Q4_0", q4_0)
 
 
 def test_a_file_that_no_longer_holds_the_marked_blocks_has_its_stored_weights_rebuilt(

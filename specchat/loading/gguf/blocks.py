@@ -19,7 +19,7 @@ next-token distribution). Each imported layer is checked against the weights the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -304,7 +304,11 @@ def _decodes_to(block: Q4Block, weight: torch.Tensor) -> bool:
 
 
 def streamed_blocks(
-    path: str | Path, model: nn.Module, finer_bits: int, say: Callable[[str], None] | None = None
+    path: str | Path,
+    model: nn.Module,
+    finer_bits: int,
+    say: Callable[[str], None] | None = None,
+    leave_out: Collection[str] = (),
 ) -> Iterator[tuple[str, Q4Block]]:
     """(name, w4a8 block) of every linear layer of `model` the kernel takes, read from the GGUF a tensor at a
     time (the model's own weights may be on the meta device): a tensor of a type the kernel holds as stored
@@ -312,10 +316,12 @@ def streamed_blocks(
     tests/loading/test_gguf_blocks.py), its rows in the order transformers puts them (Llama's q and k); any
     other is dequantized as transformers would and quantized to `finer_bits` levels: the rule quantize_w4a8
     applies with a GGUF's blocks at hand. Once every layer is read, say(the notice line) where blocks of a
-    quantized type were requantized."""
+    quantized type were requantized. The layers named in `leave_out` are not read."""
     tensors = GGUFTensors(Path(path), model)
     requantized: Counter = Counter()
     for name, layer in fitting_linears(model).items():
+        if name in leave_out:
+            continue
         weight = f"{name}.weight"
         block = _stored_block(tensors, weight, layer, finer_bits)
         if block is not None:
