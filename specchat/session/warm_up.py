@@ -6,13 +6,18 @@ owns it: the UI only shows what it returns."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from specchat.config import Mode, SamplingConfig
 from specchat.session.chat import ChatError, ChatSession
 from specchat.session.pair_cost import FALLBACK_GAMMA, PairCost, measured_cost
 from specchat.session.template_probe import probe_template
 from specchat.speculative.engine import run_to_end
+from specchat.speculative.events import ReplyEnd
 from specchat.speculative.gamma import AutoGamma
+from specchat.speculative.step import StepResult
+
+TIMED_STEPS = 3  # a target step and γ drafter forwards each: where every draft is rejected, 3 of 8 tokens' steps
 
 
 def warm_up(session: ChatSession) -> PairCost | None:
@@ -43,9 +48,15 @@ def check_system_prompt_fits(session: ChatSession, tokens: int) -> None:
 
 
 def _timed_cost(session: ChatSession, ids: list[int], sampling: SamplingConfig) -> PairCost | None:
+    """The pair's cost from a short reply's first TIMED_STEPS steps (its prompt's cache kept from the first reply:
+    read again it cost 0.5 s of a 7B target's warm start, and only steps are timed)."""
     gamma = session.config.speculation.gamma
     gamma = gamma if isinstance(gamma, int) and gamma > 0 else FALLBACK_GAMMA
-    # no reset: the prompt's cache is kept (read again it cost 0.5 s of a 7B target's warm start; only steps are timed)
     speculation = dataclasses.replace(session.config.speculation, mode=Mode.SPEC, gamma=gamma)
-    end = run_to_end(session.engine.steps(ids, dataclasses.replace(sampling, max_new_tokens=8), speculation))
+    cancel, steps, end = threading.Event(), 0, None
+    for item in session.engine.steps(ids, dataclasses.replace(sampling, max_new_tokens=8), speculation, cancel):
+        steps += isinstance(item, StepResult)
+        if steps >= TIMED_STEPS:
+            cancel.set()  # the reply ends before its next step
+        end = item if isinstance(item, ReplyEnd) else end
     return measured_cost(end.stats, gamma) if end is not None else None

@@ -39,12 +39,20 @@ def test_the_cost_comes_from_a_replys_timed_forwards_only():
     assert measured_cost(ReplyStats(mode="spec", target_time_s=0.3, target_timed=3), 4) is None
 
 
-def test_the_start_times_the_pair_and_the_banner_says_it(tokenizer, target, unrelated_drafter_model):
+def test_the_start_times_the_pair_and_the_banner_says_it(tokenizer, target, unrelated_drafter_model, monkeypatch):
+    from specchat.session import warm_up
+
+    timed = []
+    real = warm_up.measured_cost
+    monkeypatch.setattr(warm_up, "measured_cost", lambda stats, gamma: timed.append(stats) or real(stats, gamma))
     pair = tiny_pair(tokenizer, target, unrelated_drafter_model)
     console = Console(file=io.StringIO())
     _, session, cost = cli.prepare(Config(), loader(pair), None, console)
     assert cost is not None and cost.gamma == 4  # γ auto: the line is about γ 4
     assert cost.target_step_s > 0 and cost.drafter_forward_s > 0
+    # an unrelated drafter's drafts are rejected, a token a step: the timed reply stops after its first steps
+    [stats] = timed
+    assert stats.target_timed == warm_up.TIMED_STEPS and stats.new_tokens < 8 and stats.reused_tokens > 0
     assert session.engine.target_seen == 0 and session.engine.ids == []  # the timed reply is forgotten
     assert "\n         · expected: c " in render.banner(pair, "model", cost.line()).plain
 
