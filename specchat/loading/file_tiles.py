@@ -182,6 +182,14 @@ def tileable_layers(gguf: Path, model, finer_bits: int) -> dict[str, tuple[str, 
     return found
 
 
+def layer_tiles(gguf: Path, layers: dict[str, tuple[str, torch.Tensor | None]]) -> dict[str, Q4Tiles]:
+    """{layer: its tiles, made from the file's blocks} for layers of tileable_layers' ({layer: (type, row order)})."""
+    found = file_tensors(gguf)
+    return {
+        layer: tile_blocks(kind, in_order(raw_blocks(found[layer]), order)) for layer, (kind, order) in layers.items()
+    }
+
+
 def finite_tiles(kind: str, raw: torch.Tensor) -> bool:
     """Whether every scale of the tiles of these blocks is finite, tiled QUANTIZE_ROWS rows at a time."""
     for start in range(0, raw.shape[0], QUANTIZE_ROWS):

@@ -43,6 +43,7 @@ from specchat.loading.file_tiles import (
     FileChanged,
     MarkedPlacement,
     as_stored_layers,
+    layer_tiles,
     marked_layers,
     marker,
     marker_value,
@@ -73,14 +74,9 @@ def _quantize_w4a8(
 ) -> dict[str, Q4Tiles]:
     """w4a8 from stored blocks, or from the model's weights and, where `gguf()` gives the GGUF file
     the model came from, that file's own Q4_K (and Q5_K) blocks bit for bit (the file's finer layers:
-    finer_bits); say(line): the notice naming the file's blocks requantized (gguf/blocks.py)."""
-    exact = None
-    if blocks is None and gguf is not None:
-        if _weights_unloaded(model):  # a slim checkpoint (loading/gguf/slim.py): every block from the file
-            streamed = streamed_blocks(gguf(), model, finer_bits, say)
-            blocks = {name: Q4Tiles.from_block(block) for name, block in streamed}
-        else:
-            exact = matching_blocks(gguf(), model, finer_bits, say)
+    finer_bits); say(line): the notice naming the file's blocks requantized (gguf/blocks.py). A model whose weights
+    were never loaded (a slim checkpoint, loading/gguf/slim.py) has its blocks from the file: _write_streamed."""
+    exact = matching_blocks(gguf(), model, finer_bits, say) if blocks is None and gguf is not None else None
     return quantize_w4a8(model, blocks, q4_kernel(), exact, finer_bits)
 
 
@@ -135,13 +131,14 @@ def load_or_quantize(
     from_file = gguf if file_stays and mode in W4A8_MODES else None
     stored = _StoredBlocks(model, path, progress, mode, from_file)
     what = f"the {DESCRIPTIONS[mode]} weights of {label}"
-    written_only = from_file is not None and _weights_unloaded(model)  # the model is quantized from what was written
+    streamed = gguf is not None and mode in W4A8_MODES and _weights_unloaded(model)  # read a tensor at a time
+    written_only = streamed and from_file is not None  # the model is quantized from what was written
 
     def quantize_into(tmp: Path) -> None:
         report(progress, f"quantizing {label} to {DESCRIPTIONS[mode]} (once; stored for later starts)", None)
         say = lambda line: notify(progress, f"{label}: {line}")
-        if written_only:
-            _write_tiled_from_file(tmp, path, model, from_file(), FINER_BITS_OF[mode], say)
+        if streamed:
+            _write_streamed(tmp, path, model, mode, gguf(), say, markers=written_only)
             return
         options = {"gguf": gguf, "say": say} if mode in W4A8_MODES else {}
         orders = row_orders(from_file(), model) if from_file else {}  # before its layers are replaced
@@ -161,13 +158,21 @@ def load_or_quantize(
     return stored.notice if built else None
 
 
-def _write_tiled_from_file(tmp: Path, path: Path, model: nn.Module, gguf: Path, finer_bits: int, say) -> None:
-    """The stored weights of a model read a tensor at a time from a GGUF that stays (its weights never loaded): the
-    layers it can tile from the file a marker each (file_tiles.tileable_layers), the others' tiles made from the file's
-    blocks (streamed_blocks), the model left as it is."""
+def _write_streamed(tmp: Path, path: Path, model: nn.Module, mode: str, gguf: Path, say, markers: bool) -> None:
+    """The stored weights of a model read a tensor at a time from a GGUF (its weights never loaded): the layers the
+    compiled tiler makes from the file's blocks as they are (file_tiles.tileable_layers: the slow decoding's tiles bit
+    for bit) and the others' made from the file's blocks (streamed_blocks). `markers`: the file stays, so those layers
+    are a marker each and the model is left as it is (it reads back what was written); else their tiles are stored
+    and the model quantized with them."""
+    finer_bits = FINER_BITS_OF[mode]
     tiled = tileable_layers(gguf, model, finer_bits)
     blocks = {name: Q4Tiles.from_block(block) for name, block in streamed_blocks(gguf, model, finer_bits, say, tiled)}
-    _write(tmp, path, blocks, tiled)
+    if markers:
+        _write(tmp, path, blocks, tiled)
+        return
+    blocks |= layer_tiles(gguf, tiled)
+    _write(tmp, path, blocks)
+    QUANTIZERS[mode](model, blocks)
 
 
 @dataclasses.dataclass

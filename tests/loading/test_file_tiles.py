@@ -115,11 +115,12 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
 def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
     tmp_path, tok, kernel, kind, architecture, kept, monkeypatch
 ):
-    """Each start's tiles are those of the reference decoding (gguf/blocks.py, every layer stored: a bundled model's
-    way), bit for bit: the first start tiles the file's layers without making them that way first."""
+    """Each start's tiles are those of the slow decoding (gguf/blocks.py's streamed_blocks), bit for bit, and those of
+    a load that stores every layer (a bundled model's way): no start makes them the slow way first."""
     target, drafter = typed_pair_files(tmp_path, tok, kind, architecture)
     config = load_config(None, [f"target.source={target}", f"drafter.source={drafter}"])
-    reference = q4_tiles(stored_as_a_bundled_model(config, tmp_path / "reference", monkeypatch))
+    reference = reference_tiles(target)
+    bundled = q4_tiles(stored_as_a_bundled_model(config, tmp_path / "reference", monkeypatch))
     first = load_pair(config)
     stored = read_tensors(stored_file())
     markers = [name for name in stored if ".from_file_" in name]
@@ -137,8 +138,20 @@ def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_til
     for name, tiles in after.items():
         assert all(torch.equal(a, b) for a, b in zip(tiles.tensors(), before[name].tensors())), name
         assert all(torch.equal(a, b) for a, b in zip(tiles.tensors(), reference[name].tensors())), name
+        assert all(torch.equal(a, b) for a, b in zip(tiles.tensors(), bundled[name].tensors())), name
     ids = prompt_ids(tok)
     assert greedy_reply(again, "spec", ids) == greedy_reply(again, "target", ids) == greedy_reply(first, "target", ids)
+
+
+def reference_tiles(gguf) -> dict[str, Q4Tiles]:
+    """The file's layers as the slow decoding makes them (gguf/blocks.py's streamed_blocks, w4a8's finer bits)."""
+    from specchat.loading.gguf.blocks import streamed_blocks
+    from specchat.loading.gguf.config import file_config
+    from specchat.loading.gguf.slim import empty_model
+    from specchat.quant.w4a8 import FINER_BITS
+
+    model = empty_model(file_config(gguf))
+    return {name: Q4Tiles.from_block(block) for name, block in streamed_blocks(gguf, model, FINER_BITS)}
 
 
 def stored_as_a_bundled_model(config, cache, monkeypatch):
