@@ -49,14 +49,15 @@ BUILDS = ("fastest", "every")  # $SPECCHAT_KERNEL_BUILD's values; fastest (the d
 SOURCES = [
     PATHS_HERE := "the compiled paths' files",
     "bindings.cpp",
-    "lean_layers.cpp",
-    "q4/q4_kernel.cpp",
-    "sampling.cpp",
+    "tensor_sources.cpp",  # lean_layers.cpp, q4/q4_kernel.cpp and sampling.cpp as one unit (ATen's headers once)
     "q4/quantize_avx2.cpp",
     "q4/file_tiles.cpp",
     "q4/cpu_features.cpp",
 ]
-HEADERS = [
+INCLUDED = [  # the files the sources include (tensor_sources.cpp: three sources): all in the build's identity
+    "lean_layers.cpp",
+    "q4/q4_kernel.cpp",
+    "sampling.cpp",
     "lean_layers.h",
     "q4/q4_kernel.h",
     "q4/cpu_features.h",
@@ -82,8 +83,8 @@ def kernel_sources(paths: tuple[str, ...] = code_paths.PATHS) -> list[Path]:
     return [_source_dir() / name for group in names for name in group]
 
 
-def kernel_headers() -> list[Path]:
-    return [_source_dir() / name for name in HEADERS]
+def kernel_includes() -> list[Path]:
+    return [_source_dir() / name for name in INCLUDED]
 
 
 def _has_avx2() -> bool:
@@ -130,7 +131,7 @@ def _compiler_line(compiler: str) -> str:
 def build_identity(paths: tuple[str, ...]) -> bytes:
     import torch
 
-    sources = b"".join(path.read_bytes() for path in [*kernel_sources(paths), *kernel_headers()])
+    sources = b"".join(path.read_bytes() for path in [*kernel_sources(paths), *kernel_includes()])
     context = [
         " ".join(kernel_flags(paths)),
         torch.__version__,

@@ -375,8 +375,8 @@ class LayerStack {
     Stopwatch whole(times_, times_.total);
     c10::InferenceMode inference;
     auto state = hidden.reshape({fed, width}).clone(at::MemoryFormat::Contiguous);
-    auto normed = torch::empty_like(state);
-    auto attended = torch::empty({fed, heads_ * head_dim_}, state.options());
+    auto normed = cpu_tensor(state.sizes(), state.scalar_type());
+    auto attended = cpu_tensor({fed, heads_ * head_dim_}, state.scalar_type());
     for (size_t index = 0; index < layers_.size(); ++index)
       layer(layers_[index], products[index], state, normed, attended, keys[index], values[index], cos, sin, start);
     return state.view({1, fed, width});
@@ -395,7 +395,7 @@ class LayerStack {
                 hidden.sizes());
     const auto state = forward(hidden, keys, values, cos, sin, start);
     const int64_t fed = state.size(1), width = state.size(2), rows = std::min(keep, fed);
-    auto out = torch::empty({1, rows, width}, state.options());
+    auto out = cpu_tensor({1, rows, width}, state.scalar_type());
     rms_norm_rows(state.data_ptr<float>() + (fed - rows) * width, final_norm_.data_ptr<float>(), rows, width,
                   final_eps_, out.data_ptr<float>());
     return out;
@@ -478,7 +478,7 @@ class LayerStack {
     add_rows(rows, width, out.data_ptr<float>(), width, fed, width);
     rms_norm_rows(rows, layer.post_norm.data_ptr<float>(), fed, width, layer.eps, normed.data_ptr<float>());
     const auto gate_up = project(products.gate_up, layer.gate_up.bias, normed);  // [fed, 2·gate_width] (check_layer)
-    auto mixed = torch::empty({fed, layer.gate_width}, state.options());
+    auto mixed = cpu_tensor({fed, layer.gate_width}, state.scalar_type());
     act_mul_rows(gate_up.data_ptr<float>(), fed, layer.gate_width, gelu_tanh_, mixed.data_ptr<float>());
     auto down = project(products.down, layer.down.bias, mixed);
     norm_rows_in_place(down, layer.mlp_out_norm, layer.eps);

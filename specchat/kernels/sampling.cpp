@@ -128,7 +128,7 @@ torch::Tensor top_p_probs(torch::Tensor logits, double temperature, int64_t top_
               "temperature > 0, top_p in (0, 1], top_k >= 0 (temperature finite): not ", temperature, ", ", top_p, ", ", top_k);
   TORCH_CHECK(logits.size(1) > 0, "logits must be at least one token wide");
   auto input = logits.contiguous();
-  auto out = torch::empty_like(input);
+  auto out = cpu_tensor(input.sizes(), input.scalar_type());
   const int64_t rows = input.size(0), width = input.size(1);
   const float* x = input.data_ptr<float>();
   float* probs = out.data_ptr<float>();
@@ -223,8 +223,8 @@ std::vector<torch::Tensor> greedy_rows(torch::Tensor logits) {
   TORCH_CHECK(logits.size(1) > 0 && logits.size(1) < EXACT_INDEX, "logits must be 1 to 2^24 - 1 tokens wide");
   auto input = logits.contiguous();
   const int64_t rows = input.size(0), width = input.size(1), spans = (width + SPAN - 1) / SPAN;
-  auto ids = torch::empty({rows}, torch::kLong);
-  auto totals = torch::empty({rows}, at::kFloat);
+  auto ids = cpu_tensor({rows}, torch::kLong);
+  auto totals = cpu_tensor({rows}, at::kFloat);
   const float* x = input.data_ptr<float>();
   int64_t* id = ids.data_ptr<int64_t>();
   float* total = totals.data_ptr<float>();

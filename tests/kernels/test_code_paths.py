@@ -4,6 +4,8 @@ start makes, compiled here, holding just those paths with the every-path build's
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -66,7 +68,9 @@ def test_each_set_of_paths_builds_from_its_own_sources_with_its_own_macros_in_a_
     names = [path.name for path in build.kernel_sources(zen4)]
     assert "q4_path_avx512_vnni.cpp" in names and "q4_path_portable.cpp" in names
     assert not {"q4_path_avx2.cpp", "q4_path_avx_vnni.cpp", "q4_path_amx.cpp"} & set(names)
-    assert {"quantize_avx2.cpp", "q4_kernel.cpp", "bindings.cpp", "lean_layers.cpp"} <= set(names)
+    assert {"quantize_avx2.cpp", "tensor_sources.cpp", "bindings.cpp"} <= set(names)
+    included = {path.name for path in build.kernel_includes()}
+    assert {"q4_kernel.cpp", "lean_layers.cpp", "sampling.cpp", "q4_kernel.h"} <= included  # in the identity
     flags = build.kernel_flags(zen4)
     assert "-DSPECCHAT_PATH_AVX512_VNNI" in flags and "-DSPECCHAT_PATH_PORTABLE" in flags
     assert "-DSPECCHAT_PATH_AVX2" not in flags
@@ -111,3 +115,15 @@ def test_the_build_a_start_makes_holds_this_cpus_fastest_path_with_the_every_pat
             assert torch.equal(run_kernel(fastest.q4_linear, x, tiles), run_kernel(kernel.q4_linear, x, tiles)), name
     finally:
         kernel.set_kernel_path(before)
+
+
+def test_every_source_and_header_of_the_kernels_is_compiled_or_in_the_builds_identity():
+    """A file left out of both lists would change the module without changing its build folder: a stale build."""
+    folder = Path(build.__file__).parent
+    files = {
+        str(path.relative_to(folder))
+        for pattern in ("*.cpp", "*.h", "q4/*.cpp", "q4/*.h")
+        for path in folder.glob(pattern)
+    }
+    listed = {*build.SOURCES, *code_paths.SOURCES.values(), *build.INCLUDED} - {build.PATHS_HERE}
+    assert files == listed

@@ -16,16 +16,31 @@ def torch_probs(logits, params, monkeypatch):
 
 @pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 0.9), (1.0, 0, 1.0), (0.7, 40, 0.9), (1.2, 0, 0.5)])
 def test_wide_rows_keep_the_torch_codes_tokens_at_its_probabilities(kernel, monkeypatch, temperature, top_k, top_p):
-    """Six rows of 151,936 logits, peaked as a model's are (a few far above the rest) and flat."""
+    """Six rows of 151,936 logits, peaked as a model's are (a few far above the rest) and flat. The nucleus' last
+    token may differ where the mass before it is top_p to float32's rounding (torch's float cumsum against the
+    kernel's double sums: on a Zen 3, one token of a 67,113-token nucleus, 7.8e-8 below 0.9)."""
     generator = torch.Generator().manual_seed(5)
     logits = torch.randn(6, 151_936, generator=generator) * torch.tensor([[3.0], [3.0], [1.0], [1.0], [0.3], [0.3]])
     logits[:2, :20] += 12  # a handful of likely tokens, as after a clear context
     params = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     expected = torch_probs(logits, params, monkeypatch)
     got = kernel.top_p_probs(logits, temperature, top_k, top_p)
-    assert torch.equal(got > 0, expected > 0)
-    assert torch.allclose(got, expected, rtol=1e-4, atol=1e-9)
+    differ = (got > 0) != (expected > 0)
+    assert int(differ.sum()) <= 2 * 6
+    for row, token in differ.nonzero().tolist():  # summed in another order, the mass before it rounds to either side
+        assert abs(exact_mass_before(logits[row], temperature, top_k, token) - top_p) < 1e-5, (row, token)
+    both = (got > 0) & (expected > 0)
+    assert torch.allclose(got[both], expected[both], rtol=1e-4, atol=1e-9)
     assert torch.allclose(got.double().sum(dim=-1), torch.ones(6, dtype=torch.float64), atol=1e-5)
+
+
+def exact_mass_before(logits, temperature, top_k, token) -> float:
+    """The probability mass (in float64, after top-k) of the tokens more likely than `token` in this row."""
+    scaled = logits.double() / temperature
+    if top_k:
+        scaled = scaled.masked_fill(scaled < torch.topk(scaled, top_k).values[-1], float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    return float(probs[probs > probs[token]].sum())
 
 
 def test_a_nucleus_past_the_likely_tokens_is_found_among_all(kernel, monkeypatch):

@@ -231,7 +231,7 @@ torch::Tensor q4_run(const Q4Product& product, const torch::Tensor& x) {
     const Activations& a = quantized.at(part.block);
     activations.push_back({a.levels.data(), a.scales.data(), a.sums.data(), a.half_sums.data(), width, a.float_sums.data()});
   }
-  auto out = torch::empty({rows, columns}, x.options());
+  auto out = cpu_tensor({rows, columns}, x.scalar_type());
   float* outs = out.data_ptr<float>();
   const TileProduct tile_product = path.product;
   const auto run_tiles = [&](int64_t begin, int64_t end) {

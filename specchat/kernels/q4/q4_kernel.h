@@ -1,14 +1,19 @@
 // What the kernel module's sources call of each other (q4_kernel.cpp, lean_layers.cpp, bindings.cpp). Tensors
 // only: bindings.cpp alone includes the Python side.
 #pragma once
-// ATen's tensor and the two factories the kernels call, not <torch/types.h> (all of ATen: 5.7 s a file here against
-// 1.5); `torch::` names ATen's, as <torch/types.h> makes it.
+// ATen's tensor and its CPU allocation, not <torch/types.h> (all of ATen: 5.7 s a file here against 1.5) nor
+// <ATen/ops/empty.h> (the dispatcher's factory: 4.5 s more a file on a Zen 3); `torch::` names ATen's, as
+// <torch/types.h> makes it.
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 namespace torch {
-using namespace at;  // NOLINT: torch::Tensor, torch::kFloat, torch::empty, as <torch/types.h> makes them
+using namespace at;  // NOLINT: torch::Tensor, torch::kFloat, as <torch/types.h> makes them
 }  // namespace torch
+
+// A new contiguous CPU tensor of these sizes, its contents unset (torch.empty's, without the dispatcher).
+inline torch::Tensor cpu_tensor(at::IntArrayRef sizes, at::ScalarType type) {
+  return torch::Tensor(at::detail::empty_cpu(sizes, type));
+}
 
 #include <string>
 #include <vector>
