@@ -7,9 +7,14 @@ import sys
 
 from specchat.threads import set_wait_policy
 
+HELP = ("-h", "--help")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    helped = quick_help(argv)
+    if helped is not None:
+        return helped
     set_wait_policy()  # before the chat or the server loads torch (threads.py)
     if argv[:1] == ["serve"]:
         from specchat.serve.cli import main as serve
@@ -22,3 +27,28 @@ def main(argv: list[str] | None = None) -> int:
     from specchat.tui.cli import main as chat
 
     return chat(argv)
+
+
+def quick_help(argv: list[str]) -> int | None:
+    """The chat's or the server's --help from its parser alone, before torch and the models' code are imported (a
+    second, not ten); None where the arguments ask no help (or are wrong: the command's own run says how)."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    if not any(option in HELP for option in options) or argv[:1] == ["train-drafter"]:
+        return None
+    from specchat.options import UsageError
+
+    if argv[:1] == ["serve"]:
+        from specchat.serve.arguments import build_parser as serve_parser
+
+        parse, rest = serve_parser().parse_args, argv[1:]
+    else:
+        from specchat.tui.arguments import build_parser as chat_parser
+
+        parse, rest = chat_parser().parse_intermixed_args, argv
+    try:
+        parse(rest)
+    except SystemExit as done:  # the help, printed
+        return done.code if isinstance(done.code, int) else 0
+    except UsageError:
+        return None
+    return None

@@ -1,12 +1,11 @@
 """What the chat (`specchat`) and the server (`specchat serve`) share before either runs: the command-line options
 that name the pair, the config they make, and the pair's loading, session and warm-up under one progress display.
 
-Errors a user can cause here are one line: UsageError (the options), ConfigError, ModelLoadError.
+Errors a user can cause here are one line: ConfigError, ModelLoadError (the options' UsageError: options.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -29,26 +28,6 @@ from specchat.speculative.engine import Engine
 
 Loader = Callable[[Config, ReportFn], LoadedPair]  # specchat.loading.models.load_pair, or a test's stand-in
 CompareFactory = Callable[[LoadedPair], CompareFn]  # what runs compare mode beside a session on the pair
-
-
-class UsageError(Exception):
-    """Bad command-line arguments."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise UsageError(f"{message} (try --help)")
-
-
-def add_pair_options(parser: argparse.ArgumentParser) -> None:
-    """The options the chat and `specchat serve` share: the config, the pair, the system prompt, overrides."""
-    parser.add_argument("--config", metavar="FILE", help="TOML config (default: the bundled pair)")
-    parser.add_argument(
-        "--target", metavar="SOURCE", help="the target model: a .gguf file, a folder, bundled:NAME (target.source)"
-    )
-    parser.add_argument("--drafter", metavar="SOURCE", help="the drafter model, as --target (drafter.source)")
-    parser.add_argument("--system", metavar="TEXT", help="the system prompt (ui.system_prompt)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
 
 
 def read_pair_config(args) -> Config:

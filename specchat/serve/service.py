@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from specchat.config import Mode, SamplingConfig, SpeculationConfig
+from specchat.serve.limits import MAX_TOKENS, MAX_WAITING
 from specchat.serve.protocol import Request, RequestError
 from specchat.serve.tool_calls import template_takes_tools
 from specchat.session.chat import ChatError, render_prompt
@@ -28,8 +29,6 @@ from specchat.speculative.constraint import Constraint, Rules
 from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.events import ReplyDone, Token
 
-MAX_WAITING = 8  # requests admitted at once (one runs, the rest wait); more are answered 429
-MAX_TOKENS = 2048  # a reply whose request names no max_tokens ends here at the latest (--max-tokens)
 CHARS_PER_TOKEN = 16  # a prompt of more characters than this many per token of the context is refused untokenized
 
 

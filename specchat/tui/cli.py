@@ -7,7 +7,6 @@ Every error a user can cause ends in one line on stderr and a non-zero exit stat
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 import threading
@@ -15,59 +14,19 @@ from typing import TextIO
 
 from specchat.config import Config, ConfigError
 from specchat.errors import ModelLoadError
-from specchat.launch import (
-    CompareFactory,
-    Loader,
-    OneLineParser,
-    UsageError,
-    add_pair_options,
-    prepare,
-    read_pair_config,
-)
+from specchat.launch import CompareFactory, Loader, prepare, read_pair_config
 from specchat.loading.models import load_pair
+from specchat.options import UsageError
 from specchat.safe_text import json_text, visible
 from specchat.session.chat import ChatError, ChatSession, CompareFn
 from specchat.settings import set_from_text, with_value
 from specchat.speculative.events import ReplyDone, Token
 from specchat.speculative.sampling import NoLawError
 from specchat.tui import render
+from specchat.tui.arguments import build_parser
 from specchat.tui.commands import build_registry
 from specchat.tui.exits import Terminated, leave_on_signals, silence_lost_terminal
 from specchat.tui.repl import Repl, history_path, open_history, sigint_sets
-
-EXAMPLES = """examples:
-  specchat                                   chat with the bundled pair (/help lists commands)
-  specchat speculation.gamma=6 sampling.temperature=0.7
-  specchat --prompt "reverse a list in python" --json
-  specchat --target Qwen2.5-7B-Q4_K_M.gguf --drafter Qwen2.5-0.5B-Q4_K_M.gguf   your own pair
-  echo "hello" | specchat > reply.txt         the reply's text alone; its stats line goes to stderr
-config keys: see /config inside the chat, or specchat/configs/default.toml"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="specchat",
-        description="Terminal chat with exact speculative decoding.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_pair_options(parser)
-    parser.add_argument(
-        "--prompt", metavar="TEXT", help="answer one prompt and exit (- reads it from stdin; piped stdin works too)"
-    )
-    parser.add_argument("--json", action="store_true", help="one-shot output as one JSON object")
-    parser.add_argument("--no-color", action="store_true", help="plain text, no colours")
-    parser.add_argument(
-        "--marks",
-        action="store_true",
-        help="bracket each token's origin (⟦drafted⟧) even when stdout is not a terminal",
-    )
-    parser.add_argument(
-        "--max",
-        metavar="N",
-        help="most new tokens per reply, or off (sampling.max_new_tokens; default off: to the end of the turn)",
-    )
-    return parser
 
 
 def default_compare(pair) -> CompareFn:

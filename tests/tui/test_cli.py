@@ -305,10 +305,29 @@ def test_the_specchat_console_script_runs_the_cli():
     assert bad.returncode == 2 and bad.stderr == "specchat: error: unrecognized arguments: --bogus (try --help)\n"
 
 
-@pytest.mark.slow  # a second start of the script; the fast default starts it once, above
 def test_the_specchat_console_script_shows_the_help():
     shown = run_specchat_script("--help")
     assert shown.returncode == 0 and shown.stdout.startswith("usage: specchat ")
+
+
+@pytest.mark.parametrize("argv, usage", [(["--help"], "usage: specchat "), (["serve", "-h"], "usage: specchat serve ")])
+def test_the_help_answers_before_torch_is_imported(argv, usage):
+    """entry.py's quick help: the parser alone (0.07 s against 9.5 on a Zen 3, where the models' code came first)."""
+    import subprocess
+
+    code = (
+        f"import sys; from specchat.entry import main; status = main({argv!r}); print('torch' in sys.modules, status)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.startswith(usage) and done.stdout.splitlines()[-1] == "False 0", done.stderr
+
+
+def test_a_help_option_given_as_a_value_is_no_help():
+    """`--system --help`: argparse reads no value there; the chat's own run says so, as without quick help."""
+    from specchat.entry import quick_help
+
+    assert quick_help(["--system", "--help"]) is None
+    assert quick_help(["--", "--help"]) is None and quick_help(["train-drafter", "--help"]) is None
 
 
 def test_show_rejected_from_a_config_file_marks_the_refused_drafts(pair, tmp_path):
@@ -467,6 +486,8 @@ def test_a_template_that_loops_or_grows_ends_the_start_in_one_line(tokenizer, ta
     (session/template_probe.py) stops it within its limits, one line, nothing left running."""
     import copy
 
+    from specchat.session.template_probe import PROBE_SECONDS
+
     hostile = copy.deepcopy(tokenizer)
     hostile.chat_template = template
     began = time.perf_counter()
@@ -474,7 +495,7 @@ def test_a_template_that_loops_or_grows_ends_the_start_in_one_line(tokenizer, ta
     assert status == 1 and out == "" and "Traceback" not in err
     assert err.splitlines()[-1].startswith("specchat: error: the model's chat template ")
     assert re.search(HOSTILE_TEMPLATES[template], err.splitlines()[-1])
-    assert time.perf_counter() - began < 15
+    assert time.perf_counter() - began < 2 * PROBE_SECONDS  # the probe's limit and the start around it, on busy cores
 
 
 def test_a_system_prompt_past_the_context_is_refused_before_any_forward(pair):
