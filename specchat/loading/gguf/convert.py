@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import dtype_name
 from specchat.loading.gguf import slim, tensors
 from specchat.loading.gguf.config import file_config
-from specchat.loading.gguf.header import Header, read_tensors
+from specchat.loading.gguf.header import TOKENIZER_DIGEST, Header, read_tensors
 from specchat.loading.gguf.metadata import quick_metadata
 from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
 from specchat.progress import Progress
@@ -158,7 +159,7 @@ def _write_checkpoint(
     passes as it is, for the cache to tell from damage."""
     try:
         with quick_metadata():
-            tokenizer = _gguf_tokenizer(gguf)
+            tokenizer = _gguf_tokenizer(gguf, header[0][TOKENIZER_DIGEST])
             if slim:
                 _save_slim(gguf, header, tokenizer, out, progress)
             else:
@@ -178,10 +179,35 @@ def _cache_relative(path: Path) -> str:
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
-def _gguf_tokenizer(gguf: Path):
+class SavedTokenizer:
+    """A tokenizer as the files its save_pretrained wrote (tokenizer.json, its config, the chat template), to be
+    written into each checkpoint whose GGUF holds the same tokenizer."""
 
-    with quiet_transformers():
-        return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    def __init__(self, files: dict[str, bytes]):
+        self.files = files
+
+    def save_pretrained(self, out: Path) -> None:
+        for name, data in self.files.items():
+            (Path(out) / name).write_bytes(data)
+
+
+_last_tokenizer: dict[str, SavedTokenizer] = {}  # {the tokenizer digest of the GGUF last read: its tokenizer}
+
+
+def _gguf_tokenizer(gguf: Path, digest: str) -> SavedTokenizer:
+    """The GGUF's tokenizer through transformers (5-8 s for a 151,936-token vocabulary), or the one this process
+    made last where the file's tokenizer keys and architecture are the same bytes (header.TOKENIZER_DIGEST): a pair
+    of one family, such as the bundled one, converts its tokenizer once."""
+    saved = _last_tokenizer.get(digest)
+    if saved is None:
+        with quiet_transformers():
+            made = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+        with tempfile.TemporaryDirectory() as folder:
+            made.save_pretrained(folder)
+            saved = SavedTokenizer({path.name: path.read_bytes() for path in Path(folder).iterdir() if path.is_file()})
+        _last_tokenizer.clear()  # one kept: the files of a 151,936-token vocabulary are 11 MB
+        _last_tokenizer[digest] = saved
+    return saved
 
 
 def _gguf_model(gguf: Path, header: Header, dtype: torch.dtype, progress: Progress | None):

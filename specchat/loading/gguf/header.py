@@ -11,6 +11,7 @@ ModelLoadError line naming the file, never a struct.error, KeyError, ZeroDivisio
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ NUMBERS = (  # `<architecture><suffix>`, read where it is an integer or a float:
 SPECIAL_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")  # read where integers: checked in range
 TOKENS = "tokenizer.ggml.tokens"  # its item count is read (TOKEN_COUNT), every token skipped
 TOKEN_COUNT = "tokenizer.ggml.tokens.count"
+TOKENIZER_DIGEST = "tokenizer.digest"  # sha256 of what makes the tokenizer: every tokenizer.* key and the architecture
 STRINGS = (".rope.scaling.type",)  # `<architecture><suffix>`, read where it is a string (gguf/gemma.py)
 FLOATS = {6: "<f", 12: "<d"}  # f32, f64
 
@@ -197,9 +199,11 @@ def _preamble(cursor: _Cursor) -> tuple[int, int]:
 
 def _read_values(cursor: _Cursor, count: int) -> dict:
     """The FACTS the file has (the architecture as a string, the alignment as an integer), an integer head size
-    (HEAD_SIZE), the NUMBERS and the STRINGS; every other value skipped."""
-    facts = {}
+    (HEAD_SIZE), the NUMBERS and the STRINGS; every other value skipped. TOKENIZER_DIGEST: the sha256 of the bytes
+    (key, type and value) of every tokenizer.* key and the architecture's, in file order."""
+    facts, tokenizer = {}, hashlib.sha256()
     for index in range(count):
+        start = cursor.pos
         key = cursor.string(f"metadata key {index}", MAX_KEY_BYTES)
         label = shown(key)
         (kind,) = cursor.take("<I", f"the type of {label}")
@@ -222,6 +226,9 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
             raise cursor.fail(f"{label} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
         else:
             _skip_value(cursor, kind, label, 0)
+        if key.startswith("tokenizer.") or key == "general.architecture":
+            tokenizer.update(memoryview(cursor.blob[start : cursor.pos]))
+    facts[TOKENIZER_DIGEST] = tokenizer.hexdigest()
     return facts
 
 
