@@ -36,7 +36,7 @@ from specchat.errors import ModelLoadError, one_line
 from specchat.loading.devices import dtype_name
 from specchat.loading.gguf import slim, tensors
 from specchat.loading.gguf.config import file_config
-from specchat.loading.gguf.header import TOKENIZER_DIGEST, Header, read_tensors
+from specchat.loading.gguf.header import CHAT_TEMPLATE, TOKENIZER_DIGEST, Header, read_tensors
 from specchat.loading.gguf.metadata import quick_metadata
 from specchat.loading.hfquiet import BarsToProgress, quiet_transformers
 from specchat.progress import Progress
@@ -159,7 +159,7 @@ def _write_checkpoint(
     passes as it is, for the cache to tell from damage."""
     try:
         with quick_metadata():
-            tokenizer = _gguf_tokenizer(gguf, header[0][TOKENIZER_DIGEST])
+            tokenizer = _gguf_tokenizer(gguf, header[0])
             if slim:
                 _save_slim(gguf, header, tokenizer, out, progress)
             else:
@@ -191,23 +191,28 @@ class SavedTokenizer:
             (Path(out) / name).write_bytes(data)
 
 
-_last_tokenizer: dict[str, SavedTokenizer] = {}  # {the tokenizer digest of the GGUF last read: its tokenizer}
+TEMPLATE_FILE = "chat_template.jinja"  # where a tokenizer's save_pretrained writes its chat template
+_last_tokenizer: dict[str, SavedTokenizer] = {}  # {the tokenizer digest of the GGUF last read: its files, no template}
 
 
-def _gguf_tokenizer(gguf: Path, digest: str) -> SavedTokenizer:
+def _gguf_tokenizer(gguf: Path, facts: dict) -> SavedTokenizer:
     """The GGUF's tokenizer through transformers (5-8 s for a 151,936-token vocabulary), or the one this process
-    made last where the file's tokenizer keys and architecture are the same bytes (header.TOKENIZER_DIGEST): a pair
-    of one family, such as the bundled one, converts its tokenizer once."""
-    saved = _last_tokenizer.get(digest)
-    if saved is None:
-        with quiet_transformers():
-            made = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
-        with tempfile.TemporaryDirectory() as folder:
-            made.save_pretrained(folder)
-            saved = SavedTokenizer({path.name: path.read_bytes() for path in Path(folder).iterdir() if path.is_file()})
-        _last_tokenizer.clear()  # one kept: the files of a 151,936-token vocabulary are 11 MB
-        _last_tokenizer[digest] = saved
-    return saved
+    made last where the file's tokenizer keys and architecture are the same bytes (header.TOKENIZER_DIGEST), with
+    this file's own chat template: a pair of one family, such as the bundled one (whose two templates differ),
+    converts its vocabulary once. Kept only where transformers wrote the file's template as the file holds it."""
+    digest, template = facts[TOKENIZER_DIGEST], facts.get(CHAT_TEMPLATE)
+    kept = _last_tokenizer.get(digest)
+    if kept is not None:
+        return SavedTokenizer(kept.files | ({TEMPLATE_FILE: template} if template is not None else {}))
+    with quiet_transformers():
+        made = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    with tempfile.TemporaryDirectory() as folder:
+        made.save_pretrained(folder)
+        files = {path.name: path.read_bytes() for path in Path(folder).iterdir() if path.is_file()}
+    _last_tokenizer.clear()  # one kept: the files of a 151,936-token vocabulary are 11 MB
+    if files.get(TEMPLATE_FILE) == template:
+        _last_tokenizer[digest] = SavedTokenizer({name: data for name, data in files.items() if name != TEMPLATE_FILE})
+    return SavedTokenizer(files)
 
 
 def _gguf_model(gguf: Path, header: Header, dtype: torch.dtype, progress: Progress | None):

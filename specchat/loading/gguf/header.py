@@ -56,6 +56,7 @@ SPECIAL_IDS = ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")  # 
 TOKENS = "tokenizer.ggml.tokens"  # its item count is read (TOKEN_COUNT), every token skipped
 TOKEN_COUNT = "tokenizer.ggml.tokens.count"
 TOKENIZER_DIGEST = "tokenizer.digest"  # sha256 of what makes the tokenizer: every tokenizer.* key and the architecture
+CHAT_TEMPLATE = "tokenizer.chat_template"  # its bytes are read (a string value), in the digest only as present
 STRINGS = (".rope.scaling.type",)  # `<architecture><suffix>`, read where it is a string (gguf/gemma.py)
 FLOATS = {6: "<f", 12: "<d"}  # f32, f64
 
@@ -200,7 +201,8 @@ def _preamble(cursor: _Cursor) -> tuple[int, int]:
 def _read_values(cursor: _Cursor, count: int) -> dict:
     """The FACTS the file has (the architecture as a string, the alignment as an integer), an integer head size
     (HEAD_SIZE), the NUMBERS and the STRINGS; every other value skipped. TOKENIZER_DIGEST: the sha256 of the bytes
-    (key, type and value) of every tokenizer.* key and the architecture's, in file order."""
+    (key, type and value) of every tokenizer.* key and the architecture's, in file order, the chat template's key
+    and type alone (its text: CHAT_TEMPLATE, bytes)."""
     facts, tokenizer = {}, hashlib.sha256()
     for index in range(count):
         start = cursor.pos
@@ -222,12 +224,18 @@ def _read_values(cursor: _Cursor, count: int) -> dict:
             facts[key] = cursor.take(FLOATS.get(kind) or UNSIGNED[WIDTHS[kind]], label)[0]
         elif key.endswith(STRINGS) and kind == STRING:
             facts[key] = cursor.string(label, MAX_NAME_BYTES)
+        elif key == CHAT_TEMPLATE and kind == STRING:
+            value = cursor.pos
+            _skip_value(cursor, kind, label, 0)
+            facts[key], cursor.pos = bytes(cursor.blob[value + 8 : cursor.pos]), value  # hashed as present, below
         elif key in FACTS:
             raise cursor.fail(f"{label} has value type {kind}, not a {'string' if key.endswith('ture') else 'integer'}")
         else:
             _skip_value(cursor, kind, label, 0)
         if key.startswith("tokenizer.") or key == "general.architecture":
             tokenizer.update(memoryview(cursor.blob[start : cursor.pos]))
+        if key == CHAT_TEMPLATE and kind == STRING:
+            _skip_value(cursor, kind, label, 0)
     facts[TOKENIZER_DIGEST] = tokenizer.hexdigest()
     return facts
 
