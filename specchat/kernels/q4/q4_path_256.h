@@ -23,6 +23,8 @@ namespace q4 {
 namespace {
 
 constexpr int DIRECT_ROWS = 2;       // jobs of at most this many rows unpack each group in registers (measured faster)
+constexpr int DIRECT_ROWS_AVX2 = 5;  // the AVX2 path's (maddubs, no VNNI): on a Zen 3 the bundled target's 3 rows took
+                                     // 83-100 ms so against 118-126 unpacked, 5 rows 150-157 against 170-174
 constexpr int MAX_ROWS = 4;          // activation rows per pass over an unpacked block (their sums stay in registers)
 constexpr int64_t MAX_GROUPS = MAX_BLOCK_GROUPS;  // 32-groups a block holds at most (256 inputs)
 
@@ -242,8 +244,9 @@ template <int BITS, bool VNNI, bool HALVES>
 void tile_rows(const Tiles& w, const Rows& x, const Job& job) {
   for (int64_t r = 0; r < job.count; ++r)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(job.out + (job.first + r) * job.stride + job.tile * TILE_ROWS + h * 8, _mm256_setzero_ps());
-  if (job.count <= DIRECT_ROWS)
-    return in_chunks<DIRECT_ROWS>(job, [&](auto rows, int64_t first) { direct_rows<decltype(rows)::value, BITS, VNNI, HALVES>(w, x, job, first); });
+  constexpr int DIRECT = VNNI ? DIRECT_ROWS : DIRECT_ROWS_AVX2;
+  if (job.count <= DIRECT)
+    return in_chunks<DIRECT>(job, [&](auto rows, int64_t first) { direct_rows<decltype(rows)::value, BITS, VNNI, HALVES>(w, x, job, first); });
   Unpacked u;
   for (int64_t b = 0; b < w.blocks; ++b) {
     unpack_block<BITS, HALVES>(w, job.tile, b, u);
