@@ -12,10 +12,10 @@ HELP = ("-h", "--help")
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    set_wait_policy()  # before the chat or the server loads torch (threads.py)
     helped = quick_help(argv)
     if helped is not None:
         return helped
-    set_wait_policy()  # before the chat or the server loads torch (threads.py)
     if argv[:1] == ["serve"]:
         from specchat.serve.cli import main as serve
 

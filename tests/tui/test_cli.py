@@ -473,7 +473,7 @@ def test_a_failing_chat_template_ends_the_start_in_one_line(tokenizer, target, u
 
 HOSTILE_TEMPLATES = {  # each: what its one line may say (which limit a machine meets first can differ)
     "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}": "took more than|did not finish",
-    "{{ 'a' * 300000000 }}": "took more than|wrote more than",  # 300 MB: the memory or the text limit, first
+    "{{ 'a' * 300000000 }}": "took more than|wrote more than|did not finish",  # 300 MB: any limit, on busy cores
     "{% set s = namespace(t='a') %}{% for i in range(40) %}{% set s.t = s.t ~ s.t %}{% endfor %}{{ s.t }}": "took more|did not finish",
     "{% for i in range(99999) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}": "wrote more than",
     "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}": "did not finish",
