@@ -8,7 +8,8 @@ nothing past it). S(k), the chance that a copy's first k tokens are all accepted
 positions' survival rates, each with a weak prior (PRIOR_HAZARD) so that a position never judged is neither
 free nor hopeless. A copy of n tokens then yields E(n) = 1 + S(1) + ... + S(n) tokens for a target forward of
 n + 1 rows, which costs 1 + r·n one-row steps (r from the target's RowCostFit: T(n) = t1 + s·(n−1), r = s / t1).
-The length planned is the n of the most tokens a one-row step's time, E(n) / (1 + r·n).
+The length planned is the n of the most tokens a one-row step's time, E(n) / (1 + r·n): that rate is what the
+policy (gamma.py) weighs against the drafter model's draft, which a copy replaces for the step.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ class CopyRecord:
 
     def best_length(self, row_cost: float | None, limit: int = MAX_COPY) -> int:
         """The copy length of the most tokens per one-row step's time; row_cost r (None: the prior)."""
+        return self.best_plan(row_cost, limit)[0]
+
+    def best_plan(self, row_cost: float | None, limit: int = MAX_COPY) -> tuple[int, float]:
+        """(n, E(n) / (1 + r·n)) of the copy length of the most tokens per one-row step's time: the rate is in
+        tokens per one-row step's time, as a target-only step yields 1 and the model's draft its speedup."""
         r = PRIOR_ROW_COST if row_cost is None else max(0.0, row_cost)
         best_n, best_rate, tokens = 1, 0.0, 1.0
         for n, alive in enumerate(self.survival(limit), start=1):
@@ -64,4 +70,4 @@ class CopyRecord:
             rate = tokens / (1.0 + r * n)
             if rate > best_rate * 1.001:  # a longer copy must pay its rows
                 best_n, best_rate = n, rate
-        return best_n
+        return best_n, best_rate

@@ -19,8 +19,10 @@ drafter's confidences: accepted tokens over the summed confidences of the tokens
 (those up to the first rejection).
 
 Copies from the conversation (prompt lookup) are planned apart (copy_length.py): a copy costs no drafter
-forward, so its length comes from the copies' own record and the target's row cost, and a copy is offered
-every step a match exists, whether or not the drafter model pays. Copies teach nothing of alpha or c.
+forward, so its length comes from the copies' own record and the target's row cost. A copy replaces the model's
+draft for its step, so it is offered only while its expected tokens per step's time beat the model's (the speedup
+above for the planned gamma; 1, a target-only step, where the model drafts nothing), and otherwise one step in
+probe_every, so that the record follows the text. Copies teach nothing of alpha or c.
 """
 
 from __future__ import annotations
@@ -40,9 +42,9 @@ if TYPE_CHECKING:
 class GammaPolicy(Protocol):
     """Plans each auto-gamma step's draft and learns from every step's outcome."""
 
-    def plan(self) -> DraftPlan: ...
+    def plan(self, model: bool = True) -> DraftPlan: ...
 
-    def copy_length(self) -> int: ...
+    def copy_length(self, gamma: int) -> int: ...
 
     def observe_step(self, step: StepResult) -> None: ...
 
@@ -66,6 +68,7 @@ class AutoGamma:
     seen: float = field(default=1.0, init=False)
     copies: CopyRecord = field(default_factory=CopyRecord, init=False)  # how far copies of this chat were accepted
     _idle_steps: int = field(default=0, init=False)
+    _copy_idle_steps: int = field(default=0, init=False)  # steps since a copy was last allowed
 
     def __post_init__(self) -> None:
         self.target_rows = RowCostFit(self.decay)
@@ -107,18 +110,32 @@ class AutoGamma:
             return 1
         return 0
 
-    def plan(self) -> DraftPlan:
+    def plan(self, model: bool = True) -> DraftPlan:
         """Off or a one-token probe while drafting does not pay; otherwise a draft that runs on while
         the drafter is sure enough, even where the geometric model picks gamma 1: the per-token
-        floor, not gamma, decides where a draft of easy tokens ends."""
-        gamma, copy = self.best_gamma(), self.copy_length()
+        floor, not gamma, decides where a draft of easy tokens ends. Without a drafter model (`model`
+        False: the drafter copies alone) only the copy is planned."""
+        if not model:
+            return DraftPlan(0, copy=self.copy_length(0))
+        gamma = self.best_gamma()
+        copy = self.copy_length(gamma)
         if gamma == 0:
             return DraftPlan(self._probe_or_off(), copy=copy)  # no early end
         return DraftPlan(max(gamma, self.max_draft), self.path_floor(gamma), self.calibration, copy=copy)
 
-    def copy_length(self) -> int:
-        """How long a copy may run this step: from the copies' record and the target's cost per row."""
-        return self.copies.best_length(self.row_cost)
+    def copy_length(self, gamma: int) -> int:
+        """How long a copy may run this step (from the copies' record and the target's cost per row), or 0 where
+        the model's draft of `gamma` tokens (0: none) is expected to yield more per step's time; then one step in
+        probe_every copies still, so that the record learns when copies start to pay."""
+        length, rate = self.copies.best_plan(self.row_cost)
+        if rate >= leviathan_speedup(self.alpha, gamma, self.planning_ratio):
+            self._copy_idle_steps = 0
+            return length
+        self._copy_idle_steps += 1
+        if self._copy_idle_steps >= self.probe_every:
+            self._copy_idle_steps = 0
+            return length
+        return 0
 
     @property
     def row_cost(self) -> float | None:

@@ -124,9 +124,9 @@ def draft_plan(policy: GammaPolicy, speculation: SpeculationConfig, remaining: i
     if speculation.mode == Mode.TARGET:
         return DraftPlan(0)
     if isinstance(speculation.gamma, Auto):
-        plan = policy.plan()
+        plan = policy.plan(model=not copies_alone)
     else:
-        copy = speculation.gamma if copies_alone or not speculation.gamma else policy.copy_length()
+        copy = speculation.gamma if copies_alone or not speculation.gamma else policy.copy_length(speculation.gamma)
         plan = DraftPlan(speculation.gamma, copy=copy)
     return dataclasses.replace(
         plan,

@@ -183,8 +183,8 @@ def test_a_fresh_gamma_policy_per_method_plans_the_same_whatever_ran_first(
             super().__init__()
             plans.append([])
 
-        def plan(self):
-            chosen = super().plan()
+        def plan(self, model=True):
+            chosen = super().plan(model)
             plans[-1].append(chosen.gamma)
             return chosen
 

@@ -1,5 +1,6 @@
 """Copies are planned apart from the drafter model: their length comes from how far copies of this chat were
-accepted and what the target's extra rows cost, and a copy is offered whatever auto gamma says of the model."""
+accepted and what the target's extra rows cost, and a copy is offered whatever auto gamma says of the model,
+unless the copies' record says it yields less than the model's draft (or a target-only step)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,42 @@ def test_auto_gamma_plans_copies_while_the_model_drafter_does_not_pay():
     before = policy.alpha
     policy.observe_step(StepResult([1, 2, 3, 4, 5], [], drafted=4, accepted=4, draft=copy))
     assert policy.copies.copies == 1 and policy.alpha == before
+
+
+def refused_copies(policy: AutoGamma, copies: int = 30) -> AutoGamma:
+    """The policy after `copies` copies of 4 tokens whose first token the target refused."""
+    copy = Draft(torch.tensor([1, 2, 3, 4]), None, [], [1.0] * 4, source="lookup")
+    for _ in range(copies):
+        policy.observe_step(StepResult([9], [], drafted=4, accepted=0, draft=copy))
+    return policy
+
+
+def test_copies_that_yield_less_than_the_model_s_drafts_give_way_to_them_but_for_a_probe():
+    """A copy replaces the model's draft for its step: copies refused at once (fresh writing's chance matches) lose
+    to a drafter model that pays, and the model drafts; one step in probe_every still copies, to keep the record."""
+    pays = refused_copies(FixedCostGamma())
+    assert pays.best_gamma() > 0
+    plans = [pays.plan() for _ in range(3 * pays.probe_every)]
+    assert [plan.copy > 0 for plan in plans].count(True) == 3 and all(plan.gamma > 0 for plan in plans)
+    assert pays.copy_length(0) == 0  # even against a target-only step such copies do not pay ...
+    held = CostlyDrafterGamma()
+    assert held.copy_length(0) >= 4  # ... where untried copies do, the model drafting or not
+    whole = FixedCostGamma()
+    copy = Draft(torch.tensor(list(range(8))), None, [], [1.0] * 8, source="lookup")
+    for _ in range(10):
+        whole.observe_step(StepResult(list(range(9)), [], drafted=8, accepted=8, draft=copy))
+    assert all(whole.plan().copy > 8 for _ in range(3 * whole.probe_every))  # copies taken whole beat the model
+
+
+def test_a_drafter_that_copies_alone_weighs_its_copies_against_target_only_steps():
+    """No drafter model: the plan is a copy or nothing, whatever the model's (untimed, prior) speedup would be."""
+    policy = AutoGamma()
+    plan = policy.plan(model=False)
+    assert plan.gamma == 0 and plan.copy == policy.copies.best_length(policy.row_cost)
+    policy.copies = CopyRecord()
+    for accepted in [0, 1] * 10:
+        policy.copies.observe(4, accepted)  # the first token taken half the time: more than a target-only step's
+    assert policy.plan(model=False).copy >= 1 and policy.copy_length(policy.best_gamma()) == 0
 
 
 PASTE = (

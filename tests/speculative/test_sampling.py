@@ -191,7 +191,7 @@ def test_probing_and_off_plans_have_no_floor():
     for _ in range(80):
         auto.observe(4, 0)
     plans = [auto.plan() for _ in range(auto.probe_every)]
-    copy = auto.copy_length()  # copies are planned apart, off or not
+    copy = auto.copy_length(0)  # copies are planned apart, off or not
     assert DraftPlan(0, 0.0, 1.0, copy=copy) in plans and DraftPlan(1, 0.0, 1.0, copy=copy) in plans
 
 

@@ -1,5 +1,6 @@
 """The mixed drafter (`speculation.drafter = "auto"`): each step, a prompt-lookup copy where the
-conversation offers a match, the drafter model elsewhere.
+conversation offers a match and the plan allows one (plan.copy > 0: auto gamma weighs the copies' record against
+the model's drafts, gamma.py), the drafter model elsewhere.
 
 Editing pasted code copies much of the prompt; there a copy is accepted for many tokens at no drafter
 cost. In fresh writing matches are rarer and the model drafts as it always does. A step drafts with
