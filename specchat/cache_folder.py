@@ -203,10 +203,11 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def mark_verified(path: Path, sha256: str) -> None:
+def mark_verified(path: Path, sha256: str, written: Path | None = None) -> None:
     """Record that `path`, as it stands now, holds bytes of this sha256 (is_verified will not re-hash);
-    where the disk refuses the stamp, is_verified hashes the file instead."""
-    info = path.stat()
+    where the disk refuses the stamp, is_verified hashes the file instead. `written`: the temporary that a rename
+    makes `path` (it keeps its size and mtime): the stamp is then true of `path` once the rename is done."""
+    info = (written or path).stat()
     optional_write(lambda: stamp_path(path).write_text(f"{sha256} {info.st_size} {info.st_mtime_ns}\n"))
 
 

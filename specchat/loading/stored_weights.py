@@ -32,6 +32,7 @@ from specchat.cache_folder import (
     disk_errors,
     file_sha256,
     is_verified,
+    mark_verified,
     write_synced,
 )
 from specchat.config import W4A8_MODES
@@ -323,6 +324,7 @@ def _write(tmp: Path, path: Path, blocks: dict, from_file: dict | None = None) -
     tensor_file.write_tensors(tmp, tensors)
     meta = {"format": FORMAT, "size": tmp.stat().st_size, "sha256": file_sha256(tmp)}
     write_synced(_meta_path(path), json.dumps(meta) + "\n")
+    mark_verified(path, meta["sha256"], written=tmp)  # the next start need not hash what this one just hashed
 
 
 def remove_older_formats(path: Path) -> list[Path]:

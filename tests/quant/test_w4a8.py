@@ -11,6 +11,7 @@ import torch
 from conftest import assert_greedy_spec_is_target_only, assert_multi_turn_exact, noisy_head_copy
 from tiny_models import build_model
 
+from specchat import cache_folder
 from specchat.config import AUTO
 from specchat.loading import stored_weights
 from specchat.quant.q4_block import Q4Block
@@ -199,8 +200,9 @@ def test_the_w4a8_stored_weights_round_trip_without_quantizing_again(tmp_path, t
     path = tmp_path / "model-float32-w4a8.safetensors"
     first = copy.deepcopy(model)
     assert stored_weights.load_or_quantize(first, path, "tiny", "w4a8") is None and path.exists()
-    with monkeypatch.context() as patch:  # the second start must not quantize at all
+    with monkeypatch.context() as patch:  # the second start must not quantize at all, nor hash what the first hashed
         patch.setattr(Q4Block, "quantize", lambda weight: pytest.fail("quantized again"))
+        patch.setattr(cache_folder, "file_sha256", lambda *args: pytest.fail("hashed again"))
         again = copy.deepcopy(model)
         assert stored_weights.load_or_quantize(again, path, "tiny", "w4a8") is None
     assert isinstance(again.model.layers[0].mlp.down_proj, Q4Linear)
