@@ -1,3 +1,3 @@
-from specchat.entry import main
+from specchat.entry import run
 
-raise SystemExit(main())
+run()

@@ -322,6 +322,22 @@ def test_the_help_answers_before_torch_is_imported(argv, usage):
     assert done.stdout.startswith(usage) and done.stdout.splitlines()[-1] == "False 0", done.stderr
 
 
+def test_the_program_exits_with_main_s_status_and_leaves_its_objects_to_no_collection(monkeypatch):
+    """entry.run: main's status is the exit status, and what the run made is frozen out of the teardown's
+    collections (gc.freeze), which took seconds over a loaded pair."""
+    import gc
+
+    from specchat import entry
+
+    monkeypatch.setattr(entry, "main", lambda: 3)
+    try:
+        with pytest.raises(SystemExit) as done:
+            entry.run()
+        assert done.value.code == 3 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
 def test_a_help_option_given_as_a_value_is_no_help():
     """`--system --help`: argparse reads no value there; the chat's own run says so, as without quick help."""
     from specchat.entry import quick_help
