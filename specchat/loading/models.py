@@ -24,6 +24,7 @@ from specchat.loading.attach import attach, pair_sampler
 from specchat.loading.checkpoint import checkpoint_for
 from specchat.loading.devices import dtype_name
 from specchat.loading.draft_head import attach_draft_head
+from specchat.loading.gguf.header import kept_headers
 from specchat.loading.huge_pages import huge_pages_offered, into_huge_pages, outside_regions, w4a8_tensors
 from specchat.loading.memory_need import check_memory
 from specchat.loading.pair_check import PairCheck, judge_pair
@@ -73,13 +74,14 @@ class LoadedPair(Pair):
 def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
     """Load the target and (when configured) the drafter, check they fit together."""
     _check_drafter_needed(cfg)
-    plans = plan_pair(cfg, progress)  # before any slow work: a mode or a device that cannot run here fails now
-    check_memory(plans, cfg)  # and a pair that will not fit in memory
-    tokenizers: dict = {}  # one tokenizer for checkpoints with the same tokenizer files
-    loaded = {}
-    for plan in plans:
-        loaded[plan.role] = load_planned(plan, progress, tokenizers)
-        release_freed_memory()  # the target's temporaries back to the system before the drafter's come
+    with kept_headers():  # each GGUF's header read once for the planning, conversion and tiling
+        plans = plan_pair(cfg, progress)  # before any slow work: a mode or a device that cannot run here fails now
+        check_memory(plans, cfg)  # and a pair that will not fit in memory
+        tokenizers: dict = {}  # one tokenizer for checkpoints with the same tokenizer files
+        loaded = {}
+        for plan in plans:
+            loaded[plan.role] = load_planned(plan, progress, tokenizers)
+            release_freed_memory()  # the target's temporaries back to the system before the drafter's come
     target, tokenizer, target_facts = loaded["target"]
     drafter, drafter_tok, drafter_facts = loaded.get("drafter", (None, None, None))
     verdict = judge_pair(tokenizer, drafter_tok, drafter, drafter_facts.name) if drafter is not None else None
@@ -130,10 +132,11 @@ def in_huge_pages(model: nn.Module, label: str, progress: Progress | None) -> No
 def load_planned(plan: ModelPlan, progress: Progress | None = None, tokenizers: dict | None = None):
     """The materialise and attach stages of one planned model: (model, tokenizer, ModelFacts)."""
     start = time.perf_counter()
-    checkpoint = checkpoint_for(plan, progress)
-    report(progress, f"loading {plan.label}", None)
-    weights = load_weights(checkpoint, plan)
-    quantized = quantize(weights.model, checkpoint, plan, progress)
+    with kept_headers():
+        checkpoint = checkpoint_for(plan, progress)
+        report(progress, f"loading {plan.label}", None)
+        weights = load_weights(checkpoint, plan)
+        quantized = quantize(weights.model, checkpoint, plan, progress)
     model = quantized.model
     tokenizer, template = shared_tokenizer(checkpoint, plan, tokenizers)
     tensors = model_tensors(model)

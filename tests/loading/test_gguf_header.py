@@ -20,6 +20,7 @@ from tiny_models import build_tokenizer
 
 from specchat.config import ModelConfig
 from specchat.errors import ModelLoadError
+from specchat.loading.gguf import header
 from specchat.loading.gguf.blocks import decode_q4_k
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.gguf.tensors import GGUFTensors
@@ -209,6 +210,25 @@ def test_the_real_file_reads_and_an_unreadable_one_is_one_line(real, tmp_path):
     )
     with pytest.raises(ModelLoadError, match=f"cannot read {tmp_path}: Is a directory"):
         read_tensors(tmp_path)
+
+
+def test_inside_a_load_a_header_is_read_once_while_its_file_is_unchanged(real, tmp_path, monkeypatch):
+    """kept_headers(): a load's many reads of one file parse it once; a file written again is read again, and
+    outside the block every read reads (a rewrite within one timestamp tick is never mistaken for the old file)."""
+    path = tmp_path / "whole.gguf"
+    path.write_bytes(real[0])
+    parses = []
+    parse = header._read_header
+    monkeypatch.setattr(header, "_read_header", lambda p: parses.append(p) or parse(p))
+    with header.kept_headers():
+        first, again = read_tensors(path), read_tensors(path)
+        assert len(parses) == 1 and first == again and first[0] is not again[0]  # each caller's own dict
+        path.write_bytes(real[0] + b"\0" * 64)  # another size: another version of the file
+        read_tensors(path)
+        assert len(parses) == 2
+    read_tensors(path)
+    read_tensors(path)
+    assert len(parses) == 4
 
 
 def test_a_file_cut_short_after_its_header_was_read_is_one_line(real, tmp_path):
