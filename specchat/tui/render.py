@@ -377,7 +377,9 @@ def banner(pair, drafter: str = "model", expected: str = "") -> Text:
         if expected:  # session/pair_cost.py
             text.append("\n         · " + expected)
         if drafter == "auto":
-            text.append("\n         · drafts: a copy from the chat where it offers a match, else the drafter")
+            text.append(
+                "\n         · drafts: a copy from the chat where a match yields more than the drafter, else the drafter"
+            )
     else:
         text.append("\n         · no drafter model (target-only, or /drafter lookup)")
     return text
