@@ -19,6 +19,7 @@ from specchat.speculative.constraint import Constraint, for_drafts
 from specchat.speculative.conversation import Conversation
 from specchat.speculative.drafter_set import DrafterSet
 from specchat.speculative.drafters.base import DraftPlan
+from specchat.speculative.drafters.mixed import MixedDrafter
 from specchat.speculative.drafters.registry import drafter_needed
 from specchat.speculative.events import PrefillProgress, ReplyEnd
 from specchat.speculative.gamma import GammaPolicy
@@ -99,7 +100,8 @@ def _step(
         if drafter is None:
             raise ValueError(drafter_needed(False, Mode.DRAFTER))
         return drafter_step(drafter, ids, sampling, generator)
-    plan = draft_plan(parts.policy, speculation, remaining, copies_alone=parts.drafters.name == "lookup")
+    copies_only = isinstance(drafter, MixedDrafter) and drafter.drafter is None  # lookup, or auto with no model
+    plan = draft_plan(parts.policy, speculation, remaining, parts.drafters.name == "lookup", not copies_only)
     plan = dataclasses.replace(plan, constraint=for_drafts(constraint))
     step = speculative_step(
         parts.target,
@@ -117,16 +119,21 @@ def _step(
     return step
 
 
-def draft_plan(policy: GammaPolicy, speculation: SpeculationConfig, remaining: int, copies_alone: bool) -> DraftPlan:
+def draft_plan(
+    policy: GammaPolicy, speculation: SpeculationConfig, remaining: int, copies_alone: bool, model: bool = True
+) -> DraftPlan:
     """The policy plans auto gamma; a fixed gamma drafts gamma tokens. Copies (the auto and lookup drafters') are
-    planned apart, by the policy's copy record, except where the drafter copies alone (`copies_alone`) with a fixed
-    gamma: there gamma caps the copy's length. Never past max_new_tokens."""
+    planned apart, by the policy's copy record, against the drafter's own draft where it drafts one (`model`), else
+    against a target-only step; where the drafter is `lookup` (`copies_alone`) with a fixed gamma, gamma caps the
+    copy's length. Never past max_new_tokens."""
     if speculation.mode == Mode.TARGET:
         return DraftPlan(0)
+    model = model and not copies_alone
     if isinstance(speculation.gamma, Auto):
-        plan = policy.plan(model=not copies_alone)
+        plan = policy.plan(model=model)
     else:
-        copy = speculation.gamma if copies_alone or not speculation.gamma else policy.copy_length(speculation.gamma)
+        against = speculation.gamma if model else 0
+        copy = speculation.gamma if copies_alone or not speculation.gamma else policy.copy_length(against)
         plan = DraftPlan(speculation.gamma, copy=copy)
     return dataclasses.replace(
         plan,

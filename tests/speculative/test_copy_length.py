@@ -120,6 +120,30 @@ def test_with_a_drafter_that_does_not_pay_no_target_only_step_is_taken_where_a_c
     assert steps[0].drafted >= 4 and held_back == 0
 
 
+@pytest.mark.parametrize("drafter", ["auto", "lookup"])
+def test_with_no_drafter_model_a_copy_is_weighed_against_a_target_only_step(target, tokenizer, drafter):
+    """auto with no drafter model copies alone, as lookup does: a copy that yields more than one token a step is
+    drafted, though a model's draft (which no model would write) is expected to yield more."""
+
+    class HalfTakenCopies(FixedCostGamma):
+        def __post_init__(self):
+            super().__post_init__()
+            for accepted in [0, 1] * 10:
+                self.copies.observe(4, accepted)
+
+    policy = HalfTakenCopies()
+    assert policy.copy_length(policy.best_gamma()) == 0 < policy.copy_length(0)
+    policy._copy_idle_steps = 0
+    engine = make_engine(target, None, tokenizer, policy=policy)
+    ids = prompt_ids(tokenizer, PASTE)
+    first = next(
+        i
+        for i in engine.steps(ids, GREEDY, SpeculationConfig(gamma=AUTO, drafter=drafter))
+        if isinstance(i, StepResult)
+    )
+    assert first.draft is not None and first.draft.copied and first.drafted >= 1
+
+
 def test_the_reply_says_how_its_steps_and_time_were_split(target, similar_drafter_model, tokenizer):
     engine = make_engine(target, similar_drafter_model, tokenizer, policy=CostlyDrafterGamma())
     end = run_to_end(engine.steps(prompt_ids(tokenizer, PASTE), GREEDY, SpeculationConfig(gamma=AUTO, drafter="auto")))
