@@ -34,6 +34,7 @@ class LayerShape:
 
 
 SHAPES = {
+    "0.5b": LayerShape(896, 4864, 128),  # Qwen2.5-0.5B (the bundled drafter)
     "1.5b": LayerShape(1536, 8960, 256),  # Qwen2.5-1.5B (the bundled target)
     "7b": LayerShape(3584, 18944, 512),  # Qwen2.5-7B
     "8b": LayerShape(4096, 14336, 1024),  # Llama-3.1-8B

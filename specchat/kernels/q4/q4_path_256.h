@@ -71,6 +71,13 @@ inline __m256i level_vector(const uint8_t* qs, int q, int half) {
   }
 }
 
+// Keeps v in a register at this point: GCC may not reassociate the sums it is part of across it.
+inline void pin(__m256i& v) {
+#if defined(__GNUC__)
+  __asm__("" : "+x"(v));
+#endif
+}
+
 // Four activation levels in every lane (or two int16 group sums).
 inline __m256i broadcast4(const void* bytes) {
   int32_t quad;
@@ -122,6 +129,28 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
     scale_pairs[s] = _mm256_or_si256(_mm256_and_si256(scales[s], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scales[s], 16));
     top_pairs[s] = _mm256_slli_epi16(scale_pairs[s], 7);  // 128·sc, |sc| ≤ 255 unsigned or 128 signed: an int16 still
   }
+  if constexpr (!VNNI && BITS != 8 && BITS != TABLE) {
+    // maddubs: the group's 8 level vectors held in registers, then each row in turn, its int16 run kept in one
+    // register (`pin`): left free, GCC sums a row's 8 products as a tree whose temporaries (5 rows: 40) spill to
+    // the stack, twice the instructions of the multiplies.
+    __m256i v[8];
+#pragma GCC unroll 8
+    for (int q = 0; q < 8; ++q) v[q] = level_vector(q);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m256i acc = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) {
+        acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(v[q], broadcast4(levels[r] + 4 * q)));
+        pin(acc);
+        if ((q + 1) % RUN == 0) {
+          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(acc, scale_pairs[HALVES && q >= 4]));
+          acc = _mm256_setzero_si256();
+        }
+      }
+    }
+    return;
+  }
   __m256i acc[SCALES][R];
   for (int s = 0; s < SCALES; ++s)
     for (int r = 0; r < R; ++r) acc[s][r] = _mm256_setzero_si256();
@@ -134,17 +163,11 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
       const __m256i x = broadcast4(levels[r] + 4 * q);
       if constexpr (VNNI) {
         acc[s][r] = _mm256_dpbusd_avx_epi32(acc[s][r], v, x);
-      } else if constexpr (BITS == 8 || BITS == TABLE) {
+      } else {
         const __m256i low = _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
         const __m256i top = _mm256_and_si256(_mm256_srli_epi16(v, 7), _mm256_set1_epi8(1));
         dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), scale_pairs[s]));
         dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), top_pairs[s]));
-      } else {
-        acc[s][r] = _mm256_add_epi16(acc[s][r], _mm256_maddubs_epi16(v, x));
-        if ((q + 1) % RUN == 0) {
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(acc[s][r], scale_pairs[s]));
-          acc[s][r] = _mm256_setzero_si256();
-        }
       }
     }
   }
