@@ -9,9 +9,9 @@
 // not once per row (6-bit levels: twice the speed at 128 rows), and the sums stay in registers.
 //   AVX-VNNI: `vpdpbusd` adds four level × activation products into each lane.
 //   AVX2: `maddubs` gives int16 pair sums, added in int16 for as many vectors as cannot overflow
-//   (4-bit: 8, 6-bit: 2), then `madd` with the group's scale folds them into int32. 8-bit levels would
-//   saturate it (255·127·2 > 32767): their low 7 bits and their top bit go through it apart, the top
-//   bit's sums folded with 128 times the scale.
+//   (4-bit: 8, 6-bit: 2), then `madd` with the group's scale folds them into int32. 8-bit levels L would
+//   saturate it (255·127·2 > 32767): their signed l = L − 128 goes through it as |l| and x signed as l
+//   (`sign`: 128·127·2 fits), and 128·sc·Σx, from the rows' group sums, is added back.
 // Both give the exact integer sums every path gives.
 #pragma once
 #include <immintrin.h>
@@ -71,6 +71,12 @@ inline __m256i level_vector(const uint8_t* qs, int q, int half) {
   }
 }
 
+// Row `row`'s sum of levels of group g: one int16, or with halves its first and last 16 inputs' side by side.
+template <bool HALVES>
+inline const int16_t* group_sums(const Tiles& w, const Rows& x, int64_t row, int64_t g) {
+  return HALVES ? x.half_sums + (row * w.groups + g) * 2 : x.sums + row * w.groups + g;
+}
+
 // Keeps v in a register at this point: GCC may not reassociate the sums it is part of across it.
 inline void pin(__m256i& v) {
 #if defined(__GNUC__)
@@ -117,17 +123,18 @@ inline void add_block(const Tiles& w, const Rows& x, const Job& job, int64_t b, 
   }
 }
 
-// One group's Σ sc·L·x for R rows (levels: each row's 32 activation levels of the group), added to
-// dot (int32 lanes). level_vector(q): the group's level vector q for this half of the tile; scales[0] (and
-// with halves scales[1], for vectors 4-7: the group's last 16 inputs) as int32 lanes, signed or not.
+// One group's Σ sc·L·x for R rows (levels: each row's 32 activation levels of the group; sums: each row's sum of them,
+// with halves the sums of its first and last 16), added to dot (int32 lanes). level_vector(q): the group's level
+// vector q for this half of the tile; scales[0] (and with halves scales[1], for vectors 4-7: the group's last 16
+// inputs) as int32 lanes, signed or not.
 template <int R, int BITS, bool VNNI, bool HALVES, typename LevelVector>
-inline void group_dots(LevelVector level_vector, const __m256i* scales, const int8_t* const* levels, __m256i* dot) {
+inline void group_dots(LevelVector level_vector, const __m256i* scales, const int8_t* const* levels,
+                       const int16_t* const* sums, __m256i* dot) {
   constexpr int RUN = BITS == 4 ? (HALVES ? 4 : 8) : BITS == 6 ? 2 : 1;  // int16 sums never cross a half (8, TABLE: 1)
   constexpr int SCALES = HALVES ? 2 : 1;
-  __m256i scale_pairs[SCALES], top_pairs[SCALES];
+  __m256i scale_pairs[SCALES];
   for (int s = 0; s < SCALES; ++s) {  // each lane's scale in both its int16 halves (a negative one's low 16 bits)
     scale_pairs[s] = _mm256_or_si256(_mm256_and_si256(scales[s], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scales[s], 16));
-    top_pairs[s] = _mm256_slli_epi16(scale_pairs[s], 7);  // 128·sc, |sc| ≤ 255 unsigned or 128 signed: an int16 still
   }
   if constexpr (!VNNI && !HALVES && BITS == 4) {
     // 4-bit levels with maddubs: the group's 8 level vectors held in registers, then each row in turn, its int16 run
@@ -138,16 +145,13 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
     for (int q = 0; q < 8; ++q) v[q] = level_vector(q);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      __m256i acc = _mm256_setzero_si256();
+      __m256i acc = _mm256_setzero_si256();  // a run of all 8 (RUN)
 #pragma GCC unroll 8
       for (int q = 0; q < 8; ++q) {
         acc = _mm256_add_epi16(acc, _mm256_maddubs_epi16(v[q], broadcast4(levels[r] + 4 * q)));
         pin(acc);
-        if ((q + 1) % RUN == 0) {
-          dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(acc, scale_pairs[HALVES && q >= 4]));
-          acc = _mm256_setzero_si256();
-        }
       }
+      dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(acc, scale_pairs[0]));
     }
     return;
   }
@@ -158,6 +162,8 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
   for (int q = 0; q < 8; ++q) {
     const __m256i v = level_vector(q);
     const int s = HALVES && q >= 4;
+    const __m256i signed_levels = _mm256_xor_si256(v, _mm256_set1_epi8(-128));  // 8-bit levels L as l = L − 128
+    const __m256i magnitudes = _mm256_abs_epi8(signed_levels);                  // |−128| is 128 read unsigned
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256i x = broadcast4(levels[r] + 4 * q);
@@ -169,14 +175,18 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
           dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(acc[s][r], scale_pairs[s]));
           acc[s][r] = _mm256_setzero_si256();
         }
-      } else {
-        const __m256i low = _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
-        const __m256i top = _mm256_and_si256(_mm256_srli_epi16(v, 7), _mm256_set1_epi8(1));
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(low, x), scale_pairs[s]));
-        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(_mm256_maddubs_epi16(top, x), top_pairs[s]));
+      } else {  // 8-bit levels: maddubs(|l|, x signed as l) = l·x, pairs at most 2·128·127 (|x| ≤ 127)
+        const __m256i products = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, signed_levels));
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(products, scale_pairs[s]));
       }
     }
   }
+  if constexpr (!VNNI && (BITS == 8 || BITS == TABLE))  // and the 128·Σx the signed levels left out, times the scale
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < SCALES; ++s) {
+        const __m256i sum = _mm256_set1_epi32(static_cast<uint16_t>(sums[r][s]));  // (Σx, 0): madd gives sc·Σx
+        dot[r] = _mm256_add_epi32(dot[r], _mm256_slli_epi32(_mm256_madd_epi16(scale_pairs[s], sum), 7));
+      }
   if constexpr (VNNI)
     for (int s = 0; s < SCALES; ++s)
       for (int r = 0; r < R; ++r) dot[r] = _mm256_add_epi32(dot[r], _mm256_mullo_epi32(acc[s][r], scales[s]));
@@ -265,10 +275,12 @@ inline void direct_block_dots(const Tiles& w, const Rows& x, int64_t tile, int64
       both_halves_dots6<R>(w, at, qs, levels, dot);
       continue;
     }
+    const int16_t* sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = group_sums<HALVES>(w, x, first + r, g);
     for (int half = 0; half < 2; ++half) {
       __m256i scales[2];
       group_scales<HALVES>(w, at, half, scales);
-      group_dots<R, BITS, VNNI, HALVES>([&](int q) { return level_vector<BITS>(qs, q, half); }, scales, levels, dot + half * R);
+      group_dots<R, BITS, VNNI, HALVES>([&](int q) { return level_vector<BITS>(qs, q, half); }, scales, levels, sums, dot + half * R);
     }
   }
 }
@@ -310,15 +322,17 @@ inline void unpack_block(const Tiles& w, int64_t tile, int64_t b, Unpacked& into
 // Block b's dot sums (q4_tiles.h) of one half of the tile for R activation rows (levels: each row's
 // first level of the block).
 template <int R, int BITS, bool VNNI, bool HALVES>
-inline void block_dots(const Unpacked& u, int64_t per_block, const int8_t* const* levels, int half, __m256i* dot) {
+inline void block_dots(const Unpacked& u, int64_t per_block, const int8_t* const* levels, const int16_t* const* sums,
+                       int half, __m256i* dot) {
   for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();
   for (int64_t g = 0; g < per_block; ++g) {
     const int8_t* group[R];
-    for (int r = 0; r < R; ++r) group[r] = levels[r] + g * GROUP;
+    const int16_t* group_sum[R];
+    for (int r = 0; r < R; ++r) group[r] = levels[r] + g * GROUP, group_sum[r] = sums[r] + (HALVES ? 2 : 1) * g;
     const auto vector = [&](int q) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(u.levels[g][q] + half * 32)); };
     __m256i scales[2];
     for (int s = 0; s < (HALVES ? 2 : 1); ++s) scales[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.scales[g][s][half]));
-    group_dots<R, BITS, VNNI, HALVES>(vector, scales, group, dot);
+    group_dots<R, BITS, VNNI, HALVES>(vector, scales, group, group_sum, dot);
   }
 }
 
@@ -327,10 +341,14 @@ template <int R, int BITS, bool VNNI, bool HALVES>
 void block_rows(const Tiles& w, const Rows& x, const Job& job, const Unpacked& u, int64_t b, int64_t first) {
   const int64_t per_block = w.groups / w.blocks;
   const int8_t* levels[R];
-  for (int r = 0; r < R; ++r) levels[r] = x.levels + (first + r) * x.width + b * per_block * GROUP;
+  const int16_t* sums[R];
+  for (int r = 0; r < R; ++r) {
+    levels[r] = x.levels + (first + r) * x.width + b * per_block * GROUP;
+    sums[r] = group_sums<HALVES>(w, x, first + r, b * per_block);
+  }
   for (int h = 0; h < 2; ++h) {
     __m256i dot[R], offset[R];
-    block_dots<R, BITS, VNNI, HALVES>(u, per_block, levels, h, dot);
+    block_dots<R, BITS, VNNI, HALVES>(u, per_block, levels, sums, h, dot);
     block_offsets<R, HALVES>(w, x, job.tile, first, b, h, offset);
     add_block<R>(w, x, job, b, first, h, dot, offset);
   }
@@ -372,11 +390,13 @@ void group_rows(const Tiles& w, const Rows& x, const Job& job, int64_t first) {
       __m256i scales[2], dot[R];
       group_scales<false>(w, at, h, scales);
       const int8_t* levels[R];
+      const int16_t* sums[R];
       for (int r = 0; r < R; ++r) {
         levels[r] = x.levels + (first + r) * x.width + g * GROUP;
+        sums[r] = group_sums<false>(w, x, first + r, g);
         dot[r] = _mm256_setzero_si256();
       }
-      group_dots<R, BITS, VNNI, false>([&](int q) { return level_vector<BITS>(qs, q, h); }, scales, levels, dot);
+      group_dots<R, BITS, VNNI, false>([&](int q) { return level_vector<BITS>(qs, q, h); }, scales, levels, sums, dot);
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.d + at * TILE_ROWS + h * 8)));
       const __m256 dmin = SAME ? d : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.dmin + at * TILE_ROWS + h * 8)));
       const __m256i pairs = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.m + (at - g % 2) * TILE_ROWS + h * 16)));
