@@ -33,6 +33,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("tile_q6_k", &tile_q6_k, "a GGUF's Q6_K blocks written into the kernel's tiles", pybind11::arg("raw"),
              pybind11::arg("qs"), pybind11::arg("sc"), pybind11::arg("m"), pybind11::arg("d"), pybind11::arg("dmin"),
              pybind11::call_guard<pybind11::gil_scoped_release>());
+  module.def("tile_iq4_xs", &tile_iq4_xs, "a GGUF's IQ4_XS blocks written into the kernel's tiles", pybind11::arg("raw"),
+             pybind11::arg("qs"), pybind11::arg("sc"), pybind11::arg("m"), pybind11::arg("d"), pybind11::arg("dmin"),
+             pybind11::call_guard<pybind11::gil_scoped_release>());
   module.def("tile_group_blocks", &tile_group_blocks, "a GGUF's blocks of one group written into the kernel's tiles",
              pybind11::arg("raw"), pybind11::arg("kind"), pybind11::arg("qs"), pybind11::arg("m"), pybind11::arg("d"),
              pybind11::arg("dmin"), pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -1,6 +1,6 @@
 """A GGUF's layers built from the file at every start, so the stored weights need not hold a second copy of them.
 
-Layers of the types in BLOCK_BYTES (Q4_K and Q6_K: all of a Q4_K_M file's; Q5_K, Q4_0, Q4_1, IQ4_NL, Q8_0) run on the w4a8
+Layers of the types in BLOCK_BYTES (Q4_K and Q6_K: all of a Q4_K_M file's; Q5_K, IQ4_XS, Q4_0, Q4_1, IQ4_NL, Q8_0) run on the w4a8
 kernel as stored (gguf/blocks.py), and their tiles are a shuffle of the file's bits, which the compiled module does at
 about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on disk, the stored
 weights keep, for each such layer, only a marker naming the type of the file's tensor ("<layer>.from_file_Q4_K"),
@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType
 from specchat.kernels.build import q4_kernel
 from specchat.loading.gguf.blocks import (
     GROUP_BLOCK_BYTES,
+    IQ4_XS_BYTES,
     Q4_K_BYTES,
     Q5_K_BYTES,
     Q6_K_BYTES,
@@ -44,7 +45,7 @@ GROUP_KINDS = {
     "IQ4_NL": 2,
     "Q8_0": 3,
 }  # the one-group types tiled from the file: the kernel's codes
-BLOCK_BYTES = {"Q4_K": Q4_K_BYTES, "Q5_K": Q5_K_BYTES, "Q6_K": Q6_K_BYTES, "IQ4_NL": 18} | {
+BLOCK_BYTES = {"Q4_K": Q4_K_BYTES, "Q5_K": Q5_K_BYTES, "Q6_K": Q6_K_BYTES, "IQ4_XS": IQ4_XS_BYTES, "IQ4_NL": 18} | {
     kind: GROUP_BLOCK_BYTES[kind] for kind in ("Q4_0", "Q4_1", "Q8_0")
 }  # the types tiled from the file, and their blocks' bytes
 
@@ -63,7 +64,8 @@ def block_inputs(kind: str) -> int:
 
 def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtype, list[int]]]:
     """The fields of a layer's tiles (rows × inputs weights) of a type in BLOCK_BYTES: name → (dtype, shape). The K
-    types' whole (dmin not left out; Q5_K's 6-bit levels; Q6_K's too, a scale a 16: halves); the one-group types' without
+    types' whole (dmin not left out; Q5_K's 6-bit levels; Q6_K's too, a scale a 16: halves; IQ4_XS's table indices in
+    halves); the one-group types' without
     their scales (every one 1) and, but Q4_1's, without dmin (it is d), as Q4Tiles.compact leaves them out."""
     tiles, groups, blocks = -(-rows // TILE_ROWS), inputs // GROUP, inputs // block_inputs(kind)
     if kind in GROUP_KINDS:
@@ -75,9 +77,9 @@ def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtyp
             "d": (torch.float16, [tiles, groups, TILE_ROWS]),
             "dmin": (torch.float16, [tiles, groups, TILE_ROWS if kind == "Q4_1" else 0]),
         }
-    if kind == "Q6_K":
+    if kind in ("Q6_K", "IQ4_XS"):
         sc = m = (torch.int8, [tiles, groups, 2 * TILE_ROWS])
-        qs = (torch.uint8, [tiles, groups, 24 * TILE_ROWS])
+        qs = (torch.uint8, [tiles, groups, 24 * TILE_ROWS]) if kind == "Q6_K" else (torch.int8, [tiles, groups, 16 * TILE_ROWS])
     else:
         sc, m = (torch.uint8, [tiles, groups, TILE_ROWS]), (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS])
         qs = (torch.uint8, [tiles, groups, (24 if kind == "Q5_K" else 16) * TILE_ROWS])
@@ -96,6 +98,8 @@ def tile_blocks(kind: str, raw: torch.Tensor, into: dict[str, torch.Tensor] | No
         kernel.tile_group_blocks(raw, GROUP_KINDS[kind], fields["qs"], fields["m"], fields["d"], fields["dmin"])
     elif kind == "Q6_K":
         kernel.tile_q6_k(raw, *(fields[name] for name in FIELDS))
+    elif kind == "IQ4_XS":
+        kernel.tile_iq4_xs(raw, *(fields[name] for name in FIELDS))
     else:
         kernel.tile_q4_k(raw, kind == "Q5_K", *(fields[name] for name in FIELDS))
     return Q4Tiles(*(fields[name] for name in FIELDS), outs=rows).compact()

@@ -1,4 +1,4 @@
-"""A user's GGUF's layers of the types the kernel tiles from the file (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, IQ4_NL, Q8_0) are tiled
+"""A user's GGUF's layers of the types the kernel tiles from the file (Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, IQ4_NL, Q8_0) are tiled
 from it at each start (loading/file_tiles.py): the stored weights hold a marker for them, not a second copy; the tiles
 are bit for bit those of the first start; a file that no longer holds the blocks a marker names gets its stored
 weights rebuilt; a bundled model's layers stay stored."""
@@ -43,7 +43,7 @@ def blocks_of(kind: str, rows: int, blocks: int, seed: int, same_min: bool) -> t
     if kind == "Q4_K":
         return q4_k_bytes(rows, blocks, seed, same_min)
     width = blocks * 256
-    if kind in ("Q5_K", "Q6_K", "IQ4_NL"):
+    if kind in ("Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
         raw = torch.from_numpy(random_blocks(kind, rows, width, seed=seed)).reshape(rows, -1)
     else:  # gguf-py's own quantization of random weights
         weights = torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)).numpy() / 10
@@ -62,7 +62,7 @@ def decoded(kind: str, raw: torch.Tensor) -> Q4Tiles:
     return Q4Tiles.from_block(AS_STORED[kind][1](raw))
 
 
-KINDS = ["Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "IQ4_NL", "Q8_0"]
+KINDS = ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "Q4_1", "IQ4_NL", "Q8_0"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -110,7 +110,7 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
 @pytest.mark.parametrize(
     "kind, architecture, kept",
     [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 0), ("Q6_K", "qwen2", 0), ("Q4_0", "qwen2", 0), ("Q8_0", "llama", 0)]
-    + [("IQ4_NL", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_K", "qwen2", 0), ("Q5_0", "qwen2", 15)],
+    + [("IQ4_NL", "qwen2", 0), ("IQ4_XS", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_K", "qwen2", 0), ("Q5_0", "qwen2", 15)],
 )  # llama's q and k rows are reordered (their markers hold the order); Q5_0 is not tiled from the file
 def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
     tmp_path, tok, kernel, kind, architecture, kept, monkeypatch
@@ -239,10 +239,11 @@ def test_a_markers_row_order_must_be_each_of_the_layers_rows_once():
             file_tiles.checked_order(bad, 4, "q")
 
 
-def test_q6_k_dmin_is_32_d_exactly_for_subnormal_normal_and_large_d(kernel):
-    d = torch.tensor([0.0, 1e-7, 3e-6, 6e-5, 1e-4, 0.5, -0.75, 100.0, 2000.0]).half()  # 32 · 2000 < 65504
-    raw = blocks_of("Q6_K", len(d), 1, seed=3, same_min=False)
-    raw.view(len(d), 1, 210)[..., 208:210] = d.view(torch.uint8).view(len(d), 1, 2)
-    tiles, wanted = file_tiles.tile_blocks("Q6_K", raw), decoded("Q6_K", raw)
+@pytest.mark.parametrize("kind, bytes_, at, factor", [("Q6_K", 210, 208, 32), ("IQ4_XS", 136, 0, 128)])
+def test_q6_k_and_iq4_xs_dmin_is_32_and_128_d_exactly_for_subnormal_normal_and_large_d(kernel, kind, bytes_, at, factor):
+    d = torch.tensor([0.0, 1e-7, 3e-6, 6e-5, 1e-4, 0.5, -0.75, 100.0, 500.0]).half()  # 128 · 500 < 65504
+    raw = blocks_of(kind, len(d), 1, seed=3, same_min=False)
+    raw.view(len(d), 1, bytes_)[..., at : at + 2] = d.view(torch.uint8).view(len(d), 1, 2)
+    tiles, wanted = file_tiles.tile_blocks(kind, raw), decoded(kind, raw)
     assert all(torch.equal(got, expected) for got, expected in zip(tiles.tensors(), wanted.tensors()))
-    assert torch.equal(tiles.full_dmin.transpose(1, 2).flatten(0, 1)[: len(d), 0].float(), d.float() * 32)
+    assert torch.equal(tiles.full_dmin.transpose(1, 2).flatten(0, 1)[: len(d), 0].float(), d.float() * factor)

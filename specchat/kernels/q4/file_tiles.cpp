@@ -1,4 +1,4 @@
-// A GGUF's Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h): what
+// A GGUF's Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h): what
 // quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of them) gives, bit for bit (before leaving
 // out a dmin equal to d), with no temporary. A start builds a file's layers of those types from the file itself this
 // way, where the stored weights would otherwise hold a second copy of them.
@@ -28,19 +28,19 @@ inline uint32_t word_at(const uint8_t* bytes) {
   return word;
 }
 
-// 32 × a float16 (its bits), exactly where the product is one (as 32·d is for every Q6_K block the kernel holds as
-// stored); an infinity past the range.
-uint16_t times_32(uint16_t h) {
+// 2^shift × a float16 (its bits), exactly where the product is one (as 32·d is for every Q6_K block and 128·d for
+// every IQ4_XS block the kernel holds as stored); an infinity past the range.
+uint16_t times_power_of_two(uint16_t h, int shift) {
   const uint16_t sign = h & 0x8000u, exponent = (h >> 10) & 0x1F, fraction = h & 0x3FF;
   if (exponent == 0x1F || (exponent == 0 && fraction == 0)) return h;
-  if (exponent == 0) {  // subnormal: fraction · 2^−24, times 32 is fraction · 2^−19
+  if (exponent == 0) {  // subnormal: fraction · 2^−24, times 2^shift is fraction · 2^(shift − 24)
     int top = 9;
     while (!(fraction >> top)) --top;
-    if (top <= 4) return sign | static_cast<uint16_t>(fraction << 5);  // still subnormal
-    return sign | static_cast<uint16_t>((top - 4) << 10) | static_cast<uint16_t>((fraction << (10 - top)) & 0x3FF);
+    if (top + shift <= 9) return sign | static_cast<uint16_t>(fraction << shift);  // still subnormal
+    return sign | static_cast<uint16_t>((top + shift - 9) << 10) | static_cast<uint16_t>((fraction << (10 - top)) & 0x3FF);
   }
-  if (exponent + 5 >= 0x1F) return sign | 0x7C00u;
-  return sign | static_cast<uint16_t>((exponent + 5) << 10) | fraction;
+  if (exponent + shift >= 0x1F) return sign | 0x7C00u;
+  return sign | static_cast<uint16_t>((exponent + shift) << 10) | fraction;
 }
 
 // Where a K block's parts lie: Q4_K's (144 bytes: d, dmin, 12 bytes of scales, 128 of nibbles) or Q5_K's (176: the
@@ -114,7 +114,7 @@ void put_q6_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
     uint16_t d = 0;
     if (block) std::memcpy(&d, block + 208, 2);
     out.d[(t * out.blocks + b) * kTileRows + j] = d;
-    out.dmin[(t * out.blocks + b) * kTileRows + j] = times_32(d);
+    out.dmin[(t * out.blocks + b) * kTileRows + j] = times_power_of_two(d, 5);
     for (int64_t k = 0; k < kGroups; ++k) {
       const int64_t g = b * kGroups + k, h = k / 4, s = k % 4;
       for (int64_t half = 0; half < 2; ++half) {
@@ -137,6 +137,36 @@ void put_q6_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
           tops |= ((word_at(top + 16 * e + 4 * u) >> (2 * s)) & 0x03030303u) << (2 * u);
         }
         std::memcpy(qs + 256 + e * 64, &tops, 4);
+      }
+    }
+  }
+}
+
+// Row j of tile t of IQ4_XS blocks (nullptr: a padding row, all zero): fp16 d, the 32-groups' 6-bit scales (the low
+// nibble g of bytes 4..7, the top 2 bits at 2g of the uint16 at byte 2, less 32), then each group's 16 bytes of
+// table indices as IQ4_NL's (the tile's bytes as they are). Each group's signed scale goes to both its halves' sc and
+// m (as Q6_K's), d is the block's and dmin 128·d.
+void put_iq4_xs_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
+  constexpr int64_t kQs = 16 * kTileRows;  // bytes a group's 16 rows take
+  for (int64_t b = 0; b < out.blocks; ++b) {
+    const uint8_t* block = row ? row + b * kIQ4XSBytes : nullptr;
+    uint16_t d = 0, tops = 0;
+    if (block) std::memcpy(&d, block, 2), std::memcpy(&tops, block + 2, 2);
+    out.d[(t * out.blocks + b) * kTileRows + j] = d;
+    out.dmin[(t * out.blocks + b) * kTileRows + j] = times_power_of_two(d, 7);
+    for (int64_t k = 0; k < kGroups; ++k) {
+      const int64_t g = b * kGroups + k;
+      const int low = block ? (block[4 + k / 2] >> (4 * (k % 2))) & 0x0F : 0;
+      const int high = (tops >> (2 * k)) & 3;
+      const uint8_t scale = block ? static_cast<uint8_t>((low | (high << 4)) - 32) : 0;  // the int8 scale's bits
+      for (int64_t half = 0; half < 2; ++half) {
+        out.sc[(t * out.groups + g) * 2 * kTileRows + half * kTileRows + j] = scale;
+        out.m[(t * out.groups + g) * 2 * kTileRows + 2 * j + half] = scale;
+      }
+      uint8_t* qs = out.qs + (t * out.groups + g) * kQs + 4 * j;
+      for (int64_t c = 0; c < 4; ++c) {
+        const uint32_t word = block ? word_at(block + 8 + 16 * k + 4 * c) : 0;
+        std::memcpy(qs + c * 64, &word, 4);
       }
     }
   }
@@ -204,6 +234,10 @@ void q4_k_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, bool fifth_
 
 void q6_k_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, const Out& out, int64_t first, int64_t last) {
   tiles(raw, rows, row_bytes, first, last, [&](int64_t t, int64_t j, const uint8_t* row) { put_q6_row(out, t, j, row); });
+}
+
+void iq4_xs_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, const Out& out, int64_t first, int64_t last) {
+  tiles(raw, rows, row_bytes, first, last, [&](int64_t t, int64_t j, const uint8_t* row) { put_iq4_xs_row(out, t, j, row); });
 }
 
 void group_tiles(int64_t kind, const uint8_t* raw, int64_t rows, int64_t row_bytes, const Out& out, int64_t first,

@@ -354,20 +354,39 @@ void tile_q4_k(torch::Tensor raw, bool fifth_bits, torch::Tensor qs, torch::Tens
   });
 }
 
-void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
-               torch::Tensor dmin) {
-  const char* self = "tile_q6_k";
-  const int64_t tiles = raw_tiles(self, raw, file_tiles::kQ6Bytes, 1, "a row must be whole Q6_K blocks of 210 bytes");
-  const int64_t blocks = raw.size(1) / file_tiles::kQ6Bytes, groups = blocks * file_tiles::kGroups;
-  const int64_t rows = file_tiles::kTileRows;
-  require_field(self, qs, "qs", torch::kByte, {tiles, groups, 24 * rows});
+namespace {
+
+// The fields of a layer in halves (a signed scale per 16 inputs: Q6_K, IQ4_XS) from whole blocks of `bytes`, checked.
+file_tiles::Out halves_out(const char* self, const torch::Tensor& raw, int64_t bytes, const char* what, int64_t qs_width,
+                           at::ScalarType qs_type, const torch::Tensor& qs, const torch::Tensor& sc,
+                           const torch::Tensor& m, const torch::Tensor& d, const torch::Tensor& dmin) {
+  const int64_t tiles = raw_tiles(self, raw, bytes, 1, what);
+  const int64_t blocks = raw.size(1) / bytes, groups = blocks * file_tiles::kGroups, rows = file_tiles::kTileRows;
+  require_field(self, qs, "qs", qs_type, {tiles, groups, qs_width * rows});
   require_field(self, sc, "sc", torch::kChar, {tiles, groups, 2 * rows});
   require_field(self, m, "m", torch::kChar, {tiles, groups, 2 * rows});
   require_field(self, d, "d", torch::kHalf, {tiles, blocks, rows});
   require_field(self, dmin, "dmin", torch::kHalf, {tiles, blocks, rows});
-  const file_tiles::Out out = out_of(qs, sc, m, d, dmin, groups, blocks);
-  over_tiles(tiles, [&](int64_t first, int64_t last) {
+  return out_of(qs, sc, m, d, dmin, groups, blocks);
+}
+
+}  // namespace
+
+void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
+               torch::Tensor dmin) {
+  const file_tiles::Out out = halves_out("tile_q6_k", raw, file_tiles::kQ6Bytes, "a row must be whole Q6_K blocks of 210 bytes",
+                                         24, torch::kByte, qs, sc, m, d, dmin);
+  over_tiles(qs.size(0), [&](int64_t first, int64_t last) {
     file_tiles::q6_k_tiles(raw.data_ptr<uint8_t>(), raw.size(0), raw.size(1), out, first, last);
+  });
+}
+
+void tile_iq4_xs(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
+                 torch::Tensor dmin) {
+  const file_tiles::Out out = halves_out("tile_iq4_xs", raw, file_tiles::kIQ4XSBytes,
+                                         "a row must be whole IQ4_XS blocks of 136 bytes", 16, torch::kChar, qs, sc, m, d, dmin);
+  over_tiles(qs.size(0), [&](int64_t first, int64_t last) {
+    file_tiles::iq4_xs_tiles(raw.data_ptr<uint8_t>(), raw.size(0), raw.size(1), out, first, last);
   });
 }
 
