@@ -97,7 +97,7 @@ BLOCK_SHAPES = {
     "qwen2.5-14b": ("qwen2", 5120, 48, 13824, 40, 8, 1000000.0),
     "tiny-blocks": ("qwen2", 256, 2, 512, 2, 1, 1000000.0),  # to check the script in seconds
 }
-BLOCK_TYPES = ("Q4_K_M", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_XS")
+BLOCK_TYPES = ("Q4_K_M", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_XS", "Q5_0")
 
 
 def qwen_tokenizer(cache: Path):

@@ -1,6 +1,7 @@
 """A GGUF's layers built from the file at every start, so the stored weights need not hold a second copy of them.
 
-Layers of the types in BLOCK_BYTES (Q4_K and Q6_K: all of a Q4_K_M file's; Q5_K, IQ4_XS, Q4_0, Q4_1, IQ4_NL, Q8_0) run on the w4a8
+Layers of the types in BLOCK_BYTES (Q4_K and Q6_K: all of a Q4_K_M file's; Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1,
+IQ4_NL, Q8_0) run on the w4a8
 kernel as stored (gguf/blocks.py), and their tiles are a shuffle of the file's bits, which the compiled module does at
 about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on disk, the stored
 weights keep, for each such layer, only a marker naming the type of the file's tensor ("<layer>.from_file_Q4_K"),
@@ -44,9 +45,11 @@ GROUP_KINDS = {
     "Q4_1": 1,
     "IQ4_NL": 2,
     "Q8_0": 3,
+    "Q5_0": 4,
+    "Q5_1": 5,
 }  # the one-group types tiled from the file: the kernel's codes
 BLOCK_BYTES = {"Q4_K": Q4_K_BYTES, "Q5_K": Q5_K_BYTES, "Q6_K": Q6_K_BYTES, "IQ4_XS": IQ4_XS_BYTES, "IQ4_NL": 18} | {
-    kind: GROUP_BLOCK_BYTES[kind] for kind in ("Q4_0", "Q4_1", "Q8_0")
+    kind: GROUP_BLOCK_BYTES[kind] for kind in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 }  # the types tiled from the file, and their blocks' bytes
 
 
@@ -66,20 +69,24 @@ def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtyp
     """The fields of a layer's tiles (rows × inputs weights) of a type in BLOCK_BYTES: name → (dtype, shape). The K
     types' whole (dmin not left out; Q5_K's 6-bit levels; Q6_K's too, a scale a 16: halves; IQ4_XS's table indices in
     halves); the one-group types' without
-    their scales (every one 1) and, but Q4_1's, without dmin (it is d), as Q4Tiles.compact leaves them out."""
+    their scales (every one 1) and, but Q4_1's and Q5_1's, without dmin (it is d), as Q4Tiles.compact leaves them out."""
     tiles, groups, blocks = -(-rows // TILE_ROWS), inputs // GROUP, inputs // block_inputs(kind)
     if kind in GROUP_KINDS:
-        width = (32 if kind == "Q8_0" else 16) * TILE_ROWS
+        width = (32 if kind == "Q8_0" else 24 if kind.startswith("Q5") else 16) * TILE_ROWS
         return {
             "qs": (torch.int8 if kind == "IQ4_NL" else torch.uint8, [tiles, groups, width]),
             "sc": (torch.uint8, [tiles, groups, 0]),
             "m": (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS]),
             "d": (torch.float16, [tiles, groups, TILE_ROWS]),
-            "dmin": (torch.float16, [tiles, groups, TILE_ROWS if kind == "Q4_1" else 0]),
+            "dmin": (torch.float16, [tiles, groups, TILE_ROWS if kind in ("Q4_1", "Q5_1") else 0]),
         }
     if kind in ("Q6_K", "IQ4_XS"):
         sc = m = (torch.int8, [tiles, groups, 2 * TILE_ROWS])
-        qs = (torch.uint8, [tiles, groups, 24 * TILE_ROWS]) if kind == "Q6_K" else (torch.int8, [tiles, groups, 16 * TILE_ROWS])
+        qs = (
+            (torch.uint8, [tiles, groups, 24 * TILE_ROWS])
+            if kind == "Q6_K"
+            else (torch.int8, [tiles, groups, 16 * TILE_ROWS])
+        )
     else:
         sc, m = (torch.uint8, [tiles, groups, TILE_ROWS]), (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS])
         qs = (torch.uint8, [tiles, groups, (24 if kind == "Q5_K" else 16) * TILE_ROWS])

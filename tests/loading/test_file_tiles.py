@@ -1,4 +1,5 @@
-"""A user's GGUF's layers of the types the kernel tiles from the file (Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, IQ4_NL, Q8_0) are tiled
+"""A user's GGUF's layers of the types the kernel tiles from the file (Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL,
+Q8_0) are tiled
 from it at each start (loading/file_tiles.py): the stored weights hold a marker for them, not a second copy; the tiles
 are bit for bit those of the first start; a file that no longer holds the blocks a marker names gets its stored
 weights rebuilt; a bundled model's layers stay stored."""
@@ -52,8 +53,8 @@ def blocks_of(kind: str, rows: int, blocks: int, seed: int, same_min: bool) -> t
         raw.view(rows, -1, 176)[..., 2:4] = raw.view(rows, -1, 176)[..., 0:2]
     if same_min and kind == "Q6_K":
         raw.view(rows, -1, 210)[..., 208:210] = 0
-    if same_min and kind == "Q4_1":
-        groups = raw.view(rows, -1, 20)
+    if same_min and kind in ("Q4_1", "Q5_1"):
+        groups = raw.view(rows, -1, 20 if kind == "Q4_1" else 24)
         groups[..., 2:4] = (groups[..., 0:2].contiguous().view(torch.float16) * -1).view(torch.uint8)
     return raw
 
@@ -62,7 +63,7 @@ def decoded(kind: str, raw: torch.Tensor) -> Q4Tiles:
     return Q4Tiles.from_block(AS_STORED[kind][1](raw))
 
 
-KINDS = ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "Q4_1", "IQ4_NL", "Q8_0"]
+KINDS = ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q8_0"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -108,12 +109,12 @@ def q4_tiles(pair) -> dict[str, Q4Tiles]:
 
 
 @pytest.mark.parametrize(
-    "kind, architecture, kept",
-    [("Q4_K", "qwen2", 0), ("Q4_K", "llama", 0), ("Q6_K", "qwen2", 0), ("Q4_0", "qwen2", 0), ("Q8_0", "llama", 0)]
-    + [("IQ4_NL", "qwen2", 0), ("IQ4_XS", "qwen2", 0), ("Q4_1", "qwen2", 0), ("Q5_K", "qwen2", 0), ("Q5_0", "qwen2", 15)],
-)  # llama's q and k rows are reordered (their markers hold the order); Q5_0 is not tiled from the file
+    "kind, architecture",
+    [("Q4_K", "qwen2"), ("Q4_K", "llama"), ("Q6_K", "qwen2"), ("Q4_0", "qwen2"), ("Q8_0", "llama"), ("IQ4_NL", "qwen2")]
+    + [("IQ4_XS", "qwen2"), ("Q4_1", "qwen2"), ("Q5_K", "qwen2"), ("Q5_0", "qwen2"), ("Q5_1", "llama")],
+)  # llama's q and k rows are reordered (their markers hold the order)
 def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_tiled_alike_at_the_next_start(
-    tmp_path, tok, kernel, kind, architecture, kept, monkeypatch
+    tmp_path, tok, kernel, kind, architecture, monkeypatch
 ):
     """Each start's tiles are those of the slow decoding (gguf/blocks.py's streamed_blocks), bit for bit, and those of
     a load that stores every layer (a bundled model's way): no start makes them the slow way first."""
@@ -125,7 +126,7 @@ def test_a_files_q4_k_and_q6_k_layers_are_a_marker_in_the_stored_weights_and_til
     stored = read_tensors(stored_file())
     markers = [name for name in stored if ".from_file_" in name]
     held = {name.rsplit(".", 1)[0] for name in stored if ".from_file_" not in name}
-    assert len(markers) == 15 - kept and len(held) == kept  # 7 layers a block, 2 blocks, the head
+    assert len(markers) == 15 and not held  # 7 layers a block, 2 blocks, the head
     assert all(name.endswith(f".from_file_{kind}") for name in markers)
     orders = {name for name in markers if stored[name].dim() == 1}  # llama's q and k: 2 blocks
     assert len(orders) == (4 if architecture == "llama" else 0) and all(
@@ -240,7 +241,9 @@ def test_a_markers_row_order_must_be_each_of_the_layers_rows_once():
 
 
 @pytest.mark.parametrize("kind, bytes_, at, factor", [("Q6_K", 210, 208, 32), ("IQ4_XS", 136, 0, 128)])
-def test_q6_k_and_iq4_xs_dmin_is_32_and_128_d_exactly_for_subnormal_normal_and_large_d(kernel, kind, bytes_, at, factor):
+def test_q6_k_and_iq4_xs_dmin_is_32_and_128_d_exactly_for_subnormal_normal_and_large_d(
+    kernel, kind, bytes_, at, factor
+):
     d = torch.tensor([0.0, 1e-7, 3e-6, 6e-5, 1e-4, 0.5, -0.75, 100.0, 500.0]).half()  # 128 · 500 < 65504
     raw = blocks_of(kind, len(d), 1, seed=3, same_min=False)
     raw.view(len(d), 1, bytes_)[..., at : at + 2] = d.view(torch.uint8).view(len(d), 1, 2)

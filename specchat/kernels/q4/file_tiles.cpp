@@ -1,4 +1,4 @@
-// A GGUF's Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h): what
+// A GGUF's Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h): what
 // quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of them) gives, bit for bit (before leaving
 // out a dmin equal to d), with no temporary. A start builds a file's layers of those types from the file itself this
 // way, where the stored weights would otherwise hold a second copy of them.
@@ -173,24 +173,34 @@ void put_iq4_xs_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
 }
 
 // The one-group types tiled from the file: bytes a 32-group, where its levels start, the offset level m, whether a
-// level is a byte (Q8_0) or a nibble, and whether the block carries a min (Q4_1: dmin = −min).
+// level is a byte (Q8_0) or a nibble, whether the block carries a min (Q4_1, Q5_1: dmin = −min), and where its fifth
+// bits lie (Q5_0, Q5_1: a 32-bit word, bit i level i's; 0: none).
 struct GroupType {
   int64_t bytes, levels_at;
   uint8_t m;
   bool byte_levels, with_min;
+  int64_t fifth_bits_at;
 };
 constexpr GroupType kGroupTypes[] = {
-    {18, 2, 8, false, false},   // 0: Q4_0, w = d·(q − 8)
-    {20, 4, 1, false, true},    // 1: Q4_1, w = d·q + min
-    {18, 2, 128, false, false},  // 2: IQ4_NL, table indices (the kernel looks each level up), offset d·128
-    {34, 2, 128, true, false},  // 3: Q8_0, levels q + 128, offset d·128
+    {18, 2, 8, false, false, 0},    // 0: Q4_0, w = d·(q − 8)
+    {20, 4, 1, false, true, 0},     // 1: Q4_1, w = d·q + min
+    {18, 2, 128, false, false, 0},  // 2: IQ4_NL, table indices (the kernel looks each level up), offset d·128
+    {34, 2, 128, true, false, 0},   // 3: Q8_0, levels q + 128, offset d·128
+    {22, 6, 16, false, false, 2},   // 4: Q5_0, w = d·(q − 16), 6-bit levels
+    {24, 8, 1, false, true, 4},     // 5: Q5_1, w = d·q + min, 6-bit levels
 };
+
+// Bit i of a nibble at bit 8i: one level's fifth bit to each byte of a word.
+constexpr uint32_t to_bytes(uint32_t nibble) {
+  return (nibble & 1u) | ((nibble & 2u) << 7) | ((nibble & 4u) << 14) | ((nibble & 8u) << 21);
+}
 
 // Row j of tile t of one-group blocks (nullptr: a padding row, all zero). A nibble type's group bytes are the tile's
 // bytes as they are (byte i: level i low, 16 + i high; the tile's byte 64c + 4j + i holds levels 4c + i and
-// 16 + 4c + i); Q8_0's 32 int8 levels go four a vector, + 128. sc is left out (every scale 1) and dmin too, but Q4_1's.
+// 16 + 4c + i), and Q5_0/Q5_1's fifth bits go on top as 6-bit levels' top bits (Q5_K's); Q8_0's 32 int8 levels go four
+// a vector, + 128. sc is left out (every scale 1) and dmin too, but Q4_1's and Q5_1's.
 void put_group_row(const Out& out, const GroupType& type, int64_t t, int64_t j, const uint8_t* row) {
-  const int64_t width = (type.byte_levels ? 32 : 16) * kTileRows;  // a group's bytes in the tile
+  const int64_t width = (type.byte_levels ? 32 : type.fifth_bits_at ? 24 : 16) * kTileRows;  // a group's bytes in the tile
   for (int64_t g = 0; g < out.groups; ++g) {
     const uint8_t* block = row ? row + g * type.bytes : nullptr;
     uint16_t d = 0, min = 0;
@@ -205,6 +215,13 @@ void put_group_row(const Out& out, const GroupType& type, int64_t t, int64_t j, 
       uint32_t word = block ? word_at(block + type.levels_at + 4 * c) : 0;
       if (block && type.byte_levels) word ^= 0x80808080u;  // int8 q + 128, byte by byte
       std::memcpy(qs + c * 64, &word, 4);
+    }
+    if (!type.fifth_bits_at) continue;
+    const uint32_t fifth = block ? word_at(block + type.fifth_bits_at) : 0;
+    for (int64_t e = 0; e < 2; ++e) {  // top chunk e: levels 16e + 4u + i's fifth bit at bit 2u of byte i, u = 0..3
+      uint32_t tops = 0;
+      for (int64_t u = 0; u < 4; ++u) tops |= to_bytes((fifth >> (16 * e + 4 * u)) & 0xFu) << (2 * u);
+      std::memcpy(qs + 256 + e * 64, &tops, 4);
     }
   }
 }
@@ -225,6 +242,7 @@ int64_t k_block_bytes(bool fifth_bits) { return fifth_bits ? kQ5K.bytes : kQ4K.b
 int64_t group_block_bytes(int64_t kind) { return kGroupTypes[kind].bytes; }
 bool group_byte_levels(int64_t kind) { return kGroupTypes[kind].byte_levels; }
 bool group_with_min(int64_t kind) { return kGroupTypes[kind].with_min; }
+bool group_fifth_bits(int64_t kind) { return kGroupTypes[kind].fifth_bits_at != 0; }
 
 void q4_k_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, bool fifth_bits, const Out& out, int64_t first,
                 int64_t last) {

@@ -393,11 +393,12 @@ void tile_iq4_xs(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::T
 void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch::Tensor m, torch::Tensor d,
                        torch::Tensor dmin) {
   const char* self = "tile_group_blocks";
-  require(kind >= 0 && kind < 4, self, "kind must be 0 (Q4_0), 1 (Q4_1), 2 (IQ4_NL) or 3 (Q8_0)");
+  require(kind >= 0 && kind < 6, self, "kind must be 0 (Q4_0), 1 (Q4_1), 2 (IQ4_NL), 3 (Q8_0), 4 (Q5_0) or 5 (Q5_1)");
   const int64_t bytes = file_tiles::group_block_bytes(kind);
   const int64_t tiles = raw_tiles(self, raw, bytes, 2, "a row must be an even number of whole blocks");
   const int64_t groups = raw.size(1) / bytes, rows = file_tiles::kTileRows;
-  const std::vector<int64_t> qs_shape{tiles, groups, (file_tiles::group_byte_levels(kind) ? 32 : 16) * rows};
+  const int64_t width = file_tiles::group_byte_levels(kind) ? 32 : file_tiles::group_fifth_bits(kind) ? 24 : 16;
+  const std::vector<int64_t> qs_shape{tiles, groups, width * rows};
   require((qs.scalar_type() == torch::kByte || qs.scalar_type() == torch::kChar) && qs.is_contiguous() &&
               qs.sizes().vec() == qs_shape,
           self, "qs must be a contiguous tensor of the tiles' shape");

@@ -55,8 +55,9 @@ void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Ten
                torch::Tensor dmin);
 void tile_iq4_xs(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                  torch::Tensor dmin);
-// Blocks of one 32-group, uint8 [rows, groups·bytes], kind 0 Q4_0, 1 Q4_1, 2 IQ4_NL, 3 Q8_0 → the tiles qs, m, d and
-// Q4_1's dmin (the others' [tiles, groups, 0]: it is d), their scales left out (every one 1) (file_tiles.cpp).
+// Blocks of one 32-group, uint8 [rows, groups·bytes], kind 0 Q4_0, 1 Q4_1, 2 IQ4_NL, 3 Q8_0, 4 Q5_0, 5 Q5_1 → the tiles
+// qs, m, d and Q4_1's and Q5_1's dmin (the others' [tiles, groups, 0]: it is d), their scales left out (every one 1)
+// (file_tiles.cpp).
 void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch::Tensor m, torch::Tensor d,
                        torch::Tensor dmin);
 
