@@ -1,5 +1,5 @@
-// A GGUF's Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles (q4_tiles.h): what
-// quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of them) gives, bit for bit (before leaving
+// A GGUF's Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and Q8_0 blocks as stored → the kernel's tiles
+// (q4_tiles.h): what quant/q4_tiles.py's Q4Tiles.from_block(loading/gguf/blocks.py's decoding of them) gives, bit for bit (before leaving
 // out a dmin equal to d), with no temporary. A start builds a file's layers of those types from the file itself this
 // way, where the stored weights would otherwise hold a second copy of them.
 #include "file_tiles.h"
@@ -151,7 +151,10 @@ void put_iq4_xs_row(const Out& out, int64_t t, int64_t j, const uint8_t* row) {
   for (int64_t b = 0; b < out.blocks; ++b) {
     const uint8_t* block = row ? row + b * kIQ4XSBytes : nullptr;
     uint16_t d = 0, tops = 0;
-    if (block) std::memcpy(&d, block, 2), std::memcpy(&tops, block + 2, 2);
+    if (block) {
+      std::memcpy(&d, block, 2);
+      std::memcpy(&tops, block + 2, 2);
+    }
     out.d[(t * out.blocks + b) * kTileRows + j] = d;
     out.dmin[(t * out.blocks + b) * kTileRows + j] = times_power_of_two(d, 7);
     for (int64_t k = 0; k < kGroups; ++k) {
@@ -200,7 +203,8 @@ constexpr uint32_t to_bytes(uint32_t nibble) {
 // 16 + 4c + i), and Q5_0/Q5_1's fifth bits go on top as 6-bit levels' top bits (Q5_K's); Q8_0's 32 int8 levels go four
 // a vector, + 128. sc is left out (every scale 1) and dmin too, but Q4_1's and Q5_1's.
 void put_group_row(const Out& out, const GroupType& type, int64_t t, int64_t j, const uint8_t* row) {
-  const int64_t width = (type.byte_levels ? 32 : type.fifth_bits_at ? 24 : 16) * kTileRows;  // a group's bytes in the tile
+  // a group's bytes in the tile
+  const int64_t width = (type.byte_levels ? 32 : type.fifth_bits_at ? 24 : 16) * kTileRows;
   for (int64_t g = 0; g < out.groups; ++g) {
     const uint8_t* block = row ? row + g * type.bytes : nullptr;
     uint16_t d = 0, min = 0;

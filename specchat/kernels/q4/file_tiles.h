@@ -16,8 +16,8 @@ struct Out {
   int64_t groups, blocks;
 };
 
-// Bytes of a block: Q4_K 144, Q5_K 176, Q6_K 210, IQ4_XS 136; of a one-group type's (kind 0 Q4_0, 1 Q4_1, 2 IQ4_NL, 3 Q8_0,
-// 4 Q5_0, 5 Q5_1).
+// Bytes of a block: Q4_K 144, Q5_K 176, Q6_K 210, IQ4_XS 136; of a one-group type's (kind 0 Q4_0, 1 Q4_1, 2 IQ4_NL,
+// 3 Q8_0, 4 Q5_0, 5 Q5_1).
 int64_t k_block_bytes(bool fifth_bits);
 constexpr int64_t kQ6Bytes = 210;
 constexpr int64_t kIQ4XSBytes = 136;

@@ -47,16 +47,16 @@ Q4Product q4_product_of(const std::vector<std::vector<torch::Tensor>>& weights);
 torch::Tensor q4_run(const Q4Product& product, const torch::Tensor& x);
 
 // A GGUF's Q4_K blocks, uint8 [rows, blocks·144] (Q5_K's, [rows, blocks·176], with fifth_bits), Q6_K blocks,
-// [rows, blocks·210], or IQ4_XS blocks, [rows, blocks·136] → written into the tiles qs, sc, m, d, dmin (their shapes and dtypes as Q4Tiles holds them,
-// dmin whole) (file_tiles.cpp).
+// [rows, blocks·210], or IQ4_XS blocks, [rows, blocks·136] → written into the tiles qs, sc, m, d, dmin (their shapes
+// and dtypes as Q4Tiles holds them, dmin whole) (file_tiles.cpp).
 void tile_q4_k(torch::Tensor raw, bool fifth_bits, torch::Tensor qs, torch::Tensor sc, torch::Tensor m,
                torch::Tensor d, torch::Tensor dmin);
 void tile_q6_k(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                torch::Tensor dmin);
 void tile_iq4_xs(torch::Tensor raw, torch::Tensor qs, torch::Tensor sc, torch::Tensor m, torch::Tensor d,
                  torch::Tensor dmin);
-// Blocks of one 32-group, uint8 [rows, groups·bytes], kind 0 Q4_0, 1 Q4_1, 2 IQ4_NL, 3 Q8_0, 4 Q5_0, 5 Q5_1 → the tiles
-// qs, m, d and Q4_1's and Q5_1's dmin (the others' [tiles, groups, 0]: it is d), their scales left out (every one 1)
+// Blocks of one 32-group, uint8 [rows, groups·bytes], kind 0 Q4_0, 1 Q4_1, 2 IQ4_NL, 3 Q8_0, 4 Q5_0, 5 Q5_1 → the
+// tiles qs, m, d and Q4_1's and Q5_1's dmin (the others' [tiles, groups, 0]: it is d), their scales left out (every one 1)
 // (file_tiles.cpp).
 void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch::Tensor m, torch::Tensor d,
                        torch::Tensor dmin);
