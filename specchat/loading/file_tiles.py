@@ -1,9 +1,8 @@
 """A GGUF's layers built from the file at every start, so the stored weights need not hold a second copy of them.
 
 Layers of the types in BLOCK_BYTES (Q4_K and Q6_K: all of a Q4_K_M file's; Q5_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1,
-IQ4_NL, Q8_0) run on the w4a8
-kernel as stored (gguf/blocks.py), and their tiles are a shuffle of the file's bits, which the compiled module does at
-about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on disk, the stored
+IQ4_NL, Q8_0) run on the w4a8 kernel as stored (gguf/blocks.py), and their tiles are a shuffle of the file's bits,
+which the compiled module does at about the speed of reading them (kernels/q4/file_tiles.cpp). So where a user's GGUF stays on disk, the stored
 weights keep, for each such layer, only a marker naming the type of the file's tensor ("<layer>.from_file_Q4_K"),
 and a start tiles that tensor straight into its place among the stored tiles (tile_arena.py). A model read a tensor
 at a time (its weights never loaded) has its layers marked where the mode runs the type as stored, the shape fits and
@@ -67,14 +66,15 @@ def block_inputs(kind: str) -> int:
 
 def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtype, list[int]]]:
     """The fields of a layer's tiles (rows × inputs weights) of a type in BLOCK_BYTES: name → (dtype, shape). The K
-    types' whole (dmin not left out; Q5_K's 6-bit levels; Q6_K's too, a scale a 16: halves; IQ4_XS's table indices in
-    halves); the one-group types' without
-    their scales (every one 1) and, but Q4_1's and Q5_1's, without dmin (it is d), as Q4Tiles.compact leaves them out."""
+    types' whole (dmin not left out; Q6_K and IQ4_XS with a scale a 16: halves); the one-group types' without their
+    scales (every one 1) and, but Q4_1's and Q5_1's, without dmin (it is d), as Q4Tiles.compact leaves them out. Levels
+    take 16 bytes a group's tile row (4 bits), 24 (6 bits: Q5_*, Q6_K) or 32 (Q8_0); IQ4's table indices are int8."""
     tiles, groups, blocks = -(-rows // TILE_ROWS), inputs // GROUP, inputs // block_inputs(kind)
+    width = (32 if kind == "Q8_0" else 24 if kind.startswith(("Q5", "Q6")) else 16) * TILE_ROWS
+    qs = (torch.int8 if kind.startswith("IQ4") else torch.uint8, [tiles, groups, width])
     if kind in GROUP_KINDS:
-        width = (32 if kind == "Q8_0" else 24 if kind.startswith("Q5") else 16) * TILE_ROWS
         return {
-            "qs": (torch.int8 if kind == "IQ4_NL" else torch.uint8, [tiles, groups, width]),
+            "qs": qs,
             "sc": (torch.uint8, [tiles, groups, 0]),
             "m": (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS]),
             "d": (torch.float16, [tiles, groups, TILE_ROWS]),
@@ -82,14 +82,8 @@ def tile_shapes(kind: str, rows: int, inputs: int) -> dict[str, tuple[torch.dtyp
         }
     if kind in ("Q6_K", "IQ4_XS"):
         sc = m = (torch.int8, [tiles, groups, 2 * TILE_ROWS])
-        qs = (
-            (torch.uint8, [tiles, groups, 24 * TILE_ROWS])
-            if kind == "Q6_K"
-            else (torch.int8, [tiles, groups, 16 * TILE_ROWS])
-        )
     else:
         sc, m = (torch.uint8, [tiles, groups, TILE_ROWS]), (torch.uint8, [tiles, groups // 2, 2 * TILE_ROWS])
-        qs = (torch.uint8, [tiles, groups, (24 if kind == "Q5_K" else 16) * TILE_ROWS])
     half = (torch.float16, [tiles, blocks, TILE_ROWS])
     return {"qs": qs, "sc": sc, "m": m, "d": half, "dmin": half}
 

@@ -202,9 +202,10 @@ constexpr uint32_t to_bytes(uint32_t nibble) {
 // bytes as they are (byte i: level i low, 16 + i high; the tile's byte 64c + 4j + i holds levels 4c + i and
 // 16 + 4c + i), and Q5_0/Q5_1's fifth bits go on top as 6-bit levels' top bits (Q5_K's); Q8_0's 32 int8 levels go four
 // a vector, + 128. sc is left out (every scale 1) and dmin too, but Q4_1's and Q5_1's.
+int64_t level_bytes(const GroupType& type) { return type.byte_levels ? 32 : type.fifth_bits_at ? 24 : 16; }
+
 void put_group_row(const Out& out, const GroupType& type, int64_t t, int64_t j, const uint8_t* row) {
-  // a group's bytes in the tile
-  const int64_t width = (type.byte_levels ? 32 : type.fifth_bits_at ? 24 : 16) * kTileRows;
+  const int64_t width = level_bytes(type) * kTileRows;  // a group's bytes in the tile
   for (int64_t g = 0; g < out.groups; ++g) {
     const uint8_t* block = row ? row + g * type.bytes : nullptr;
     uint16_t d = 0, min = 0;
@@ -244,9 +245,8 @@ void tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, int64_t first, i
 
 int64_t k_block_bytes(bool fifth_bits) { return fifth_bits ? kQ5K.bytes : kQ4K.bytes; }
 int64_t group_block_bytes(int64_t kind) { return kGroupTypes[kind].bytes; }
-bool group_byte_levels(int64_t kind) { return kGroupTypes[kind].byte_levels; }
+int64_t group_level_bytes(int64_t kind) { return level_bytes(kGroupTypes[kind]); }
 bool group_with_min(int64_t kind) { return kGroupTypes[kind].with_min; }
-bool group_fifth_bits(int64_t kind) { return kGroupTypes[kind].fifth_bits_at != 0; }
 
 void q4_k_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, bool fifth_bits, const Out& out, int64_t first,
                 int64_t last) {

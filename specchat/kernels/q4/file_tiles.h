@@ -22,9 +22,9 @@ int64_t k_block_bytes(bool fifth_bits);
 constexpr int64_t kQ6Bytes = 210;
 constexpr int64_t kIQ4XSBytes = 136;
 int64_t group_block_bytes(int64_t kind);
-bool group_byte_levels(int64_t kind);  // Q8_0: a byte a level (32 bytes a group's row), else a nibble (16)
-bool group_with_min(int64_t kind);     // Q4_1, Q5_1: dmin is the block's −min, written
-bool group_fifth_bits(int64_t kind);   // Q5_0, Q5_1: 6-bit levels (24 bytes a group's row)
+int64_t group_level_bytes(int64_t kind);  // a group's bytes a tile row: Q8_0 32 (a byte a level), Q5_0/Q5_1 24
+                                          // (6-bit levels), else 16 (a nibble)
+bool group_with_min(int64_t kind);        // Q4_1, Q5_1: dmin is the block's −min, written
 
 // Tiles first..last − 1 of a layer whose rows (`rows` of `row_bytes`) are `raw`.
 void q4_k_tiles(const uint8_t* raw, int64_t rows, int64_t row_bytes, bool fifth_bits, const Out& out, int64_t first,

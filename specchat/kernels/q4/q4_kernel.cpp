@@ -397,8 +397,7 @@ void tile_group_blocks(torch::Tensor raw, int64_t kind, torch::Tensor qs, torch:
   const int64_t bytes = file_tiles::group_block_bytes(kind);
   const int64_t tiles = raw_tiles(self, raw, bytes, 2, "a row must be an even number of whole blocks");
   const int64_t groups = raw.size(1) / bytes, rows = file_tiles::kTileRows;
-  const int64_t width = file_tiles::group_byte_levels(kind) ? 32 : file_tiles::group_fifth_bits(kind) ? 24 : 16;
-  const std::vector<int64_t> qs_shape{tiles, groups, width * rows};
+  const std::vector<int64_t> qs_shape{tiles, groups, file_tiles::group_level_bytes(kind) * rows};
   require((qs.scalar_type() == torch::kByte || qs.scalar_type() == torch::kChar) && qs.is_contiguous() &&
               qs.sizes().vec() == qs_shape,
           self, "qs must be a contiguous tensor of the tiles' shape");
