@@ -80,6 +80,12 @@ inline const int16_t* group_sums(const Tiles& w, const Rows& x, int64_t row, int
   return HALVES ? x.half_sums + (row * w.groups + g) * 2 : x.sums + row * w.groups + g;
 }
 
+// Each lane's int32 scale in both its int16 halves (a negative one's low 16 bits): what `madd` multiplies a lane's
+// two int16 pair sums by.
+inline __m256i scale_pairs_of(__m256i scales) {
+  return _mm256_or_si256(_mm256_and_si256(scales, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scales, 16));
+}
+
 // Keeps v in a register at this point: GCC may not reassociate the sums it is part of across it.
 inline void pin(__m256i& v) {
 #if defined(__GNUC__)
@@ -136,9 +142,7 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
   constexpr int RUN = BITS == 4 ? (HALVES ? 4 : 8) : BITS == 6 ? 2 : 1;  // int16 sums never cross a half (8, TABLE: 1)
   constexpr int SCALES = HALVES ? 2 : 1;
   __m256i scale_pairs[SCALES];
-  for (int s = 0; s < SCALES; ++s) {  // each lane's scale in both its int16 halves (a negative one's low 16 bits)
-    scale_pairs[s] = _mm256_or_si256(_mm256_and_si256(scales[s], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scales[s], 16));
-  }
+  for (int s = 0; s < SCALES; ++s) scale_pairs[s] = scale_pairs_of(scales[s]);
   if constexpr (!VNNI && !HALVES && BITS == 4) {
     // 4-bit levels with maddubs: the group's 8 level vectors held in registers, then each row in turn, its int16 run
     // kept in one register (`pin`): left free, GCC summed a row's 8 products as a tree whose temporaries (5 rows: 40)
@@ -200,11 +204,11 @@ inline void group_dots(LevelVector level_vector, const __m256i* scales, const in
 // 512 × 1536 Q4_K product from cache): 5 rows 0.05 against 0.08-0.10 ms a half at a time; 1 row the same.
 template <int R>
 inline void both_halves_dots4(const Tiles& w, int64_t at, const uint8_t* qs, const int8_t* const* levels, __m256i* dot) {
-  __m256i pairs[2];  // each lane's scale in both its int16 halves
+  __m256i pairs[2];
   for (int half = 0; half < 2; ++half) {
     __m256i scales[2];
     group_scales<false>(w, at, half, scales);
-    pairs[half] = _mm256_or_si256(scales[0], _mm256_slli_epi32(scales[0], 16));  // unsigned, below 2^16
+    pairs[half] = scale_pairs_of(scales[0]);
   }
   __m256i acc[2][R];
   for (int h = 0; h < 2; ++h)
@@ -235,8 +239,7 @@ inline void both_halves_dots6(const Tiles& w, int64_t at, const uint8_t* qs, con
   for (int half = 0; half < 2; ++half) {
     __m256i scales[2];
     group_scales<true>(w, at, half, scales);
-    for (int s = 0; s < 2; ++s)
-      pairs[half][s] = _mm256_or_si256(_mm256_and_si256(scales[s], _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(scales[s], 16));
+    for (int s = 0; s < 2; ++s) pairs[half][s] = scale_pairs_of(scales[s]);
   }
 #pragma GCC unroll 4
   for (int q = 0; q < 8; q += 2) {
@@ -331,7 +334,10 @@ inline void block_dots(const Unpacked& u, int64_t per_block, const int8_t* const
   for (int64_t g = 0; g < per_block; ++g) {
     const int8_t* group[R];
     const int16_t* group_sum[R];
-    for (int r = 0; r < R; ++r) group[r] = levels[r] + g * GROUP, group_sum[r] = sums[r] + (HALVES ? 2 : 1) * g;
+    for (int r = 0; r < R; ++r) {
+      group[r] = levels[r] + g * GROUP;
+      group_sum[r] = sums[r] + (HALVES ? 2 : 1) * g;
+    }
     const auto vector = [&](int q) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(u.levels[g][q] + half * 32)); };
     __m256i scales[2];
     for (int s = 0; s < (HALVES ? 2 : 1); ++s) scales[s] = _mm256_load_si256(reinterpret_cast<const __m256i*>(u.scales[g][s][half]));
