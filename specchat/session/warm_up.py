@@ -17,6 +17,7 @@ from specchat.speculative.events import ReplyEnd
 from specchat.speculative.gamma import AutoGamma
 from specchat.speculative.step import StepResult
 
+WARM_TOKENS = 2  # the prompt's forward and one step's: each kind of forward's first-call set-up (a 7B: 2 more, 0.3 s)
 TIMED_STEPS = 3  # a target step and γ drafter forwards each: where every draft is rejected, 3 of 8 tokens' steps
 
 
@@ -25,7 +26,7 @@ def warm_up(session: ChatSession) -> PairCost | None:
     with a drafter, a second one timed for the pair's expected speed (session/pair_cost.py)."""
     cfg = session.config
     mode = Mode.SPEC if session.has_drafter else Mode.TARGET
-    sampling = dataclasses.replace(cfg.sampling, max_new_tokens=4)
+    sampling = dataclasses.replace(cfg.sampling, max_new_tokens=WARM_TOKENS)
     probe_template(session.tokenizer, session.system_prompt)  # a template that loops or grows: one line, now
     ids = session.render([{"role": "user", "content": "Say hello."}])
     check_system_prompt_fits(session, len(ids))
