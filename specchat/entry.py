@@ -7,6 +7,7 @@ import gc
 import sys
 from typing import NoReturn
 
+from specchat import early_pages
 from specchat.threads import set_wait_policy
 
 HELP = ("-h", "--help")
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     helped = quick_help(argv)
     if helped is not None:
         return helped
+    if argv[:1] != ["train-drafter"]:
+        early_pages.start(argv)  # the tiles' fresh pages faulted in while the imports below run (early_pages.py)
     if argv[:1] == ["serve"]:
         from specchat.serve.cli import main as serve
 

@@ -19,6 +19,17 @@ def resident_bytes(statm: Path = STATM) -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
+def available_memory(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """The memory the system has available (MemAvailable), or its physical memory where it does not say."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def release_freed_memory() -> bool:
     """Hand the heap's freed pages back to the system (glibc's malloc_trim). Loading frees GBs of temporaries
     (cached blocks before they are fused): 0.2 GB of the bundled pair's resident set stayed with the heap.

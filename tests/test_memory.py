@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from conftest import make_engine, prompt_ids
 
 from specchat.config import SamplingConfig, SpeculationConfig
-from specchat.memory import resident_bytes
+from specchat.memory import available_memory, resident_bytes
 from specchat.speculative import model_io
 from specchat.tui.stats_view import memory_text
 
@@ -70,3 +72,12 @@ def test_a_reply_gives_the_heaps_freed_pages_back_before_it_reads_its_resident_m
         )
     )[-1]
     assert calls == ["release", "resident"] and done.stats.resident_bytes == 1
+
+
+def test_available_memory_is_memavailable_or_the_physical_memory(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683264 kB\nMemAvailable:   23281664 kB\n")
+    assert available_memory(meminfo) == 23281664 * 1024
+    meminfo.write_text("MemTotal:       24683264 kB\n")  # an old kernel: no MemAvailable
+    assert available_memory(meminfo) == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert available_memory(tmp_path / "missing") == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -14,33 +14,20 @@ as long as any of the tensors does.
 
 from __future__ import annotations
 
-import mmap
-import sys
 import weakref
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from specchat import early_pages
+from specchat.early_pages import HUGE_PAGE, THP_SETTING, anonymous_region, huge_pages_offered
 from specchat.memory import FreedPages, release_freed_memory
 from specchat.quant.w4a8 import Q4Linear
 
-HUGE_PAGE = 2 << 20
 # bytes moved between handing the old pages back (the warm start's peak: 2.19 -> 2.11 GB at 64 MB)
 RETURN_EVERY = 16 << 20
 ALIGN = 64  # each storage's first byte, as torch's allocator aligns them (the kernels read them with SIMD loads)
-THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def huge_pages_offered(setting: Path = THP_SETTING) -> bool:
-    """Whether this system gives a region that asks for them transparent huge pages (Linux, not "[never]")."""
-    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return False
-    try:
-        text = setting.read_text()
-    except OSError:
-        return False
-    return "[" in text and "[never]" not in text
 
 
 def w4a8_tensors(model: nn.Module) -> list[torch.Tensor]:
@@ -62,19 +49,13 @@ def huge_page_region(nbytes: int, setting: Path = THP_SETTING, touched: bool = F
     """A uint8 tensor of `nbytes` in an anonymous region that asks for 2 MB pages, its first byte 2 MB-aligned;
     None where they are not offered, there is no room, or the kernel refuses the advice. The region lives as long
     as any tensor viewing it. `touched`: zeroed up front, every page resident at once (for a region a file is read
-    into; a copy that frees the old pages as it goes leaves them to fault in one at a time, so as not to hold both)."""
-    if not huge_pages_offered(setting):
+    into; a copy that frees the old pages as it goes leaves them to fault in one at a time, so as not to hold both):
+    one faulted in ahead of this size where the start made one (early_pages.py)."""
+    early = early_pages.take(nbytes) if touched else None
+    mapped = early if early is not None else anonymous_region(nbytes, setting)
+    if mapped is None:
         return None
-    try:
-        region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)
-    except OSError:
-        return None
-    try:
-        region.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:
-        region.close()
-        return None
-    whole = torch.frombuffer(region, dtype=torch.uint8)  # holds the region while any tensor points into it
+    whole = torch.frombuffer(mapped, dtype=torch.uint8)  # holds the region while any tensor points into it
     start = -whole.data_ptr() % HUGE_PAGE
     address = whole.data_ptr()
     REGIONS.add(address)
@@ -82,7 +63,7 @@ def huge_page_region(nbytes: int, setting: Path = THP_SETTING, touched: bool = F
     region = whole[start : start + nbytes]
     # reading 1 GB of a file into fresh pages of such a region took 1.12 s, zeroing it first 0.06 s and the read then
     # 0.09 s (Zen 5; 0.45 s into torch.empty)
-    return region.zero_() if touched else region
+    return region.zero_() if touched and early is None else region
 
 
 def outside_regions(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specchat.config import Config
+from specchat.early_pages import held_bytes
 from specchat.errors import ModelLoadError
 from specchat.loading.assets import AssetError, bundled_model, find_parts
 from specchat.loading.gguf.header import read_tensors
 from specchat.loading.plan import ModelPlan
+from specchat.memory import available_memory
 
 GB = 1e9
 RUNTIME_BYTES = int(0.5 * GB)  # torch, transformers and Python themselves, beside the weights
@@ -128,7 +130,7 @@ def _safetensors_params(folder: Path) -> tuple[int, int, int]:
 def available_bytes() -> tuple[int, str]:
     """What this process may still take, and what sets it: the memory the system has available, a cgroup's
     memory.max less what the cgroup holds, or RLIMIT_AS less what the process has mapped: the least of them."""
-    limits = [(_meminfo_available(), "memory available")]
+    limits = [(available_memory(), "memory available")]
     cgroup = _cgroup_room()
     if cgroup is not None:
         limits.append((cgroup, "the cgroup's memory.max"))
@@ -136,16 +138,6 @@ def available_bytes() -> tuple[int, str]:
     if soft != resource.RLIM_INFINITY:
         limits.append((soft - _mapped_bytes(), "the process's RLIMIT_AS"))
     return min((room, why) for room, why in limits if room is not None)
-
-
-def _meminfo_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _cgroup_room() -> int | None:
@@ -172,6 +164,7 @@ def check_memory(plans: list[ModelPlan], cfg: Config, available: tuple[int, str]
     if not needs:
         return
     room, why = available or available_bytes()
+    room += held_bytes()  # pages faulted in ahead for this pair's tiles (early_pages.py): counted in its weights
     target = needs[0] if needs[0].label.startswith("target") else needs[-1]
     context = cfg.ui.context_limit or target.context
     fixed = sum(need.weights for need in needs) + max(need.temporary for need in needs) + RUNTIME_BYTES

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from specchat import early_pages
 from specchat.config import Config, ModelConfig
 from specchat.errors import ModelLoadError
 from specchat.loading.attach import attach, pair_sampler
@@ -83,6 +84,7 @@ def load_pair(cfg: Config, progress: Progress | None = None) -> LoadedPair:
         for plan in plans:
             loaded[plan.role] = load_planned(plan, progress, tokenizers)
             release_freed_memory()  # the target's temporaries back to the system before the drafter's come
+    early_pages.finish()  # what was faulted in ahead and not taken unmapped; the sizes taken remembered
     target, tokenizer, target_facts = loaded["target"]
     drafter, drafter_tok, drafter_facts = loaded.get("drafter", (None, None, None))
     verdict = judge_pair(tokenizer, drafter_tok, drafter, drafter_facts.name) if drafter is not None else None

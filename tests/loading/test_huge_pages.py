@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specchat.loading import huge_pages
+from specchat import early_pages
 from specchat.loading.huge_pages import HUGE_PAGE, huge_pages_offered, into_huge_pages, w4a8_tensors
 
 offered = pytest.mark.skipif(not huge_pages_offered(), reason="this system offers no transparent huge pages")
@@ -83,7 +83,7 @@ def test_nothing_moves_where_huge_pages_are_off_or_unknown(tmp_path, setting):
 
 
 def test_huge_pages_are_offered_where_the_setting_is_madvise_or_always(tmp_path, monkeypatch):
-    monkeypatch.setattr(huge_pages.sys, "platform", "linux")
+    monkeypatch.setattr(early_pages.sys, "platform", "linux")
     path = tmp_path / "enabled"
     for text, expected in [("always [madvise] never", True), ("[always] madvise never", True), ("", False)]:
         path.write_text(text)
@@ -110,7 +110,7 @@ def test_loading_a_w4a8_model_moves_its_tiles(tokenizer, tmp_path, monkeypatch):
 def test_the_tiles_stay_where_they_are_when_the_region_cannot_be_had(monkeypatch, tmp_path, fails):
     path = tmp_path / "enabled"
     path.write_text("always [madvise] never")
-    monkeypatch.setattr(huge_pages.sys, "platform", "linux")
+    monkeypatch.setattr(early_pages.sys, "platform", "linux")
 
     class Region:
         def __init__(self, *args, **kwargs):
@@ -123,7 +123,7 @@ def test_the_tiles_stay_where_they_are_when_the_region_cannot_be_had(monkeypatch
         def close(self):
             pass
 
-    monkeypatch.setattr(huge_pages.mmap, "mmap", Region)
+    monkeypatch.setattr(early_pages.mmap, "mmap", Region)
     tensor = torch.arange(5000, dtype=torch.float32)
     address = tensor.data_ptr()
     assert into_huge_pages([tensor], path) == 0

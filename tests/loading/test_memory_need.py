@@ -14,6 +14,7 @@ from tiny_models import build_tokenizer
 
 from specchat.config import Config, ModelConfig, RuntimeConfig, UIConfig
 from specchat.errors import ModelLoadError
+from specchat.loading import memory_need
 from specchat.loading.memory_need import GB, RUNTIME_BYTES, check_memory, model_need
 from specchat.loading.plan import plan_pair
 
@@ -54,6 +55,18 @@ def test_a_pair_that_does_not_fit_is_one_line_with_the_figures_and_a_context_tha
     assert "set ui.context_limit=299008 or less" in message and "smaller quantization" in message
     check_memory(plans, replace(cfg, ui=UIConfig(context_limit=299_008)), available=(room, "memory available"))
     check_memory(plans, replace(cfg, runtime=RuntimeConfig(memory_check=False)), available=(1, "memory available"))
+
+
+def test_pages_faulted_in_ahead_for_the_tiles_count_as_room(gguf_path, monkeypatch):
+    cfg = cfg_for(gguf_path, context_limit=1_000_000)
+    plans = plan_pair(cfg)
+    need = model_need(plans[0], "float16")
+    room = need.weights + need.temporary + RUNTIME_BYTES + 1_000_000 * KV_A_TOKEN  # just enough
+    check_memory(plans, cfg, available=(room, "memory available"))
+    with pytest.raises(ModelLoadError):
+        check_memory(plans, cfg, available=(room - 4096, "memory available"))
+    monkeypatch.setattr(memory_need, "held_bytes", lambda: 4096)  # held for this pair's own tiles (early_pages.py)
+    check_memory(plans, cfg, available=(room - 4096, "memory available"))
 
 
 def test_a_process_whose_memory_is_capped_is_refused_before_loading(gguf_path, tmp_path):

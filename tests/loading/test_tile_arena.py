@@ -4,11 +4,13 @@ side, so their fused tiles are views, not copies; the same products as tiles rea
 from __future__ import annotations
 
 import copy
+import ctypes
 
 import pytest
 import torch
 from tiny_models import build_model
 
+from specchat import early_pages
 from specchat.loading import huge_pages, stored_weights, tensor_file
 from specchat.loading.tile_arena import placer, side_by_side_runs
 from specchat.quant.q4_block import Q4Block
@@ -105,3 +107,20 @@ def test_only_a_region_read_into_is_resident_up_front():
     assert untouched is not None and _resident_mb() - before < 64
     touched = huge_pages.huge_page_region(256 << 20, touched=True)
     assert touched is not None and _resident_mb() - before >= 240
+
+
+@pytest.mark.skipif(not huge_pages.huge_pages_offered(), reason="this system offers no transparent huge pages")
+def test_a_region_read_into_is_the_one_faulted_in_ahead_for_its_size(tmp_path, monkeypatch):
+    start = early_pages.EarlyRegions(tmp_path / "regions.json", "this")
+    start.start([3 << 20])
+    monkeypatch.setattr(early_pages, "_START", start)
+    assert huge_pages.huge_page_region(3 << 20) is not None and start.held() == 3 << 20  # a copy's: not taken
+    start.thread.join()
+    first = ctypes.c_char.from_buffer(start.ready[0])
+    early = ctypes.addressof(first)
+    del first
+    region = huge_pages.huge_page_region(3 << 20, touched=True)
+    assert start.held() == 0 and early <= region.data_ptr() < early + huge_pages.HUGE_PAGE
+    assert region.data_ptr() % huge_pages.HUGE_PAGE == 0 and region.shape == (3 << 20,) and not region.any()
+    start.finish()
+    assert early_pages.read_hints(tmp_path / "regions.json") == {"this": [3 << 20]}
