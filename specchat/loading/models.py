@@ -140,7 +140,8 @@ def load_planned(plan: ModelPlan, progress: Progress | None = None, tokenizers: 
         report(progress, f"loading {plan.label}", None)
         weights = load_weights(checkpoint, plan)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="specchat-tokenizer") as beside:
-            # read while quantize's compiled work (fresh pages, tiling) runs without the GIL: a 7B's warm start 1.3 s
+            # read while quantize's compiled work runs without the GIL: where the tiles' pages are faulted in here
+            # (no region faulted in ahead: early_pages.py), 1.3 s off a 7B's warm start
             tokenizing = beside.submit(shared_tokenizer, checkpoint, plan, tokenizers)
             quantized = quantize(weights.model, checkpoint, plan, progress)
         tokenizer, template = tokenizing.result()
