@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 
 from specchat.cache_folder import cache_dir
+from specchat.fileio import write_text_atomic
 from specchat.memory import available_memory
 
 HUGE_PAGE = 2 << 20
@@ -95,22 +96,21 @@ def _sizes_ok(sizes: object) -> bool:
     )
 
 
-def write_hints(path: Path, hints: dict[str, list[int]]) -> None:
-    """The latest KEPT command lines' sizes, written whole (a start reading it meanwhile sees the old or the new)."""
-    kept = dict(list(hints.items())[-KEPT:])
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
+def write_hints(path: Path, hints: dict[str, list[int]]) -> bool:
+    """The latest KEPT command lines' sizes, written whole (a start reading it meanwhile sees the old or the new);
+    False where the cache took no file (read-only, full): the next start then faults its pages in the ordinary way."""
     try:
-        partial.write_text(json.dumps(kept))
-        os.replace(partial, path)
-    except OSError:  # a read-only or full cache: the next start faults its pages in the ordinary way
-        partial.unlink(missing_ok=True)
+        write_text_atomic(path, json.dumps(dict(list(hints.items())[-KEPT:])))
+    except OSError:
+        return False
+    return True
 
 
 class EarlyRegions:
     """One start's regions: those faulted in ahead (for the sizes its command line took last time) and the sizes
     taken, to be remembered for the next start."""
 
-    def __init__(self, hints: Path | None, key: str):
+    def __init__(self, hints: Path, key: str):
         self.hints, self.key = hints, key
         self.waiting: list[int] = []  # sizes faulted in ahead and not yet taken
         self.ready: list[mmap.mmap] = []
@@ -156,7 +156,7 @@ class EarlyRegions:
         for region in self.ready:
             region.close()
         self.ready, self.waiting = [], []
-        if self.hints is not None and self.taken[:MOST_REGIONS]:
+        if self.taken:
             hints = read_hints(self.hints)
             hints.pop(self.key, None)  # to the end: the latest
             write_hints(self.hints, {**hints, self.key: self.taken[:MOST_REGIONS]})

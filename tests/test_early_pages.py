@@ -114,3 +114,6 @@ def test_a_cache_that_cannot_be_written_only_loses_the_hint(tmp_path):
     start.take(MB)
     start.finish()  # no error: the next start faults its pages in the ordinary way
     assert read_hints(hints) == {} and list(tmp_path.iterdir()) == []
+    assert not early_pages.write_hints(hints, {"this": [MB]})
+    assert early_pages.write_hints(tmp_path / "regions.json", {"this": [MB]})
+    assert read_hints(tmp_path / "regions.json") == {"this": [MB]}
