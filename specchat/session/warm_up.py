@@ -23,7 +23,9 @@ TIMED_STEPS = 3  # a target step and γ drafter forwards each: where every draft
 
 def warm_up(session: ChatSession) -> PairCost | None:
     """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply; then,
-    with a drafter, a second one timed for the pair's expected speed (session/pair_cost.py)."""
+    with a drafter, a second one timed for the pair's expected speed (session/pair_cost.py). The replies are
+    forgotten, their prompt's cache is not: it begins with the system prompt, as the user's first prompt does, so
+    that reply reads only its own message (a 7B target's first reply to "hi": 6 tokens, not 20)."""
     cfg = session.config
     mode = Mode.SPEC if session.has_drafter else Mode.TARGET
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=WARM_TOKENS)
@@ -32,7 +34,6 @@ def warm_up(session: ChatSession) -> PairCost | None:
     check_system_prompt_fits(session, len(ids))
     run_to_end(session.engine.steps(ids, sampling, dataclasses.replace(cfg.speculation, mode=mode)))
     cost = _timed_cost(session, ids, sampling) if mode == Mode.SPEC and cfg.speculation.drafter != "lookup" else None
-    session.engine.reset()
     session.engine.use_policy(AutoGamma())  # warm-up timings include first-call set-up: learn c afresh
     return cost
 

@@ -61,7 +61,7 @@ class ReplyStats:
     drafter_time_s: float = 0.0  # summed over timed (non-prefill) drafter forwards
     target_timed: int = 0
     drafter_timed: int = 0
-    reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
+    reused_tokens: int = 0  # prompt tokens whose KV was cached (the last turn's, or the warm-up's system prompt)
     prefill_tokens: int = 0  # prompt tokens read into the target's cache before the first step
     prefill_s: float = 0.0  # the time that took (part of wall_s and ttft_s)
     kv_bytes: int = 0  # the target's KV cache at the reply's end (as allocated)

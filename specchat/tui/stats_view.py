@@ -47,7 +47,7 @@ def reply_summary(stats: ReplyStats, stop_reason: str) -> Table:
         (
             "tokens",
             f"{stats.new_tokens} new{' (the end-of-turn token included)' if stop_reason == 'eos' else ''} · "
-            f"{stats.prompt_tokens} prompt ({stats.reused_tokens} reused from the previous turn's cache, "
+            f"{stats.prompt_tokens} prompt ({stats.reused_tokens} reused from the cache, "
             f"{stats.prefill_tokens} read)",
         ),
         (

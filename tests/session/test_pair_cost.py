@@ -9,8 +9,10 @@ import pytest
 from rich.console import Console
 from tinypair import loader, tiny_pair
 
-from specchat.config import Config, SpeculationConfig
+from specchat.config import Config, SamplingConfig, SpeculationConfig
 from specchat.session.pair_cost import PairCost, measured_cost
+from specchat.speculative.drafters.lookup import common_prefix_len
+from specchat.speculative.events import ReplyDone
 from specchat.speculative.metrics import ReplyStats, leviathan_speedup
 from specchat.tui import cli, render
 
@@ -53,8 +55,27 @@ def test_the_start_times_the_pair_and_the_banner_says_it(tokenizer, target, unre
     # an unrelated drafter's drafts are rejected, a token a step: the timed reply stops after its first steps
     [stats] = timed
     assert stats.target_timed == warm_up.TIMED_STEPS and stats.new_tokens < 8 and stats.reused_tokens > 0
-    assert session.engine.target_seen == 0 and session.engine.ids == []  # the timed reply is forgotten
+    assert session.messages == [] and session.records == []  # the timed reply is forgotten
     assert "\n         · expected: c " in render.banner(pair, "model", cost.line()).plain
+
+
+@pytest.mark.parametrize("mode", ["spec", "target"])
+def test_the_first_reply_reads_only_its_message_and_is_exact(tokenizer, target, unrelated_drafter_model, mode):
+    """The warm-up's prompt cache is kept: the user's first prompt shares its system prompt and reads only the
+    rest, and its greedy reply is transformers' own."""
+    from conftest import hf_greedy
+
+    pair = tiny_pair(tokenizer, target, unrelated_drafter_model)
+    config = Config(sampling=SamplingConfig(max_new_tokens=12), speculation=SpeculationConfig(mode=mode))
+    _, session, _ = cli.prepare(config, loader(pair), None, Console(file=io.StringIO()))
+    warm = session.render([{"role": "user", "content": "Say hello."}])  # the warm-up's prompt
+    [done] = [e for e in session.reply("what do foxes eat?") if isinstance(e, ReplyDone)]
+    prompt = session.last_prompt_ids
+    shared = common_prefix_len(warm, prompt)  # the system prompt and the user turn's opening
+    assert tokenizer.decode(prompt[:shared]).startswith("<|im_start|>system\nYou are a helpful assistant.")
+    assert done.stats.reused_tokens == shared
+    assert done.stats.prefill_tokens == len(prompt) - 1 - done.stats.reused_tokens
+    assert list(done.ids) == hf_greedy(target, prompt, len(done.ids))
 
 
 def test_no_drafter_no_line(tokenizer, target):

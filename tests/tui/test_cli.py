@@ -47,7 +47,7 @@ def test_one_shot_in_a_pipe_writes_the_reply_alone_and_its_stats_line_to_stderr(
     assert out.count("\n") == 1 and not re.search("[⟦⟧⟨⟩⦃⦄✂]", out)
     assert re.fullmatch(
         r"✂ \[cut: /max reached\] · 6 tok · [\d.]+ tok/s · ttft [\d.]+ s · prompt \d+ tok in [\d.]+ s "
-        r"\([\d,]+ tok/s\) · accepted \d+/\d+ drafts \(\d+%\) · "
+        r"\([\d,]+ tok/s, [\d,]+ more cached\) · accepted \d+/\d+ drafts \(\d+%\) · "
         r"[\d.]+ tok/step · γ 4 · hit max tokens \(/max\)",
         err.splitlines()[-1],
     ), err
@@ -70,7 +70,9 @@ def test_json_output_is_one_object_with_the_exact_prompt_ids(pair, tokenizer):
     assert "".join(t["text"] for t in data["tokens"]) == data["text"]
     assert {t["origin"] for t in data["tokens"]} <= {"drafted", "corrected", "bonus", "target"}
     assert data["stats"]["gamma"] == 2 and data["stats"]["prompt_tokens"] == len(data["prompt_ids"])
-    assert data["stats"]["reused_tokens"] == 0  # the warm-up reply left no cached state behind
+    reused = data["stats"]["reused_tokens"]  # the warm-up's system prompt, its cache kept; its reply forgotten
+    assert tokenizer.decode(data["prompt_ids"][:reused]).startswith("<|im_start|>system\nYou are a helpful assistant.")
+    assert "hi" in tokenizer.decode(data["prompt_ids"][reused:])  # the message itself is read
 
 
 def test_prompt_from_stdin_when_it_is_not_a_terminal(pair):

@@ -177,7 +177,7 @@ def test_legend_lists_the_origins_of_the_mode():
 
 STATS_SCREEN = """\
 last reply  mode spec
-tokens      96 new (the end-of-turn token included) · 30 prompt (0 reused from the previous turn's cache, 0 read)
+tokens      96 new (the end-of-turn token included) · 30 prompt (0 reused from the cache, 0 read)
 time        9.80 s · ttft 0.31 s · prompt read in 0.00 s · 9.8 tok/s generating
 acceptance  accepted 71/88 drafts (81%) · γ 4
 steps       28 target forwards (0 copied, 22 model-drafted, 6 target-only) · 88 drafter forwards · 3.43 tok/step
