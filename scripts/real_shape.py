@@ -23,6 +23,7 @@ process that loaded the file once, or the other way round), for ratios that see 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -392,6 +393,14 @@ def cpu_name() -> str:
     return platform.processor() or "?"
 
 
+def rounds_text(entries: list[dict]) -> str:
+    """The rounds behind the medians: each tool's entries per file, "4", or "2–4" where files had different counts
+    (results of several runs put together)."""
+    counts = collections.Counter((e["file"], e["tool"]) for e in entries).values()
+    low, high = min(counts, default=0), max(counts, default=0)
+    return str(low) if low == high else f"{low}–{high}"
+
+
 def table(results: Path) -> str:
     """One row per file: each tool's medians over the rounds, and the ratios."""
     entries = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
@@ -400,7 +409,7 @@ def table(results: Path) -> str:
     threads = sorted({str(e["threads"]) for e in entries if e.get("threads")})
     lines = [
         f"CPU: {cpu_name()} · specchat kernel path: {', '.join(kernels) or '—'} · threads {', '.join(threads)} · "
-        f"{len(entries) // max(1, 2 * len(files))} round(s), medians",
+        f"{rounds_text(entries)} round(s), medians",
         "",
         "| file | llama.cpp tg tok/s | specchat tok/s | ratio | llama.cpp T(1) ms | specchat T(1) ms "
         "| llama.cpp T(5)/T(1) | specchat T(5)/T(1) | llama.cpp T(9)/T(1) | specchat T(9)/T(1) "

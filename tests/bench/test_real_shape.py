@@ -72,3 +72,21 @@ def test_llama_benchs_prompts_of_5_and_9_give_their_ratios(tmp_path):
     result = real_shape().llama_bench_rows(tmp_path / "bench.json", "f.gguf", 32)
     assert result["tg_tok_s"] == 10.0 and result["t5_over_t1"] == pytest.approx(1.25)
     assert result["t9_over_t1"] == pytest.approx(2.0)
+
+
+def test_the_table_says_how_many_rounds_each_file_had(tmp_path):
+    """Results of several runs put together: the rounds line gives the range, not an average."""
+    row = {"t1_ms": 100.0, "t5_over_t1": 1.2, "t9_over_t1": 1.8, "threads": 2, "build": "b1"}
+    entries = [
+        {**row, "file": "a.gguf", "tool": tool, "tg_tok_s": 5.0, "decode_tok_s": 7.0, "kernel": "avx2"}
+        for tool in ("llama.cpp", "specchat")
+        for _ in range(4)
+    ] + [
+        {**row, "file": "b.gguf", "tool": tool, "tg_tok_s": 5.0, "decode_tok_s": 7.0}
+        for tool in ("llama.cpp", "specchat")
+    ]
+    results = tmp_path / "results.jsonl"
+    results.write_text("\n".join(__import__("json").dumps(e) for e in entries))
+    assert " · 1–4 round(s), medians" in real_shape().table(results).splitlines()[0]
+    results.write_text("\n".join(__import__("json").dumps(e) for e in entries[:8]))
+    assert " · 4 round(s), medians" in real_shape().table(results).splitlines()[0]
