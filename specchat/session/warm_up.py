@@ -25,7 +25,7 @@ def warm_up(session: ChatSession) -> PairCost | None:
     """One short throw-away reply, so first-call kernel set-up is not billed to the user's first reply; then,
     with a drafter, a second one timed for the pair's expected speed (session/pair_cost.py). The replies are
     forgotten, their prompt's cache is not: it begins with the system prompt, as the user's first prompt does, so
-    that reply reads only its own message (a 7B target's first reply to "hi": 6 tokens, not 20)."""
+    that reply reads only its own message (a 7B target's first reply to "hi": 5 tokens read, not 19)."""
     cfg = session.config
     mode = Mode.SPEC if session.has_drafter else Mode.TARGET
     sampling = dataclasses.replace(cfg.sampling, max_new_tokens=WARM_TOKENS)

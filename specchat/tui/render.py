@@ -302,7 +302,8 @@ def time_split(stats: ReplyStats) -> str:
 
 
 def prompt_text(stats: ReplyStats) -> str:
-    """`prompt 4,102 tok in 19.3 s (213 tok/s)`, and `, 1,960 more cached` when part of it was cached (the last turn, the warm-up's system prompt)."""
+    """`prompt 4,102 tok in 19.3 s (213 tok/s)`, and `, 1,960 more cached` when part of it was cached (the last
+    turn's, or on the first the warm-up's system prompt)."""
     rate = f"{stats.prefill_tokens_per_s:,.0f} tok/s" if stats.prefill_s > 0 else ""
     cached = f"{stats.reused_tokens:,} more cached" if stats.reused_tokens else ""
     detail = ", ".join(part for part in (rate, cached) if part)
