@@ -9,19 +9,21 @@ So each start remembers, for its command line, the sizes of the regions it took,
 later start with the same command line maps regions of those sizes and faults them in on a thread of its own from
 its first line (libc's memset, which runs without the GIL) while the main thread imports. A placement takes one of
 exactly the size it needs (`take`); one left untaken is unmapped once the models are loaded (`finish`). A size that
-differs costs a region faulted in vain, never a wrong one; what is held meanwhile counts as room in the memory check
-(loading/memory_need.py). Nothing here imports torch: entry.py starts it before anything else.
+differs costs a region faulted in vain, never a wrong one; what is resident of it meanwhile counts as room in the
+memory check (loading/memory_need.py). Nothing here imports torch: entry.py starts it before anything else.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import mmap
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from specchat.cache_folder import cache_dir
@@ -33,6 +35,7 @@ THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 HINTS = "regions.json"  # in the cache: {command line's key: [bytes of each region its last start took]}
 KEPT = 16  # command lines remembered, the latest
 MOST_REGIONS = 8  # a start's regions remembered (a pair: 2)
+CHUNK = 64 << 20  # bytes faulted in a call, between which the bytes held so far are counted (held())
 
 
 def huge_pages_offered(setting: Path = THP_SETTING) -> bool:
@@ -63,11 +66,15 @@ def anonymous_region(nbytes: int, setting: Path = THP_SETTING) -> mmap.mmap | No
     return region
 
 
-def fault_in(region: mmap.mmap) -> None:
-    """Every page of the mapping resident now, zeros, written by libc's memset (outside the GIL)."""
+def fault_in(region: mmap.mmap, done: Callable[[int], None] = lambda nbytes: None) -> None:
+    """Every page of the mapping resident now, zeros, written by libc's memset (outside the GIL) CHUNK bytes at a
+    time, each chunk's bytes told to `done` once they are resident."""
     first = ctypes.c_char.from_buffer(region)
     try:
-        ctypes.memset(ctypes.addressof(first), 0, len(region))
+        for offset in range(0, len(region), CHUNK):
+            nbytes = min(CHUNK, len(region) - offset)
+            ctypes.memset(ctypes.addressof(first) + offset, 0, nbytes)
+            done(nbytes)
     finally:
         del first  # the mapping can be closed again
 
@@ -112,8 +119,9 @@ class EarlyRegions:
 
     def __init__(self, hints: Path, key: str):
         self.hints, self.key = hints, key
-        self.waiting: list[int] = []  # sizes faulted in ahead and not yet taken
-        self.ready: list[mmap.mmap] = []
+        self.waiting: list[int] = []  # sizes asked for ahead and not yet taken: a take of one waits for the thread
+        self.ready: list[mmap.mmap] = []  # faulted in whole, not yet taken
+        self.in_flight = 0  # bytes of the region being faulted in that are resident already
         self.taken: list[int] = []
         self.thread: threading.Thread | None = None
 
@@ -128,8 +136,18 @@ class EarlyRegions:
             region = anonymous_region(size)
             if region is None:
                 return
-            fault_in(region)
+            fault_in(region, functools.partial(self._resident, size))
+            self.in_flight = 0  # before the region counts among the ready: held() may read low a moment, never high
             self.ready.append(region)
+
+    def _resident(self, size: int, nbytes: int) -> None:
+        """`nbytes` more of the region being faulted in are resident (at most its `size`: the alignment page aside)."""
+        self.in_flight = min(size, self.in_flight + nbytes)
+
+    def wait(self) -> None:
+        """Until every region is faulted in (or the thread gave up)."""
+        if self.thread is not None:
+            self.thread.join()
 
     def take(self, nbytes: int) -> mmap.mmap | None:
         """A region faulted in ahead for exactly `nbytes` (anonymous_region's layout), once; None where none was."""
@@ -137,8 +155,7 @@ class EarlyRegions:
         if nbytes not in self.waiting:
             return None
         self.waiting.remove(nbytes)
-        if self.thread is not None:
-            self.thread.join()
+        self.wait()
         for region in self.ready:
             if len(region) == nbytes + HUGE_PAGE:
                 self.ready.remove(region)
@@ -146,13 +163,13 @@ class EarlyRegions:
         return None
 
     def held(self) -> int:
-        """Bytes faulted in ahead (or about to be) and not taken yet."""
-        return sum(self.waiting)
+        """Bytes of the regions faulted in ahead that are resident now and not taken yet (a region's pages still to
+        fault are still in the system's available memory: counting them here too would count them twice)."""
+        return sum(len(region) - HUGE_PAGE for region in list(self.ready)) + self.in_flight
 
     def finish(self) -> None:
         """Unmap what was not taken, and remember the sizes taken for the next start of this command line."""
-        if self.thread is not None:
-            self.thread.join()
+        self.wait()
         for region in self.ready:
             region.close()
         self.ready, self.waiting = [], []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import threading
 
 import pytest
 
@@ -47,7 +48,8 @@ def test_only_the_latest_command_lines_are_kept(tmp_path):
 def test_the_regions_remembered_are_faulted_in_and_taken_once_each_of_their_own_size(tmp_path):
     start = EarlyRegions(tmp_path / "regions.json", "this")
     start.start([3 * MB, 5 * MB])
-    assert start.held() == 8 * MB
+    start.wait()
+    assert start.held() == 8 * MB  # the alignment pages aside
     region = start.take(3 * MB)
     assert isinstance(region, mmap.mmap) and len(region) == 3 * MB + HUGE_PAGE
     assert region[: 3 * MB + HUGE_PAGE] == bytes(3 * MB + HUGE_PAGE)  # zeros, every page there
@@ -57,6 +59,41 @@ def test_the_regions_remembered_are_faulted_in_and_taken_once_each_of_their_own_
     start.finish()
     assert start.held() == 0 and all(kept.closed for kept in untaken)  # unmapped once the models are loaded
     assert read_hints(tmp_path / "regions.json") == {"this": [3 * MB, 3 * MB, 4 * MB]}
+    region.close()
+
+
+@offered
+def test_only_the_pages_already_faulted_in_count_as_held(tmp_path, monkeypatch):
+    """The pages of a region still to fault are in the system's available memory: the memory check must not count
+    them again as held."""
+    gate, reached = threading.Event(), threading.Event()
+    real = early_pages.fault_in
+
+    def slow(region, done):
+        if len(region) == 5 * MB + HUGE_PAGE:  # the second region: 1 MB resident, then it waits
+            done(MB)
+            reached.set()
+            gate.wait()
+        real(region, done)
+
+    monkeypatch.setattr(early_pages, "fault_in", slow)
+    start = EarlyRegions(tmp_path / "regions.json", "this")
+    start.start([3 * MB, 5 * MB])
+    assert reached.wait(10)
+    assert start.held() == 3 * MB + MB
+    gate.set()
+    start.wait()
+    assert start.held() == 8 * MB  # the second region's first MB not counted twice
+    start.finish()
+
+
+def test_a_region_is_faulted_in_a_chunk_at_a_time(monkeypatch):
+    monkeypatch.setattr(early_pages, "CHUNK", 3 * 4096)
+    region = mmap.mmap(-1, 8 * 4096)
+    region.write(b"x" * len(region))
+    told = []
+    early_pages.fault_in(region, told.append)
+    assert told == [3 * 4096, 3 * 4096, 2 * 4096] and region[:] == bytes(len(region))
     region.close()
 
 
@@ -95,6 +132,7 @@ def test_a_start_faults_in_what_the_same_command_line_took_and_no_more_than_fits
         assert early_pages.held_bytes() == 0
         early_pages.finish()
     early_pages.start(["a"], cwd="/here")
+    early_pages._START.wait()
     assert early_pages.held_bytes() == 3 * MB
     region = early_pages.take(3 * MB)
     assert region is not None and len(region) == 3 * MB + HUGE_PAGE

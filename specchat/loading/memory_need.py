@@ -163,8 +163,11 @@ def check_memory(plans: list[ModelPlan], cfg: Config, available: tuple[int, str]
     needs = [need for need in (model_need(plan, cfg.runtime.kv_cache) for plan in plans) if need is not None]
     if not needs:
         return
+    # pages faulted in ahead for this pair's tiles (early_pages.py), counted in its weights: read before the memory
+    # available, so a page faulted in between the two readings is counted in neither, never in both
+    held = held_bytes()
     room, why = available or available_bytes()
-    room += held_bytes()  # pages faulted in ahead for this pair's tiles (early_pages.py): counted in its weights
+    room += held
     target = needs[0] if needs[0].label.startswith("target") else needs[-1]
     context = cfg.ui.context_limit or target.context
     fixed = sum(need.weights for need in needs) + max(need.temporary for need in needs) + RUNTIME_BYTES

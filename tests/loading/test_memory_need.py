@@ -67,6 +67,11 @@ def test_pages_faulted_in_ahead_for_the_tiles_count_as_room(gguf_path, monkeypat
         check_memory(plans, cfg, available=(room - 4096, "memory available"))
     monkeypatch.setattr(memory_need, "held_bytes", lambda: 4096)  # held for this pair's own tiles (early_pages.py)
     check_memory(plans, cfg, available=(room - 4096, "memory available"))
+    read = []  # held first: a page faulted in between the readings then counts in neither, never in both
+    monkeypatch.setattr(memory_need, "held_bytes", lambda: read.append("held") or 4096)
+    monkeypatch.setattr(memory_need, "available_bytes", lambda: read.append("available") or (room - 4096, "available"))
+    check_memory(plans, cfg)
+    assert read == ["held", "available"]
 
 
 def test_a_process_whose_memory_is_capped_is_refused_before_loading(gguf_path, tmp_path):

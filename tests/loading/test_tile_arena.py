@@ -113,9 +113,9 @@ def test_only_a_region_read_into_is_resident_up_front():
 def test_a_region_read_into_is_the_one_faulted_in_ahead_for_its_size(tmp_path, monkeypatch):
     start = early_pages.EarlyRegions(tmp_path / "regions.json", "this")
     start.start([3 << 20])
+    start.wait()
     monkeypatch.setattr(early_pages, "_START", start)
     assert huge_pages.huge_page_region(3 << 20) is not None and start.held() == 3 << 20  # a copy's: not taken
-    start.thread.join()
     first = ctypes.c_char.from_buffer(start.ready[0])
     early = ctypes.addressof(first)
     del first
